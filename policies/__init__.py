@@ -1,0 +1,1 @@
+"""Request classification: rules file, matcher and capability guard. Pure: no I/O."""

@@ -1,0 +1,1 @@
+"""pd-gateway: the OpenAI-compatible front door for prefill/decode disaggregated serving."""

@@ -1,0 +1,1 @@
+"""Protocol-faithful simulators of vLLM and the TileRT decode node (test equipment)."""
