@@ -1,0 +1,153 @@
+"""DeepSeek-V3.2 (`deepseek_v32`) reasoning and DSML tool-call parser.
+
+Reasoning ends at `</think>` (thinking mode only). Tool calls are a
+`<｜DSML｜function_calls>` block of `<｜DSML｜invoke name="…">` elements holding
+`<｜DSML｜parameter name="…" string="true|false">` values. See OUTPUT_FORMATS.md §2.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import IntEnum
+from typing import Any
+
+from router.parsers.builder import MessageBuilder
+from router.parsers.machine import MarkupParser
+from router.parsers.scanner import Markers
+from router.parsers.schema import NO_FIT, ToolSchemas, coerce, parse_json
+
+THINK_CLOSE = "</think>"
+BLOCK_OPEN = "<｜DSML｜function_calls>"
+BLOCK_CLOSE = "</｜DSML｜function_calls>"
+INVOKE_OPEN = "<｜DSML｜invoke"  # attributes follow, up to ">"
+INVOKE_CLOSE = "</｜DSML｜invoke>"
+PARAM_OPEN = "<｜DSML｜parameter"  # attributes follow, up to ">"
+PARAM_CLOSE = "</｜DSML｜parameter>"
+TAG_END = ">"
+
+_NAME = re.compile(r'\bname\s*=\s*"([^"]*)"')
+_STRING = re.compile(r'\bstring\s*=\s*"([^"]*)"')
+
+
+class _State(IntEnum):
+    REASONING = 0
+    CONTENT = 1
+    BLOCK = 2  # inside function_calls, between invokes
+    INVOKE_TAG = 3  # reading an invoke's attributes
+    INVOKE = 4  # inside an invoke, between parameters
+    PARAM_TAG = 5  # reading a parameter's attributes
+    VALUE = 6
+    AFTER = 7  # after the block: text is dropped
+
+
+def _table(tools: bool) -> dict[_State, Markers]:
+    starts = (BLOCK_OPEN, INVOKE_OPEN) if tools else ()
+    return {
+        _State.REASONING: Markers((THINK_CLOSE, *starts)),
+        _State.CONTENT: Markers(starts),
+        _State.BLOCK: Markers((INVOKE_OPEN, BLOCK_CLOSE)),
+        _State.INVOKE_TAG: Markers((TAG_END,)),
+        _State.INVOKE: Markers((PARAM_OPEN, INVOKE_CLOSE, INVOKE_OPEN, BLOCK_CLOSE)),
+        _State.PARAM_TAG: Markers((TAG_END,)),
+        # A parameter missing its closing tag ends where the next element begins.
+        _State.VALUE: Markers((PARAM_CLOSE, PARAM_OPEN, INVOKE_CLOSE, BLOCK_CLOSE)),
+        _State.AFTER: Markers((BLOCK_OPEN, INVOKE_OPEN)),
+    }
+
+
+_WITH_TOOLS = _table(tools=True)
+_WITHOUT_TOOLS = _table(tools=False)
+
+
+class DeepSeekV32Parser(MarkupParser):
+    """Incremental parser for DeepSeek-V3.2 output.
+
+    With `thinking` the output starts inside reasoning. Content is the text before
+    the first tool-call block (null if only whitespace). Without tools, DSML markup
+    is plain content, as when vLLM runs no tool parser.
+    """
+
+    __slots__ = ("_key", "_parts", "_raw_string", "_state", "_table")
+
+    def __init__(self, *, tools: ToolSchemas, thinking: bool) -> None:
+        super().__init__(MessageBuilder(tools, strip_leading=False, strip_before_calls=False))
+        self._table = _WITH_TOOLS if tools else _WITHOUT_TOOLS
+        self._state = _State.REASONING if thinking else _State.CONTENT
+        self._parts: list[str] = []  # the tag or value being read
+        self._key: str | None = None
+        self._raw_string = False
+
+    def _markers(self) -> Markers:
+        return self._table[self._state]
+
+    def _on_text(self, text: str) -> None:
+        state = self._state
+        if state == _State.REASONING:
+            self._out.reasoning(text)
+        elif state == _State.CONTENT:
+            self._out.content(text)
+        elif state in (_State.INVOKE_TAG, _State.PARAM_TAG, _State.VALUE):
+            self._parts.append(text)
+        # Elsewhere text is layout between elements, or dropped after the block.
+
+    def _on_marker(self, marker: str) -> None:
+        state = self._state
+        out = self._out
+        if state == _State.VALUE:
+            # The value ends here, closed properly or (tolerated) by the next element.
+            self._end_value(closed=marker == PARAM_CLOSE)
+        if marker == TAG_END:
+            attrs = "".join(self._parts)
+            self._parts.clear()
+            if state == _State.INVOKE_TAG:
+                name = _NAME.search(attrs)
+                out.open_call(name.group(1) if name else "")
+                self._state = _State.INVOKE
+            else:
+                name = _NAME.search(attrs)
+                string = _STRING.search(attrs)
+                self._key = name.group(1) if name else None
+                self._raw_string = string is not None and string.group(1) == "true"
+                self._state = _State.VALUE
+        elif marker == INVOKE_OPEN:
+            out.close_content()
+            out.close_call()
+            self._state = _State.INVOKE_TAG
+        elif marker == PARAM_OPEN:
+            self._state = _State.PARAM_TAG
+        elif marker == PARAM_CLOSE:
+            self._state = _State.INVOKE
+        elif marker == INVOKE_CLOSE:
+            out.close_call()
+            self._state = _State.BLOCK
+        elif marker == BLOCK_OPEN:
+            out.close_content()
+            self._state = _State.BLOCK
+        elif marker == BLOCK_CLOSE:
+            out.close_call()
+            self._state = _State.AFTER
+        elif marker == THINK_CLOSE:
+            self._state = _State.CONTENT
+
+    def _end_value(self, *, closed: bool) -> None:
+        raw = "".join(self._parts)
+        self._parts.clear()
+        tool, key = self._out.current_tool, self._key
+        self._key = None
+        if tool is None or key is None:
+            return
+        if not closed:
+            raw = raw.rstrip()  # the newline before the next element is layout
+        value = raw if self._raw_string else _typed(self._out.tools, tool, key, raw)
+        self._out.argument(key, value)
+
+
+def _typed(tools: ToolSchemas, tool: str, key: str, raw: str) -> Any:
+    """A `string="false"` value: typed by the key's schema, else JSON, else the raw text."""
+    schema = tools.property(tool, key)
+    if schema is not None:
+        value = coerce(raw, schema)
+        if value is not NO_FIT:
+            return value
+    value = parse_json(raw)
+    return raw if value is NO_FIT else value
