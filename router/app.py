@@ -1,0 +1,69 @@
+"""The ASGI application, built by a factory from a validated configuration."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from router.config import GatewayConfig
+from router.dispatch import Dispatcher
+from router.errors import GatewayError, InvalidRequest
+from router.responses import error_response, json_response
+from router.state import AppState
+
+log = logging.getLogger("pd_gateway")
+
+
+def create_app(config: GatewayConfig) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = AppState(config)
+        await state.start()
+        app.state.gateway = state
+        app.state.dispatcher = Dispatcher(state)
+        try:
+            yield
+        finally:
+            await state.aclose()
+
+    app = FastAPI(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await request.app.state.dispatcher.handle(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await request.app.state.dispatcher.handle(request, "completions")
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        data = [
+            {"id": m.name, "object": "model", "created": 0, "owned_by": "pd-gateway"}
+            for m in config.models
+        ]
+        return json_response({"object": "list", "data": data})
+
+    @app.get("/health")
+    async def health() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return error_response(InvalidRequest(str(exc.detail), status=exc.status_code))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error serving %s", request.url.path)
+        return error_response(GatewayError("internal error in the gateway"))
+
+    return app

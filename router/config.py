@@ -1,0 +1,161 @@
+"""`router.yaml`: the gateway's configuration, validated at load by pydantic models.
+
+A validation error names the offending field (as a dotted path) and the value it had, so an
+operator can fix the file without reading code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from router.parsers import OUTPUT_PARSERS
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ConfigError(Exception):
+    """router.yaml could not be loaded; the message names the field and value."""
+
+
+class NodeConfig(_Strict):
+    """One TileRT decode node: one slot."""
+
+    host: str
+    ctrl_port: Annotated[int, Field(ge=1, le=65535)] = 5556
+    http_port: Annotated[int, Field(ge=1, le=65535)] = 5557
+    name: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.name or f"{self.host}:{self.http_port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+
+class LatencyConfig(_Strict):
+    """The latency path of one model: vLLM prefill servers and the TileRT node pool."""
+
+    prefill: Annotated[list[str], Field(min_length=1)]
+    nodes: Annotated[list[NodeConfig], Field(min_length=1)]
+    max_seq_len: Annotated[int, Field(ge=2)] = 131072
+
+    @field_validator("prefill")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        return [_check_url(u) for u in urls]
+
+    @model_validator(mode="after")
+    def _unique_nodes(self) -> LatencyConfig:
+        ids = [n.id for n in self.nodes]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"node listed twice: {sorted(dup)}")
+        return self
+
+
+class GateConfig(_Strict):
+    """How requests wait for a TileRT slot."""
+
+    backend: Literal["memory"] = "memory"
+    max_queue: Annotated[int, Field(ge=0)] = 256
+    max_queue_wait_ms: Annotated[int, Field(ge=0)] = 30_000
+    default_priority: int = 0
+
+
+class TimeoutsConfig(_Strict):
+    connect_s: Annotated[float, Field(gt=0)] = 5.0
+    prefill_s: Annotated[float, Field(gt=0)] = 600.0
+    kv_transfer_s: Annotated[float, Field(gt=0)] = 120.0
+    decode_stall_s: Annotated[float, Field(gt=0)] = 30.0
+    cancel_s: Annotated[float, Field(gt=0)] = 5.0
+
+
+class ModelConfig(_Strict):
+    """One served model as clients see it."""
+
+    name: str
+    upstream_model: str | None = None
+    tokenizer: str
+    output_parser: str = "none"
+    latency: LatencyConfig | None = None
+
+    @field_validator("output_parser")
+    @classmethod
+    def _parser(cls, name: str) -> str:
+        if name not in OUTPUT_PARSERS:
+            raise ValueError(f"unknown output parser {name!r}; one of {sorted(OUTPUT_PARSERS)}")
+        return name
+
+    @property
+    def served_upstream(self) -> str:
+        return self.upstream_model or self.name
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
+
+
+class GatewayConfig(_Strict):
+    server: ServerConfig = ServerConfig()
+    gate: GateConfig = GateConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    models: Annotated[list[ModelConfig], Field(min_length=1)]
+    base_dir: Path = Path(".")
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> GatewayConfig:
+        names = [m.name for m in self.models]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"model listed twice: {sorted(dup)}")
+        return self
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def _check_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return url.rstrip("/")
+
+
+def parse_config(data: Any, *, base_dir: Path = Path(".")) -> GatewayConfig:
+    """Validate an already-parsed router.yaml document."""
+    if not isinstance(data, dict):
+        raise ConfigError("router.yaml: the top level must be a mapping")
+    try:
+        return GatewayConfig.model_validate({**data, "base_dir": base_dir})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(data, base_dir=path.resolve().parent)
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        value = err.get("input")
+        shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
+        lines.append(f"{where}: {err['msg']}{shown}")
+    return "router.yaml is invalid:\n  " + "\n  ".join(lines)

@@ -1,0 +1,102 @@
+"""The gateway's exceptions, and the one function that renders them as OpenAI errors.
+
+    GatewayError                   -> rendered with its own status and OpenAI error type
+     ├── InvalidRequest            400 invalid_request_error   (nothing sent upstream)
+     ├── ModelNotFound             404 model_not_found
+     ├── Overloaded                429 (with Retry-After)      (the gate shed the request)
+     └── UpstreamError             502/503/504, or an upstream 4xx passed through
+          ├── PrefillError         the vLLM prefill leg failed
+          └── DecodeError          the TileRT node failed before anything reached the client
+
+Third-party exceptions (httpx, pydantic) are translated into these at the boundary where
+they occur, so nothing above the transports ever sees them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class GatewayError(Exception):
+    status: int = 500
+    error_type: str = "internal_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if code is not None:
+            self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class Overloaded(GatewayError):
+    """The TileRT pool could not take the request in time (queue full or wait budget spent)."""
+
+    status = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: int, code: str) -> None:
+        super().__init__(message, code=code, headers={"Retry-After": str(retry_after_s)})
+        self.retry_after_s = retry_after_s
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    error_type = "upstream_error"
+
+
+class PrefillError(UpstreamError):
+    pass
+
+
+class DecodeError(UpstreamError):
+    pass
+
+
+def upstream_status(status: int) -> int:
+    """4xx from an upstream is the client's fault and passes through; anything else is 502."""
+    return status if 400 <= status < 500 else 502
+
+
+def error_json(error: GatewayError) -> bytes:
+    return orjson.dumps(error.body())
+
+
+def sse_error_event(error: GatewayError) -> bytes:
+    """An error once streaming has begun: one SSE event, then the stream closes cleanly."""
+    return b"data: " + error_json(error) + b"\n\n"

@@ -1,0 +1,61 @@
+"""The gate's interface: one slot per TileRT node, waited for in a bounded priority queue.
+
+Callers (the latency path) see only `Gate` and `Lease`; the state behind them lives in a
+backend (`memory` for one process; a shared store for several replicas) chosen by config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from router.config import NodeConfig
+
+RejectReason = Literal["queue_full", "wait_timeout", "no_node"]
+
+
+class GateRejected(Exception):
+    """No slot could be had: the queue was full, the wait budget ran out, or no node is usable."""
+
+    def __init__(self, reason: RejectReason, retry_after_s: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class Lease(Protocol):
+    """One held slot. `release` is idempotent and must be called on every path."""
+
+    @property
+    def node(self) -> NodeConfig: ...
+
+    @property
+    def released(self) -> bool: ...
+
+    async def release(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GateSnapshot:
+    nodes: int
+    busy: dict[str, str | None]  # node id -> holder (None if free)
+    waiting: int
+    retry_after_s: int
+
+
+class Gate(Protocol):
+    async def acquire(self, *, priority: int, wait_s: float, holder: str) -> Lease:
+        """Wait for a slot: higher priority first, then arrival order.
+
+        Raises GateRejected when the queue is full, when `wait_s` passes, or when no node can
+        serve. A cancelled caller never keeps a slot.
+        """
+        ...
+
+    def retry_after_s(self) -> int:
+        """A Retry-After estimate from recent slot hold times and the queue ahead."""
+        ...
+
+    def snapshot(self) -> GateSnapshot: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,129 @@
+"""The gate's single-process backend: slots and the waiting queue in memory.
+
+A freed slot is handed straight to the best waiter's future (no polling), so the next
+request starts the moment the previous decode response ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from router.config import NodeConfig
+from router.gate.base import GateRejected, GateSnapshot
+from router.gate.hold_times import HoldTimeEstimator
+
+
+@dataclass(order=True, slots=True)
+class _Waiter:
+    key: tuple[int, int]  # (-priority, arrival): heap order is service order
+    future: asyncio.Future[NodeConfig] = field(compare=False)
+    holder: str = field(compare=False)
+    active: bool = field(default=True, compare=False)
+
+
+class MemoryLease:
+    __slots__ = ("_acquired_at", "_gate", "_node", "_released", "holder")
+
+    def __init__(self, gate: MemoryGate, node: NodeConfig, holder: str) -> None:
+        self._gate = gate
+        self._node = node
+        self._acquired_at = time.monotonic()
+        self._released = False
+        self.holder = holder
+
+    @property
+    def node(self) -> NodeConfig:
+        return self._node
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    async def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._gate._release(self._node, time.monotonic() - self._acquired_at)
+
+
+class MemoryGate:
+    def __init__(self, nodes: list[NodeConfig], *, max_queue: int) -> None:
+        self._nodes = list(nodes)
+        self._free: deque[NodeConfig] = deque(nodes)
+        self._holders: dict[str, str | None] = {n.id: None for n in nodes}
+        self._waiters: list[_Waiter] = []
+        self._waiting = 0
+        self._max_queue = max_queue
+        self._arrivals = itertools.count()
+        self._hold_times = HoldTimeEstimator()
+
+    async def acquire(self, *, priority: int, wait_s: float, holder: str) -> MemoryLease:
+        if self._free and self._waiting == 0:
+            return self._grant(self._free.popleft(), holder)
+        if self._waiting >= self._max_queue:
+            raise GateRejected("queue_full", self.retry_after_s())
+        if wait_s <= 0:
+            raise GateRejected("wait_timeout", self.retry_after_s())
+        waiter = _Waiter(
+            (-priority, next(self._arrivals)), asyncio.get_running_loop().create_future(), holder
+        )
+        heapq.heappush(self._waiters, waiter)
+        self._waiting += 1
+        try:
+            async with asyncio.timeout(wait_s):
+                node = await waiter.future
+        except TimeoutError:
+            self._abandon(waiter)
+            raise GateRejected("wait_timeout", self.retry_after_s()) from None
+        except BaseException:
+            self._abandon(waiter)
+            raise
+        return self._grant(node, holder)
+
+    def retry_after_s(self) -> int:
+        return self._hold_times.retry_after_s(waiting=self._waiting, nodes=len(self._nodes))
+
+    def snapshot(self) -> GateSnapshot:
+        return GateSnapshot(
+            nodes=len(self._nodes),
+            busy=dict(self._holders),
+            waiting=self._waiting,
+            retry_after_s=self.retry_after_s(),
+        )
+
+    async def close(self) -> None:
+        for waiter in self._waiters:
+            if waiter.active and not waiter.future.done():
+                waiter.future.cancel()
+
+    def _grant(self, node: NodeConfig, holder: str) -> MemoryLease:
+        self._holders[node.id] = holder
+        return MemoryLease(self, node, holder)
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """A waiter gave up. If a node was handed to it in the meantime, pass that node on."""
+        if waiter.active:
+            waiter.active = False
+            self._waiting -= 1
+            waiter.future.cancel()
+        elif waiter.future.done() and not waiter.future.cancelled():
+            self._hand_over(waiter.future.result())
+
+    def _release(self, node: NodeConfig, held_s: float) -> None:
+        self._hold_times.observe(held_s)
+        self._holders[node.id] = None
+        self._hand_over(node)
+
+    def _hand_over(self, node: NodeConfig) -> None:
+        while self._waiters:
+            waiter = heapq.heappop(self._waiters)
+            if waiter.active:
+                waiter.active = False
+                self._waiting -= 1
+                waiter.future.set_result(node)
+                return
+        self._free.append(node)

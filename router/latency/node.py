@@ -1,0 +1,209 @@
+"""The TileRT decode node's HTTP API (PROTOCOLS.md §1.4) as the gateway uses it.
+
+`open_decode` returns once the node has answered 200 (the transfer arrived); its lines are
+then read one at a time with a stall timeout. Every node failure becomes a DecodeError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from router.config import NodeConfig
+from router.errors import DecodeError
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLine:
+    ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class DoneLine:
+    n: int
+    finish_reason: str
+
+
+NodeLine = TokenLine | DoneLine
+
+
+def decode_body(
+    *,
+    rid: str,
+    first_token_id: int,
+    max_tokens: int,
+    sampling: dict[str, Any] | None,
+    timeout_s: float,
+    stream: bool = True,
+) -> dict[str, Any]:
+    return {
+        "rid": rid,
+        "first_token_id": first_token_id,
+        "max_tokens": max_tokens,
+        "sampling": sampling,
+        "timeout_s": timeout_s,
+        "stream": stream,
+    }
+
+
+class DecodeStream:
+    """An open `/pd/decode` ndjson stream. Always `aclose()` it (idempotent)."""
+
+    def __init__(self, response: httpx.Response, *, stall_s: float) -> None:
+        self._response = response
+        self._lines = response.aiter_lines()
+        self._stall_s = stall_s
+        self.ended = False  # the done line was read
+
+    async def next_line(self) -> NodeLine | None:
+        """The next line; None when the body has ended after the done line."""
+        while True:
+            try:
+                async with asyncio.timeout(self._stall_s):
+                    raw = await anext(self._lines, None)
+            except TimeoutError:
+                raise DecodeError(
+                    f"the decode node sent nothing for {self._stall_s:g} s",
+                    status=504,
+                    code="decode_stalled",
+                ) from None
+            except httpx.HTTPError as exc:
+                raise DecodeError(
+                    f"the decode node's stream broke: {type(exc).__name__}", code="decode_broken"
+                ) from None
+            if raw is None:
+                if not self.ended:
+                    raise DecodeError(
+                        "the decode node's stream ended without its last line",
+                        code="decode_truncated",
+                    )
+                return None
+            if raw:
+                return self._parse(raw)
+
+    def _parse(self, raw: str) -> NodeLine:
+        try:
+            line = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise DecodeError(
+                "the decode node sent a malformed line", code="decode_bad_line"
+            ) from None
+        if "t" in line:
+            return TokenLine(line["t"])
+        if line.get("done"):
+            self.ended = True
+            return DoneLine(int(line.get("n", 0)), str(line.get("finish_reason", "stop")))
+        raise DecodeError(
+            f"the decode node failed: {line.get('error', 'unknown error')}", code="decode_failed"
+        )
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+async def open_decode(
+    http: httpx.AsyncClient, node: NodeConfig, body: dict[str, Any], *, stall_s: float
+) -> DecodeStream:
+    """POST /pd/decode (stream) and wait for the node's answer, at most the transfer timeout."""
+    request = http.build_request(
+        "POST",
+        node.url + "/pd/decode",
+        content=orjson.dumps(body),
+        headers={"content-type": "application/json"},
+        timeout=httpx.Timeout(body["timeout_s"] + stall_s, connect=5.0),
+    )
+    try:
+        response = await http.send(request, stream=True)
+    except httpx.TimeoutException:
+        raise DecodeError(
+            "the decode node did not answer", status=504, code="decode_timeout"
+        ) from None
+    except httpx.HTTPError as exc:
+        raise DecodeError(
+            f"the decode node {node.id} is unreachable: {type(exc).__name__}",
+            code="node_unreachable",
+        ) from None
+    if response.status_code != 200:
+        try:
+            await response.aread()
+            detail = orjson.loads(response.content)
+        except (httpx.HTTPError, orjson.JSONDecodeError):
+            detail = {}
+        finally:
+            await response.aclose()
+        raise _refusal(response.status_code, detail if isinstance(detail, dict) else {})
+    return DecodeStream(response, stall_s=stall_s)
+
+
+def _refusal(status: int, detail: dict[str, Any]) -> DecodeError:
+    error = detail.get("error", "unknown error")
+    if status == 429:
+        return DecodeError(
+            "the decode node is busy with another request", status=503, code="node_busy"
+        )
+    if status == 504:
+        return DecodeError(
+            "the KV transfer to the decode node did not complete in time",
+            status=504,
+            code="kv_transfer_timeout",
+        )
+    return DecodeError(f"the decode node answered {status}: {error}", code="decode_failed")
+
+
+async def consume_transfer(
+    http: httpx.AsyncClient, node: NodeConfig, *, rid: str, first_token_id: int, timeout_s: float
+) -> None:
+    """Consume a claimed transfer nobody will read (the client has gone): decode one token."""
+    body = decode_body(
+        rid=rid,
+        first_token_id=first_token_id,
+        max_tokens=1,
+        sampling=None,
+        timeout_s=timeout_s,
+        stream=False,
+    )
+    try:
+        await http.post(
+            node.url + "/pd/decode",
+            content=orjson.dumps(body),
+            headers={"content-type": "application/json"},
+            timeout=httpx.Timeout(timeout_s + 5.0, connect=5.0),
+        )
+    except httpx.HTTPError:
+        pass  # nothing more can be done; the node drops the stale transfer itself
+
+
+async def cancel(http: httpx.AsyncClient, node: NodeConfig, rid: str, *, timeout_s: float) -> bool:
+    """POST /pd/cancel; True if the node knew the rid. Never raises."""
+    try:
+        response = await http.post(
+            node.url + "/pd/cancel",
+            content=orjson.dumps({"rid": rid}),
+            headers={"content-type": "application/json"},
+            timeout=timeout_s,
+        )
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+async def drain(stream: DecodeStream, *, limit_s: float) -> None:
+    """Read a stream to its end so the node releases its lock; bounded in time. Never raises."""
+    try:
+        async with asyncio.timeout(limit_s):
+            while await stream.next_line() is not None:
+                pass
+    except (TimeoutError, DecodeError):
+        pass
+    finally:
+        await stream.aclose()
+
+
+async def iter_lines(stream: DecodeStream) -> AsyncIterator[NodeLine]:
+    while (line := await stream.next_line()) is not None:
+        yield line

@@ -1,0 +1,130 @@
+"""The latency path end to end: take a slot, run the session, answer in OpenAI's shape."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import tokenizers
+from fastapi.responses import Response, StreamingResponse
+
+from router.balance import LeastOutstanding
+from router.config import ModelConfig, TimeoutsConfig
+from router.errors import GatewayError, Overloaded, sse_error_event
+from router.gate import Gate, GateRejected
+from router.latency.session import LatencySession, SessionEnd, Spawn
+from router.openai.render import DONE_EVENT, Renderer, Usage, make_renderer
+from router.openai.requests import ChatRequest, CompletionRequest
+from router.responses import json_response
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class LatencyPool:
+    """Everything one model needs on the latency path."""
+
+    def __init__(
+        self,
+        *,
+        model: ModelConfig,
+        gate: Gate,
+        tokenizer: tokenizers.Tokenizer,
+        http: httpx.AsyncClient,
+        timeouts: TimeoutsConfig,
+        spawn: Spawn,
+    ) -> None:
+        assert model.latency is not None
+        self.model = model
+        self.gate = gate
+        self._tokenizer = tokenizer
+        self._http = http
+        self._timeouts = timeouts
+        self._spawn = spawn
+        self._prefill = LeastOutstanding(model.latency.prefill)
+
+    async def serve(
+        self,
+        request: ChatRequest | CompletionRequest,
+        body: dict[str, Any],
+        *,
+        priority: int,
+        wait_s: float,
+        headers: dict[str, str],
+    ) -> Response:
+        try:
+            lease = await self.gate.acquire(priority=priority, wait_s=wait_s, holder="")
+        except GateRejected as exc:
+            raise Overloaded(
+                _REJECTED[exc.reason], retry_after_s=exc.retry_after_s, code=exc.reason
+            ) from None
+        url = self._prefill.pick()
+        session = LatencySession(
+            http=self._http,
+            timeouts=self._timeouts,
+            spawn=self._spawn,
+            lease=lease,
+            prefill_url=url,
+            model=self.model,
+            tokenizer=self._tokenizer,
+            request=request,
+            body=body,
+        )
+        with self._prefill.hold(url):
+            await session.start()
+        assert session.prefill is not None
+        renderer = make_renderer(
+            isinstance(request, ChatRequest),
+            response_id=session.prefill.response_id,
+            created=session.prefill.created,
+            model=self.model.name,
+        )
+        if request.stream:
+            return StreamingResponse(
+                _stream(session, renderer, include_usage=request.include_usage),
+                media_type="text/event-stream",
+                headers={**SSE_HEADERS, **headers},
+            )
+        end = SessionEnd("stop", 0)
+        async for event in session.events():
+            if isinstance(event, SessionEnd):
+                end = event
+        usage = _usage(session, end)
+        return json_response(
+            renderer.response(session.message(), end.finish_reason, usage), headers=headers
+        )
+
+
+_REJECTED = {
+    "queue_full": "all TileRT decode nodes are busy and the queue is full; retry later",
+    "wait_timeout": "no TileRT decode node became free within the wait budget; retry later",
+    "no_node": "no TileRT decode node is available; retry later",
+}
+
+
+def _usage(session: LatencySession, end: SessionEnd) -> Usage:
+    assert session.prefill is not None
+    return Usage(
+        prompt_tokens=session.prefill.prompt_tokens,
+        completion_tokens=end.completion_tokens,
+        cached_tokens=session.prefill.cached_tokens,
+    )
+
+
+async def _stream(
+    session: LatencySession, renderer: Renderer, *, include_usage: bool
+) -> AsyncIterator[bytes]:
+    first = renderer.start()
+    if first:
+        yield first
+    try:
+        async for event in session.events():
+            if isinstance(event, SessionEnd):
+                yield renderer.finish(event.finish_reason)
+                if include_usage:
+                    yield renderer.usage(_usage(session, event))
+            elif chunk := renderer.delta(event):
+                yield chunk
+    except GatewayError as exc:
+        yield sse_error_event(exc)
+    yield DONE_EVENT

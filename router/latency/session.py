@@ -1,0 +1,198 @@
+"""One request on the latency path, from its held slot to the slot's release.
+
+The session owns the lease. Upstream steps run in their own task so that a client who
+leaves mid-step cannot interrupt the protocol halfway: a cleanup then finishes what the
+protocol requires (a claimed transfer is consumed by one /pd/decode; an open decode is
+cancelled and read to its end so the node frees its lock) and only then releases the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import tokenizers
+
+from router.config import ModelConfig, TimeoutsConfig
+from router.errors import DecodeError
+from router.gate import Lease
+from router.latency import node as node_api
+from router.latency.prefill import PrefillResult, prefill_body, run_prefill
+from router.openai.requests import ChatRequest, CompletionRequest
+from router.parsers import ParsedDelta, ParsedMessage, finish_reason
+from router.relay.pipeline import RelayPipeline
+
+Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
+
+@dataclass(slots=True)
+class SessionEnd:
+    finish_reason: str
+    completion_tokens: int
+
+
+class LatencySession:
+    def __init__(
+        self,
+        *,
+        http: httpx.AsyncClient,
+        timeouts: TimeoutsConfig,
+        spawn: Spawn,
+        lease: Lease,
+        prefill_url: str,
+        model: ModelConfig,
+        tokenizer: tokenizers.Tokenizer,
+        request: ChatRequest | CompletionRequest,
+        body: dict[str, Any],
+    ) -> None:
+        self.rid = uuid.uuid4().hex  # dash-free: both sides reduce it to itself (§1.2)
+        self._http = http
+        self._timeouts = timeouts
+        self._spawn = spawn
+        self._lease = lease
+        self._prefill_url = prefill_url
+        self._model = model
+        self._request = request
+        self._chat = isinstance(request, ChatRequest)
+        self._body = body
+        self._tokenizer = tokenizer
+        self.prefill: PrefillResult | None = None
+        self._stream: node_api.DecodeStream | None = None
+        self._start_task: asyncio.Task[None] | None = None
+        self._closing: asyncio.Task[None] | None = None
+        self._abandoned = False
+        self._relay: RelayPipeline | None = None
+
+    @property
+    def node_id(self) -> str:
+        return self._lease.node.id
+
+    async def start(self) -> None:
+        """Prefill, then open the node's decode stream. Raises GatewayError before any output;
+        the slot is then released (in the background if the protocol needs finishing)."""
+        self._start_task = asyncio.create_task(self._start())
+        try:
+            await asyncio.shield(self._start_task)
+        except BaseException:
+            self.close()
+            raise
+
+    async def _start(self) -> None:
+        node = self._lease.node
+        body = prefill_body(
+            self._body, chat=self._chat, node=node, model=self._model.served_upstream
+        )
+        self.prefill = await run_prefill(
+            self._http,
+            self._prefill_url,
+            chat=self._chat,
+            body=body,
+            request_id=self.rid,
+            timeout_s=self._timeouts.prefill_s,
+        )
+        if self._abandoned:
+            return
+        self._stream = await node_api.open_decode(
+            self._http,
+            node,
+            node_api.decode_body(
+                rid=self.rid,
+                first_token_id=self.prefill.first_token_id,
+                max_tokens=self._node_max_tokens(self.prefill),
+                sampling=self._request.sampling,
+                timeout_s=self._timeouts.kv_transfer_s,
+            ),
+            stall_s=self._timeouts.decode_stall_s,
+        )
+
+    def _node_max_tokens(self, prefill: PrefillResult) -> int:
+        if prefill.finish_reason == "stop":
+            return 1  # the first token already ended the output; only consume the transfer
+        room = max(1, self._model.latency.max_seq_len - prefill.prompt_tokens)
+        budget = self._request.token_budget
+        return min(budget, room) if budget else room
+
+    async def events(self) -> AsyncIterator[ParsedDelta | SessionEnd]:
+        """Message deltas as the node's lines arrive, then one SessionEnd. Raises DecodeError
+        if the node fails mid-stream. Leaving early (client gone) cancels the node."""
+        assert self._stream is not None and self.prefill is not None
+        request = self._request
+        relay = self._relay = RelayPipeline(
+            self._tokenizer,
+            parser_name=self._model.output_parser if self._chat else "none",
+            tools=[t.model_dump() for t in request.tools or []] if self._chat else None,
+            chat_template_kwargs=request.chat_template_kwargs,
+            stop=request.stop_strings,
+            stop_token_ids=request.stop_token_ids or [],
+        )
+        eos_first = self.prefill.finish_reason == "stop"
+        node_finish = "stop"
+        try:
+            while (line := await self._stream.next_line()) is not None:
+                if isinstance(line, node_api.DoneLine):
+                    node_finish = line.finish_reason
+                    continue
+                if eos_first:
+                    relay.completion_tokens += len(line.ids)
+                    continue
+                step = relay.feed(line.ids)
+                if step.delta:
+                    yield step.delta
+                if step.stopped:
+                    break
+            tail = relay.finish()
+            if tail:
+                yield tail
+        finally:
+            self.close()
+        ended_by_length = not relay.stopped and node_finish == "length"
+        finish = finish_reason(
+            relay.parser.message(),
+            ended_by_length=ended_by_length,
+            tool_choice=getattr(request, "tool_choice", None),
+        )
+        yield SessionEnd(finish, max(relay.completion_tokens, 1))
+
+    def message(self) -> ParsedMessage:
+        """The whole message, once events() has ended (non-streaming answers)."""
+        assert self._relay is not None
+        return self._relay.parser.message()
+
+    def close(self) -> None:
+        """Finish the protocol and release the slot, in the background; idempotent."""
+        if self._closing is None:
+            self._abandoned = True
+            self._closing = self._spawn(self._finish_protocol())
+
+    async def _finish_protocol(self) -> None:
+        try:
+            if self._start_task is not None and not self._start_task.done():
+                await asyncio.wait([self._start_task])
+            stream = self._stream
+            if stream is not None:
+                if not stream.ended:
+                    await node_api.cancel(
+                        self._http, self._lease.node, self.rid, timeout_s=self._timeouts.cancel_s
+                    )
+                await node_api.drain(stream, limit_s=self._timeouts.decode_stall_s)
+            elif self.prefill is not None and not self._start_failed_at_node():
+                await node_api.consume_transfer(
+                    self._http,
+                    self._lease.node,
+                    rid=self.rid,
+                    first_token_id=self.prefill.first_token_id,
+                    timeout_s=self._timeouts.kv_transfer_s,
+                )
+        finally:
+            await self._lease.release()
+
+    def _start_failed_at_node(self) -> bool:
+        task = self._start_task
+        if task is None or not task.done() or task.cancelled():
+            return False
+        exc = task.exception()
+        return isinstance(exc, DecodeError)

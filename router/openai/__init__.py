@@ -1,0 +1,1 @@
+"""The client-facing OpenAI API: request validation and response rendering."""

@@ -1,0 +1,120 @@
+"""Validation of OpenAI chat and completion requests, before anything goes upstream.
+
+Only the fields the gateway must understand are modelled; every other field (vLLM
+extensions such as `chat_template_kwargs` or `top_k`, future OpenAI fields) passes through
+to the backend untouched. Types are strict: `"5"` is not a number.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from router.errors import InvalidRequest
+
+# Far beyond any context window in service; larger values are a client bug.
+MAX_TOKENS_LIMIT = 10_000_000
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class FunctionSpec(_Open):
+    name: Annotated[str, Field(min_length=1)]
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Open):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+TokenBudget = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+
+
+class _Generation(_Open):
+    model: Annotated[str, Field(min_length=1)]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: TokenBudget | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    n: Annotated[int, Field(ge=1, le=128)] = 1
+    stop: str | list[str] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    user: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def sampling(self) -> dict[str, Any] | None:
+        """The node's `sampling`: temperature, top_p and top_k only (PROTOCOLS.md §1.4)."""
+        fields = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        sampling = {k: v for k, v in fields.items() if v is not None}
+        return sampling or None
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_tokens
+
+
+class ChatRequest(_Generation):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: TokenBudget | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Generation):
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+
+Endpoint = Literal["chat", "completions"]
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return body
+
+
+def validate(endpoint: Endpoint, body: dict[str, Any]) -> ChatRequest | CompletionRequest:
+    model = ChatRequest if endpoint == "chat" else CompletionRequest
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "is-")))
+        if err["type"] == "missing":
+            raise InvalidRequest(f"'{param}' is required", param=param) from None
+        raise InvalidRequest(f"'{param}': {err['msg']}", param=param) from None

@@ -1,0 +1,89 @@
+"""Turns a decode node's token ids into message deltas: stop token ids, incremental
+detokenization, stop strings, then the model family's reasoning/tool-call parser.
+
+Work per call is proportional to the ids passed in (plus bounded hold-back), so the cost
+per token stays flat however long the output grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import tokenizers
+
+from router.parsers import OutputParser, ParsedDelta, make_output_parser, needs_special_tokens
+from router.relay.detokenizer import IncrementalDetokenizer
+from router.relay.stops import StopMatcher
+
+
+@dataclass(slots=True)
+class RelayStep:
+    delta: ParsedDelta
+    stopped: bool  # a stop string or stop token id matched: stop the node
+
+
+class RelayPipeline:
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        parser_name: str,
+        tools: list[dict] | None,
+        chat_template_kwargs: dict | None,
+        stop: Sequence[str],
+        stop_token_ids: Sequence[int],
+    ) -> None:
+        self.parser: OutputParser = make_output_parser(
+            parser_name, tools=tools, chat_template_kwargs=chat_template_kwargs
+        )
+        self._detok = IncrementalDetokenizer(
+            tokenizer, skip_special_tokens=not needs_special_tokens(parser_name)
+        )
+        self._stops = StopMatcher(stop) if stop else None
+        self._stop_ids = frozenset(stop_token_ids)
+        self.completion_tokens = 0
+        self.stopped = False
+        self._finished = False
+
+    def feed(self, ids: Sequence[int]) -> RelayStep:
+        """Process the next ids from the node. After a stop, further ids are ignored."""
+        if self._finished:
+            return RelayStep(ParsedDelta(), self.stopped)
+        if self._stop_ids:
+            for i, token in enumerate(ids):
+                if token in self._stop_ids:
+                    # vLLM counts the stop token as generated but never shows it.
+                    self.completion_tokens += i + 1
+                    self.stopped = True
+                    text = self._detok.push(ids[:i]) + self._detok.flush()
+                    return RelayStep(self._text(text, final=True), True)
+        self.completion_tokens += len(ids)
+        return RelayStep(self._text(self._detok.push(ids), final=False), self.stopped)
+
+    def finish(self) -> ParsedDelta:
+        """End of output (node done, or after a stop): flush everything held back."""
+        if self._finished:
+            return ParsedDelta()
+        return self._text(self._detok.flush(), final=True)
+
+    def _text(self, text: str, *, final: bool) -> ParsedDelta:
+        if self._stops is not None:
+            result = self._stops.feed(text)
+            text = result.emit
+            if result.stopped:
+                self.stopped = True
+                final = True
+            elif final:
+                text += self._stops.flush()
+        delta = self.parser.feed(text) if text else ParsedDelta()
+        if final:
+            self._finished = True
+            _merge(delta, self.parser.finish())
+        return delta
+
+
+def _merge(into: ParsedDelta, more: ParsedDelta) -> None:
+    into.reasoning += more.reasoning
+    into.content += more.content
+    into.tool_calls.extend(more.tool_calls)

