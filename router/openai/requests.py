@@ -114,7 +114,25 @@ def validate(endpoint: Endpoint, body: dict[str, Any]) -> ChatRequest | Completi
         return model.model_validate(body)
     except ValidationError as exc:
         err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "is-")))
+        param = _param(err["loc"], body)
         if err["type"] == "missing":
             raise InvalidRequest(f"'{param}' is required", param=param) from None
         raise InvalidRequest(f"'{param}': {err['msg']}", param=param) from None
+
+
+def _param(loc: tuple[int | str, ...], body: Any) -> str:
+    """The dotted path to the bad field, without pydantic's union-member tags."""
+    parts: list[str] = []
+    current = body
+    for part in loc:
+        if isinstance(current, dict) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and isinstance(part, int) and part < len(current):
+            current = current[part]
+        elif isinstance(current, dict) and isinstance(part, str):
+            parts.append(part)  # a missing field: name it, then stop
+            break
+        else:
+            break
+        parts.append(str(part))
+    return ".".join(parts)

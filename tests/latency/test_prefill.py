@@ -1,0 +1,93 @@
+"""The prefill leg's body (exactly the changes of PROTOCOLS.md §1.1) and answer parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.config import NodeConfig
+from router.errors import PrefillError
+from router.latency.prefill import parse_prefill_response, prefill_body
+
+NODE = NodeConfig(host="10.1.2.3", ctrl_port=5556, http_port=5557)
+
+
+def test_chat_body_changes_only_what_the_protocol_lists() -> None:
+    client = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_completion_tokens": 50,
+        "max_tokens": 50,
+        "temperature": 0.3,
+        "chat_template_kwargs": {"thinking": True},
+        "kv_transfer_params": {"tilert_host": "attacker"},
+    }
+    body = prefill_body(client, chat=True, node=NODE, model="upstream-m")
+    assert body == {
+        "model": "upstream-m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": False,
+        "max_completion_tokens": 1,
+        "max_tokens": 1,
+        "temperature": 0.3,
+        "chat_template_kwargs": {"thinking": True},
+        "logprobs": True,
+        "top_logprobs": 1,
+        "kv_transfer_params": {"tilert_host": "10.1.2.3", "tilert_ctrl_port": 5556},
+    }
+    assert client["stream"] is True, "the client's body is not modified"
+
+
+def test_completion_body_asks_for_one_logprob_and_no_completion_budget_alias() -> None:
+    body = prefill_body({"model": "m", "prompt": "x"}, chat=False, node=NODE, model="m")
+    assert body["logprobs"] == 1
+    assert body["max_tokens"] == 1
+    assert "max_completion_tokens" not in body
+    assert "top_logprobs" not in body
+
+
+def chat_answer(token: str) -> dict:
+    return {
+        "id": "chatcmpl-abc",
+        "created": 7,
+        "choices": [{"logprobs": {"content": [{"token": token}]}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 12, "prompt_tokens_details": {"cached_tokens": 4}},
+    }
+
+
+def test_parses_first_token_id_prompt_tokens_and_id() -> None:
+    result = parse_prefill_response(chat_answer("token_id:42"), chat=True)
+    assert (result.first_token_id, result.prompt_tokens, result.response_id) == (
+        42,
+        12,
+        "chatcmpl-abc",
+    )
+    assert result.cached_tokens == 4
+    assert result.finish_reason == "length"
+
+
+def test_completion_answer_reads_logprobs_tokens() -> None:
+    data = {
+        "id": "cmpl-x",
+        "choices": [{"logprobs": {"tokens": ["token_id:7"]}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 3},
+    }
+    assert parse_prefill_response(data, chat=False).first_token_id == 7
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (chat_answer("Hello"), "--return-tokens-as-token-ids"),
+        (chat_answer("token_id:x1"), "malformed token id"),
+        ({"id": "x", "choices": [{"logprobs": None}]}, "lacks the first token"),
+        ({"choices": []}, "lacks the first token"),
+        ("not json object", "lacks the first token"),
+    ],
+)
+def test_unusable_answers_fail_with_a_clear_message(data: object, needle: str) -> None:
+    with pytest.raises(PrefillError) as failure:
+        parse_prefill_response(data, chat=True)
+    assert needle in failure.value.message
+    assert failure.value.status == 502
