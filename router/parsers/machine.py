@@ -25,9 +25,14 @@ class MarkupParser:
         scan = self._scan
         scan.push(text)
         while True:
-            plain, marker = scan.next(self._markers())
+            markers = self._markers()
+            plain, marker = scan.next(markers)
             if plain:
                 self._on_text(plain)
+                if marker is not None and self._markers() is not markers:
+                    # The text changed the state: the marker may mean nothing now.
+                    scan.unread(marker)
+                    continue
             if marker is None:
                 return self._out.take()
             self._on_marker(marker)

@@ -79,6 +79,10 @@ class MarkerScanner:
         self._pos = index + len(marker)
         return self._buf[start:index], marker
 
+    def unread(self, marker: str) -> None:
+        """Put back the marker just taken, to be scanned again under other markers."""
+        self._pos -= len(marker)
+
     def drain(self) -> str:
         """Everything still buffered, as plain text (end of stream)."""
         rest = self._buf[self._pos :]
