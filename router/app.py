@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.config import GatewayConfig
 from router.dispatch import Dispatcher
-from router.errors import GatewayError, InvalidRequest
+from router.errors import AuthenticationFailed, GatewayError, InvalidRequest
 from router.responses import error_response, json_response
 from router.state import AppState
 
@@ -53,6 +55,19 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def health() -> Response:
         return json_response({"status": "ok"})
 
+    @app.get("/admin/pool")
+    async def pool(request: Request) -> Response:
+        _check_admin(request, config)
+        state: AppState = request.app.state.gateway
+        return json_response(
+            {
+                "models": {
+                    name: dataclasses.asdict(gate.snapshot()) for name, gate in state.gates.items()
+                },
+                "background_tasks": state.background_tasks,
+            }
+        )
+
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:
         return error_response(exc)
@@ -67,3 +82,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return error_response(GatewayError("internal error in the gateway"))
 
     return app
+
+
+def _check_admin(request: Request, config: GatewayConfig) -> None:
+    key = config.admin.api_key
+    if key is None:
+        return
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), key.encode()):
+        raise AuthenticationFailed("a valid admin key is required")

@@ -61,6 +61,63 @@ class LatencyConfig(_Strict):
         return self
 
 
+class ProxyConfig(_Strict):
+    """Throughput via an existing native disaggregation proxy (PROTOCOLS.md §2.1)."""
+
+    mode: Literal["proxy"]
+    urls: Annotated[list[str], Field(min_length=1)]
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        return [_check_url(u) for u in urls]
+
+
+class PullConfig(_Strict):
+    """Throughput by orchestrating vLLM's NIXL pull legs (PROTOCOLS.md §2.2)."""
+
+    mode: Literal["pull"]
+    prefill: Annotated[list[str], Field(min_length=1)]
+    decode: Annotated[list[str], Field(min_length=1)]
+
+    @field_validator("prefill", "decode")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        return [_check_url(u) for u in urls]
+
+
+class PrefillEngineConfig(_Strict):
+    """A prefill instance as push-mode decode legs must name it (its NIXL side channel)."""
+
+    url: str
+    engine_id: str
+    side_channel_host: str
+    side_channel_port: Annotated[int, Field(ge=1, le=65535)]
+    tp_size: Annotated[int, Field(ge=1)] = 1
+    pp_size: Annotated[int, Field(ge=1)] = 1
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return _check_url(url)
+
+
+class PushConfig(_Strict):
+    """Throughput by orchestrating vLLM's NIXL push legs (PROTOCOLS.md §2.3)."""
+
+    mode: Literal["push"]
+    prefill: Annotated[list[PrefillEngineConfig], Field(min_length=1)]
+    decode: Annotated[list[str], Field(min_length=1)]
+
+    @field_validator("decode")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        return [_check_url(u) for u in urls]
+
+
+ThroughputConfig = Annotated[ProxyConfig | PullConfig | PushConfig, Field(discriminator="mode")]
+
+
 class GateConfig(_Strict):
     """How requests wait for a TileRT slot."""
 
@@ -86,6 +143,7 @@ class ModelConfig(_Strict):
     tokenizer: str
     output_parser: str = "none"
     latency: LatencyConfig | None = None
+    throughput: ThroughputConfig | None = None
 
     @field_validator("output_parser")
     @classmethod
@@ -93,6 +151,12 @@ class ModelConfig(_Strict):
         if name not in OUTPUT_PARSERS:
             raise ValueError(f"unknown output parser {name!r}; one of {sorted(OUTPUT_PARSERS)}")
         return name
+
+    @model_validator(mode="after")
+    def _some_path(self) -> ModelConfig:
+        if self.latency is None and self.throughput is None:
+            raise ValueError(f"model {self.name!r} needs a latency or a throughput section")
+        return self
 
     @property
     def served_upstream(self) -> str:
@@ -105,8 +169,15 @@ class ServerConfig(_Strict):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
 
 
+class AdminConfig(_Strict):
+    """`/admin/*` endpoints; with an api_key set they require `Authorization: Bearer <key>`."""
+
+    api_key: str | None = None
+
+
 class GatewayConfig(_Strict):
     server: ServerConfig = ServerConfig()
+    admin: AdminConfig = AdminConfig()
     gate: GateConfig = GateConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
     models: Annotated[list[ModelConfig], Field(min_length=1)]

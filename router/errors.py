@@ -2,6 +2,7 @@
 
     GatewayError                   -> rendered with its own status and OpenAI error type
      ├── InvalidRequest            400 invalid_request_error   (nothing sent upstream)
+     ├── AuthenticationFailed      401 authentication_error
      ├── ModelNotFound             404 model_not_found
      ├── Overloaded                429 (with Retry-After)      (the gate shed the request)
      └── UpstreamError             502/503/504, or an upstream 4xx passed through
@@ -56,6 +57,12 @@ class GatewayError(Exception):
 class InvalidRequest(GatewayError):
     status = 400
     error_type = "invalid_request_error"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
 
 
 class ModelNotFound(GatewayError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -52,14 +53,16 @@ class LatencyPool:
         wait_s: float,
         headers: dict[str, str],
     ) -> Response:
+        rid = uuid.uuid4().hex  # dash-free: vLLM and the node reduce it to itself (§1.2)
         try:
-            lease = await self.gate.acquire(priority=priority, wait_s=wait_s, holder="")
+            lease = await self.gate.acquire(priority=priority, wait_s=wait_s, holder=rid)
         except GateRejected as exc:
             raise Overloaded(
                 _REJECTED[exc.reason], retry_after_s=exc.retry_after_s, code=exc.reason
             ) from None
         url = self._prefill.pick()
         session = LatencySession(
+            rid=rid,
             http=self._http,
             timeouts=self._timeouts,
             spawn=self._spawn,

@@ -9,7 +9,6 @@ cancelled and read to its end so the node frees its lock) and only then releases
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +38,7 @@ class LatencySession:
     def __init__(
         self,
         *,
+        rid: str,
         http: httpx.AsyncClient,
         timeouts: TimeoutsConfig,
         spawn: Spawn,
@@ -49,7 +49,7 @@ class LatencySession:
         request: ChatRequest | CompletionRequest,
         body: dict[str, Any],
     ) -> None:
-        self.rid = uuid.uuid4().hex  # dash-free: both sides reduce it to itself (§1.2)
+        self.rid = rid
         self._http = http
         self._timeouts = timeouts
         self._spawn = spawn

@@ -1,0 +1,94 @@
+"""Runs the gateway as a real process (`pd-gateway serve`) on a free port, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from router.server import READY_PREFIX
+
+
+class GatewayProcess:
+    def __init__(self, config: dict[str, Any], workdir: Path, *, log_level: str = "warning") -> None:
+        self.config_path = workdir / "router.yaml"
+        self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.log_path = workdir / "gateway.log"
+        self._log_level = log_level
+        self._proc: subprocess.Popen[str] | None = None
+        self.base_url = ""
+        self.url = ""
+
+    def start(self, timeout_s: float = 60.0) -> GatewayProcess:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "router.cli", "serve", "--config", str(self.config_path),
+             "--port", "0", "--log-level", self._log_level],
+            stdout=subprocess.PIPE,
+            stderr=self.log_path.open("w"),
+            text=True,
+            start_new_session=True,
+        )
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=_pump, args=(self._proc.stdout, lines), daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                if self._proc.poll() is not None:
+                    break
+                continue
+            if line.startswith(READY_PREFIX):
+                self.base_url = line[len(READY_PREFIX) :].strip()
+                self.url = self.base_url.removesuffix("/v1")
+                return self
+        self.stop()
+        raise RuntimeError(f"the gateway did not start:\n{self.log_path.read_text()}")
+
+    def pool(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/admin/pool", timeout=5).json()
+
+    def wait_all_free(self, timeout_s: float = 15.0) -> dict[str, Any]:
+        """Poll the gateway's own pool state until no slot is held and no cleanup runs."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.pool()
+            busy = [
+                (m, n) for m, s in state["models"].items() for n, h in s["busy"].items()
+                if h is not None
+            ]
+            if not busy and state["background_tasks"] == 0:
+                return state
+            if time.monotonic() > deadline:
+                raise AssertionError(f"slots still held after {timeout_s} s: {state}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        os.killpg(self._proc.pid, signal.SIGTERM)
+        try:
+            self._proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+
+    def __enter__(self) -> GatewayProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _pump(stream: Any, out: queue.Queue[str]) -> None:
+    for line in stream:
+        out.put(line)
