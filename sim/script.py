@@ -1,0 +1,125 @@
+"""What the simulated model generates: a scripted text or a deterministic filler, then EOS.
+
+A prompt containing ``[[sim-output]]TEXT[[/sim-output]]`` (or the same with base64 of the
+UTF-8 text between ``[[sim-output-b64]]`` and ``[[/sim-output-b64]]``) makes the model
+generate exactly TEXT, added tokens such as ``<think>`` recognised as single tokens, then
+EOS. Any other prompt yields ``default_output_tokens`` tokens of filler words (some with
+multi-byte characters) chosen by a hash of the prompt, then EOS. The plan is fixed at
+prefill time, so prefill → decode continues exactly what plain serving would produce.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sim.tokenizers import Vocab
+
+_DIRECTIVE = re.compile(r"\[\[sim-output\]\](.*?)\[\[/sim-output\]\]", re.DOTALL)
+_DIRECTIVE_B64 = re.compile(r"\[\[sim-output-b64\]\](.*?)\[\[/sim-output-b64\]\]", re.DOTALL)
+_FILLER_WORDS = (
+    "the", "node", "decodes", "tokens", "quickly", "while", "prefill", "computes", "a",
+    "café", "naïve", "über", "Zürich", "façade", "señal", "straße", "déjà", "vu",
+    "日本語", "数据", "模型", "推理", "速度", "🙂", "🚀", "cluster", "of", "eight",
+    "GPUs", "serves", "one", "request", "at", "time", "latency", "matters", "here",
+)  # fmt: skip
+_PUNCTUATION = (".", ",", ";", "!", "?")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A request's prompt ids and the ids the model will generate (ending with one EOS)."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    scripted: bool
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, dict) and part.get("type") == "text":
+        return str(part.get("text", ""))
+    return ""
+
+
+def message_text(content: Any) -> str:
+    """The text of one chat message's content (a string or a list of parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(_part_text(part) for part in content)
+    return ""
+
+
+def chat_prompt_text(messages: Sequence[dict[str, Any]]) -> str:
+    """All message contents concatenated: where the output directive is looked for."""
+    return "".join(message_text(m.get("content")) for m in messages)
+
+
+def render_chat(messages: Sequence[dict[str, Any]]) -> str:
+    """The simulators' chat template: ``<|role|>\\ncontent\\n`` per message, then
+    ``<|assistant|>\\n``."""
+    turns = [f"<|{m.get('role', 'user')}|>\n{message_text(m.get('content'))}\n" for m in messages]
+    return "".join(turns) + "<|assistant|>\n"
+
+
+def scripted_text(prompt_text: str) -> str | None:
+    """The TEXT a directive in the prompt asks for, or None without a directive."""
+    match = _DIRECTIVE.search(prompt_text)
+    if match:
+        return match.group(1)
+    match = _DIRECTIVE_B64.search(prompt_text)
+    if match:
+        return base64.b64decode(match.group(1).strip()).decode("utf-8")
+    return None
+
+
+def filler_ids(vocab: Vocab, seed: str, count: int) -> list[int]:
+    """Exactly ``count`` ids of filler words chosen deterministically from ``seed``."""
+    rng = random.Random(hashlib.sha256(seed.encode("utf-8")).digest())
+    ids: list[int] = []
+    while len(ids) < count:
+        word = rng.choice(_FILLER_WORDS)
+        if rng.random() < 0.15:
+            word += rng.choice(_PUNCTUATION)
+        piece = vocab.encode((" " if ids else "") + word)
+        if len(ids) + len(piece) > count:
+            # Pad with a one-token full stop rather than cut a character in half.
+            ids.extend(vocab.encode(".") * (count - len(ids)))
+            break
+        ids.extend(piece)
+    return ids
+
+
+def plan_output(
+    vocab: Vocab, prompt_text: str, default_output_tokens: int
+) -> tuple[list[int], bool]:
+    """The ids generated for a prompt text (EOS included) and whether they were scripted."""
+    text = scripted_text(prompt_text)
+    if text is not None:
+        return [*vocab.encode(text), vocab.eos_ids[0]], True
+    return [*filler_ids(vocab, prompt_text, default_output_tokens), vocab.eos_ids[0]], False
+
+
+def plan_chat(vocab: Vocab, messages: Sequence[dict[str, Any]], default_output_tokens: int) -> Plan:
+    """Plan a chat request: prompt rendered by :func:`render_chat`, output by directive."""
+    output, scripted = plan_output(vocab, chat_prompt_text(messages), default_output_tokens)
+    return Plan(vocab.encode(render_chat(messages)), output, scripted)
+
+
+def plan_completion(vocab: Vocab, prompt: Any, default_output_tokens: int) -> Plan:
+    """Plan a completion: ``prompt`` is a string, token ids, or a list of either (first used)."""
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        prompt_ids = [int(i) for i in prompt]
+        text = vocab.decode(prompt_ids)
+    else:
+        text = str(prompt)
+        prompt_ids = vocab.encode(text)
+    output, scripted = plan_output(vocab, text, default_output_tokens)
+    return Plan(prompt_ids, output, scripted)

@@ -1,0 +1,5 @@
+"""``python -m sim.tilert``: run one simulated TileRT decode node."""
+
+from sim.tilert.cli import main
+
+main()

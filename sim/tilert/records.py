@@ -1,0 +1,80 @@
+"""What a node saw, for tests at ``GET /sim/records``: decodes, control-plane requests, and
+the largest number of /pd/decode calls ever in flight at once (more than one means the
+node was double-booked)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class DecodeRecord:
+    """One /pd/decode call, from arrival to the end of its response body."""
+
+    rid: str
+    start: float
+    end: float | None = None
+    status: int | None = None
+    n: int = 0
+    finish_reason: str | None = None
+    stream: bool = False
+
+
+@dataclass(slots=True)
+class ControlRecord:
+    """One control-plane event for a rid and rank."""
+
+    rid: str | None
+    rank: int | None
+    outcome: str
+    seq_len: int | None = None
+    time: float = field(default_factory=time.time)
+
+
+class NodeRecords:
+    """Decode and control-plane history plus the overlap high-water mark."""
+
+    def __init__(self) -> None:
+        self.decodes: list[DecodeRecord] = []
+        self.control: list[ControlRecord] = []
+        self.stale_dropped: list[str] = []
+        self.active_decodes = 0
+        self.max_overlap = 0
+
+    def decode_begin(self, rid: str, stream: bool) -> DecodeRecord:
+        """Note a /pd/decode arrival; returns the record to finish later."""
+        record = DecodeRecord(rid=rid, start=time.time(), stream=stream)
+        self.decodes.append(record)
+        self.active_decodes += 1
+        self.max_overlap = max(self.max_overlap, self.active_decodes)
+        return record
+
+    def decode_end(self, record: DecodeRecord) -> None:
+        """Note that a /pd/decode response body has ended."""
+        record.end = time.time()
+        self.active_decodes -= 1
+
+    def control_event(
+        self, rid: str | None, rank: int | None, outcome: str, seq_len: int | None = None
+    ) -> None:
+        """Note a control-plane request, refusal, done or protocol error."""
+        self.control.append(ControlRecord(rid, rank, outcome, seq_len))
+
+    def reset(self) -> None:
+        """Forget history; the overlap mark restarts from what is in flight now."""
+        self.decodes.clear()
+        self.control.clear()
+        self.stale_dropped.clear()
+        self.max_overlap = self.active_decodes
+
+    def to_json(self) -> dict[str, Any]:
+        """The body of ``GET /sim/records``."""
+        return {
+            "decodes": [asdict(r) for r in self.decodes],
+            "control": [asdict(r) for r in self.control],
+            "stale_dropped": list(self.stale_dropped),
+            "active_decodes": self.active_decodes,
+            "max_overlap": self.max_overlap,
+        }
