@@ -8,7 +8,9 @@ Reasoning ends at `</think>` (thinking mode only). Tool calls are a
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import IntEnum
+from types import MappingProxyType
 from typing import Any
 
 from router.parsers.builder import MessageBuilder
@@ -40,19 +42,21 @@ class _State(IntEnum):
     AFTER = 7  # after the block: text is dropped
 
 
-def _table(tools: bool) -> dict[_State, Markers]:
+def _table(tools: bool) -> Mapping[_State, Markers]:
     starts = (BLOCK_OPEN, INVOKE_OPEN) if tools else ()
-    return {
-        _State.REASONING: Markers((THINK_CLOSE, *starts)),
-        _State.CONTENT: Markers(starts),
-        _State.BLOCK: Markers((INVOKE_OPEN, BLOCK_CLOSE)),
-        _State.INVOKE_TAG: Markers((TAG_END,)),
-        _State.INVOKE: Markers((PARAM_OPEN, INVOKE_CLOSE, INVOKE_OPEN, BLOCK_CLOSE)),
-        _State.PARAM_TAG: Markers((TAG_END,)),
-        # A parameter missing its closing tag ends where the next element begins.
-        _State.VALUE: Markers((PARAM_CLOSE, PARAM_OPEN, INVOKE_CLOSE, BLOCK_CLOSE)),
-        _State.AFTER: Markers((BLOCK_OPEN, INVOKE_OPEN)),
-    }
+    return MappingProxyType(
+        {
+            _State.REASONING: Markers((THINK_CLOSE, *starts)),
+            _State.CONTENT: Markers(starts),
+            _State.BLOCK: Markers((INVOKE_OPEN, BLOCK_CLOSE)),
+            _State.INVOKE_TAG: Markers((TAG_END,)),
+            _State.INVOKE: Markers((PARAM_OPEN, INVOKE_CLOSE, INVOKE_OPEN, BLOCK_CLOSE)),
+            _State.PARAM_TAG: Markers((TAG_END,)),
+            # A parameter missing its closing tag ends where the next element begins.
+            _State.VALUE: Markers((PARAM_CLOSE, PARAM_OPEN, INVOKE_CLOSE, BLOCK_CLOSE)),
+            _State.AFTER: Markers((BLOCK_OPEN, INVOKE_OPEN)),
+        }
+    )
 
 
 _WITH_TOOLS = _table(tools=True)

@@ -7,7 +7,9 @@ typed by the tool's JSON schema. See OUTPUT_FORMATS.md §1.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import IntEnum
+from types import MappingProxyType
 from typing import Any
 
 from router.parsers.builder import MessageBuilder
@@ -37,19 +39,21 @@ class _State(IntEnum):
     BETWEEN = 8  # after a call; only another call matters
 
 
-def _table(tools: bool) -> dict[_State, Markers]:
+def _table(tools: bool) -> Mapping[_State, Markers]:
     call = (CALL_OPEN,) if tools else ()
-    return {
-        _State.LEADING: Markers((THINK_OPEN, THINK_CLOSE, *call)),
-        _State.REASONING: Markers((THINK_CLOSE, *call)),
-        _State.CONTENT: Markers(call),
-        _State.NAME: Markers((KEY_OPEN, CALL_CLOSE)),
-        _State.ARGS: Markers((KEY_OPEN, CALL_CLOSE)),
-        _State.KEY: Markers((KEY_CLOSE, CALL_CLOSE)),
-        _State.AFTER_KEY: Markers((VALUE_OPEN, KEY_OPEN, CALL_CLOSE)),
-        _State.VALUE: Markers((VALUE_CLOSE,)),
-        _State.BETWEEN: Markers((CALL_OPEN,)),
-    }
+    return MappingProxyType(
+        {
+            _State.LEADING: Markers((THINK_OPEN, THINK_CLOSE, *call)),
+            _State.REASONING: Markers((THINK_CLOSE, *call)),
+            _State.CONTENT: Markers(call),
+            _State.NAME: Markers((KEY_OPEN, CALL_CLOSE)),
+            _State.ARGS: Markers((KEY_OPEN, CALL_CLOSE)),
+            _State.KEY: Markers((KEY_CLOSE, CALL_CLOSE)),
+            _State.AFTER_KEY: Markers((VALUE_OPEN, KEY_OPEN, CALL_CLOSE)),
+            _State.VALUE: Markers((VALUE_CLOSE,)),
+            _State.BETWEEN: Markers((CALL_OPEN,)),
+        }
+    )
 
 
 _WITH_TOOLS = _table(tools=True)

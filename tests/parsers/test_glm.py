@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from .support import TOOLS, parse, streamed, without_ids
+from .support import parse, streamed, without_ids
 
 OFF = {"enable_thinking": False}
 
@@ -298,7 +298,3 @@ def test_name_announced_before_arguments() -> None:
     assert [(d.index, d.name, d.arguments) for d in first] == [(0, "get_weather", "")]
     assert [d.arguments for d in deltas[1].tool_calls] == ['{"city": "Rome"']
     assert [d.arguments for d in deltas[2].tool_calls] == ["}"]
-
-
-def test_tools_fixture_names() -> None:
-    assert {t["function"]["name"] for t in TOOLS} >= {"get_weather", "search", "typed"}
