@@ -126,7 +126,8 @@ def _widen(expected: str) -> tuple[str, ...]:
 
 
 def _convert(raw: str, option: Mapping[str, Any]) -> Any:
-    convert = _CONVERTERS.get(option.get("type"))  # type: ignore[arg-type]
+    kind = option.get("type")
+    convert = _CONVERTERS.get(kind) if isinstance(kind, str) else None
     return NO_FIT if convert is None else convert(raw, option)
 
 
