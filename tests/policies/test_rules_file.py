@@ -120,6 +120,10 @@ def test_action_defaults() -> None:
             "rule 'x': match.headers.x-w: present: expected true or false",
         ),
         (
+            [rule("x", match={"headers": {"x-w": {"present": None}}})],
+            "rule 'x': match.headers.x-w: present: expected true or false",
+        ),
+        (
             [rule("x", match={"headers": {"x-w": {"prefix": 3}}})],
             "rule 'x': match.headers.x-w: prefix: expected a string",
         ),
