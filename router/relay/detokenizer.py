@@ -28,14 +28,16 @@ class ByteLevelVocab:
     at startup and share it between requests.
     """
 
-    __slots__ = ("added", "added_ids", "special_ids", "token_bytes")
+    __slots__ = ("added", "special_ids", "token_bytes")
 
     def __init__(
-        self, token_bytes: dict[int, bytes], added: dict[int, str], special_ids: frozenset[int]
+        self,
+        token_bytes: dict[int, bytes | None],
+        added: dict[int, str],
+        special_ids: frozenset[int],
     ) -> None:
-        self.token_bytes = token_bytes  # regular (model) tokens only
+        self.token_bytes = token_bytes  # None marks an added token
         self.added = added  # added-token id -> its literal content
-        self.added_ids = frozenset(added)
         self.special_ids = special_ids
 
     @classmethod
@@ -47,7 +49,7 @@ class ByteLevelVocab:
         added_tokens = tokenizer.get_added_tokens_decoder()
         added = {i: t.content for i, t in added_tokens.items()}
         special = frozenset(i for i, t in added_tokens.items() if t.special)
-        table: dict[int, bytes] = {}
+        table: dict[int, bytes | None] = dict.fromkeys(added)
         for i in range(tokenizer.get_vocab_size(with_added_tokens=True)):
             if i in added:
                 continue
@@ -122,7 +124,7 @@ class _TableDetokenizer(IncrementalDetokenizer):
     special tokens vanish without ending the run; unknown ids produce nothing.
     """
 
-    __slots__ = ("_added", "_bytes", "_skip", "_special", "_tail", "_vocab")
+    __slots__ = ("_added", "_bytes", "_skip", "_special", "_tail")
 
     def __init__(
         self,
@@ -133,9 +135,8 @@ class _TableDetokenizer(IncrementalDetokenizer):
         vocab: ByteLevelVocab | None = None,
     ) -> None:
         assert vocab is not None
-        self._vocab = vocab
         self._bytes = vocab.token_bytes
-        self._added = vocab.added_ids
+        self._added = vocab.added
         self._special = vocab.special_ids
         self._skip = skip_special_tokens
         self._tail = b""  # an incomplete UTF-8 sequence awaiting its next bytes
@@ -144,27 +145,33 @@ class _TableDetokenizer(IncrementalDetokenizer):
         if type(ids) is not list:
             ids = list(ids)
         get = self._bytes.get
-        if self._added.isdisjoint(ids):
+        try:
             data = b"".join([get(i, b"") for i in ids])
-            if self._tail:
-                data = self._tail + data
-            text, used = utf_8_decode(data, "replace", False)
-            self._tail = data[used:]
-            return text
-        parts: list[str] = []
-        run: list[bytes] = []
-        for i in ids:
-            if i not in self._added:
-                run.append(get(i, b""))
-            elif not (self._skip and i in self._special):
-                parts.append(self._decode(b"".join(run), final=True))
-                parts.append(self._vocab.added[i])
-                run = []
-        parts.append(self._decode(b"".join(run), final=False))
-        return "".join(parts)
+        except TypeError:  # an added token (None in the table) is among the ids
+            return self._push_with_added(ids)
+        if self._tail:
+            data = self._tail + data
+        text, used = utf_8_decode(data, "replace", False)
+        self._tail = data[used:]
+        return text
 
     def flush(self) -> str:
         return self._decode(b"", final=True)
+
+    def _push_with_added(self, ids: list[int]) -> str:
+        get = self._bytes.get
+        parts: list[str] = []
+        run: list[bytes] = []
+        for i in ids:
+            content = self._added.get(i)
+            if content is None:
+                run.append(get(i, b""))
+            elif not (self._skip and i in self._special):
+                parts.append(self._decode(b"".join(run), final=True))
+                parts.append(content)
+                run = []
+        parts.append(self._decode(b"".join(run), final=False))
+        return "".join(parts)
 
     def _decode(self, data: bytes, *, final: bool) -> str:
         if self._tail:
