@@ -12,12 +12,11 @@ from collections.abc import Coroutine
 from typing import Any
 
 import httpx
-import tokenizers
 
 from router.config import GatewayConfig
 from router.gate import Gate, make_gate
 from router.latency.path import LatencyPool
-from router.tokenizer import load_tokenizer
+from router.tokenizer import LoadedTokenizer, load_tokenizer
 
 
 class AppState:
@@ -27,7 +26,7 @@ class AppState:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
             timeout=httpx.Timeout(config.timeouts.prefill_s, connect=config.timeouts.connect_s),
         )
-        self.tokenizers: dict[str, tokenizers.Tokenizer] = {}
+        self.tokenizers: dict[str, LoadedTokenizer] = {}
         self.gates: dict[str, Gate] = {}
         self.latency: dict[str, LatencyPool] = {}
         self._tasks: set[asyncio.Task[None]] = set()

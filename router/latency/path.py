@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import tokenizers
 from fastapi.responses import Response, StreamingResponse
 
 from router.balance import LeastOutstanding
@@ -18,6 +17,7 @@ from router.latency.session import LatencySession, SessionEnd, Spawn
 from router.openai.render import DONE_EVENT, Renderer, Usage, make_renderer
 from router.openai.requests import ChatRequest, CompletionRequest
 from router.responses import json_response
+from router.tokenizer import LoadedTokenizer
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -30,7 +30,7 @@ class LatencyPool:
         *,
         model: ModelConfig,
         gate: Gate,
-        tokenizer: tokenizers.Tokenizer,
+        tokenizer: LoadedTokenizer,
         http: httpx.AsyncClient,
         timeouts: TimeoutsConfig,
         spawn: Spawn,

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import tokenizers
 
 from router.config import ModelConfig, TimeoutsConfig
 from router.errors import DecodeError
@@ -24,6 +23,7 @@ from router.latency.prefill import PrefillResult, prefill_body, run_prefill
 from router.openai.requests import ChatRequest, CompletionRequest
 from router.parsers import ParsedDelta, ParsedMessage, finish_reason
 from router.relay.pipeline import RelayPipeline
+from router.tokenizer import LoadedTokenizer
 
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
@@ -45,7 +45,7 @@ class LatencySession:
         lease: Lease,
         prefill_url: str,
         model: ModelConfig,
-        tokenizer: tokenizers.Tokenizer,
+        tokenizer: LoadedTokenizer,
         request: ChatRequest | CompletionRequest,
         body: dict[str, Any],
     ) -> None:
@@ -122,9 +122,10 @@ class LatencySession:
         assert self._stream is not None and self.prefill is not None
         request = self._request
         relay = self._relay = RelayPipeline(
-            self._tokenizer,
+            self._tokenizer.tokenizer,
+            vocab=self._tokenizer.vocab,
             parser_name=self._model.output_parser if self._chat else "none",
-            tools=[t.model_dump() for t in request.tools or []] if self._chat else None,
+            tools=_tools(request),
             chat_template_kwargs=request.chat_template_kwargs,
             stop=request.stop_strings,
             stop_token_ids=request.stop_token_ids or [],
@@ -196,3 +197,10 @@ class LatencySession:
             return False
         exc = task.exception()
         return isinstance(exc, DecodeError)
+
+
+def _tools(request: ChatRequest | CompletionRequest) -> list[dict[str, Any]] | None:
+    """The tools the parser may recognise; none when the client forbade calls."""
+    if not isinstance(request, ChatRequest) or not request.tools or request.tool_choice == "none":
+        return None
+    return [tool.model_dump() for tool in request.tools]

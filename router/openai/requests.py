@@ -16,6 +16,8 @@ from router.errors import InvalidRequest
 
 # Far beyond any context window in service; larger values are a client bug.
 MAX_TOKENS_LIMIT = 10_000_000
+# OpenAI's (and vLLM's) default completion budget for /v1/completions.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 class _Open(BaseModel):
@@ -93,6 +95,10 @@ class ChatRequest(_Generation):
 
 class CompletionRequest(_Generation):
     prompt: str | list[str] | list[int] | list[list[int]]
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
 
 
 Endpoint = Literal["chat", "completions"]

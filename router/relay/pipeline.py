@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import tokenizers
 
 from router.parsers import OutputParser, ParsedDelta, make_output_parser, needs_special_tokens
-from router.relay.detokenizer import IncrementalDetokenizer
+from router.relay.detokenizer import ByteLevelVocab, IncrementalDetokenizer
 from router.relay.stops import StopMatcher
 
 
@@ -33,12 +33,13 @@ class RelayPipeline:
         chat_template_kwargs: dict | None,
         stop: Sequence[str],
         stop_token_ids: Sequence[int],
+        vocab: ByteLevelVocab | None = None,
     ) -> None:
         self.parser: OutputParser = make_output_parser(
             parser_name, tools=tools, chat_template_kwargs=chat_template_kwargs
         )
         self._detok = IncrementalDetokenizer(
-            tokenizer, skip_special_tokens=not needs_special_tokens(parser_name)
+            tokenizer, skip_special_tokens=not needs_special_tokens(parser_name), vocab=vocab
         )
         self._stops = StopMatcher(stop) if stop else None
         self._stop_ids = frozenset(stop_token_ids)
@@ -76,6 +77,8 @@ class RelayPipeline:
                 final = True
             elif final:
                 text += self._stops.flush()
+                # flushing may settle a match a longer candidate stop kept undecided
+                self.stopped = self._stops.stopped
         delta = self.parser.feed(text) if text else ParsedDelta()
         if final:
             self._finished = True

@@ -19,7 +19,9 @@ from router.server import READY_PREFIX
 
 
 class GatewayProcess:
-    def __init__(self, config: dict[str, Any], workdir: Path, *, log_level: str = "warning") -> None:
+    def __init__(
+        self, config: dict[str, Any], workdir: Path, *, log_level: str = "warning"
+    ) -> None:
         self.config_path = workdir / "router.yaml"
         self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         self.log_path = workdir / "gateway.log"
@@ -30,8 +32,18 @@ class GatewayProcess:
 
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "router.cli", "serve", "--config", str(self.config_path),
-             "--port", "0", "--log-level", self._log_level],
+            [
+                sys.executable,
+                "-m",
+                "router.cli",
+                "serve",
+                "--config",
+                str(self.config_path),
+                "--port",
+                "0",
+                "--log-level",
+                self._log_level,
+            ],
             stdout=subprocess.PIPE,
             stderr=self.log_path.open("w"),
             text=True,
@@ -63,7 +75,9 @@ class GatewayProcess:
         while True:
             state = self.pool()
             busy = [
-                (m, n) for m, s in state["models"].items() for n, h in s["busy"].items()
+                (m, n)
+                for m, s in state["models"].items()
+                for n, h in s["busy"].items()
                 if h is not None
             ]
             if not busy and state["background_tasks"] == 0:
