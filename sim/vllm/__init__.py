@@ -1,0 +1,1 @@
+"""Simulated vLLM OpenAI server: plain serving, TileRT connector and NIXL producer/consumer."""

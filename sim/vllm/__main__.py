@@ -1,0 +1,5 @@
+"""``python -m sim.vllm``: run one simulated vLLM OpenAI server."""
+
+from sim.vllm.cli import main
+
+main()

@@ -1,0 +1,30 @@
+"""Command-line entry of the simulated vLLM server: bind, announce, serve."""
+
+from __future__ import annotations
+
+from sim import serving
+from sim.tokenizers import load_vocab
+from sim.vllm.config import ServerConfig, parse_config
+from sim.vllm.http import build_app
+from sim.vllm.server import VllmServer
+
+
+async def run_server(config: ServerConfig) -> None:
+    """Serve one simulated vLLM instance until SIGINT/SIGTERM."""
+    server = VllmServer(config, load_vocab(config.tokenizer))
+    http = serving.listen(config.host, config.port)
+    side = serving.listen(config.host, config.side_channel_port)
+    server.side_channel_port = serving.port_of(side)
+    ready = {
+        "port": serving.port_of(http),
+        "side_channel_port": server.side_channel_port,
+        "engine_id": config.engine_id,
+        "role": config.role,
+    }
+    await serving.serve(build_app(server), http, [(side, server.side_channel())], ready)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m sim.vllm``."""
+    config = parse_config(argv)
+    serving.run(lambda: run_server(config))

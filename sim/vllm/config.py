@@ -1,0 +1,124 @@
+"""The vLLM simulator's settings and fault names, from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["prefill", "decode", "both"]
+TransferOrder = Literal["response-first", "transfer-first", "race"]
+
+# Fault name -> value type; the same names serve as CLI flags (dashes) and JSON keys.
+FAULTS: dict[str, type] = {
+    "http_status": int,
+    "text_logprobs": bool,
+    "transfer_no_done": bool,
+    "slow_transfer_ms": float,
+    "stall": bool,
+    "die_after": int,
+    "pull_fail": bool,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything one simulated vLLM server is configured with."""
+
+    role: Role = "both"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_names: tuple[str, ...] = ("sim-model",)
+    tokenizer: str = "deepseek"
+    engine_id: str = "sim-engine"
+    side_channel_port: int = 0
+    prefill_ms_per_token: float = 0.02
+    itl_ms: float = 5.0
+    default_output_tokens: int = 48
+    sender_ranks: tuple[int, ...] = (0,)
+    layout_version: int = 1
+    transport: str = "mooncake"
+    transfer_ms_base: float = 2.0
+    transfer_ms_per_token: float = 0.001
+    transfer_order: TransferOrder = "race"
+    kv_expiry_s: float = 480.0
+    remote_prefill_timeout_s: float = 60.0
+    max_model_len: int = 131072
+    faults: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_name(self) -> str:
+        """The name responses report (the first served name)."""
+        return self.served_model_names[0]
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    if not ranks or ranks[0] < 0:
+        raise argparse.ArgumentTypeError("sender ranks are non-negative integers, e.g. 0,1,2,3")
+    return ranks
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m sim.vllm`` command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m sim.vllm", description="Simulated vLLM OpenAI server."
+    )
+    add = parser.add_argument
+    add("--role", choices=["prefill", "decode", "both"], default="both")
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=8000, help="HTTP port (0 = free port)")
+    add("--served-model-name", action="append", dest="served_model_names", metavar="NAME")
+    add("--tokenizer", default="deepseek", help="deepseek, glm or a tokenizer.json path")
+    add("--engine-id", default=None, help="NIXL engine id (default: random)")
+    add("--side-channel-port", type=int, default=0, help="NIXL side channel (0 = free port)")
+    add("--prefill-ms-per-token", type=float, default=0.02)
+    add("--itl-ms", type=float, default=5.0, help="time per output token")
+    add("--default-output-tokens", type=int, default=48)
+    add("--sender-ranks", type=_ranks, default=(0,), help="TileRT connector ranks, e.g. 0,1")
+    add("--layout-version", type=int, default=1, help="TileRT layout version expected")
+    add("--transport", default="mooncake", choices=["mooncake", "nixl"])
+    add("--transfer-ms-base", type=float, default=2.0)
+    add("--transfer-ms-per-token", type=float, default=0.001)
+    add("--transfer-order", choices=["response-first", "transfer-first", "race"], default="race")
+    add("--kv-expiry-s", type=float, default=480.0, help="NIXL producer state lifetime")
+    add("--remote-prefill-timeout-s", type=float, default=60.0, help="push-mode wait")
+    add("--max-model-len", type=int, default=131072)
+    faults = parser.add_argument_group("faults (also settable at POST /sim/faults)")
+    faults.add_argument("--http-status", type=int, help="answer completions with this status")
+    faults.add_argument("--text-logprobs", action="store_true", help="logprobs as plain text")
+    faults.add_argument("--transfer-no-done", action="store_true", help="TileRT: never send done")
+    faults.add_argument("--slow-transfer-ms", type=float, help="TileRT: extra transfer time")
+    faults.add_argument("--stall", action="store_true", help="never answer")
+    faults.add_argument("--die-after", type=int, help="drop a stream after N events")
+    faults.add_argument("--pull-fail", action="store_true", help="NIXL side channel fails")
+    return parser
+
+
+def parse_config(argv: list[str] | None = None) -> ServerConfig:
+    """Parse the command line into a :class:`ServerConfig`."""
+    args = build_parser().parse_args(argv)
+    faults = {name: getattr(args, name) for name in FAULTS}
+    return ServerConfig(
+        role=args.role,
+        host=args.host,
+        port=args.port,
+        served_model_names=tuple(args.served_model_names or ["sim-model"]),
+        tokenizer=args.tokenizer,
+        engine_id=args.engine_id or f"sim-{secrets.token_hex(6)}",
+        side_channel_port=args.side_channel_port,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        itl_ms=args.itl_ms,
+        default_output_tokens=args.default_output_tokens,
+        sender_ranks=args.sender_ranks,
+        layout_version=args.layout_version,
+        transport=args.transport,
+        transfer_ms_base=args.transfer_ms_base,
+        transfer_ms_per_token=args.transfer_ms_per_token,
+        transfer_order=args.transfer_order,
+        kv_expiry_s=args.kv_expiry_s,
+        remote_prefill_timeout_s=args.remote_prefill_timeout_s,
+        max_model_len=args.max_model_len,
+        faults={k: v for k, v in faults.items() if v not in (None, False)},
+    )

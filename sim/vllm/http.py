@@ -1,0 +1,79 @@
+"""The simulated vLLM server's HTTP routes: OpenAI endpoints and test-only ``/sim/`` ones."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sim.faults import FaultError
+from sim.vllm.server import VllmServer
+
+
+def build_app(server: VllmServer) -> Starlette:
+    """The Starlette app serving ``server``."""
+
+    async def chat(request: Request) -> Any:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        return await server.handle("chat", request.url.path, await request.body(), headers)
+
+    async def completions(request: Request) -> Any:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        return await server.handle("completions", request.url.path, await request.body(), headers)
+
+    async def models(request: Request) -> Response:
+        created = int(time.time())
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": server.config.tokenizer,
+                "parent": None,
+                "max_model_len": server.config.max_model_len,
+            }
+            for name in server.config.served_model_names
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def sim_requests(request: Request) -> Response:
+        return JSONResponse(server.records.to_json())
+
+    async def sim_faults(request: Request) -> Response:
+        if request.method == "DELETE":
+            server.faults.clear()
+        elif request.method == "POST":
+            values = orjson.loads(await request.body() or b"{}")
+            if not isinstance(values, dict):
+                return JSONResponse({"error": "expected a JSON object"}, status_code=400)
+            count = values.pop("count", None)
+            try:
+                server.faults.arm(values, count)
+            except FaultError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"faults": server.faults.snapshot()})
+
+    async def sim_reset(request: Request) -> Response:
+        server.records.reset()
+        return JSONResponse({"reset": True})
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/sim/requests", sim_requests, methods=["GET"]),
+            Route("/sim/faults", sim_faults, methods=["GET", "POST", "DELETE"]),
+            Route("/sim/reset", sim_reset, methods=["POST"]),
+        ]
+    )
