@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -115,7 +115,13 @@ class _Process:
 
 
 class SimStack:
-    """A simulated deployment: ``with SimStack(nodes=2) as stack: stack.nodes[0].url``."""
+    """A simulated deployment: ``with SimStack(nodes=2) as stack: stack.nodes[0].url``.
+
+    ``*_args`` are extra command-line arguments for every process of a kind;
+    ``instance_args`` adds arguments for one process by name (``node-0``, ``prefill-1``,
+    ``decode-0``, ``proxy-0``). Prefill servers get engine ids ``prefill-<i>``, decode
+    servers ``decode-<i>``, the proxy stand-in ``proxy``.
+    """
 
     def __init__(
         self,
@@ -130,6 +136,7 @@ class SimStack:
         prefill_args: Sequence[str] = (),
         decode_args: Sequence[str] = (),
         proxy_args: Sequence[str] = (),
+        instance_args: Mapping[str, Sequence[str]] | None = None,
         ready_timeout_s: float = 60.0,
         stop_grace_s: float = 3.0,
     ) -> None:
@@ -143,6 +150,7 @@ class SimStack:
             "decode": list(decode_args),
             "proxy": list(proxy_args),
         }
+        self._instance_args = {k: list(v) for k, v in (instance_args or {}).items()}
         self._ready_timeout_s = ready_timeout_s
         self._stop_grace_s = stop_grace_s
         self._changed = threading.Condition()
@@ -168,7 +176,8 @@ class SimStack:
             argv += ["--side-channel-port", "0", "--engine-id", engine_id]
             for name in self._models:
                 argv += ["--served-model-name", name]
-        return [sys.executable, *argv, *self._args[kind]]
+        extra = self._instance_args.get(f"{kind}-{index}", [])
+        return [sys.executable, *argv, *self._args[kind], *extra]
 
     def start(self) -> SimStack:
         """Start every process in parallel and wait until all are ready."""

@@ -1,0 +1,1 @@
+"""Tests of the simulators (sim/), over real sockets and processes."""
