@@ -54,6 +54,6 @@ class ProxyPath:
         leg = Leg("proxy", url, path, request_id, timeout)
         return relay(await send_leg(self._http, leg, body, stack))
 
-    def outstanding(self) -> dict[str, int]:
+    def outstanding(self) -> dict[str, dict[str, int]]:
         """Requests in flight per proxy URL."""
-        return self._balance.outstanding()
+        return {"proxy": self._balance.outstanding()}

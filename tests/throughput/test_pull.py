@@ -1,0 +1,212 @@
+"""Pull mode: prefill first, its opaque kv_transfer_params verbatim into the decode leg."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+import pytest
+
+from router.config import PullConfig
+from router.throughput.pull import PullPath
+
+from .support import RID, TIMEOUTS, Upstreams, answer, asgi_client, events, failing, sse
+
+CHAT = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 5,
+    "min_tokens": 2,
+}
+OPAQUE = {
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_engine_id": "p-engine",
+    "remote_block_ids": [3, 4, 5],
+    "remote_host": "10.0.0.1",
+    "remote_port": 5600,
+    "remote_request_id": "x",
+    "tp_size": 1,
+}
+
+
+def prefill_answer(cached: int | None = 8, params: object = OPAQUE) -> dict:
+    details = None if cached is None else {"cached_tokens": cached}
+    return {
+        "id": f"chatcmpl-{RID}",
+        "choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 1, "prompt_tokens_details": details},
+        "kv_transfer_params": params,
+    }
+
+
+def decode_answer(cached: int = 20) -> dict:
+    return {
+        "id": f"chatcmpl-{RID}",
+        "choices": [{"index": 0, "message": {"content": "hello"}, "finish_reason": "stop"}],
+        "usage": {
+            "prompt_tokens": 20,
+            "completion_tokens": 3,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        },
+    }
+
+
+def pull(up: Upstreams) -> PullPath:
+    config = PullConfig(mode="pull", prefill=["http://p:8000"], decode=["http://d:8000"])
+    return PullPath(config, http=up.client(), timeouts=TIMEOUTS)
+
+
+async def test_legs_carry_the_protocol_bodies_and_one_request_id() -> None:
+    up = Upstreams()
+    up.on("p", answer(prefill_answer()))
+    up.on("d", answer(decode_answer()))
+    async with asgi_client(pull(up)) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    prefill, decode = up.seen
+    assert (prefill.host, decode.host) == ("p", "d")
+    assert prefill.path == decode.path == "/v1/chat/completions"
+    assert prefill.headers["x-request-id"] == decode.headers["x-request-id"] == RID
+    assert prefill.body == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1,
+        "stream": False,
+        "kv_transfer_params": {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            "remote_host": None,
+            "remote_port": None,
+        },
+    }
+    assert decode.body == {**CHAT, "kv_transfer_params": OPAQUE}
+
+
+async def test_decode_answer_is_relayed_with_the_prefills_cached_tokens() -> None:
+    up = Upstreams()
+    up.on("p", answer(prefill_answer(cached=8)))
+    up.on("d", answer(decode_answer(cached=20)))
+    async with asgi_client(pull(up)) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.json() == {**decode_answer(cached=8)}
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["x-pd-route"] == "throughput"
+
+
+async def test_prefill_without_cache_report_counts_as_no_cache_hit() -> None:
+    up = Upstreams()
+    up.on("p", answer(prefill_answer(cached=None)))
+    up.on("d", answer(decode_answer(cached=20)))
+    async with asgi_client(pull(up)) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+async def test_stream_is_relayed_with_only_the_usage_event_rewritten() -> None:
+    chunks = [
+        sse({"choices": [{"delta": {"content": "he"}}], "usage": None}),
+        sse({"choices": [{"delta": {"content": "llo"}}], "usage": None}),
+        sse({"choices": [], "usage": decode_answer(cached=20)["usage"]}),
+        b"data: [DONE]\n\n",
+    ]
+    up = Upstreams()
+    up.on("p", answer(prefill_answer(cached=8)))
+    up.on("d", events(*chunks))
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    async with asgi_client(pull(up)) as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    expected = [
+        *chunks[:2],
+        sse({"choices": [], "usage": decode_answer(cached=8)["usage"]}),
+        chunks[3],
+    ]
+    assert response.content == b"".join(expected)
+    assert response.headers["content-type"] == "text/event-stream"
+    assert up.to("d")[0].body["stream_options"] == {"include_usage": True}
+    assert "stream_options" not in up.to("p")[0].body
+
+
+async def test_prefill_without_kv_params_lets_the_decode_compute_the_prompt() -> None:
+    up = Upstreams()
+    up.on("p", answer(prefill_answer(params=None)))
+    up.on("d", answer(decode_answer()))
+    async with asgi_client(pull(up)) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    assert up.to("d")[0].body == CHAT
+
+
+@pytest.mark.parametrize(
+    ("leg", "status", "client_status"),
+    [
+        ("p", 400, 400),
+        ("p", 500, 502),
+        ("p", 503, 503),
+        ("d", 422, 422),
+        ("d", 500, 502),
+        ("d", 504, 504),
+    ],
+)
+async def test_error_status_from_either_leg(leg: str, status: int, client_status: int) -> None:
+    up = Upstreams()
+    up.on("p", answer(prefill_answer()))
+    up.on("d", answer(decode_answer()))
+    up.on(leg, answer({"error": {"message": "boom", "type": "X", "code": status}}, status=status))
+    async with asgi_client(pull(up)) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == client_status
+    error = response.json()["error"]
+    name = "prefill" if leg == "p" else "decode"
+    assert error["message"] == f"the {name} leg answered {status}: boom"
+    assert error["code"] == f"{name}_failed"
+    assert response.headers["x-pd-route"] == "throughput"
+    assert [s.host for s in up.seen] == (["p"] if leg == "p" else ["p", "d"])
+
+
+@pytest.mark.parametrize(
+    ("leg", "exc", "client_status", "code"),
+    [
+        ("p", httpx.ConnectError("refused"), 502, "prefill_unreachable"),
+        ("p", httpx.ReadTimeout("slow"), 504, "prefill_timeout"),
+        ("d", httpx.ConnectError("refused"), 502, "decode_unreachable"),
+        ("d", httpx.ReadTimeout("slow"), 504, "decode_timeout"),
+    ],
+)
+async def test_transport_failure_of_either_leg(
+    leg: str, exc: Exception, client_status: int, code: str
+) -> None:
+    up = Upstreams()
+    up.on("p", answer(prefill_answer()))
+    up.on("d", answer(decode_answer()))
+    up.on(leg, failing(exc))
+    async with asgi_client(pull(up)) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == client_status
+    assert response.json()["error"]["code"] == code
+
+
+async def test_prefill_answer_that_is_not_json_is_a_502() -> None:
+    async def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"<html>", headers={"content-type": "text/html"})
+
+    up = Upstreams()
+    up.on("p", handle)
+    async with asgi_client(pull(up)) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 502
+    assert "prefill leg" in response.json()["error"]["message"]
+    assert up.to("d") == []
+
+
+async def test_decode_failure_mid_stream_is_an_error_event() -> None:
+    up = Upstreams()
+    up.on("p", answer(prefill_answer()))
+    up.on("d", events(sse({"choices": []}), then=httpx.RemoteProtocolError("closed")))
+    async with asgi_client(pull(up)) as client:
+        response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    first, second, end = response.content.split(b"\n\n")
+    assert first + b"\n\n" == sse({"choices": []})
+    assert orjson.loads(second[len(b"data: ") :])["error"]["code"] == "decode_failed"
+    assert end == b""

@@ -1,0 +1,153 @@
+"""Push mode: decode chosen first, both legs at once, a failing leg cancels the other."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from router.config import PrefillEngineConfig, PushConfig
+from router.throughput.push import PushPath
+
+from .support import RID, TIMEOUTS, Upstreams, answer, asgi_client, events, sse
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+ENGINES = [
+    PrefillEngineConfig(
+        url="http://p0:8000",
+        engine_id="engine-p0",
+        side_channel_host="10.0.0.10",
+        side_channel_port=5600,
+        tp_size=8,
+    ),
+    PrefillEngineConfig(
+        url="http://p1:8000",
+        engine_id="engine-p1",
+        side_channel_host="10.0.0.11",
+        side_channel_port=5601,
+        tp_size=8,
+    ),
+]
+PREFILL_ANSWER = {
+    "id": "x",
+    "choices": [{"index": 0, "text": "a", "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 30, "prompt_tokens_details": {"cached_tokens": 12}},
+    "kv_transfer_params": {"ignored": "in push mode"},
+}
+DECODE_ANSWER = {
+    "id": "x",
+    "choices": [{"index": 0, "text": "abc", "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 30, "prompt_tokens_details": {"cached_tokens": 30}},
+}
+ERROR = {"error": {"message": "boom", "type": "X", "code": 500}}
+
+
+def push(up: Upstreams, engines: list[PrefillEngineConfig] = ENGINES[:1]) -> PushPath:
+    config = PushConfig(mode="push", prefill=engines, decode=["http://d:8000"])
+    return PushPath(config, http=up.client(), timeouts=TIMEOUTS)
+
+
+async def test_decode_leg_carries_the_engines_coordinates_and_the_shared_id() -> None:
+    up = Upstreams()
+    up.on("p0", answer(PREFILL_ANSWER))
+    up.on("d", answer(DECODE_ANSWER))
+    async with asgi_client(push(up)) as client:
+        response = await client.post("/v1/completions", json=CHAT)
+    assert response.status_code == 200
+    (prefill,) = up.to("p0")
+    (decode,) = up.to("d")
+    assert prefill.headers["x-request-id"] == decode.headers["x-request-id"] == RID
+    assert prefill.body["kv_transfer_params"]["do_remote_decode"] is True
+    assert (prefill.body["max_tokens"], prefill.body["stream"]) == (1, False)
+    assert decode.body == {
+        **CHAT,
+        "kv_transfer_params": {
+            "do_remote_decode": False,
+            "do_remote_prefill": True,
+            "remote_engine_id": "engine-p0",
+            "remote_host": "10.0.0.10",
+            "remote_port": 5600,
+            "tp_size": 8,
+            "pp_size": 1,
+            "remote_request_id": RID,
+        },
+    }
+    usage = response.json()["usage"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 12}
+
+
+async def test_decode_leg_is_sent_while_the_prefill_is_still_running() -> None:
+    decode_arrived = asyncio.Event()
+
+    async def prefill(request: httpx.Request) -> httpx.Response:
+        # Answers only once the decode leg has arrived: a sequential implementation fails.
+        try:
+            await asyncio.wait_for(decode_arrived.wait(), timeout=5)
+        except TimeoutError:
+            return httpx.Response(500, json=ERROR)
+        return httpx.Response(200, json=PREFILL_ANSWER)
+
+    async def decode(request: httpx.Request) -> httpx.Response:
+        decode_arrived.set()
+        return await events(sse(DECODE_ANSWER), b"data: [DONE]\n\n")(request)
+
+    up = Upstreams()
+    up.on("p0", prefill)
+    up.on("d", decode)
+    async with asgi_client(push(up)) as client:
+        response = await client.post("/v1/completions", json={**CHAT, "stream": True})
+    assert response.status_code == 200
+    assert response.content.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("failing", ["p0", "d"])
+async def test_a_failing_leg_cancels_the_other(failing: str) -> None:
+    other_started, other_cancelled = asyncio.Event(), asyncio.Event()
+
+    async def hang(request: httpx.Request) -> httpx.Response:
+        other_started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            other_cancelled.set()
+            raise
+        raise AssertionError("unreachable")
+
+    async def fail(request: httpx.Request) -> httpx.Response:
+        await other_started.wait()
+        return httpx.Response(500, json=ERROR)
+
+    up = Upstreams()
+    up.on("p0", hang)
+    up.on("d", hang)
+    up.on(failing, fail)
+    async with asgi_client(push(up)) as client:
+        response = await client.post("/v1/completions", json=CHAT)
+    assert response.status_code == 502
+    leg = "prefill" if failing == "p0" else "decode"
+    assert response.json()["error"]["message"] == f"the {leg} leg answered 500: boom"
+    assert other_cancelled.is_set()
+
+
+async def test_engines_are_balanced_and_released() -> None:
+    up = Upstreams()
+    up.on("p0", answer(PREFILL_ANSWER))
+    up.on("p1", answer(PREFILL_ANSWER))
+    up.on("d", answer(DECODE_ANSWER))
+    path = push(up, ENGINES)
+    async with asgi_client(path) as client:
+        for _ in range(4):
+            assert (await client.post("/v1/completions", json=CHAT)).status_code == 200
+    engine_ids = sorted(s.body["kv_transfer_params"]["remote_engine_id"] for s in up.to("d"))
+    assert engine_ids == ["engine-p0", "engine-p0", "engine-p1", "engine-p1"]
+    # Requests ran one after another, so the records pair up: the engine named in each
+    # decode leg is the one its prefill leg went to.
+    for pair in (up.seen[i : i + 2] for i in range(0, len(up.seen), 2)):
+        (prefill,) = [s for s in pair if s.host != "d"]
+        (decode,) = [s for s in pair if s.host == "d"]
+        assert decode.body["kv_transfer_params"]["remote_engine_id"] == f"engine-{prefill.host}"
+    assert path.outstanding() == {
+        "prefill": {"http://p0:8000": 0, "http://p1:8000": 0},
+        "decode": {"http://d:8000": 0},
+    }
