@@ -26,7 +26,8 @@ def error_type(status: int) -> str:
         phrase = HTTPStatus(status).phrase
     except ValueError:
         return "Error"
-    return phrase.title().replace(" ", "").replace("-", "") + "Error"
+    name = phrase.title().replace(" ", "").replace("-", "")
+    return name if name.endswith("Error") else name + "Error"
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:

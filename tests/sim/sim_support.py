@@ -185,3 +185,16 @@ async def reset_stack(client: httpx.AsyncClient, stack: SimStack) -> None:
             return (await client.get(f"{node.url}/decode_status")).json()["status"] == "idle"
 
         await wait_until(idle)
+
+
+async def settled_transfers(
+    client: httpx.AsyncClient, server_url: str, count: int
+) -> list[dict[str, Any]]:
+    """The prefill server's transfer records once ``count`` of them have an outcome."""
+
+    async def settled() -> bool:
+        records = (await client.get(f"{server_url}/sim/requests")).json()["transfers"]
+        return sum(r["outcome"] is not None for r in records) >= count
+
+    await wait_until(settled)
+    return (await client.get(f"{server_url}/sim/requests")).json()["transfers"]

@@ -13,7 +13,13 @@ import pytest
 from sim.stack import SimStack
 from sim.tokenizers import load_vocab
 
-from .sim_support import latency_request, new_rid, reset_stack, wait_until
+from .sim_support import (
+    latency_request,
+    new_rid,
+    reset_stack,
+    settled_transfers,
+    wait_until,
+)
 
 FAST = ["--itl-ms", "0", "--prefill-ms-per-token", "0"]
 NODE = ["--step-ms", "1"]
@@ -105,9 +111,8 @@ async def test_transfer_finishes_before_or_after_the_prefill_response(
     prefill, node = stack.prefills[prefill_index], stack.nodes[0]
     result = await latency_request(client, prefill.url, node, "chat", _payload("chat", "Hi"))
     assert result.decode.final["finish_reason"] == "stop"
-    records = (await client.get(f"{prefill.url}/sim/requests")).json()
-    (request,) = records["requests"]
-    (sent,) = records["transfers"]
+    (sent,) = await settled_transfers(client, prefill.url, 1)
+    (request,) = (await client.get(f"{prefill.url}/sim/requests")).json()["requests"]
     assert (sent["rid"], sent["outcome"]) == (result.rid, "complete")
     if order == "response-first":
         assert sent["start"] >= request["finished"]
