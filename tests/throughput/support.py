@@ -96,14 +96,14 @@ def sse(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def app_for(path: ThroughputPath) -> Starlette:
+def app_for(path: ThroughputPath, *, request_id: str = RID) -> Starlette:
     """The smallest gateway around one throughput path: parse, delegate, return."""
 
     async def handle(request: Request) -> Response:
         body = await request.json()
         endpoint = "chat" if request.url.path == "/v1/chat/completions" else "completions"
         return await path.serve(
-            body, endpoint=endpoint, request_id=RID, response_headers=dict(ROUTE_HEADERS)
+            body, endpoint=endpoint, request_id=request_id, response_headers=dict(ROUTE_HEADERS)
         )
 
     return Starlette(
@@ -114,8 +114,9 @@ def app_for(path: ThroughputPath) -> Starlette:
     )
 
 
-def asgi_client(path: ThroughputPath) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app_for(path)), base_url="http://gw")
+def asgi_client(path: ThroughputPath, *, request_id: str = RID) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app_for(path, request_id=request_id))
+    return httpx.AsyncClient(transport=transport, base_url="http://gw")
 
 
 @asynccontextmanager
@@ -152,3 +153,9 @@ async def wait_until(check: Callable[[], bool], *, deadline_s: float = 5.0, what
         if loop.time() > end:
             raise AssertionError(f"timed out waiting for: {what}")
         await asyncio.sleep(0.01)
+
+
+def in_flight(path: ThroughputPath) -> int:
+    """Requests the path's balancers count as outstanding, over all its pools."""
+    pools = path.outstanding()  # type: ignore[attr-defined]
+    return sum(n for pool in pools.values() for n in pool.values())

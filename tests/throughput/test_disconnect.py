@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -11,7 +11,7 @@ import pytest
 from router.config import PrefillEngineConfig, ProxyConfig, PullConfig, PushConfig
 from router.throughput import ThroughputPath, make_throughput_path
 
-from .support import TIMEOUTS, Upstreams, answer, app_for, serving, sse, wait_until
+from .support import TIMEOUTS, Upstreams, answer, app_for, in_flight, serving, sse, wait_until
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 PREFILL_ANSWER = {
@@ -36,14 +36,6 @@ CONFIGS = {
 
 def build(mode: str, up: Upstreams) -> ThroughputPath:
     return make_throughput_path(CONFIGS[mode], http=up.client(), timeouts=TIMEOUTS)
-
-
-def idle(path: ThroughputPath) -> Callable[[], bool]:
-    def check() -> bool:
-        counts = path.outstanding()  # type: ignore[attr-defined]
-        return not any(n for pool in counts.values() for n in pool.values())
-
-    return check
 
 
 @pytest.mark.parametrize("mode", sorted(CONFIGS))
@@ -71,7 +63,7 @@ async def test_disconnect_mid_stream_closes_the_upstream_stream(mode: str) -> No
             first = await anext(response.aiter_raw())
             assert first.startswith(b"data: ")
         await asyncio.wait_for(closed.wait(), timeout=5)
-        await wait_until(idle(path), what="balancer holds released")
+        await wait_until(lambda: in_flight(path) == 0, what="balancer holds released")
 
 
 @pytest.mark.parametrize("mode", sorted(CONFIGS))
@@ -102,5 +94,5 @@ async def test_disconnect_before_any_answer_cancels_every_pending_leg(mode: str)
         request.cancel()
         for host in pending:
             await asyncio.wait_for(cancelled[host].wait(), timeout=5)
-        await wait_until(idle(path), what="balancer holds released")
+        await wait_until(lambda: in_flight(path) == 0, what="balancer holds released")
     assert sorted({s.host for s in up.seen}) == sorted(pending)
