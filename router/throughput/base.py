@@ -39,3 +39,7 @@ class ThroughputPath(Protocol):
         runs when the response is sent, so a client that goes away aborts it.
         """
         ...
+
+    def outstanding(self) -> dict[str, dict[str, int]]:
+        """Requests in flight per upstream URL, by pool (`proxy`, or `prefill` and `decode`)."""
+        ...

@@ -33,10 +33,13 @@ class RelayResponse(Response):
     """
 
     def __init__(self, open_upstream: OpenUpstream, *, headers: Mapping[str, str]) -> None:
-        # Status and content type are only known once the upstream has answered.
-        super().__init__(status_code=200)
+        # Status and content type are only known once the upstream has answered; headers set
+        # here or later through `self.headers` are added to whatever it answers.
+        self.status_code = 200
+        self.background = None
+        self.body = b""
+        self.raw_headers = raw_headers(headers)
         self._open = open_upstream
-        self._extra = raw_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         stack = AsyncExitStack()
@@ -50,18 +53,22 @@ class RelayResponse(Response):
             with anyio.CancelScope(shield=True):
                 await asyncio.wait((exchange, watch))
                 await stack.aclose()
-        if watch.done() and not watch.cancelled():
+        if not watch.cancelled() and watch.exception() is None:
             log.debug("client went away; upstream legs aborted")
-        elif not exchange.cancelled():
+        if exchange.cancelled():
+            return
+        try:
             exchange.result()
+        except OSError:
+            log.debug("client went away while being sent the answer")
 
     async def _exchange(self, stack: AsyncExitStack, send: Send) -> None:
         try:
             upstream = await self._open(stack)
         except GatewayError as error:
             upstream = error_upstream(error)
-        names = {name for name, _ in self._extra}
-        headers = [(k, v) for k, v in upstream.headers if k not in names] + self._extra
+        names = {name for name, _ in self.raw_headers}
+        headers = [(k, v) for k, v in upstream.headers if k not in names] + self.raw_headers
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
         async with aclosing(upstream.chunks) as chunks:
             async for chunk in chunks:

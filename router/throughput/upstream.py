@@ -155,10 +155,14 @@ def upstream_message(content: bytes) -> str:
 
 
 def forwarded_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
+    """End-to-end headers only: hop-by-hop ones, and any the Connection header names, go."""
+    dropped = NOT_FORWARDED | {
+        token.strip().lower() for token in headers.get("connection", "").split(",")
+    }
     kept = []
     for name, value in headers.raw:
         lower = name.lower()
-        if lower.decode("latin-1") not in NOT_FORWARDED:
+        if lower.decode("latin-1") not in dropped:
             kept.append((lower, value))
     return kept
 

@@ -157,5 +157,5 @@ async def wait_until(check: Callable[[], bool], *, deadline_s: float = 5.0, what
 
 def in_flight(path: ThroughputPath) -> int:
     """Requests the path's balancers count as outstanding, over all its pools."""
-    pools = path.outstanding()  # type: ignore[attr-defined]
+    pools = path.outstanding()
     return sum(n for pool in pools.values() for n in pool.values())

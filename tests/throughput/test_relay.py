@@ -1,0 +1,123 @@
+"""RelayResponse as a bare ASGI app: headers, errors, cleanup, and a client that goes away."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from typing import Any
+
+import orjson
+
+from router.errors import Overloaded, UpstreamError
+from router.throughput.relay import RelayResponse
+from router.throughput.upstream import Upstream, once
+
+SCOPE: dict[str, Any] = {"type": "http", "asgi": {"spec_version": "2.3"}}
+
+
+class Client:
+    """Collects what the response sends; `leave()` makes `receive` report a disconnect."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self._gone = asyncio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    def leave(self) -> None:
+        self._gone.set()
+
+    @property
+    def status(self) -> int:
+        return self.sent[0]["status"]
+
+    @property
+    def headers(self) -> dict[bytes, bytes]:
+        return dict(self.sent[0]["headers"])
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.sent[1:])
+
+
+async def test_headers_given_or_set_later_override_the_upstreams() -> None:
+    closed: list[str] = []
+
+    async def open_upstream(stack: AsyncExitStack) -> Upstream:
+        stack.callback(closed.append, "upstream")
+        headers = [(b"content-type", b"application/json"), (b"x-pd-route", b"upstream")]
+        return Upstream(201, headers, once(b"{}"))
+
+    response = RelayResponse(open_upstream, headers={"X-PD-Route": "throughput"})
+    response.headers["x-request-id"] = "abc"
+    client = Client()
+    await response(SCOPE, client.receive, client.send)
+    assert client.status == 201
+    assert client.headers == {
+        b"content-type": b"application/json",
+        b"x-pd-route": b"throughput",
+        b"x-request-id": b"abc",
+    }
+    assert client.body == b"{}"
+    assert client.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert closed == ["upstream"]
+
+
+async def test_gateway_error_is_rendered_with_its_own_headers() -> None:
+    async def open_upstream(stack: AsyncExitStack) -> Upstream:
+        raise Overloaded("busy", retry_after_s=3, code="queue_full")
+
+    client = Client()
+    await RelayResponse(open_upstream, headers={"x-pd-route": "throughput"})(
+        SCOPE, client.receive, client.send
+    )
+    assert client.status == 429
+    assert client.headers[b"retry-after"] == b"3"
+    assert client.headers[b"x-pd-route"] == b"throughput"
+    assert orjson.loads(client.body)["error"]["code"] == "queue_full"
+
+
+async def test_disconnect_while_waiting_for_the_upstream_cancels_it_and_cleans_up() -> None:
+    waiting, cancelled = asyncio.Event(), asyncio.Event()
+    closed: list[str] = []
+
+    async def open_upstream(stack: AsyncExitStack) -> Upstream:
+        stack.callback(closed.append, "leg")
+        waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        raise UpstreamError("unreachable")
+
+    client = Client()
+    served = asyncio.ensure_future(
+        RelayResponse(open_upstream, headers={})(SCOPE, client.receive, client.send)
+    )
+    await waiting.wait()
+    client.leave()
+    await asyncio.wait_for(served, timeout=5)
+    assert cancelled.is_set()
+    assert closed == ["leg"]
+    assert client.sent == []
+
+
+async def test_client_gone_on_send_is_not_an_application_error() -> None:
+    closed: list[str] = []
+
+    async def open_upstream(stack: AsyncExitStack) -> Upstream:
+        stack.callback(closed.append, "leg")
+        return Upstream(200, [], once(b"x"))
+
+    async def broken_send(message: dict[str, Any]) -> None:
+        raise OSError("connection reset")
+
+    client = Client()
+    await RelayResponse(open_upstream, headers={})(SCOPE, client.receive, broken_send)
+    assert closed == ["leg"], "the upstream is closed all the same"
