@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 from sim import serving
 from sim.tilert.config import NodeConfig, parse_config
 from sim.tilert.control import ControlPlane
@@ -16,7 +18,7 @@ async def run_node(config: NodeConfig) -> None:
     node = Node(config, load_vocab(config.tokenizer))
     ctrl = serving.listen(config.host, config.ctrl_port)
     http = serving.listen(config.host, config.http_port)
-    streams = [(ctrl, ControlPlane(node))]
+    streams: list[tuple[socket.socket, serving.StreamHandler]] = [(ctrl, ControlPlane(node))]
     data_port = None
     if config.data_plane:
         data = serving.listen(config.host, config.data_port)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -26,7 +27,7 @@ class NodeDiedError(RuntimeError):
 class NdjsonStream:
     """ASGI response relaying a session's lines; marks the body ended however it ends."""
 
-    def __init__(self, session: DecodeSession, on_end: Any) -> None:
+    def __init__(self, session: DecodeSession, on_end: Callable[[], None]) -> None:
         self._session = session
         self._on_end = on_end
 
@@ -46,7 +47,7 @@ class NdjsonStream:
             self._on_end()
 
 
-def _json(status: int, body: dict[str, Any], on_end: Any = None) -> Response:
+def _json(status: int, body: dict[str, Any], on_end: Callable[[], None] | None = None) -> Response:
     task = BackgroundTask(on_end) if on_end is not None else None
     return JSONResponse(body, status_code=status, background=task)
 
@@ -61,7 +62,9 @@ async def _body(request: Request) -> dict[str, Any]:
 def build_app(node: Node) -> Starlette:
     """The Starlette app serving ``node``."""
 
-    def ender(session: DecodeSession | None, record: DecodeRecord, status: int) -> Any:
+    def ender(
+        session: DecodeSession | None, record: DecodeRecord, status: int
+    ) -> Callable[[], None]:
         def end() -> None:
             record.status = status
             if session is not None:

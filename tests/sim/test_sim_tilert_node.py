@@ -306,3 +306,13 @@ async def test_health_and_bad_decode_body(client: httpx.AsyncClient, node: NodeI
     assert (await client.get(f"{node.url}/health")).json() == {"status": "ok"}
     response = await client.post(f"{node.url}/pd/decode", json={"first_token_id": 11})
     assert response.status_code == 400
+
+
+async def test_a_first_token_that_is_eos_decodes_nothing(
+    client: httpx.AsyncClient, node: NodeInfo
+) -> None:
+    rid = new_rid()
+    await transfer(node, rid, plan=[EOS])
+    result = await decode_stream(client, node, rid, EOS)
+    assert result.ids == []
+    assert (result.final["n"], result.final["finish_reason"]) == (0, "stop")
