@@ -129,7 +129,8 @@ def is_event_stream(headers: Mapping[str, str]) -> bool:
 def status_failure(reply: Reply) -> UpstreamError:
     """The error for a leg that answered with an error status, before anything was relayed."""
     status = reply.status
-    # 4xx is the client's own request being refused: pass the status through.
+    # 4xx is the client's own request refused, 503/504 keep their meaning (overloaded, timed
+    # out); any other failure of an upstream is a bad gateway.
     mapped = status if 400 <= status < 500 or status in (503, 504) else 502
     detail = upstream_message(reply.content or b"")
     return reply.leg.failure(
