@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from policies import Action, RulesError, RuleSet, load_rules, parse_rules
 from router.parsers import OUTPUT_PARSERS
 
 
@@ -139,7 +140,6 @@ class ModelConfig(_Strict):
     """One served model as clients see it."""
 
     name: str
-    upstream_model: str | None = None
     tokenizer: str
     output_parser: str = "none"
     latency: LatencyConfig | None = None
@@ -158,15 +158,29 @@ class ModelConfig(_Strict):
             raise ValueError(f"model {self.name!r} needs a latency or a throughput section")
         return self
 
-    @property
-    def served_upstream(self) -> str:
-        return self.upstream_model or self.name
-
 
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
+
+
+class ClassificationConfig(_Strict):
+    """Where the rules come from (a file, or inline), and how API keys are named.
+
+    With neither `rules_file` nor `rules`, every request for a model with a TileRT pool
+    takes the latency path (and the capability guard still applies).
+    """
+
+    rules_file: str | None = None
+    rules: Any = None
+    api_key_name_header: str = "x-pd-api-key-name"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ClassificationConfig:
+        if self.rules_file is not None and self.rules is not None:
+            raise ValueError("give either rules_file or rules, not both")
+        return self
 
 
 class AdminConfig(_Strict):
@@ -178,6 +192,7 @@ class AdminConfig(_Strict):
 class GatewayConfig(_Strict):
     server: ServerConfig = ServerConfig()
     admin: AdminConfig = AdminConfig()
+    classification: ClassificationConfig = ClassificationConfig()
     gate: GateConfig = GateConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
     models: Annotated[list[ModelConfig], Field(min_length=1)]
@@ -202,13 +217,29 @@ def _check_url(url: str) -> str:
 
 
 def parse_config(data: Any, *, base_dir: Path = Path(".")) -> GatewayConfig:
-    """Validate an already-parsed router.yaml document."""
+    """Validate an already-parsed router.yaml document, its rules included."""
     if not isinstance(data, dict):
         raise ConfigError("router.yaml: the top level must be a mapping")
     try:
-        return GatewayConfig.model_validate({**data, "base_dir": base_dir})
+        config = GatewayConfig.model_validate({**data, "base_dir": base_dir})
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
+    compile_rules(config)
+    return config
+
+
+def compile_rules(config: GatewayConfig) -> RuleSet:
+    """The classification rules of `config`; ConfigError names the rule and field."""
+    source = config.classification
+    try:
+        if source.rules_file is not None:
+            path = Path(source.rules_file)
+            return load_rules(path if path.is_absolute() else config.base_dir / path)
+        if source.rules is not None:
+            return parse_rules(source.rules, source="classification.rules")
+    except RulesError as exc:
+        raise ConfigError(f"router.yaml: classification: {exc}") from None
+    return RuleSet(default=Action(name="default", path="latency"))
 
 
 def load_config(path: str | Path) -> GatewayConfig:

@@ -1,13 +1,32 @@
-"""From an HTTP request to the path that serves it: parse, validate, route."""
+"""From an HTTP request to the path that serves it: parse, validate, classify, route.
+
+Saturation and failures before the first byte on the latency path follow the matched
+rule: `spill` re-routes to the throughput path (the client never sees the failure),
+`reject` answers 429 at once when no slot is free, `queue` waits up to the budget.
+"""
 
 from __future__ import annotations
+
+import uuid
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from router.errors import InvalidRequest, ModelNotFound
-from router.openai.requests import Endpoint, parse_body, validate
+from policies import Decision
+from router.errors import (
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    PrefillError,
+    UpstreamError,
+)
+from router.openai.requests import ChatRequest, CompletionRequest, Endpoint, parse_body, validate
 from router.state import AppState
+
+ROUTE_HEADER = "x-pd-route"
+REROUTE_HEADER = "x-pd-reroute-reason"
 
 
 class Dispatcher:
@@ -15,23 +34,80 @@ class Dispatcher:
         self._state = state
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
-        raw = await _read_body(request, self._state.config.server.max_body_bytes)
+        state = self._state
+        raw = await _read_body(request, state.config.server.max_body_bytes)
         body = parse_body(raw)
         parsed = validate(endpoint, body)
         # kv_transfer_params decides where KV state is written by RDMA: never the client's.
         body.pop("kv_transfer_params", None)
-        model = self._state.config.model(parsed.model)
-        pool = self._state.latency.get(parsed.model)
-        if model is None or pool is None:
+        if state.config.model(parsed.model) is None:
             raise ModelNotFound(f"the model '{parsed.model}' does not exist", param="model")
-        gate = self._state.config.gate
-        return await pool.serve(
-            parsed,
-            body,
-            priority=gate.default_priority,
-            wait_s=gate.max_queue_wait_ms / 1000,
-            headers={"x-pd-route": "latency"},
+        decision = await state.classifier.decide(body, endpoint=endpoint, headers=request.headers)
+        headers = decision.response_headers()
+        try:
+            if decision.unavailable is not None:
+                raise _unavailable(decision)
+            if decision.path == "latency":
+                return await self._latency(parsed, body, endpoint, decision, headers)
+            return await self._throughput(body, endpoint, headers)
+        except GatewayError as exc:
+            exc.headers = {**headers, **exc.headers}
+            raise
+
+    async def _latency(
+        self,
+        parsed: ChatRequest | CompletionRequest,
+        body: dict[str, Any],
+        endpoint: Endpoint,
+        decision: Decision,
+        headers: dict[str, str],
+    ) -> Response:
+        pool = self._state.latency[parsed.model]
+        if decision.on_saturation == "reject":
+            wait_s = 0.0
+        else:
+            wait_ms = decision.max_queue_wait_ms
+            if wait_ms is None:
+                wait_ms = self._state.config.gate.max_queue_wait_ms
+            wait_s = wait_ms / 1000
+        try:
+            return await pool.serve(
+                parsed, body, priority=decision.priority, wait_s=wait_s, headers=headers
+            )
+        except (Overloaded, UpstreamError) as exc:
+            if not (
+                decision.on_saturation == "spill"
+                and parsed.model in self._state.throughput
+                and _spillable(exc)
+            ):
+                raise
+            spilled = {**headers, ROUTE_HEADER: "throughput", REROUTE_HEADER: str(exc.code)}
+            return await self._throughput(body, endpoint, spilled)
+
+    async def _throughput(
+        self, body: dict[str, Any], endpoint: Endpoint, headers: dict[str, str]
+    ) -> Response:
+        path = self._state.throughput[body["model"]]
+        return await path.serve(
+            body, endpoint=endpoint, request_id=uuid.uuid4().hex, response_headers=headers
         )
+
+
+def _spillable(exc: GatewayError) -> bool:
+    """Saturation and upstream failures before the first byte, but not the client's own
+    mistakes (a 4xx from the prefill server would fail on the throughput path too)."""
+    if isinstance(exc, PrefillError):
+        return exc.status >= 500
+    return True
+
+
+def _unavailable(decision: Decision) -> GatewayError:
+    reason = decision.reroute_reason.value if decision.reroute_reason else decision.unavailable
+    return InvalidRequest(
+        f"this model has no {decision.path} path, which the request needs ({reason})",
+        param=reason,
+        code=decision.unavailable,
+    )
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -39,6 +39,7 @@ def serve(config: GatewayConfig, *, log_level: str = "info") -> None:
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     sock = bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

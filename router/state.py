@@ -13,10 +13,13 @@ from typing import Any
 
 import httpx
 
-from router.config import GatewayConfig
+from router.classify import Classifier
+from router.config import GatewayConfig, compile_rules
 from router.gate import Gate, make_gate
 from router.latency.path import LatencyPool
-from router.tokenizer import LoadedTokenizer, load_tokenizer
+from router.prompt_tokens import PromptCounter
+from router.throughput import ThroughputPath, make_throughput_path
+from router.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_path
 
 
 class AppState:
@@ -29,18 +32,29 @@ class AppState:
         self.tokenizers: dict[str, LoadedTokenizer] = {}
         self.gates: dict[str, Gate] = {}
         self.latency: dict[str, LatencyPool] = {}
+        self.throughput: dict[str, ThroughputPath] = {}
+        self.classifier: Classifier
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        """Load tokenizers (off the event loop) and build each model's pools."""
+        """Load tokenizers (off the event loop) and build each model's paths."""
+        config = self.config
         loaded = await asyncio.gather(
             *(
-                asyncio.to_thread(load_tokenizer, m.tokenizer, base_dir=self.config.base_dir)
-                for m in self.config.models
+                asyncio.to_thread(load_tokenizer, m.tokenizer, base_dir=config.base_dir)
+                for m in config.models
             )
         )
-        for model, tokenizer in zip(self.config.models, loaded, strict=True):
+        counters = {}
+        for model, tokenizer in zip(config.models, loaded, strict=True):
             self.tokenizers[model.name] = tokenizer
+            counters[model.name] = await asyncio.to_thread(
+                PromptCounter, tokenizer, tokenizer_path(model.tokenizer, base_dir=config.base_dir)
+            )
+            if model.throughput is not None:
+                self.throughput[model.name] = make_throughput_path(
+                    model.throughput, http=self.http, timeouts=config.timeouts
+                )
             if model.latency is None:
                 continue
             gate = make_gate(self.config.gate, model.latency.nodes)
@@ -53,6 +67,7 @@ class AppState:
                 timeouts=self.config.timeouts,
                 spawn=self.spawn,
             )
+        self.classifier = Classifier(config, compile_rules(config), counters)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a cleanup in the background; shutdown waits for it."""

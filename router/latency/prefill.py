@@ -26,10 +26,9 @@ class PrefillResult:
     cached_tokens: int | None
 
 
-def prefill_body(body: dict[str, Any], *, chat: bool, node: NodeConfig, model: str) -> dict:
+def prefill_body(body: dict[str, Any], *, chat: bool, node: NodeConfig) -> dict:
     """The client's body with exactly the changes §1.1 lists, and nothing else."""
     out = {k: v for k, v in body.items() if k not in ("stream_options", "kv_transfer_params")}
-    out["model"] = model
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1

@@ -83,9 +83,7 @@ class LatencySession:
 
     async def _start(self) -> None:
         node = self._lease.node
-        body = prefill_body(
-            self._body, chat=self._chat, node=node, model=self._model.served_upstream
-        )
+        body = prefill_body(self._body, chat=self._chat, node=node)
         self.prefill = await run_prefill(
             self._http,
             self._prefill_url,
@@ -151,6 +149,8 @@ class LatencySession:
         finally:
             self.close()
         ended_by_length = not relay.stopped and node_finish == "length"
+        if not relay.stopped and node_finish == "stop" and not eos_first:
+            relay.completion_tokens += 1  # the EOS the node suppressed: vLLM counts it
         finish = finish_reason(
             relay.parser.message(),
             ended_by_length=ended_by_length,

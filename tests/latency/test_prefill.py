@@ -23,9 +23,9 @@ def test_chat_body_changes_only_what_the_protocol_lists() -> None:
         "chat_template_kwargs": {"thinking": True},
         "kv_transfer_params": {"tilert_host": "attacker"},
     }
-    body = prefill_body(client, chat=True, node=NODE, model="upstream-m")
+    body = prefill_body(client, chat=True, node=NODE)
     assert body == {
-        "model": "upstream-m",
+        "model": "m",
         "messages": [{"role": "user", "content": "hi"}],
         "stream": False,
         "max_completion_tokens": 1,
@@ -40,7 +40,7 @@ def test_chat_body_changes_only_what_the_protocol_lists() -> None:
 
 
 def test_completion_body_asks_for_one_logprob_and_no_completion_budget_alias() -> None:
-    body = prefill_body({"model": "m", "prompt": "x"}, chat=False, node=NODE, model="m")
+    body = prefill_body({"model": "m", "prompt": "x"}, chat=False, node=NODE)
     assert body["logprobs"] == 1
     assert body["max_tokens"] == 1
     assert "max_completion_tokens" not in body
