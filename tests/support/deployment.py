@@ -1,0 +1,75 @@
+"""Builds gateway configurations for a running simulated stack (tests only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from sim.stack import NodeInfo, SimStack
+
+
+def node_entry(node: NodeInfo) -> dict[str, Any]:
+    return {"host": node.host, "ctrl_port": node.ctrl_port, "http_port": node.http_port}
+
+
+def latency_section(
+    stack: SimStack, *, nodes: list[NodeInfo] | None = None, max_seq_len: int = 131072
+) -> dict[str, Any]:
+    return {
+        "prefill": [p.url for p in stack.prefills],
+        "nodes": [node_entry(n) for n in (stack.nodes if nodes is None else nodes)],
+        "max_seq_len": max_seq_len,
+    }
+
+
+def gateway_config(
+    models: list[dict[str, Any]],
+    *,
+    gate: dict[str, Any] | None = None,
+    timeouts: dict[str, Any] | None = None,
+    classification: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A router.yaml document listening on a free port, with short test timeouts."""
+    config: dict[str, Any] = {
+        "server": {"host": "127.0.0.1", "port": 0},
+        "gate": {"max_queue": 64, "max_queue_wait_ms": 20_000, **(gate or {})},
+        "timeouts": {
+            "kv_transfer_s": 3,
+            "decode_stall_s": 2,
+            "cancel_s": 2,
+            "prefill_s": 30,
+            **(timeouts or {}),
+        },
+        "models": models,
+    }
+    if classification is not None:
+        config["classification"] = classification
+    return config
+
+
+def sim_post(url: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    response = httpx.post(url + path, json=payload or {}, timeout=10)
+    response.raise_for_status()
+    return response.json()
+
+
+def sim_get(url: str, path: str) -> Any:
+    response = httpx.get(url + path, timeout=10)
+    response.raise_for_status()
+    return response.json()
+
+
+def reset(stack: SimStack) -> None:
+    """Clear faults and records on every simulator of the stack."""
+    servers = [n.url for n in stack.nodes] + [s.url for s in (*stack.prefills, *stack.decodes)]
+    if stack.proxy is not None:
+        servers.append(stack.proxy.url)
+    for url in servers:
+        httpx.delete(url + "/sim/faults", timeout=10).raise_for_status()
+        sim_post(url, "/sim/reset")
+
+
+def directive(text: str) -> str:
+    """A prompt making the simulated model generate exactly `text`."""
+    return f"[[sim-output]]{text}[[/sim-output]]"
