@@ -88,7 +88,11 @@ class UpstreamError(GatewayError):
 
 
 class PrefillError(UpstreamError):
-    pass
+    """`claimed`: the prefill answered 200, so its connector did push a KV transfer."""
+
+    def __init__(self, message: str, *, claimed: bool = False, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.claimed = claimed
 
 
 class DecodeError(UpstreamError):

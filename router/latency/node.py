@@ -74,7 +74,8 @@ class DecodeStream:
                 ) from None
             except httpx.HTTPError as exc:
                 raise DecodeError(
-                    f"the decode node's stream broke: {type(exc).__name__}", code="decode_broken"
+                    f"the decode node's stream ended without its last line ({type(exc).__name__})",
+                    code="decode_truncated",
                 ) from None
             if raw is None:
                 if not self.ended:

@@ -42,6 +42,10 @@ def prefill_body(body: dict[str, Any], *, chat: bool, node: NodeConfig) -> dict:
     return out
 
 
+class UnusablePrefill(PrefillError):
+    """A 200 answer without what the latency path needs (a configuration error upstream)."""
+
+
 def parse_prefill_response(data: Any, *, chat: bool) -> PrefillResult:
     """Extract the first token id (as `token_id:N`), the prompt length and the response id."""
     try:
@@ -53,18 +57,20 @@ def parse_prefill_response(data: Any, *, chat: bool) -> PrefillResult:
         details = usage.get("prompt_tokens_details") or {}
         response_id = str(data["id"])
     except (KeyError, IndexError, TypeError, ValueError):
-        raise PrefillError(
+        raise UnusablePrefill(
             "the prefill server's answer lacks the first token's logprobs or usage"
         ) from None
     if not isinstance(token, str) or not token.startswith(TOKEN_ID_PREFIX):
-        raise PrefillError(
+        raise UnusablePrefill(
             "the prefill server returned the first token as text, not 'token_id:N': "
             "run vLLM with --return-tokens-as-token-ids"
         )
     try:
         first_token_id = int(token[len(TOKEN_ID_PREFIX) :])
     except ValueError:
-        raise PrefillError(f"the prefill server returned a malformed token id {token!r}") from None
+        raise UnusablePrefill(
+            f"the prefill server returned a malformed token id {token!r}"
+        ) from None
     return PrefillResult(
         response_id=response_id,
         created=int(data.get("created") or 0),
@@ -110,7 +116,12 @@ async def run_prefill(
             status=upstream_status(response.status_code),
             code="prefill_failed",
         )
-    return parse_prefill_response(data, chat=chat)
+    try:
+        return parse_prefill_response(data, chat=chat)
+    except UnusablePrefill as exc:
+        # 200 means the connector claimed the transfer: the node must still be given one
+        # /pd/decode for it, though the first token is unknown.
+        raise PrefillError(exc.message, code="prefill_unusable", claimed=True) from None
 
 
 def _upstream_message(data: Any) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from router.config import ModelConfig, TimeoutsConfig
-from router.errors import DecodeError
+from router.errors import DecodeError, PrefillError
 from router.gate import Lease
 from router.latency import node as node_api
 from router.latency.prefill import PrefillResult, prefill_body, run_prefill
@@ -180,23 +180,27 @@ class LatencySession:
                         self._http, self._lease.node, self.rid, timeout_s=self._timeouts.cancel_s
                     )
                 await node_api.drain(stream, limit_s=self._timeouts.decode_stall_s)
-            elif self.prefill is not None and not self._start_failed_at_node():
+            elif self._transfer_unconsumed():
+                first = self.prefill.first_token_id if self.prefill is not None else 0
                 await node_api.consume_transfer(
                     self._http,
                     self._lease.node,
                     rid=self.rid,
-                    first_token_id=self.prefill.first_token_id,
+                    first_token_id=first,
                     timeout_s=self._timeouts.kv_transfer_s,
                 )
         finally:
             await self._lease.release()
 
-    def _start_failed_at_node(self) -> bool:
+    def _transfer_unconsumed(self) -> bool:
+        """The prefill claimed a transfer and no /pd/decode has been answered for it."""
         task = self._start_task
-        if task is None or not task.done() or task.cancelled():
-            return False
-        exc = task.exception()
-        return isinstance(exc, DecodeError)
+        error = None if task is None or task.cancelled() else task.exception()
+        if isinstance(error, DecodeError):
+            return False  # the node answered (429/504/500): nothing of ours to consume
+        if isinstance(error, PrefillError):
+            return error.claimed
+        return self.prefill is not None
 
 
 def _tools(request: ChatRequest | CompletionRequest) -> list[dict[str, Any]] | None:

@@ -80,7 +80,7 @@ def build_app(node: Node) -> Starlette:
             body = DecodeRequest.model_validate(await _body(request))
         except (ValueError, ValidationError) as exc:
             return _json(400, {"error": f"invalid request: {exc}"})
-        record = node.records.decode_begin(body.rid, body.stream)
+        record = node.records.decode_begin(body.rid, body.stream, body.model_dump())
         session = node.begin(body, record)
         if isinstance(session, Rejection):
             return _json(session.status, session.body, ender(None, record, session.status))

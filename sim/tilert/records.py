@@ -20,6 +20,7 @@ class DecodeRecord:
     n: int = 0
     finish_reason: str | None = None
     stream: bool = False
+    request: dict[str, Any] = field(default_factory=dict)  # the /pd/decode body as received
 
 
 @dataclass(slots=True)
@@ -43,9 +44,11 @@ class NodeRecords:
         self.active_decodes = 0
         self.max_overlap = 0
 
-    def decode_begin(self, rid: str, stream: bool) -> DecodeRecord:
+    def decode_begin(
+        self, rid: str, stream: bool, request: dict[str, Any] | None = None
+    ) -> DecodeRecord:
         """Note a /pd/decode arrival; returns the record to finish later."""
-        record = DecodeRecord(rid=rid, start=time.time(), stream=stream)
+        record = DecodeRecord(rid=rid, start=time.time(), stream=stream, request=request or {})
         self.decodes.append(record)
         self.active_decodes += 1
         self.max_overlap = max(self.max_overlap, self.active_decodes)

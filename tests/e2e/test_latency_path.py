@@ -1,0 +1,479 @@
+"""The latency path end to end: the real OpenAI SDK -> the gateway (a real process) ->
+simulated vLLM prefill and TileRT nodes (real processes), happy and unhappy paths.
+
+Every test ends by checking that the gateway holds no slot and runs no cleanup, and the
+failure tests also check what the nodes saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from sim.stack import SimStack
+from tests.support.deployment import (
+    directive,
+    gateway_config,
+    latency_section,
+    node_entry,
+    reset,
+    sim_get,
+    sim_post,
+)
+from tests.support.gateway import GatewayProcess
+
+SCRIPTED = "Hello, wörld! 你好世界 🌍🚀 — naïve café. Done."
+CLOSED_PORT = 9  # discard: nothing listens there on a test machine
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[SimStack]:
+    with SimStack(
+        nodes=3,
+        prefills=1,
+        model=["ds", "solo", "deadnode"],
+        node_args=["--step-ms", "1"],
+        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0"],
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    dead = {"host": "127.0.0.1", "ctrl_port": CLOSED_PORT, "http_port": CLOSED_PORT}
+    models = [
+        {
+            "name": "ds",
+            "tokenizer": "deepseek",
+            "output_parser": "deepseek_v32",
+            "latency": latency_section(stack, nodes=stack.nodes[:2]),
+        },
+        {
+            "name": "solo",
+            "tokenizer": "deepseek",
+            "latency": latency_section(stack, nodes=stack.nodes[2:]),
+        },
+        {
+            "name": "deadprefill",
+            "tokenizer": "deepseek",
+            "latency": {"prefill": [f"http://127.0.0.1:{CLOSED_PORT}"], "nodes": [dead]},
+        },
+        {
+            "name": "deadnode",
+            "tokenizer": "deepseek",
+            "latency": {"prefill": [stack.prefills[0].url], "nodes": [{**dead, "ctrl_port": 10}]},
+        },
+    ]
+    config = gateway_config(models, gate={"max_queue_wait_ms": 5000})
+    with GatewayProcess(config, tmp_path_factory.mktemp("gw")) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def clean(stack: SimStack, gateway: GatewayProcess) -> Iterator[None]:
+    reset(stack)
+    yield
+    gateway.wait_all_free()
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+
+
+def user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def prefill_requests(stack: SimStack) -> list[dict]:
+    return sim_get(stack.prefills[0].url, "/sim/requests")["requests"]
+
+
+def node_decodes(stack: SimStack, index: int) -> list[dict]:
+    return sim_get(stack.nodes[index].url, "/sim/records")["decodes"]
+
+
+def all_decodes(stack: SimStack) -> list[dict]:
+    return [d for i in range(len(stack.nodes)) for d in node_decodes(stack, i)]
+
+
+def assert_nodes_idle(stack: SimStack) -> None:
+    for node in stack.nodes:
+        assert sim_get(node.url, "/decode_status") == {"status": "idle", "current_rid": None}
+
+
+# -- happy paths ---------------------------------------------------------------------
+
+
+def test_chat_non_stream_returns_the_scripted_text(client: openai.OpenAI, stack: SimStack) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model="ds", messages=user(directive(SCRIPTED))
+    )
+    reply = raw.parse()
+    assert raw.headers["x-pd-route"] == "latency"
+    assert reply.model == "ds"
+    assert reply.choices[0].message.content == SCRIPTED
+    assert reply.choices[0].finish_reason == "stop"
+    usage = reply.usage
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    request = prefill_requests(stack)[0]
+    assert reply.id == f"chatcmpl-{request['headers']['x-request-id']}"
+    assert usage.prompt_tokens > 0
+
+
+def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
+    full = client.chat.completions.create(model="ds", messages=user(directive(SCRIPTED)))
+    stream = client.chat.completions.create(
+        model="ds",
+        messages=user(directive(SCRIPTED)),
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == SCRIPTED == full.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "stop" and set(finishes[:-1]) == {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
+    assert len(chunks) > 3, "streamed as the node's lines arrived, not in one piece"
+
+
+async def test_async_client_completions_stream_and_not(gateway: GatewayProcess) -> None:
+    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    prompt = directive(SCRIPTED)
+    full, stream = await asyncio.gather(
+        client.completions.create(model="ds", prompt=prompt, max_tokens=200),
+        client.completions.create(model="ds", prompt=prompt, max_tokens=200, stream=True),
+    )
+    assert full.object == "text_completion"
+    assert full.choices[0].text == SCRIPTED
+    assert "".join([c.choices[0].text async for c in stream]) == SCRIPTED
+    await client.close()
+
+
+def test_completions_default_to_sixteen_tokens(client: openai.OpenAI) -> None:
+    reply = client.completions.create(model="ds", prompt="tell me a long story")
+    assert reply.usage.completion_tokens == 16
+    assert reply.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_split_across_tokens(
+    client: openai.OpenAI, stack: SimStack, stream: bool
+) -> None:
+    text = "alpha beta gammadelta epsilon zeta eta theta iota kappa lambda"
+    kwargs = {"model": "ds", "messages": user(directive(text)), "stop": ["madel", "nope"]}
+    if stream:
+        chunks = list(client.chat.completions.create(**kwargs, stream=True))
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        reply = client.chat.completions.create(**kwargs)
+        content, finish = reply.choices[0].message.content, reply.choices[0].finish_reason
+    assert content == "alpha beta gam"
+    assert finish == "stop"
+
+
+def test_stop_cancels_the_node(
+    client: openai.OpenAI, stack: SimStack, gateway: GatewayProcess
+) -> None:
+    sim_post(stack.nodes[2].url, "/sim/faults", {"stall_after": 6})
+    reply = client.chat.completions.create(
+        model="solo",
+        messages=user(directive("one two three four five six seven")),
+        stop=["three"],
+    )
+    assert reply.choices[0].message.content == "one two "
+    gateway.wait_all_free()
+    assert [d["finish_reason"] for d in node_decodes(stack, 2)] == ["cancelled"]
+    assert_nodes_idle(stack)
+
+
+def test_stop_token_ids(client: openai.OpenAI, stack: SimStack) -> None:
+    probe = client.completions.create(model="ds", prompt=directive("a b c d"), max_tokens=50)
+    assert probe.choices[0].text == "a b c d"
+    # " c" is one token in DeepSeek's vocabulary: ask the gateway to stop on it
+    from tests.relay.test_pipeline import TOKENIZER
+
+    stop_id = TOKENIZER.encode(" c", add_special_tokens=False).ids[0]
+    reply = client.completions.create(
+        model="ds",
+        prompt=directive("a b c d"),
+        max_tokens=50,
+        extra_body={"stop_token_ids": [stop_id]},
+    )
+    assert reply.choices[0].text == "a b"
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_max_tokens_one_still_consumes_the_transfer(client: openai.OpenAI, stack: SimStack) -> None:
+    reply = client.chat.completions.create(
+        model="ds", messages=user(directive(SCRIPTED)), max_tokens=1
+    )
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 1
+    assert reply.choices[0].message.content == "Hello"
+    decodes = all_decodes(stack)
+    assert len(decodes) == 1 and decodes[0]["n"] == 1
+
+
+def test_sampling_and_budget_reach_the_node(client: openai.OpenAI, stack: SimStack) -> None:
+    client.chat.completions.create(
+        model="ds",
+        messages=user("hi"),
+        max_completion_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        extra_body={"top_k": 20},
+    )
+    body = prefill_requests(stack)[0]["body"]
+    assert body["max_completion_tokens"] == 1 and body["max_tokens"] == 1
+    assert body["logprobs"] is True and body["top_logprobs"] == 1
+    (decode,) = all_decodes(stack)
+    assert decode["request"]["max_tokens"] == 7
+    assert decode["request"]["sampling"] == {"temperature": 0.5, "top_p": 0.9, "top_k": 20}
+    assert decode["request"]["stream"] is True
+
+
+def test_client_kv_transfer_params_never_reach_the_backend(
+    client: openai.OpenAI, stack: SimStack
+) -> None:
+    client.chat.completions.create(
+        model="solo",
+        messages=user("hi"),
+        extra_body={"kv_transfer_params": {"tilert_host": "203.0.113.9", "tilert_ctrl_port": 1}},
+    )
+    params = prefill_requests(stack)[0]["body"]["kv_transfer_params"]
+    assert params == {
+        "tilert_host": stack.nodes[2].host,
+        "tilert_ctrl_port": stack.nodes[2].ctrl_port,
+    }
+
+
+# -- failures before the first byte: an OpenAI error, the slot released ---------------
+
+
+def error_of(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+def post_chat(gateway: GatewayProcess, body: dict, **kwargs) -> httpx.Response:
+    return httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30, **kwargs)
+
+
+@pytest.mark.parametrize(("status", "expected"), [(500, 502), (503, 502), (400, 400), (422, 422)])
+def test_prefill_error_status_is_mapped(
+    gateway: GatewayProcess, stack: SimStack, status: int, expected: int
+) -> None:
+    sim_post(stack.prefills[0].url, "/sim/faults", {"http_status": status, "count": 1})
+    response = post_chat(gateway, {"model": "ds", "messages": user("hi")})
+    assert response.status_code == expected
+    error = error_of(response)
+    assert f"answered {status}" in error["message"]
+    assert response.headers["x-pd-route"] == "latency"
+    gateway.wait_all_free()
+    assert all_decodes(stack) == [], "nothing reaches a node after a failed prefill"
+
+
+def test_prefill_without_token_ids_names_the_flag_and_consumes_the_transfer(
+    gateway: GatewayProcess, stack: SimStack
+) -> None:
+    sim_post(stack.prefills[0].url, "/sim/faults", {"text_logprobs": True, "count": 1})
+    response = post_chat(gateway, {"model": "solo", "messages": user("hi")})
+    assert response.status_code == 502
+    assert "--return-tokens-as-token-ids" in error_of(response)["message"]
+    gateway.wait_all_free()
+    (decode,) = node_decodes(stack, 2)
+    assert decode["request"]["max_tokens"] == 1, "the claimed transfer was consumed"
+    assert_nodes_idle(stack)
+
+
+def test_prefill_unreachable(gateway: GatewayProcess) -> None:
+    response = post_chat(gateway, {"model": "deadprefill", "messages": user("hi")})
+    assert response.status_code == 502
+    assert error_of(response)["code"] == "prefill_unreachable"
+
+
+def test_node_unreachable(gateway: GatewayProcess) -> None:
+    response = post_chat(gateway, {"model": "deadnode", "messages": user("hi")})
+    assert response.status_code == 502
+    assert error_of(response)["code"] == "node_unreachable"
+
+
+def test_transfer_timeout_is_504(gateway: GatewayProcess, stack: SimStack) -> None:
+    sim_post(stack.prefills[0].url, "/sim/faults", {"transfer_no_done": True, "count": 1})
+    response = post_chat(gateway, {"model": "solo", "messages": user("hi")})
+    assert response.status_code == 504
+    assert error_of(response)["code"] == "kv_transfer_timeout"
+    assert [d["status"] for d in node_decodes(stack, 2)] == [504]
+
+
+def test_node_500(gateway: GatewayProcess, stack: SimStack) -> None:
+    sim_post(stack.nodes[2].url, "/sim/faults", {"decode_500": True, "count": 1})
+    response = post_chat(gateway, {"model": "solo", "messages": user("hi")})
+    assert response.status_code == 502
+    assert error_of(response)["code"] == "decode_failed"
+
+
+def test_node_busy_429_is_503_and_releases(gateway: GatewayProcess, stack: SimStack) -> None:
+    node = stack.nodes[2]
+    # Another client (not the gateway) occupies the node: a decode waiting for a transfer.
+    intruder = threading.Thread(
+        target=httpx.post,
+        args=(node.url + "/pd/decode",),
+        kwargs={"json": {"rid": "intruder", "first_token_id": 1, "timeout_s": 20}, "timeout": 30},
+    )
+    intruder.start()
+    try:
+        _wait(lambda: sim_get(node.url, "/decode_status")["current_rid"] == "intruder")
+        response = post_chat(gateway, {"model": "solo", "messages": user("hi")})
+        assert response.status_code == 503
+        assert error_of(response)["code"] == "node_busy"
+        gateway.wait_all_free()
+    finally:
+        sim_post(node.url, "/pd/cancel", {"rid": "intruder"})
+        intruder.join()
+
+
+# -- failures after the first byte: an error event, a clean end, the slot released ----
+
+
+@pytest.mark.parametrize(
+    ("fault", "needle"),
+    [
+        ({"die_after": 4}, "ended without its last line"),
+        ({"error_after": 4}, "decode stalled"),
+        ({"stall_after": 4}, "sent nothing for 2 s"),
+    ],
+)
+def test_node_failure_mid_stream(
+    gateway: GatewayProcess, stack: SimStack, fault: dict, needle: str
+) -> None:
+    sim_post(stack.nodes[2].url, "/sim/faults", {**fault, "count": 1})
+    body = {"model": "solo", "messages": user(directive(SCRIPTED)), "stream": True}
+    with httpx.stream("POST", gateway.base_url + "/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    assert needle in events[-2]
+    assert '"error"' in events[-2]
+    text = "".join(
+        openai.types.chat.ChatCompletionChunk.model_validate_json(e[6:]).choices[0].delta.content
+        or ""
+        for e in events[:-2]
+    )
+    assert text and SCRIPTED.startswith(text)
+    gateway.wait_all_free()
+    assert_nodes_idle(stack)
+
+
+def test_sdk_raises_on_a_mid_stream_error(client: openai.OpenAI, stack: SimStack) -> None:
+    sim_post(stack.nodes[2].url, "/sim/faults", {"die_after": 4, "count": 1})
+    stream = client.chat.completions.create(
+        model="solo", messages=user(directive(SCRIPTED)), stream=True
+    )
+    with pytest.raises(openai.APIError, match="ended without its last line"):
+        list(stream)
+
+
+def test_node_failure_before_a_non_streamed_answer_is_an_error_response(
+    gateway: GatewayProcess, stack: SimStack
+) -> None:
+    sim_post(stack.nodes[2].url, "/sim/faults", {"die_after": 4, "count": 1})
+    response = post_chat(gateway, {"model": "solo", "messages": user(directive(SCRIPTED))})
+    assert response.status_code == 502
+    assert error_of(response)["code"] == "decode_truncated"
+
+
+def test_client_disconnect_mid_stream_cancels_the_node(
+    gateway: GatewayProcess, stack: SimStack
+) -> None:
+    sim_post(stack.nodes[2].url, "/sim/faults", {"stall_after": 4, "count": 1})
+    body = {"model": "solo", "messages": user(directive(SCRIPTED)), "stream": True}
+    with httpx.stream("POST", gateway.base_url + "/chat/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        _wait(lambda: sim_get(stack.nodes[2].url, "/decode_status")["status"] == "busy")
+    # the client has gone: the gateway cancels the node and frees the slot
+    gateway.wait_all_free()
+    assert [d["finish_reason"] for d in node_decodes(stack, 2)] == ["cancelled"]
+    assert_nodes_idle(stack)
+
+
+# -- bad input: a 400/404 naming the problem, nothing sent upstream --------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "status", "needle"),
+    [
+        ("/chat/completions", b"{not json", 400, "not valid JSON"),
+        ("/chat/completions", b'["a list"]', 400, "JSON object"),
+        ("/chat/completions", b'{"model": "ds"}', 400, "'messages' is required"),
+        ("/completions", b'{"model": "ds"}', 400, "'prompt' is required"),
+        ("/chat/completions", b'{"model": "ds", "messages": "hi"}', 400, "messages"),
+        (
+            "/chat/completions",
+            b'{"model": "ds", "messages": [{"role": "user", "content": "x"}], "max_tokens": -5}',
+            400,
+            "max_tokens",
+        ),
+        (
+            "/chat/completions",
+            b'{"model": "ds", "messages": [{"role": "user", "content": "x"}], "max_tokens": 99999999999}',
+            400,
+            "max_tokens",
+        ),
+        (
+            "/chat/completions",
+            b'{"model": "ds", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}',
+            400,
+            "temperature",
+        ),
+        (
+            "/chat/completions",
+            b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}',
+            404,
+            "'nope' does not exist",
+        ),
+        ("/nowhere", b"{}", 404, "Not Found"),
+    ],
+)
+def test_bad_input(
+    gateway: GatewayProcess, stack: SimStack, path: str, content: bytes, status: int, needle: str
+) -> None:
+    response = httpx.post(
+        gateway.base_url + path,
+        content=content,
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert response.status_code == status
+    assert needle in error_of(response)["message"]
+    assert prefill_requests(stack) == []
+    assert all_decodes(stack) == []
+
+
+def test_models_and_health(gateway: GatewayProcess) -> None:
+    models = httpx.get(gateway.base_url + "/models", timeout=10).json()
+    assert [m["id"] for m in models["data"]] == ["ds", "solo", "deadprefill", "deadnode"]
+    assert httpx.get(gateway.url + "/health", timeout=10).json() == {"status": "ok"}
+
+
+def _wait(condition, timeout_s: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
