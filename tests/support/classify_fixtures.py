@@ -1,0 +1,182 @@
+"""Equipment for the end-to-end tests of classification, spill and the throughput path.
+
+Gateways run as real processes over a `SimStack`; clients are the OpenAI SDK (no retries,
+so a 429 or 5xx reaches the test as sent) or plain httpx where raw bytes matter. Every wait
+polls real state (the gateway's pool, the simulators' records) against a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from openai import AsyncOpenAI
+
+from sim.stack import NodeInfo, SimStack
+from tests.support.deployment import directive
+from tests.support.gateway import GatewayProcess
+
+MODEL = "sim-model"
+EXAMPLES = Path(__file__).resolve().parents[2] / "policies" / "examples"
+ROUTE = "x-pd-route"
+RULE = "x-pd-rule"
+REROUTE = "x-pd-reroute-reason"
+
+
+def closed_port() -> int:
+    """A local TCP port nothing listens on (bound once, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def closed_node() -> dict[str, Any]:
+    """A node entry for router.yaml whose control and HTTP ports are both closed."""
+    return {"host": "127.0.0.1", "ctrl_port": closed_port(), "http_port": closed_port()}
+
+
+def proxy_throughput(stack: SimStack) -> dict[str, Any]:
+    assert stack.proxy is not None
+    return {"mode": "proxy", "urls": [stack.proxy.url]}
+
+
+@contextmanager
+def running_gateways(
+    configs: Mapping[str, dict[str, Any]], root: Path
+) -> Iterator[dict[str, GatewayProcess]]:
+    """Start one gateway per config in parallel (each takes ~2 s to load its tokenizers)."""
+    gateways: dict[str, GatewayProcess] = {}
+    for name, config in configs.items():
+        workdir = root / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        gateways[name] = GatewayProcess(config, workdir)
+    try:
+        with ThreadPoolExecutor(max_workers=len(gateways)) as pool:
+            for started in [pool.submit(g.start) for g in gateways.values()]:
+                started.result()
+        yield gateways
+    finally:
+        for gateway in gateways.values():
+            gateway.stop()
+
+
+def openai_client(gateway: GatewayProcess, http: httpx.AsyncClient) -> AsyncOpenAI:
+    """The real SDK, pointed at the gateway; no retries so every status is seen as sent."""
+    return AsyncOpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, http_client=http)
+
+
+def say(text: str, **extra: Any) -> dict[str, Any]:
+    """Chat arguments making the simulated model answer exactly `text`."""
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": directive(text)}],
+        "max_tokens": 200,
+        **extra,
+    }
+
+
+def words(count: int) -> str:
+    """`count` short words: about one token each, so an output of known length."""
+    return " ".join(f"w{i % 10}" for i in range(count))
+
+
+class Sims:
+    """Steers and reads the simulators of a stack, and a gateway's pool, over one client."""
+
+    def __init__(self, stack: SimStack, http: httpx.AsyncClient) -> None:
+        self.stack = stack
+        self.http = http
+
+    async def reset(self) -> None:
+        """Clear faults and records on every simulator (`deployment.reset`, without blocking)."""
+        stack = self.stack
+        urls = [n.url for n in stack.nodes] + [s.url for s in (*stack.prefills, *stack.decodes)]
+        urls += [stack.proxy.url] if stack.proxy is not None else []
+        for url in urls:
+            (await self.http.delete(url + "/sim/faults")).raise_for_status()
+            (await self.http.post(url + "/sim/reset", json={})).raise_for_status()
+
+    async def requests(self, url: str) -> list[dict[str, Any]]:
+        """The generation requests a vLLM simulator received since its last reset."""
+        response = await self.http.get(url + "/sim/requests")
+        response.raise_for_status()
+        return [r for r in response.json()["requests"] if r["path"].startswith("/v1/")]
+
+    async def records(self, node: NodeInfo) -> dict[str, Any]:
+        response = await self.http.get(node.url + "/sim/records")
+        response.raise_for_status()
+        return response.json()
+
+    async def arm(self, url: str, faults: dict[str, Any]) -> None:
+        (await self.http.post(url + "/sim/faults", json=faults)).raise_for_status()
+
+    async def pool(self, gateway: GatewayProcess, model: str = MODEL) -> dict[str, Any]:
+        """The gateway's own view of one model's TileRT pool (`/admin/pool`)."""
+        response = await self.http.get(gateway.url + "/admin/pool")
+        response.raise_for_status()
+        return response.json()["models"][model]
+
+
+async def wait_until(
+    probe: Callable[[], Awaitable[bool]], *, what: str, timeout_s: float = 10.0
+) -> None:
+    """Poll `probe` until it holds; fail naming `what` after the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not await probe():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def observed(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
+    """One test's view of the deployment: clean simulators first; at the end every slot
+    free in the gateway and no node ever running two decodes at once."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        sims = Sims(stack, http)
+        await sims.reset()
+        yield sims
+        await asyncio.to_thread(gateway.wait_all_free)
+        for node in stack.nodes:
+            assert (await sims.records(node))["max_overlap"] <= 1, "a node was double-booked"
+
+
+@asynccontextmanager
+async def held_nodes(
+    gateway: GatewayProcess, sims: Sims, *, model: str = MODEL
+) -> AsyncIterator[list[httpx.Response]]:
+    """Every node of the stack busy with a streamed decode that stalls after two tokens.
+
+    Yields once each stream has delivered its first chunk (so each holds a slot); leaving
+    closes the streams, as a client going away would, and the gateway frees the slots.
+    """
+    nodes = sims.stack.nodes
+    for node in nodes:
+        await sims.arm(node.url, {"stall_after": 2, "count": 1})
+    body = {**say(words(50), stream=True), "model": model}
+    streams: list[httpx.Response] = []
+    readers = []  # kept referenced: a collected reader would close its stream
+    try:
+        for _ in nodes:
+            request = sims.http.build_request(
+                "POST", gateway.base_url + "/chat/completions", json=body
+            )
+            response = await sims.http.send(request, stream=True)
+            streams.append(response)
+            assert response.status_code == 200, await response.aread()
+            assert response.headers[ROUTE] == "latency"
+            readers.append(response.aiter_raw())
+            assert (await anext(readers[-1])).startswith(b"data: ")
+        state = await sims.pool(gateway, model)
+        assert all(holder is not None for holder in state["busy"].values()), state
+        yield streams
+    finally:
+        for response in streams:
+            await response.aclose()
