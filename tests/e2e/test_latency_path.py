@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
@@ -21,7 +20,6 @@ from tests.support.deployment import (
     directive,
     gateway_config,
     latency_section,
-    node_entry,
     reset,
     sim_get,
     sim_post,
@@ -29,6 +27,7 @@ from tests.support.deployment import (
 from tests.support.gateway import GatewayProcess
 
 SCRIPTED = "Hello, wörld! 你好世界 🌍🚀 — naïve café. Done."
+MESSAGES = b'{"model": "ds", "messages": [{"role": "user", "content": "x"}]}'
 CLOSED_PORT = 9  # discard: nothing listens there on a test machine
 
 
@@ -423,19 +422,19 @@ def test_client_disconnect_mid_stream_cancels_the_node(
         ("/chat/completions", b'{"model": "ds", "messages": "hi"}', 400, "messages"),
         (
             "/chat/completions",
-            b'{"model": "ds", "messages": [{"role": "user", "content": "x"}], "max_tokens": -5}',
+            MESSAGES[:-1] + b', "max_tokens": -5}',
             400,
             "max_tokens",
         ),
         (
             "/chat/completions",
-            b'{"model": "ds", "messages": [{"role": "user", "content": "x"}], "max_tokens": 99999999999}',
+            MESSAGES[:-1] + b', "max_tokens": 99999999999}',
             400,
             "max_tokens",
         ),
         (
             "/chat/completions",
-            b'{"model": "ds", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}',
+            MESSAGES[:-1] + b', "temperature": "hot"}',
             400,
             "temperature",
         ),
