@@ -1,16 +1,41 @@
-"""`pd-gateway`: serve, check a configuration, run the demo."""
+"""`pd-gateway`: serve, check a configuration, explain a classification, run the demo.
+
+Configuration and input problems print one `error: ...` line (or a few, naming the
+fields) on stderr and exit with status 2, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from router.config import ConfigError, load_config
+from router.config import ConfigError, GatewayConfig, compile_rules, load_config
+
+if TYPE_CHECKING:
+    from router.prompt_tokens import PromptCounter
+
+ENDPOINTS = ("chat", "completions")
+
+
+class UsageError(Exception):
+    """A command's input is unusable; the message says which and why."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pd-gateway", description=__doc__)
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ConfigError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pd-gateway", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway")
@@ -18,38 +43,143 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", help="override server.host")
     serve.add_argument("--port", type=int, help="override server.port (0 = any free port)")
     serve.add_argument("--log-level", default="info")
+    serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check", help="validate a configuration and exit")
     check.add_argument("--config", default="router.yaml", type=Path)
+    check.set_defaults(run=_check)
+
+    explain = commands.add_parser(
+        "classify", help="explain where a request would go, without contacting any backend"
+    )
+    explain.add_argument("--config", default="router.yaml", type=Path)
+    explain.add_argument("--request", required=True, type=Path, help="a JSON request body")
+    explain.add_argument(
+        "--endpoint", choices=ENDPOINTS, help="default: chat, or completions for a prompt body"
+    )
+    explain.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        type=_header,
+        metavar="NAME=VALUE",
+        help="a request header (repeatable), e.g. x-workload=batch",
+    )
+    explain.set_defaults(run=_classify)
 
     demo = commands.add_parser("demo", help="start the simulated stack and the gateway")
-    demo.add_argument("--config", default=None, type=Path, help="default: the bundled router.yaml")
-    demo.add_argument("--port", type=int, default=None, help="gateway port (default from config)")
+    demo.add_argument("--config", type=Path, help="default: the bundled router.yaml")
+    demo.add_argument("--port", type=int, help="gateway port (default from config; 0 = free)")
+    ports = demo.add_mutually_exclusive_group()
+    ports.add_argument("--port-offset", type=int, default=0, help="add N to every configured port")
+    ports.add_argument("--free-ports", action="store_true", help="let the OS choose every port")
+    demo.add_argument("--log-level", default="warning", help="the gateway's log level")
+    demo.set_defaults(run=_demo)
+    return parser
 
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "serve":
-            from router.server import serve as run
 
-            config = load_config(args.config)
-            overrides = {
-                k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None
-            }
-            if overrides:
-                server = config.server.model_copy(update=overrides)
-                config = config.model_copy(update={"server": server})
-            run(config, log_level=args.log_level)
-        elif args.command == "check":
-            config = load_config(args.config)
-            print(f"{args.config}: ok ({len(config.models)} model(s))")
-        elif args.command == "demo":
-            from router.demo import run_demo
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name.strip().lower(), value.strip()
 
-            return run_demo(args.config, port=args.port)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+
+def _serve(args: argparse.Namespace) -> int:
+    from router.server import serve
+
+    config = load_config(args.config)
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if overrides:
+        server = config.server.model_copy(update=overrides)
+        config = config.model_copy(update={"server": server})
+    serve(config, log_level=args.log_level)
     return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    print(f"{args.config}: ok ({len(config.models)} model(s))")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from router.demo import DemoError, run_demo
+
+    try:
+        return run_demo(
+            args.config,
+            port=args.port,
+            port_offset=args.port_offset,
+            free_ports=args.free_ports,
+            log_level=args.log_level,
+        )
+    except DemoError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _classify(args: argparse.Namespace) -> int:
+    """Print `Decision.explain()` and the response headers the decision implies."""
+    from router.classify import Classifier
+    from router.errors import InvalidRequest
+    from router.openai.requests import parse_body, validate
+
+    config = load_config(args.config)
+    try:
+        body = parse_body(args.request.read_bytes())
+    except OSError as exc:
+        raise UsageError(f"{args.request}: cannot read: {exc.strerror}") from None
+    except InvalidRequest as exc:
+        raise UsageError(f"{args.request}: {exc.message}") from None
+    endpoint = args.endpoint or _endpoint_of(body)
+    try:
+        validate(endpoint, body)
+    except InvalidRequest as exc:
+        where = f" ({exc.param})" if exc.param else ""
+        message = f"not a valid {endpoint} request{where}: {exc.message}"
+        raise UsageError(f"{args.request}: {message}") from None
+    if config.model(body["model"]) is None:
+        known = ", ".join(m.name for m in config.models)
+        raise UsageError(f"{args.request}: unknown model {body['model']!r} (known: {known})")
+    classifier = Classifier(config, compile_rules(config), _Counters(config))
+    headers = dict(args.header)
+    decision = asyncio.run(classifier.decide(body, endpoint=endpoint, headers=headers))
+    print(decision.explain())
+    print("response headers:")
+    for name, value in decision.response_headers().items():
+        print(f"  {name}: {value}")
+    return 0
+
+
+def _endpoint_of(body: dict[str, Any]) -> str:
+    return "completions" if "prompt" in body and "messages" not in body else "chat"
+
+
+class _Counters(Mapping[str, "PromptCounter"]):
+    """Prompt counters built on first use: the tokenizer loads only if a rule needs a count."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._config = config
+
+    def __getitem__(self, name: str) -> PromptCounter:
+        from router.prompt_tokens import PromptCounter
+        from router.tokenizer import load_tokenizer, tokenizer_path
+
+        model = self._config.model(name)
+        if model is None:
+            raise KeyError(name)
+        base_dir = self._config.base_dir
+        try:
+            tokenizer = load_tokenizer(model.tokenizer, base_dir=base_dir)
+        except (OSError, ValueError, ImportError) as exc:
+            raise UsageError(f"model {name}: cannot load its tokenizer: {exc}") from None
+        return PromptCounter(tokenizer, tokenizer_path(model.tokenizer, base_dir=base_dir))
+
+    def __iter__(self) -> Iterator[str]:
+        return (m.name for m in self._config.models)
+
+    def __len__(self) -> int:
+        return len(self._config.models)
 
 
 if __name__ == "__main__":

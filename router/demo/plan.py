@@ -1,0 +1,208 @@
+"""Which simulators a configuration needs: one `SimStack` per model, derived from its sections.
+
+Each TileRT node becomes a simulated node; each distinct server URL one simulated vLLM
+server whose role follows from every section that names it (a prefill URL shared by the
+latency and throughput sections is one server; a proxy URL is a `both`-role server).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from router.config import GatewayConfig, ModelConfig, NodeConfig
+from router.tokenizer import BUILTIN
+
+if TYPE_CHECKING:
+    from sim.stack import SimStack
+
+DEFAULT_MAX_SEQ_LEN = 131072
+
+
+class DemoError(Exception):
+    """The configuration cannot be simulated on this machine; the message says why."""
+
+
+@dataclass(slots=True)
+class SimServer:
+    """One simulated vLLM server: every section of a model that names its URL shares it."""
+
+    url: str
+    roles: set[str] = field(default_factory=set)
+    """`prefill`, `decode` and/or `both` (a proxy stand-in)."""
+    engine_id: str | None = None
+    side_channel_port: int | None = None
+
+    @property
+    def role(self) -> str:
+        """The sim.vllm `--role`: its one role, or `both` when it plays several."""
+        return next(iter(self.roles)) if len(self.roles) == 1 else "both"
+
+    @property
+    def port(self) -> int:
+        return url_port(self.url)
+
+
+@dataclass(slots=True)
+class ModelPlan:
+    """The simulators one model needs, all on one loopback host."""
+
+    model: ModelConfig
+    tokenizer: str
+    """As the simulators' `--tokenizer` takes it: `deepseek` or an absolute path."""
+    host: str = ""
+    nodes: list[NodeConfig] = field(default_factory=list)
+    servers: list[SimServer] = field(default_factory=list)
+
+    @property
+    def prefill_kind(self) -> list[SimServer]:
+        """Servers started as the stack's `prefill-<i>` processes (prefill and both roles)."""
+        return [s for s in self.servers if s.role != "decode"]
+
+    @property
+    def decode_kind(self) -> list[SimServer]:
+        """Servers started as the stack's `decode-<i>` processes."""
+        return [s for s in self.servers if s.role == "decode"]
+
+    def server(self, url: str, role: str) -> SimServer:
+        """The server at `url` (added at its first mention), now also playing `role`."""
+        found = next((s for s in self.servers if s.url == url), None)
+        if found is None:
+            found = SimServer(url)
+            self.servers.append(found)
+        found.roles.add(role)
+        return found
+
+    def stack_args(self, *, pin_ports: bool) -> dict[str, list[str]]:
+        """Per-process arguments: roles, engine ids and, when pinned, the configured ports."""
+        args: dict[str, list[str]] = {}
+        for i, node in enumerate(self.nodes):
+            if pin_ports:
+                args[f"node-{i}"] = [
+                    *("--ctrl-port", str(node.ctrl_port)),
+                    *("--http-port", str(node.http_port)),
+                ]
+        for i, server in enumerate(self.prefill_kind):
+            own = ["--role", "both", "--engine-id", f"proxy-{i}"] if server.role == "both" else []
+            if server.engine_id is not None:
+                own += ["--engine-id", server.engine_id]
+            if pin_ports:
+                own += ["--port", str(server.port)]
+                if server.side_channel_port is not None:
+                    own += ["--side-channel-port", str(server.side_channel_port)]
+            args[f"prefill-{i}"] = own
+        for i, server in enumerate(self.decode_kind):
+            args[f"decode-{i}"] = ["--port", str(server.port)] if pin_ports else []
+        return args
+
+    def stack(self, *, pin_ports: bool) -> SimStack:
+        """The model's `SimStack` (not started): configured ports, or free ones."""
+        from sim.stack import SimStack
+
+        latency = self.model.latency
+        max_seq_len = latency.max_seq_len if latency is not None else DEFAULT_MAX_SEQ_LEN
+        return SimStack(
+            nodes=len(self.nodes),
+            prefills=len(self.prefill_kind),
+            decodes=len(self.decode_kind),
+            tokenizer=self.tokenizer,
+            model=self.model.name,
+            host=self.host,
+            node_args=["--max-seq-len", str(max_seq_len)],
+            instance_args=self.stack_args(pin_ports=pin_ports),
+        )
+
+
+def plan_stacks(config: GatewayConfig) -> list[ModelPlan]:
+    """The simulators each model needs. DemoError for what cannot run on this machine."""
+    owners: dict[str, str] = {}
+    plans = []
+    for model in config.models:
+        plan = _plan_model(model, config.base_dir)
+        for node in plan.nodes:
+            _claim(owners, f"node {node.host}:{node.ctrl_port}/{node.http_port}", model.name)
+        for server in plan.servers:
+            _claim(owners, server.url, model.name)
+        plan.host = _one_host(plan)
+        plans.append(plan)
+    return plans
+
+
+def _plan_model(model: ModelConfig, base_dir: Path) -> ModelPlan:
+    plan = ModelPlan(model, sim_tokenizer(model.tokenizer, base_dir))
+    if model.latency is not None:
+        plan.nodes.extend(model.latency.nodes)
+        for url in model.latency.prefill:
+            plan.server(url, "prefill")
+    throughput = model.throughput
+    if throughput is None:
+        return plan
+    if throughput.mode == "proxy":
+        for url in throughput.urls:
+            plan.server(url, "both")
+        return plan
+    if throughput.mode == "pull":
+        for url in throughput.prefill:
+            plan.server(url, "prefill")
+    else:
+        for engine in throughput.prefill:
+            check_loopback(engine.side_channel_host, f"model {model.name}: side_channel_host")
+            server = plan.server(engine.url, "prefill")
+            server.engine_id = engine.engine_id
+            server.side_channel_port = engine.side_channel_port
+    for url in throughput.decode:
+        plan.server(url, "decode")
+    return plan
+
+
+def check_loopback(host: str, where: str) -> None:
+    """DemoError unless `host` is this machine: simulators never run anywhere else."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise DemoError(
+            f"{where}: {host!r} is not a loopback address; the demo starts simulators on this"
+            " machine only (use 127.0.0.1). Run real backends with `pd-gateway serve`."
+        )
+
+
+def sim_tokenizer(spec: str, base_dir: Path) -> str:
+    return spec if spec in BUILTIN else str(absolute(spec, base_dir))
+
+
+def absolute(path: str, base_dir: Path) -> Path:
+    """A configuration path as the gateway resolves it: relative to router.yaml's folder."""
+    return Path(path) if Path(path).is_absolute() else (base_dir / path).resolve()
+
+
+def url_port(url: str) -> int:
+    parts = urlsplit(url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _claim(owners: dict[str, str], address: str, model: str) -> None:
+    # A simulator serves one model name with one tokenizer: no sharing across models.
+    first = owners.setdefault(address, model)
+    if first != model:
+        raise DemoError(
+            f"{address} is configured for models {first!r} and {model!r}; the demo runs one"
+            " set of simulators per model, so give each model its own servers and nodes"
+        )
+
+
+def _one_host(plan: ModelPlan) -> str:
+    name = plan.model.name
+    hosts = {node.host for node in plan.nodes}
+    hosts |= {urlsplit(server.url).hostname or "" for server in plan.servers}
+    for host in sorted(hosts):
+        check_loopback(host, f"model {name}")
+    if len(hosts) != 1:
+        raise DemoError(
+            f"model {name}: the demo runs a model's simulators on one host; got {sorted(hosts)}"
+        )
+    return hosts.pop()
