@@ -6,6 +6,7 @@ with Retry-After. Priorities come from classification rules on an `x-tier` heade
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -139,7 +140,7 @@ async def test_forty_clients_four_nodes_no_double_booking(
         assert records["max_overlap"] == 1, f"node {node.url} served two requests at once"
         decodes += len(records["decodes"])
         starts_ends = sorted((d["start"], d["end"]) for d in records["decodes"])
-        for (_, end), (start, _) in zip(starts_ends, starts_ends[1:]):
+        for (_, end), (start, _) in itertools.pairwise(starts_ends):
             assert end <= start, "a decode began before the previous one ended"
     assert decodes == 40
     pool4.wait_all_free()
