@@ -1,0 +1,318 @@
+"""The throughput path through a running gateway, checked against what the simulators saw.
+
+One gateway serves three models over one stack: `sim-model` by proxy (to a `both`-role
+simulator standing in for the native disaggregation proxy), `sim-pull` by the latency path
+or NIXL pull legs, and `sim-push` by NIXL push legs; one prefill simulator serves every
+prefill leg. Proxy answers are compared byte for byte with the proxy's own answer to the
+same request and X-Request-Id, with only `created` (the server's clock) masked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from sim.stack import SimStack
+from tests.support.classify_fixtures import (
+    MODEL,
+    REROUTE,
+    ROUTE,
+    RULE,
+    Sims,
+    observed,
+    openai_client,
+    proxy_throughput,
+    running_gateways,
+    say,
+)
+from tests.support.deployment import directive, gateway_config, latency_section
+from tests.support.gateway import GatewayProcess
+
+PULL = "sim-pull"
+PUSH = "sim-push"
+TEXT = "naïve 日本語 🙂 done"
+HEX32 = re.compile(r"^[0-9a-f]{32}$")
+RULES = {
+    "default": {"name": "native", "path": "throughput"},
+    "rules": [{"name": "fast", "match": {"headers": {"x-workload": "fast"}}, "path": "latency"}],
+}
+PULL_PREFILL_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+# A client may not choose where KV state goes: this must never reach an upstream.
+HOSTILE = {"kv_transfer_params": {"tilert_host": "10.6.6.6", "tilert_ctrl_port": 1}}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[SimStack]:
+    # The prefill costs 1 ms per prompt token, so a long prompt shows push-mode overlap.
+    with SimStack(
+        nodes=1,
+        prefills=1,
+        decodes=1,
+        proxy=True,
+        model=[MODEL, PULL, PUSH],
+        node_args=["--step-ms", "5"],
+        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "1"],
+        decode_args=["--itl-ms", "2", "--prefill-ms-per-token", "0"],
+        proxy_args=["--itl-ms", "2", "--prefill-ms-per-token", "0"],
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    prefill, decode = stack.prefills[0], stack.decodes[0]
+    engine = {
+        "url": prefill.url,
+        "engine_id": prefill.engine_id,
+        "side_channel_host": prefill.side_channel_host,
+        "side_channel_port": prefill.side_channel_port,
+    }
+    models = [
+        {"name": MODEL, "tokenizer": "deepseek", "throughput": proxy_throughput(stack)},
+        {
+            "name": PULL,
+            "tokenizer": "deepseek",
+            "latency": latency_section(stack),
+            "throughput": {"mode": "pull", "prefill": [prefill.url], "decode": [decode.url]},
+        },
+        {
+            "name": PUSH,
+            "tokenizer": "deepseek",
+            "throughput": {"mode": "push", "prefill": [engine], "decode": [decode.url]},
+        },
+    ]
+    config = gateway_config(models, classification={"rules": RULES})
+    with running_gateways({"throughput": config}, tmp_path_factory.mktemp("tp")) as gateways:
+        yield gateways["throughput"]
+
+
+@pytest.fixture
+async def sims(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
+    async with observed(stack, gateway) as watching:
+        yield watching
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess, sims: Sims) -> openai.AsyncOpenAI:
+    return openai_client(gateway, sims.http)
+
+
+def masked(content: bytes) -> bytes:
+    return re.sub(rb'"created":\d+', b'"created":0', content)
+
+
+def streamed_text(content: bytes) -> str:
+    """The text a chat SSE body carries (content deltas joined)."""
+    text = []
+    for event in content.split(b"\n\n"):
+        if event.startswith(b"data: {"):
+            for choice in orjson.loads(event[len(b"data: ") :])["choices"]:
+                text.append(choice["delta"].get("content") or "")
+    return "".join(text)
+
+
+async def test_one_prefill_server_serves_both_paths_at_once(
+    sims: Sims, client: openai.AsyncOpenAI
+) -> None:
+    body = {**say(TEXT), "model": PULL}
+    fast, native = await asyncio.gather(
+        client.chat.completions.with_raw_response.create(
+            **body, extra_headers={"x-workload": "fast"}
+        ),
+        client.chat.completions.with_raw_response.create(**body),
+    )
+    assert (fast.headers[ROUTE], fast.headers[RULE]) == ("latency", "fast")
+    assert (native.headers[ROUTE], native.headers[RULE]) == ("throughput", "native")
+    for answer in (fast, native):
+        assert answer.parse().choices[0].message.content == TEXT
+    stack = sims.stack
+    node = stack.nodes[0]
+    legs = {leg["kv_mode"]: leg for leg in await sims.requests(stack.prefills[0].url)}
+    assert sorted(legs) == ["nixl_producer", "tilert"]
+    assert legs["tilert"]["body"] == {
+        **body,
+        "max_tokens": 1,
+        "stream": False,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "kv_transfer_params": {"tilert_host": node.host, "tilert_ctrl_port": node.ctrl_port},
+    }
+    assert legs["nixl_producer"]["body"] == {
+        **body,
+        "max_tokens": 1,
+        "stream": False,
+        "kv_transfer_params": PULL_PREFILL_PARAMS,
+    }
+    transfers = (await sims.http.get(stack.prefills[0].url + "/sim/requests")).json()["transfers"]
+    assert [(t["ctrl_port"], t["outcome"]) for t in transfers] == [(node.ctrl_port, "complete")]
+    (decode,) = await sims.requests(stack.decodes[0].url)
+    assert decode["kv_mode"] == "nixl_consumer_pull"
+
+
+CHAT = say(TEXT, max_tokens=40)
+COMPLETION = {"model": MODEL, "prompt": directive(TEXT), "max_tokens": 40}
+STREAM = {"stream": True, "stream_options": {"include_usage": True}}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "fault"),
+    [
+        pytest.param("chat", CHAT, None, id="chat"),
+        pytest.param("chat", {**CHAT, **STREAM}, None, id="chat-stream"),
+        pytest.param("completions", COMPLETION, None, id="completions"),
+        pytest.param("completions", {**COMPLETION, **STREAM}, None, id="completions-stream"),
+        pytest.param("chat", CHAT, {"http_status": 400}, id="chat-upstream-400"),
+        pytest.param("chat", {**CHAT, **STREAM}, {"http_status": 503}, id="stream-upstream-503"),
+    ],
+)
+async def test_proxy_answer_is_byte_for_byte_the_native_proxys_own(
+    sims: Sims,
+    client: openai.AsyncOpenAI,
+    endpoint: str,
+    body: dict[str, Any],
+    fault: dict[str, Any] | None,
+) -> None:
+    proxy = sims.stack.proxy
+    assert proxy is not None
+    if fault is not None:
+        await sims.arm(proxy.url, {**fault, "count": 2})  # one for the gateway, one direct
+    answer, content = await call(client, endpoint, body)
+    (seen,) = await sims.requests(proxy.url)
+    rid = seen["headers"]["x-request-id"]
+    assert HEX32.match(rid), "the gateway sets its own request id"
+    assert "kv_transfer_params" not in seen["body"]
+    assert seen["body"] == body
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    direct = await sims.http.post(proxy.url + path, json=body, headers={"x-request-id": rid})
+    assert answer.status_code == direct.status_code == (fault or {}).get("http_status", 200)
+    assert answer.headers["content-type"] == direct.headers["content-type"]
+    assert masked(content) == masked(direct.content)
+    assert (answer.headers[ROUTE], answer.headers[RULE]) == ("throughput", "native")
+    assert REROUTE not in answer.headers
+
+
+async def test_pull_legs_carry_the_protocols_parameters_and_one_request_id(
+    sims: Sims, client: openai.AsyncOpenAI
+) -> None:
+    body = {**say(TEXT, **STREAM), "model": PULL}
+    answer, content = await call(
+        client,
+        "chat",
+        body,
+        vllm={"min_tokens": 2},
+        headers={"x-workload": "fast", "x-request-id": "client-chosen-7"},
+    )
+    # The rule says latency; the guard moves it: the TileRT node cannot honour min_tokens.
+    assert (answer.headers[ROUTE], answer.headers[RULE]) == ("throughput", "fast")
+    assert answer.headers[REROUTE] == "min_tokens"
+    assert streamed_text(content) == TEXT
+    stack = sims.stack
+    server = stack.prefills[0]
+    (prefill,) = await sims.requests(server.url)
+    (decode,) = await sims.requests(stack.decodes[0].url)
+    rid = prefill["headers"]["x-request-id"]
+    assert HEX32.match(rid) and decode["headers"]["x-request-id"] == rid
+    assert prefill["kv_mode"] == "nixl_producer"
+    assert prefill["body"] == {
+        **{k: v for k, v in body.items() if k != "stream_options"},
+        "max_tokens": 1,
+        "stream": False,
+        "kv_transfer_params": PULL_PREFILL_PARAMS,
+    }
+    # The decode leg carries exactly what the prefill answered: the simulated producer's
+    # parameters for this prompt (one block per 16 tokens), naming the request id.
+    assert decode["kv_mode"] == "nixl_consumer_pull"
+    blocks = -(-decode_prompt_tokens(content) // 16)
+    assert decode["body"] == {
+        **body,
+        "min_tokens": 2,
+        "kv_transfer_params": {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": server.engine_id,
+            "remote_block_ids": list(range(1, blocks + 1)),
+            "remote_host": server.side_channel_host,
+            "remote_port": server.side_channel_port,
+            "remote_request_id": rid,
+            "tp_size": 1,
+        },
+    }
+
+
+async def test_push_legs_run_concurrently_and_name_the_prefill_engine(
+    sims: Sims, client: openai.AsyncOpenAI
+) -> None:
+    # About 400 prompt tokens at 1 ms each: the decode leg arrives while the prefill computes.
+    prompt = " ".join(["filler"] * 400) + directive(TEXT)
+    body = {"model": PUSH, "prompt": prompt, "max_tokens": 40}
+    raw = await client.completions.with_raw_response.create(**body, extra_body=HOSTILE)
+    assert raw.parse().choices[0].text == TEXT
+    assert (raw.headers[ROUTE], raw.headers[RULE]) == ("throughput", "native")
+    stack = sims.stack
+    server = stack.prefills[0]
+    (prefill,) = await sims.requests(server.url)
+    (decode,) = await sims.requests(stack.decodes[0].url)
+    rid = prefill["headers"]["x-request-id"]
+    assert HEX32.match(rid) and decode["headers"]["x-request-id"] == rid
+    assert prefill["body"] == {
+        **body,
+        "max_tokens": 1,
+        "stream": False,
+        "kv_transfer_params": PULL_PREFILL_PARAMS,
+    }
+    assert decode["kv_mode"] == "nixl_consumer_push"
+    assert decode["body"] == {
+        **body,
+        "kv_transfer_params": {
+            "do_remote_decode": False,
+            "do_remote_prefill": True,
+            "remote_engine_id": server.engine_id,
+            "remote_host": server.side_channel_host,
+            "remote_port": server.side_channel_port,
+            "tp_size": 1,
+            "pp_size": 1,
+            "remote_request_id": rid,
+        },
+    }
+    assert decode["received"] < prefill["finished"], "the decode leg waited for the prefill"
+
+
+async def call(
+    client: openai.AsyncOpenAI,
+    endpoint: str,
+    body: dict[str, Any],
+    *,
+    vllm: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[httpx.Response, bytes]:
+    """The SDK's call plus vLLM-only fields and a hostile `kv_transfer_params`; the raw
+    response and its bytes, error statuses included."""
+    resource = client.chat.completions if endpoint == "chat" else client.completions
+    try:
+        async with resource.with_streaming_response.create(
+            **body, extra_body={**HOSTILE, **(vllm or {})}, extra_headers=headers
+        ) as answer:
+            return answer.http_response, await answer.read()
+    except openai.APIStatusError as exc:
+        return exc.response, await exc.response.aread()
+
+
+def decode_prompt_tokens(content: bytes) -> int:
+    for event in content.split(b"\n\n"):
+        if event.startswith(b"data: {") and b'"usage":{' in event:
+            return orjson.loads(event[len(b"data: ") :])["usage"]["prompt_tokens"]
+    raise AssertionError("no usage event in the stream")
