@@ -1,0 +1,483 @@
+"""Reasoning and tool calls on the latency path, end to end: the OpenAI SDK (sync and async)
+-> the gateway (a real process) -> simulated vLLM prefill and TileRT nodes, for GLM and
+DeepSeek models.
+
+The simulated model writes exactly the scripted outputs of OUTPUT_FORMATS.md; the nodes
+put 1, ~3 or 5 ids on each stream line, so markers arrive split across tokens and lines
+differently per served name. Every test ends with the gateway holding no slot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import tokenizers
+from openai.types.chat import ChatCompletion
+
+from sim.stack import SimStack
+from tests.support.deployment import directive, gateway_config, latency_section
+from tests.support.gateway import GatewayProcess
+from tests.support.parser_fixtures import (
+    CASES,
+    DEEPSEEK,
+    DSML_BLOCK,
+    DSML_CALLS,
+    DSML_CHAT,
+    DSML_EXAMPLE,
+    GLM5,
+    GLM45,
+    GLM_TOKENIZER,
+    GLM_TWO_CALLS,
+    SEARCH,
+    SERVED,
+    SPLITS,
+    TOOLS,
+    WEATHER,
+    Call,
+    Case,
+    dsml_block,
+    dsml_invoke,
+    dsml_param,
+    family_models,
+    glm_call,
+    ids_to_reach,
+    load_tokenizer,
+    node_args,
+)
+
+# (reasoning, content, [(name, arguments)]): a message as the client reads it, ids aside.
+View = tuple[str | None, str | None, list[tuple[str, str]]]
+
+SIM_ARGS = {
+    "node_args": ["--step-ms", "1"],
+    "prefill_args": ["--itl-ms", "0", "--prefill-ms-per-token", "0"],
+}
+
+
+@pytest.fixture(scope="module")
+def deepseek_stack() -> Iterator[SimStack]:
+    names = [DEEPSEEK + s for s in SPLITS]
+    with SimStack(
+        nodes=3, tokenizer="deepseek", model=names, instance_args=node_args(3), **SIM_ARGS
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def glm_stack() -> Iterator[SimStack]:
+    names = [GLM5 + s for s in SPLITS] + [GLM45]
+    with SimStack(
+        nodes=4, tokenizer="glm", model=names, instance_args=node_args(4), **SIM_ARGS
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    deepseek_stack: SimStack, glm_stack: SimStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    glm = str(GLM_TOKENIZER)
+    models = [
+        *family_models(deepseek_stack, base=DEEPSEEK, tokenizer="deepseek", parser="deepseek_v32"),
+        *family_models(glm_stack, base=GLM5, tokenizer=glm, parser="glm47"),
+        {
+            "name": GLM45,
+            "tokenizer": glm,
+            "output_parser": "glm45",
+            "latency": latency_section(glm_stack, nodes=[glm_stack.nodes[3]]),
+        },
+    ]
+    with GatewayProcess(gateway_config(models), tmp_path_factory.mktemp("gw")) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def all_slots_free(gateway: GatewayProcess) -> Iterator[None]:
+    yield
+    gateway.wait_all_free()
+
+
+@pytest.fixture(scope="module")
+def token_ids() -> dict[str, tokenizers.Tokenizer]:
+    """The served models' tokenizers, by model family."""
+    return {DEEPSEEK: load_tokenizer("deepseek"), GLM5: load_tokenizer(str(GLM_TOKENIZER))}
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def aclient(gateway: GatewayProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+
+
+def request(model: str, output: str, *, thinking: bool | None = None, **extra: Any) -> dict:
+    """Keyword arguments for the SDK: a chat making the model write `output`, with TOOLS."""
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": directive(output)}],
+        "tools": TOOLS,
+        **extra,
+    }
+    if thinking is not None:
+        kwargs["extra_body"] = {"chat_template_kwargs": {"enable_thinking": thinking}}
+    return kwargs
+
+
+def case_request(case: Case, split: str = "", **extra: Any) -> dict:
+    return request(SERVED[case.parser] + split, case.output, thinking=case.thinking, **extra)
+
+
+def view(message: Any) -> View:
+    """A chat message (SDK object, streamed snapshot included) as the client reads it.
+
+    A stream's first delta carries `content: ""` (as vLLM's does), so its accumulated
+    content is "" where a non-streamed answer says null: both read as None here.
+    """
+    reasoning = (message.model_extra or {}).get("reasoning_content")
+    calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+    return reasoning or None, message.content or None, calls
+
+
+def expected_view(case: Case) -> View:
+    return case.reasoning, case.content, [(c.name, c.arguments_json) for c in case.calls]
+
+
+def assert_calls_typed(message: Any, calls: tuple[Call, ...]) -> None:
+    """Arguments parse as JSON to the schema-typed values; ids are vLLM-style and distinct."""
+    got = message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in got] == [
+        (c.name, c.arguments) for c in calls
+    ]
+    ids = [c.id for c in got]
+    assert all(i.startswith("chatcmpl-tool-") for i in ids)
+    assert len(set(ids)) == len(ids)
+    assert all(c.type == "function" for c in got)
+
+
+async def stream_with_helper(aclient: openai.AsyncOpenAI, kwargs: dict) -> tuple[Any, list]:
+    """Stream through the SDK's helper: its final snapshot and the finished tool calls."""
+    done: list[tuple[str, str]] = []
+    async with aclient.chat.completions.stream(**kwargs) as stream:
+        async for event in stream:
+            if event.type == "tool_calls.function.arguments.done":
+                done.append((event.name, event.arguments))
+        try:
+            final = await stream.get_final_completion()
+        except openai.LengthFinishReasonError as exc:
+            final = exc.completion  # the helper refuses to "parse" a cut answer, but keeps it
+    return final, done
+
+
+STREAM_CASES = [
+    pytest.param(case, split, id=f"{case.id}{split or '-t3'}")
+    for case in CASES
+    for split in (SPLITS if case.parser != "glm45" else [""])
+]
+
+
+# -- the formats -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_message(client: openai.OpenAI, case: Case) -> None:
+    reply = client.chat.completions.create(**case_request(case))
+    choice = reply.choices[0]
+    assert view(choice.message) == expected_view(case)
+    assert_calls_typed(choice.message, case.calls)
+    assert choice.finish_reason == case.finish_reason
+
+
+@pytest.mark.parametrize(("case", "split"), STREAM_CASES)
+async def test_stream_equals_non_stream(
+    aclient: openai.AsyncOpenAI, case: Case, split: str
+) -> None:
+    kwargs = case_request(case, split)
+    whole = await aclient.chat.completions.create(**kwargs)
+    final, done = await stream_with_helper(aclient, kwargs)
+    streamed = final.choices[0]
+    assert view(streamed.message) == view(whole.choices[0].message) == expected_view(case)
+    assert done == expected_view(case)[2]
+    assert streamed.finish_reason == whole.choices[0].finish_reason == case.finish_reason
+
+
+def test_sync_stream_helper(client: openai.OpenAI) -> None:
+    case = next(c for c in CASES if c.id == "dsv32-example-thinking")
+    with client.chat.completions.stream(**case_request(case, "-t1")) as stream:
+        events = [event.type for event in stream]
+        final = stream.get_final_completion()
+    assert view(final.choices[0].message) == expected_view(case)
+    assert events.count("tool_calls.function.arguments.done") == len(case.calls)
+    assert final.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("model", [GLM5 + "-t5", DEEPSEEK + "-t1"])
+def test_tool_call_chunks(client: openai.OpenAI, model: str) -> None:
+    # Each call opens with one delta carrying index, id, type and the whole name; later
+    # deltas add argument fragments only, and calls never interleave.
+    output = GLM_TWO_CALLS if model.startswith(GLM5) else DSML_EXAMPLE
+    thinking = None if model.startswith(GLM5) else True
+    stream = client.chat.completions.create(
+        **request(model, output, thinking=thinking), stream=True
+    )
+    calls: list[dict[str, str]] = []
+    finishes = []
+    for chunk in stream:
+        for choice in chunk.choices:
+            finishes.append(choice.finish_reason)
+            for piece in choice.delta.tool_calls or []:
+                if piece.id is not None:
+                    assert piece.index == len(calls)
+                    assert piece.type == "function" and piece.function is not None
+                    assert piece.function.name
+                    calls.append({"name": piece.function.name, "arguments": ""})
+                else:
+                    assert piece.index == len(calls) - 1
+                    assert piece.function is not None and piece.function.name is None
+                calls[piece.index]["arguments"] += piece.function.arguments or ""
+    whole = client.chat.completions.create(**request(model, output, thinking=thinking))
+    assert [(c["name"], c["arguments"]) for c in calls] == view(whole.choices[0].message)[2]
+    assert len(calls) == 2
+    assert finishes[-1] == "tool_calls" and set(finishes[:-1]) == {None}
+
+
+def test_dsml_markers_span_several_ids(token_ids: dict[str, tokenizers.Tokenizer]) -> None:
+    # The premise of the split tests: on DeepSeek's tokenizer the DSML markers are several
+    # ids, so a node sending one id per line splits every one of them across lines.
+    tokenizer = token_ids[DEEPSEEK]
+    ids = tokenizer.encode(DSML_BLOCK, add_special_tokens=False).ids
+    pieces = [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+    for marker in ("<｜DSML｜function_calls>", "<｜DSML｜invoke", "</｜DSML｜parameter>"):
+        assert marker in DSML_BLOCK
+        assert not any(marker in piece for piece in pieces)
+    assert "｜DSML｜" in pieces
+
+
+# -- max_tokens, tool_choice, unknown tools, non-ASCII --------------------------------
+
+
+TRUNCATIONS = [
+    # (model, output, thinking, cut inside this text, calls kept)
+    pytest.param(
+        GLM5 + "-t1",
+        GLM_TWO_CALLS,
+        None,
+        '{"tags": ["a"',
+        (WEATHER, Call("search", {"query": SEARCH.arguments["query"]})),
+        id="glm-mid-value",
+    ),
+    pytest.param(
+        DEEPSEEK + "-t5",
+        DSML_EXAMPLE,
+        True,
+        'name="safe"',
+        (DSML_CALLS[0], Call("search", {"filters": DSML_CALLS[1].arguments["filters"]})),
+        id="dsml-mid-tag",
+    ),
+]
+
+
+@pytest.mark.parametrize(("model", "output", "thinking", "anchor", "calls"), TRUNCATIONS)
+async def test_call_cut_by_max_tokens(
+    aclient: openai.AsyncOpenAI,
+    token_ids: dict[str, tokenizers.Tokenizer],
+    model: str,
+    output: str,
+    thinking: bool | None,
+    anchor: str,
+    calls: tuple[Call, ...],
+) -> None:
+    tokenizer = token_ids[DEEPSEEK if model.startswith(DEEPSEEK) else GLM5]
+    budget = ids_to_reach(tokenizer, output, anchor)
+    kwargs = request(model, output, thinking=thinking, max_tokens=budget)
+    whole = await aclient.chat.completions.create(**kwargs)
+    final, _ = await stream_with_helper(aclient, kwargs)
+    expected = [(c.name, c.arguments_json) for c in calls]
+    for choice in (whole.choices[0], final.choices[0]):
+        assert view(choice.message)[2] == expected
+        assert choice.finish_reason == "length"
+    assert whole.usage is not None and whole.usage.completion_tokens == budget
+
+
+NO_CALLS = [
+    # (model, output, thinking, request options, reasoning, content)
+    pytest.param(
+        GLM5,
+        GLM_TWO_CALLS,
+        None,
+        {"tool_choice": "none"},
+        "Need two lookups.",
+        GLM_TWO_CALLS.split("</think>", 1)[1],
+        id="glm-tool-choice-none",
+    ),
+    pytest.param(
+        GLM45,
+        "Sure. " + glm_call("get_weather", ("city", "Oslo")),
+        False,
+        {"tools": None},
+        None,
+        "Sure. " + glm_call("get_weather", ("city", "Oslo")),
+        id="glm45-no-tools",
+    ),
+    pytest.param(
+        DEEPSEEK + "-t1",
+        DSML_CHAT,
+        None,
+        {"tool_choice": "none"},
+        None,
+        DSML_CHAT,
+        id="dsml-tool-choice-none",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("model", "output", "thinking", "options", "reasoning", "content"), NO_CALLS
+)
+async def test_markup_stays_content_without_tools(
+    aclient: openai.AsyncOpenAI,
+    model: str,
+    output: str,
+    thinking: bool | None,
+    options: dict[str, Any],
+    reasoning: str | None,
+    content: str,
+) -> None:
+    # As vLLM with tool_choice "none" (or no tools): no tool parser runs, markup is text.
+    kwargs = request(model, output, thinking=thinking, **options)
+    if kwargs["tools"] is None:
+        del kwargs["tools"]
+    whole = await aclient.chat.completions.create(**kwargs)
+    final, done = await stream_with_helper(aclient, kwargs)
+    assert view(whole.choices[0].message) == view(final.choices[0].message)
+    assert view(whole.choices[0].message) == (reasoning, content, [])
+    assert done == []
+    assert whole.choices[0].finish_reason == final.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    "tool_choice",
+    ["required", {"type": "function", "function": {"name": "get_weather"}}],
+    ids=["required", "named"],
+)
+@pytest.mark.parametrize("model", [GLM5, DEEPSEEK])
+def test_forced_tool_choice_needs_the_throughput_path(
+    client: openai.OpenAI, model: str, tool_choice: Any
+) -> None:
+    # The latency path cannot constrain decoding, so the guard sends a forced tool_choice to
+    # throughput; these models have none, so the answer is a 400 naming the reason.
+    output = GLM_TWO_CALLS if model == GLM5 else DSML_EXAMPLE
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(**request(model, output, tool_choice=tool_choice))
+    error = caught.value
+    assert error.status_code == 400
+    assert error.param == "tool_choice"
+    assert error.code == "no_throughput_path"
+    assert "throughput" in error.message
+    assert error.response.headers["x-pd-reroute-reason"] == "tool_choice"
+
+
+UNKNOWN_TOOL = [
+    # (model, output, thinking, calls kept, finish_reason)
+    pytest.param(
+        GLM5 + "-t1",
+        "Cleaning up.</think>"
+        + glm_call("delete_everything", ("path", "/"))
+        + glm_call("get_weather", ("city", "Beijing")),
+        None,
+        (WEATHER,),
+        "tool_calls",
+        id="glm-unknown-then-known",
+    ),
+    pytest.param(
+        GLM5,
+        glm_call("delete_everything", ("path", "/")),
+        False,
+        (),
+        "stop",
+        id="glm-only-unknown",
+    ),
+    pytest.param(
+        DEEPSEEK + "-t1",
+        dsml_block(
+            dsml_invoke("delete_everything", dsml_param("path", "/", string=True)),
+            dsml_invoke("get_weather", dsml_param("city", "Beijing", string=True)),
+        ),
+        None,
+        (WEATHER,),
+        "tool_calls",
+        id="dsml-unknown-then-known",
+    ),
+    pytest.param(
+        DEEPSEEK + "-t5",
+        "On it." + dsml_block(dsml_invoke("rm", dsml_param("path", "/", string=True))),
+        None,
+        (),
+        "stop",
+        id="dsml-only-unknown",
+    ),
+]
+
+
+@pytest.mark.parametrize(("model", "output", "thinking", "calls", "finish"), UNKNOWN_TOOL)
+async def test_unknown_tool_is_dropped(
+    aclient: openai.AsyncOpenAI,
+    model: str,
+    output: str,
+    thinking: bool | None,
+    calls: tuple[Call, ...],
+    finish: str,
+) -> None:
+    kwargs = request(model, output, thinking=thinking)
+    whole = await aclient.chat.completions.create(**kwargs)
+    final, done = await stream_with_helper(aclient, kwargs)
+    expected = [(c.name, c.arguments_json) for c in calls]
+    assert view(whole.choices[0].message)[2] == view(final.choices[0].message)[2] == expected
+    assert done == expected
+    assert whole.choices[0].finish_reason == final.choices[0].finish_reason == finish
+    assert "delete_everything" not in (whole.choices[0].message.content or "")
+
+
+NON_ASCII = {"city": "Zürich 🙂", "location": "杭州市 — 西湖"}
+
+
+@pytest.mark.parametrize(
+    ("model", "output"),
+    [
+        pytest.param(
+            GLM5 + "-t1",
+            glm_call("get_weather", *NON_ASCII.items()),
+            id="glm",
+        ),
+        pytest.param(
+            DEEPSEEK + "-t1",
+            dsml_block(
+                dsml_invoke(
+                    "get_weather", *(dsml_param(k, v, string=True) for k, v in NON_ASCII.items())
+                )
+            ),
+            id="dsml",
+        ),
+    ],
+)
+async def test_non_ascii_arguments_are_not_escaped(
+    aclient: openai.AsyncOpenAI, model: str, output: str
+) -> None:
+    kwargs = request(model, output, thinking=False)
+    raw = await aclient.chat.completions.with_raw_response.create(**kwargs)
+    whole: ChatCompletion = raw.parse()
+    final, _ = await stream_with_helper(aclient, kwargs)
+    for message in (whole.choices[0].message, final.choices[0].message):
+        (call,) = message.tool_calls or []
+        assert call.function.arguments == json.dumps(NON_ASCII, ensure_ascii=False)
+        assert "\\u" not in call.function.arguments
+    # On the wire too: the JSON string holding the arguments escapes only its quotes.
+    body = json.loads(raw.http_response.content)
+    arguments = body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.dumps(arguments, ensure_ascii=False).encode() in raw.http_response.content

