@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from router.balance import LeastOutstanding
 from router.config import ModelConfig, TimeoutsConfig
@@ -83,7 +84,8 @@ class LatencyPool:
             model=self.model.name,
         )
         if request.stream:
-            return StreamingResponse(
+            return SessionStream(
+                session,
                 _stream(session, renderer, include_usage=request.include_usage),
                 media_type="text/event-stream",
                 headers={**SSE_HEADERS, **headers},
@@ -96,6 +98,21 @@ class LatencyPool:
         return json_response(
             renderer.response(session.message(), end.finish_reason, usage), headers=headers
         )
+
+
+class SessionStream(StreamingResponse):
+    """A streamed answer that closes its session even if the body was never iterated (the
+    client left before the response started): an unstarted generator has no `finally`."""
+
+    def __init__(self, session: LatencySession, content: AsyncIterator[bytes], **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self._session = session
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._session.close()
 
 
 _REJECTED = {
