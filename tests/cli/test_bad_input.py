@@ -1,0 +1,138 @@
+"""Bad configuration and request files: a clear `error:` on stderr, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router.cli import main
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+GOOD_CONFIG = """
+models:
+  - name: m
+    tokenizer: /nonexistent/tokenizer.json
+    latency:
+      prefill: [http://127.0.0.1:9]
+      nodes: [{host: 127.0.0.1, ctrl_port: 9, http_port: 9}]
+"""
+GOOD_REQUEST = '{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+
+CONFIG_CASES = [
+    ("missing", None, "cannot read"),
+    ("not yaml", "models: [\n", "not valid YAML"),
+    ("not a mapping", "- 1\n", "the top level must be a mapping"),
+    ("unknown field", GOOD_CONFIG + "colour: blue\n", "colour: Extra inputs are not permitted"),
+    ("bad port", GOOD_CONFIG.replace("ctrl_port: 9", "ctrl_port: 0"), "ctrl_port"),
+    (
+        "bad rule",
+        GOOD_CONFIG + "classification: {rules: [{name: r, path: sideways}]}\n",
+        "rule 'r': path",
+    ),
+    (
+        "missing rules file",
+        GOOD_CONFIG + "classification: {rules_file: nowhere.yaml}\n",
+        "nowhere.yaml",
+    ),
+]
+
+REQUEST_CASES = [
+    ("missing", None, "cannot read"),
+    ("not json", "{model: m}", "not valid JSON"),
+    ("not an object", "[1, 2]", "JSON object"),
+    ("no messages", '{"model": "m"}', "not a valid chat request (messages)"),
+    ("wrong type", '{"model": "m", "messages": "hi"}', "(messages)"),
+    ("unknown model", GOOD_REQUEST.replace('"m"', '"other"'), "unknown model 'other' (known: m)"),
+]
+
+
+def write(tmp_path: Path, name: str, text: str | None) -> Path:
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "message"), CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES]
+)
+@pytest.mark.parametrize("command", ["check", "classify", "demo"])
+def test_bad_config(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    case: str,
+    text: str | None,
+    message: str,
+) -> None:
+    config = write(tmp_path, "router.yaml", text)
+    argv = [command, "--config", str(config)]
+    if command == "classify":
+        argv += ["--request", str(write(tmp_path, "body.json", GOOD_REQUEST))]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ")
+    assert message in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "message"), REQUEST_CASES, ids=[c[0] for c in REQUEST_CASES]
+)
+def test_bad_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, text: str | None, message: str
+) -> None:
+    config = write(tmp_path, "router.yaml", GOOD_CONFIG)
+    request = write(tmp_path, "body.json", text)
+    assert main(["classify", "--config", str(config), "--request", str(request)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: {request}: ")
+    assert message in captured.err
+    assert captured.out == ""
+
+
+def test_bad_header_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write(tmp_path, "router.yaml", GOOD_CONFIG)
+    request = write(tmp_path, "body.json", GOOD_REQUEST)
+    with pytest.raises(SystemExit) as exited:
+        main(["classify", "--config", str(config), "--request", str(request), "--header", "x"])
+    assert exited.value.code == 2
+    assert "expected NAME=VALUE, got 'x'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("host", "where"),
+    [("10.0.0.5", "model m"), ("tilert-0.tilert.svc", "model m")],
+)
+def test_demo_refuses_remote_backends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str, where: str
+) -> None:
+    config = write(tmp_path, "router.yaml", GOOD_CONFIG.replace("host: 127.0.0.1", f"host: {host}"))
+    assert main(["demo", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {where}: {host!r} is not a loopback address")
+
+
+def test_no_traceback_from_the_real_command(tmp_path: Path) -> None:
+    request = write(tmp_path, "body.json", "{")
+    config = write(tmp_path, "router.yaml", GOOD_CONFIG)
+    argv = ["classify", "--config", str(config), "--request", str(request)]
+    result = subprocess.run(
+        [sys.executable, "-m", "router.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ")
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_check_accepts_the_default_configuration(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--config", str(PROJECT_ROOT / "router.yaml")]) == 0
+    assert capsys.readouterr().out.endswith(": ok (2 model(s))\n")

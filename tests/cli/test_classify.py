@@ -1,0 +1,197 @@
+"""`pd-gateway classify`: one request per rule of each example rules file, explained offline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from router.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "policies" / "examples"
+# Nothing listens on these ports: classify must never contact a backend.
+CLOSED = "http://127.0.0.1:9"
+
+
+def write_config(
+    tmp_path: Path, rules_file: str, *, tokenizer: str = "deepseek", throughput: bool = True
+) -> Path:
+    model: dict[str, Any] = {
+        "name": "m",
+        "tokenizer": tokenizer,
+        "latency": {
+            "prefill": [CLOSED],
+            "nodes": [{"host": "127.0.0.1", "ctrl_port": 9, "http_port": 9}],
+            "max_seq_len": 131072,
+        },
+    }
+    if throughput:
+        model["throughput"] = {"mode": "proxy", "urls": [CLOSED]}
+    config = {"classification": {"rules_file": str(EXAMPLES / rules_file)}, "models": [model]}
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def run_classify(
+    tmp_path: Path, config: Path, body: Any, headers: dict[str, str], *extra: str
+) -> int:
+    request = tmp_path / "body.json"
+    request.write_text(json.dumps(body), encoding="utf-8")
+    argv = ["classify", "--config", str(config), "--request", str(request), *extra]
+    for name, value in headers.items():
+        argv += ["--header", f"{name}={value}"]
+    return main(argv)
+
+
+DEFAULT_NAMES = {
+    "interactive.yaml": "default",
+    "api-key-tiers.yaml": "standard",
+    "latency-first.yaml": "interactive",
+}
+CASES = [
+    # interactive.yaml: default throughput; labelled interactive work takes latency.
+    ("interactive.yaml", chat(), {"x-workload": "batch"}, "batch", "throughput"),
+    ("interactive.yaml", chat(metadata={"workload": "eval"}), {}, "evals", "throughput"),
+    ("interactive.yaml", chat(stream=True), {"x-workload": "voice"}, "voice", "latency"),
+    ("interactive.yaml", chat(), {"x-workload": "agent-7"}, "agents", "latency"),
+    (
+        "interactive.yaml",
+        chat(stream=True, max_tokens=512, tools=[{"type": "function", "function": {"name": "f"}}]),
+        {"user-agent": "code-assist/2.1"},
+        "coding",
+        "latency",
+    ),
+    ("interactive.yaml", chat(), {"x-workload": "voice"}, "default", "throughput"),
+    # api-key-tiers.yaml: tiers by the API key's name.
+    (
+        "api-key-tiers.yaml",
+        chat(),
+        {"x-pd-api-key-name": "eval-harness"},
+        "internal-evals",
+        "throughput",
+    ),
+    ("api-key-tiers.yaml", chat(), {"x-pd-api-key-name": "premium-acme"}, "premium", "latency"),
+    ("api-key-tiers.yaml", chat(max_tokens=100), {"x-pd-api-key-name": "pro-7"}, "pro", "latency"),
+    ("api-key-tiers.yaml", chat(), {}, "anonymous", "throughput"),
+    ("api-key-tiers.yaml", chat(), {"x-pd-api-key-name": "acme"}, "standard", "throughput"),
+    # latency-first.yaml: latency unless the request is better served natively.
+    ("latency-first.yaml", chat(), {"x-priority": "batch"}, "batch", "throughput"),
+    ("latency-first.yaml", chat(max_tokens=9000), {}, "long-generations", "throughput"),
+    ("latency-first.yaml", chat(stream=True), {}, "interactive", "latency"),
+]
+
+
+@pytest.mark.parametrize(("rules", "body", "headers", "rule", "path"), CASES)
+def test_each_example_rule(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    rules: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    rule: str,
+    path: str,
+) -> None:
+    code = run_classify(tmp_path, write_config(tmp_path, rules), body, headers)
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    default = rule == DEFAULT_NAMES[rules]
+    assert ("no rule matched: default" if default else f"rule {rule!r} matched:") in out
+    assert f"result: {path}" in out
+    assert "response headers:" in out
+    assert f"  x-pd-route: {path}" in out
+    assert f"  x-pd-rule: {rule}" in out
+
+
+def test_over_context_rule_from_token_ids(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A completions prompt given as token ids has an exact length without any tokenizer.
+    body = {"model": "m", "prompt": [7] * 131072, "max_tokens": 1}
+    config = write_config(tmp_path, "latency-first.yaml", tokenizer="/nonexistent/tokenizer.json")
+    code = run_classify(tmp_path, config, body, {})
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0].startswith("request: model 'm', completions, no stream, 131072 prompt tokens")
+    assert "rule 'over-context' matched:" in out
+    assert "  x-pd-rule: over-context" in out
+
+
+def test_the_guard_reroute_and_its_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, "latency-first.yaml")
+    code = run_classify(tmp_path, config, chat(n=2, max_tokens=100), {})
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert "guard: re-routed to throughput (n)" in out
+    assert out[-3:] == [
+        "  x-pd-route: throughput",
+        "  x-pd-rule: interactive",
+        "  x-pd-reroute-reason: n",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("route", "honoured", "path"),
+    [("throughput", True, "throughput"), ("latency", False, "throughput")],
+)
+def test_client_route_requests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], route: str, honoured: bool, path: str
+) -> None:
+    # premium may ask for throughput; anonymous callers may not ask for latency.
+    key = {"x-pd-api-key-name": "premium-acme"} if honoured else {}
+    config = write_config(tmp_path, "api-key-tiers.yaml")
+    code = run_classify(tmp_path, config, chat(), {**key, "x-pd-route": route})
+    out = capsys.readouterr().out.splitlines()
+    verdict = "honoured" if honoured else "ignored (not allowed)"
+    assert code == 0
+    assert f"client route: x-pd-route: {route!r} {verdict}" in out
+    assert f"  x-pd-route: {path}" in out
+
+
+def test_counts_prompt_tokens_only_when_a_rule_needs_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # With an unloadable tokenizer, a short prompt still classifies (the byte bounds decide)...
+    config = write_config(tmp_path, "interactive.yaml", tokenizer="/nonexistent/tokenizer.json")
+    assert run_classify(tmp_path, config, chat(), {}) == 0
+    assert "result: throughput" in capsys.readouterr().out.splitlines()
+    # ...while a prompt near the long-prompts threshold needs the count, hence the tokenizer.
+    long_body = chat(messages=[{"role": "user", "content": "word " * 70000}])
+    assert run_classify(tmp_path, config, long_body, {}) == 2
+    assert "cannot load its tokenizer" in capsys.readouterr().err
+
+
+def test_counts_with_the_models_tokenizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, "interactive.yaml")
+    long_body = chat(messages=[{"role": "user", "content": "word " * 70000}])
+    code = run_classify(tmp_path, config, long_body, {})
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    request = out[0]
+    assert request.startswith("request: model 'm', chat, no stream, ")
+    count = int(request.split(", ")[3].removesuffix(" prompt tokens"))
+    assert 65536 <= count <= 80000
+    assert "rule 'long-prompts' matched:" in out
+    assert f"  prompt_tokens = {count}, wanted >= 65536" in out
+
+
+def test_endpoint_flag_overrides_the_guess(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, "interactive.yaml")
+    body = {"model": "m", "prompt": "hi"}
+    assert run_classify(tmp_path, config, body, {}) == 0
+    assert ", completions, " in capsys.readouterr().out.splitlines()[0]
+    assert run_classify(tmp_path, config, body, {}, "--endpoint", "chat") == 2
+    assert "not a valid chat request (messages)" in capsys.readouterr().err
