@@ -119,9 +119,22 @@ class Sims:
 
     async def pool(self, gateway: GatewayProcess, model: str = MODEL) -> dict[str, Any]:
         """The gateway's own view of one model's TileRT pool (`/admin/pool`)."""
+        return (await self._pools(gateway))["models"][model]
+
+    async def wait_all_free(self, gateway: GatewayProcess, timeout_s: float = 15.0) -> None:
+        """As `GatewayProcess.wait_all_free`, without blocking the test's event loop."""
+
+        async def free() -> bool:
+            state = await self._pools(gateway)
+            held = [h for m in state["models"].values() for h in m["busy"].values() if h]
+            return not held and state["background_tasks"] == 0
+
+        await wait_until(free, what="every slot of the gateway to be free", timeout_s=timeout_s)
+
+    async def _pools(self, gateway: GatewayProcess) -> dict[str, Any]:
         response = await self.http.get(gateway.url + "/admin/pool")
         response.raise_for_status()
-        return response.json()["models"][model]
+        return response.json()
 
 
 async def wait_until(
@@ -136,14 +149,16 @@ async def wait_until(
 
 
 @asynccontextmanager
-async def observed(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
+async def observed(stack: SimStack, *gateways: GatewayProcess) -> AsyncIterator[Sims]:
     """One test's view of the deployment: clean simulators first; at the end every slot
-    free in the gateway and no node ever running two decodes at once."""
-    async with httpx.AsyncClient(timeout=30) as http:
+    free in every gateway and no node ever running two decodes at once."""
+    # Plain HTTP on loopback only: no TLS context to load for every test.
+    async with httpx.AsyncClient(timeout=30, verify=False) as http:
         sims = Sims(stack, http)
         await sims.reset()
         yield sims
-        await asyncio.to_thread(gateway.wait_all_free)
+        for gateway in gateways:
+            await sims.wait_all_free(gateway)
         for node in stack.nodes:
             assert (await sims.records(node))["max_overlap"] <= 1, "a node was double-booked"
 
