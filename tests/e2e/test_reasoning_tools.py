@@ -24,6 +24,7 @@ from tests.support.gateway import GatewayProcess
 from tests.support.parser_fixtures import (
     CASES,
     DEEPSEEK,
+    DS_THINK,
     DSML_BLOCK,
     DSML_CALLS,
     DSML_CHAT,
@@ -32,13 +33,14 @@ from tests.support.parser_fixtures import (
     GLM45,
     GLM_TOKENIZER,
     GLM_TWO_CALLS,
-    SEARCH,
     SERVED,
     SPLITS,
+    THINK_OFF,
     TOOLS,
     WEATHER,
     Call,
     Case,
+    directive_b64,
     dsml_block,
     dsml_invoke,
     dsml_param,
@@ -117,7 +119,9 @@ def aclient(gateway: GatewayProcess) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
 
 
-def request(model: str, output: str, *, thinking: bool | None = None, **extra: Any) -> dict:
+def request(
+    model: str, output: str, *, template: dict[str, Any] | None = None, **extra: Any
+) -> dict:
     """Keyword arguments for the SDK: a chat making the model write `output`, with TOOLS."""
     kwargs: dict[str, Any] = {
         "model": model,
@@ -125,13 +129,13 @@ def request(model: str, output: str, *, thinking: bool | None = None, **extra: A
         "tools": TOOLS,
         **extra,
     }
-    if thinking is not None:
-        kwargs["extra_body"] = {"chat_template_kwargs": {"enable_thinking": thinking}}
+    if template is not None:
+        kwargs["extra_body"] = {"chat_template_kwargs": template}
     return kwargs
 
 
 def case_request(case: Case, split: str = "", **extra: Any) -> dict:
-    return request(SERVED[case.parser] + split, case.output, thinking=case.thinking, **extra)
+    return request(SERVED[case.parser] + split, case.output, template=case.template, **extra)
 
 
 def view(message: Any) -> View:
@@ -200,11 +204,15 @@ async def test_stream_equals_non_stream(
 ) -> None:
     kwargs = case_request(case, split)
     whole = await aclient.chat.completions.create(**kwargs)
-    final, done = await stream_with_helper(aclient, kwargs)
+    final, done = await stream_with_helper(
+        aclient, {**kwargs, "stream_options": {"include_usage": True}}
+    )
     streamed = final.choices[0]
     assert view(streamed.message) == view(whole.choices[0].message) == expected_view(case)
     assert done == expected_view(case)[2]
     assert streamed.finish_reason == whole.choices[0].finish_reason == case.finish_reason
+    assert final.usage is not None and whole.usage is not None
+    assert final.usage.completion_tokens == whole.usage.completion_tokens
 
 
 def test_sync_stream_helper(client: openai.OpenAI) -> None:
@@ -217,14 +225,38 @@ def test_sync_stream_helper(client: openai.OpenAI) -> None:
     assert final.choices[0].finish_reason == "tool_calls"
 
 
+@pytest.mark.parametrize("model", [GLM5, DEEPSEEK])
+def test_calls_and_results_go_back_as_history(client: openai.OpenAI, model: str) -> None:
+    # The usual agent loop: append the SDK's own assistant message and one tool result per
+    # call, then ask again. The first turn's script is base64 so that the simulator takes
+    # the second turn's (plain) script, which sits in the tool results.
+    output = GLM_TWO_CALLS if model == GLM5 else DSML_EXAMPLE
+    template = None if model == GLM5 else DS_THINK
+    first = request(model, output, template=template)
+    first["messages"] = [{"role": "user", "content": directive_b64(output)}]
+    message = client.chat.completions.create(**first).choices[0].message
+    assert len(message.tool_calls or []) == 2
+    answer = "Both done.</think>Sunny in Beijing; the café is open."
+    results = [
+        {"role": "tool", "tool_call_id": call.id, "content": directive(answer)}
+        for call in message.tool_calls or []
+    ]
+    second = client.chat.completions.create(
+        **{**first, "messages": [*first["messages"], message, *results]}
+    )
+    choice = second.choices[0]
+    assert view(choice.message) == ("Both done.", "Sunny in Beijing; the café is open.", [])
+    assert choice.finish_reason == "stop"
+
+
 @pytest.mark.parametrize("model", [GLM5 + "-t5", DEEPSEEK + "-t1"])
 def test_tool_call_chunks(client: openai.OpenAI, model: str) -> None:
     # Each call opens with one delta carrying index, id, type and the whole name; later
     # deltas add argument fragments only, and calls never interleave.
     output = GLM_TWO_CALLS if model.startswith(GLM5) else DSML_EXAMPLE
-    thinking = None if model.startswith(GLM5) else True
+    template = None if model.startswith(GLM5) else DS_THINK
     stream = client.chat.completions.create(
-        **request(model, output, thinking=thinking), stream=True
+        **request(model, output, template=template), stream=True
     )
     calls: list[dict[str, str]] = []
     finishes = []
@@ -241,7 +273,7 @@ def test_tool_call_chunks(client: openai.OpenAI, model: str) -> None:
                     assert piece.index == len(calls) - 1
                     assert piece.function is not None and piece.function.name is None
                 calls[piece.index]["arguments"] += piece.function.arguments or ""
-    whole = client.chat.completions.create(**request(model, output, thinking=thinking))
+    whole = client.chat.completions.create(**request(model, output, template=template))
     assert [(c["name"], c["arguments"]) for c in calls] == view(whole.choices[0].message)[2]
     assert len(calls) == 2
     assert finishes[-1] == "tool_calls" and set(finishes[:-1]) == {None}
@@ -263,50 +295,73 @@ def test_dsml_markers_span_several_ids(token_ids: dict[str, tokenizers.Tokenizer
 
 
 TRUNCATIONS = [
-    # (model, output, thinking, cut inside this text, calls kept)
+    # (model, output, template, budget field, cut once this text is out, message kept)
     pytest.param(
         GLM5 + "-t1",
         GLM_TWO_CALLS,
         None,
+        "max_tokens",
         '{"tags": ["a"',
-        (WEATHER, Call("search", {"query": SEARCH.arguments["query"]})),
+        ("Need two lookups.", None, (WEATHER, Call("search", {"query": 'café "best"'}))),
         id="glm-mid-value",
     ),
     pytest.param(
         DEEPSEEK + "-t5",
         DSML_EXAMPLE,
-        True,
+        DS_THINK,
+        "max_completion_tokens",
         'name="safe"',
-        (DSML_CALLS[0], Call("search", {"filters": DSML_CALLS[1].arguments["filters"]})),
+        (
+            "I should check.",
+            "Checking now.\n\n",
+            (DSML_CALLS[0], Call("search", {"filters": DSML_CALLS[1].arguments["filters"]})),
+        ),
         id="dsml-mid-tag",
+    ),
+    pytest.param(
+        DEEPSEEK,
+        DSML_EXAMPLE,
+        DS_THINK,
+        "max_tokens",
+        "I should",
+        ("I should", None, ()),
+        id="dsml-in-reasoning",
     ),
 ]
 
 
-@pytest.mark.parametrize(("model", "output", "thinking", "anchor", "calls"), TRUNCATIONS)
-async def test_call_cut_by_max_tokens(
+@pytest.mark.parametrize(
+    ("model", "output", "template", "field", "anchor", "expected"), TRUNCATIONS
+)
+async def test_cut_by_max_tokens(
     aclient: openai.AsyncOpenAI,
     token_ids: dict[str, tokenizers.Tokenizer],
     model: str,
     output: str,
-    thinking: bool | None,
+    template: dict[str, Any] | None,
+    field: str,
     anchor: str,
-    calls: tuple[Call, ...],
+    expected: tuple[str | None, str | None, tuple[Call, ...]],
 ) -> None:
+    # A call cut off keeps only its complete arguments, and the finish stays "length".
     tokenizer = token_ids[DEEPSEEK if model.startswith(DEEPSEEK) else GLM5]
     budget = ids_to_reach(tokenizer, output, anchor)
-    kwargs = request(model, output, thinking=thinking, max_tokens=budget)
+    kwargs = request(model, output, template=template, **{field: budget})
     whole = await aclient.chat.completions.create(**kwargs)
     final, _ = await stream_with_helper(aclient, kwargs)
-    expected = [(c.name, c.arguments_json) for c in calls]
+    reasoning, content, calls = expected
     for choice in (whole.choices[0], final.choices[0]):
-        assert view(choice.message)[2] == expected
+        assert view(choice.message) == (
+            reasoning,
+            content,
+            [(c.name, c.arguments_json) for c in calls],
+        )
         assert choice.finish_reason == "length"
     assert whole.usage is not None and whole.usage.completion_tokens == budget
 
 
 NO_CALLS = [
-    # (model, output, thinking, request options, reasoning, content)
+    # (model, output, template, request options, reasoning, content)
     pytest.param(
         GLM5,
         GLM_TWO_CALLS,
@@ -319,7 +374,7 @@ NO_CALLS = [
     pytest.param(
         GLM45,
         "Sure. " + glm_call("get_weather", ("city", "Oslo")),
-        False,
+        THINK_OFF,
         {"tools": None},
         None,
         "Sure. " + glm_call("get_weather", ("city", "Oslo")),
@@ -338,19 +393,19 @@ NO_CALLS = [
 
 
 @pytest.mark.parametrize(
-    ("model", "output", "thinking", "options", "reasoning", "content"), NO_CALLS
+    ("model", "output", "template", "options", "reasoning", "content"), NO_CALLS
 )
 async def test_markup_stays_content_without_tools(
     aclient: openai.AsyncOpenAI,
     model: str,
     output: str,
-    thinking: bool | None,
+    template: dict[str, Any] | None,
     options: dict[str, Any],
     reasoning: str | None,
     content: str,
 ) -> None:
     # As vLLM with tool_choice "none" (or no tools): no tool parser runs, markup is text.
-    kwargs = request(model, output, thinking=thinking, **options)
+    kwargs = request(model, output, template=template, **options)
     if kwargs["tools"] is None:
         del kwargs["tools"]
     whole = await aclient.chat.completions.create(**kwargs)
@@ -384,7 +439,7 @@ def test_forced_tool_choice_needs_the_throughput_path(
 
 
 UNKNOWN_TOOL = [
-    # (model, output, thinking, calls kept, finish_reason)
+    # (model, output, template, calls kept, finish_reason)
     pytest.param(
         GLM5 + "-t1",
         "Cleaning up.</think>"
@@ -398,7 +453,7 @@ UNKNOWN_TOOL = [
     pytest.param(
         GLM5,
         glm_call("delete_everything", ("path", "/")),
-        False,
+        THINK_OFF,
         (),
         "stop",
         id="glm-only-unknown",
@@ -425,16 +480,16 @@ UNKNOWN_TOOL = [
 ]
 
 
-@pytest.mark.parametrize(("model", "output", "thinking", "calls", "finish"), UNKNOWN_TOOL)
+@pytest.mark.parametrize(("model", "output", "template", "calls", "finish"), UNKNOWN_TOOL)
 async def test_unknown_tool_is_dropped(
     aclient: openai.AsyncOpenAI,
     model: str,
     output: str,
-    thinking: bool | None,
+    template: dict[str, Any] | None,
     calls: tuple[Call, ...],
     finish: str,
 ) -> None:
-    kwargs = request(model, output, thinking=thinking)
+    kwargs = request(model, output, template=template)
     whole = await aclient.chat.completions.create(**kwargs)
     final, done = await stream_with_helper(aclient, kwargs)
     expected = [(c.name, c.arguments_json) for c in calls]
@@ -469,7 +524,7 @@ NON_ASCII = {"city": "Zürich 🙂", "location": "杭州市 — 西湖"}
 async def test_non_ascii_arguments_are_not_escaped(
     aclient: openai.AsyncOpenAI, model: str, output: str
 ) -> None:
-    kwargs = request(model, output, thinking=False)
+    kwargs = request(model, output, template=THINK_OFF)
     raw = await aclient.chat.completions.with_raw_response.create(**kwargs)
     whole: ChatCompletion = raw.parse()
     final, _ = await stream_with_helper(aclient, kwargs)

@@ -7,6 +7,7 @@ only in how many ids they put on one stream line, so one request exercises one s
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,16 +98,11 @@ class Case:
     id: str
     parser: str  # the output_parser of the model serving it
     output: str
-    thinking: bool | None  # chat_template_kwargs.enable_thinking; None leaves it out
+    template: dict[str, Any] | None  # the request's chat_template_kwargs
     reasoning: str | None
     content: str | None
     calls: tuple[Call, ...]
     finish_reason: str
-
-    def extra_body(self) -> dict[str, Any] | None:
-        if self.thinking is None:
-            return None
-        return {"chat_template_kwargs": {"enable_thinking": self.thinking}}
 
 
 def glm_call(name: str, *pairs: tuple[str, str]) -> str:
@@ -126,6 +122,12 @@ def dsml_invoke(name: str, *params: str) -> str:
 def dsml_block(*invokes: str) -> str:
     return "<｜DSML｜function_calls>\n" + "".join(invokes) + "</｜DSML｜function_calls>"
 
+
+# chat_template_kwargs: GLM's templates read `enable_thinking`, DeepSeek's `thinking`.
+THINK_ON = {"enable_thinking": True}
+THINK_OFF = {"enable_thinking": False}
+DS_THINK = {"thinking": True}
+DS_CHAT = {"thinking": False}
 
 WEATHER = Call("get_weather", {"city": "Beijing"})
 SEARCH = Call("search", {"query": 'café "best"', "filters": {"tags": ["a", "b"], "max": 3}})
@@ -183,7 +185,7 @@ CASES: list[Case] = [
         "glm5-call-without-arguments",
         "glm47",
         "<tool_call>get_current_date</tool_call>",
-        False,
+        THINK_OFF,
         None,
         None,
         (Call("get_current_date", {}),),
@@ -193,7 +195,7 @@ CASES: list[Case] = [
         "glm5-content-then-call-no-thinking",
         "glm47",
         "Let me check. " + glm_call("get_weather", ("city", "Zürich"), ("days", "2")),
-        False,
+        THINK_OFF,
         None,
         "Let me check.",
         (Call("get_weather", {"city": "Zürich", "days": 2}),),
@@ -203,7 +205,7 @@ CASES: list[Case] = [
         "glm5-reasoning-and-answer",
         "glm47",
         "Two and two.</think>The answer is 4.",
-        True,
+        THINK_ON,
         "Two and two.",
         "The answer is 4.",
         (),
@@ -220,6 +222,16 @@ CASES: list[Case] = [
         "stop",
     ),
     Case(
+        "glm5-call-ends-reasoning",
+        "glm47",
+        "Look it up." + glm_call("get_weather", ("city", "Beijing")),
+        THINK_ON,
+        "Look it up.",
+        None,
+        (WEATHER,),
+        "tool_calls",
+    ),
+    Case(
         "glm45-example",
         "glm45",
         GLM45_EXAMPLE,
@@ -233,7 +245,7 @@ CASES: list[Case] = [
         "glm45-thinking-off",
         "glm45",
         "Sure.\n" + glm_call("get_weather", ("city", "東京")),
-        False,
+        THINK_OFF,
         None,
         "Sure.",
         (Call("get_weather", {"city": "東京"}),),
@@ -243,7 +255,7 @@ CASES: list[Case] = [
         "dsv32-example-thinking",
         "deepseek_v32",
         DSML_EXAMPLE,
-        True,
+        DS_THINK,
         "I should check.",
         "Checking now.\n\n",
         DSML_CALLS,
@@ -263,7 +275,7 @@ CASES: list[Case] = [
         "dsv32-thinking-off-explicit",
         "deepseek_v32",
         dsml_block(dsml_invoke("get_current_date")),
-        False,
+        DS_CHAT,
         None,
         None,
         (Call("get_current_date", {}),),
@@ -274,23 +286,39 @@ CASES: list[Case] = [
         "deepseek_v32",
         "plan: look it up"
         + dsml_block(dsml_invoke("get_weather", dsml_param("city", "Oslo", string=True))),
-        True,
+        THINK_ON,
         "plan: look it up",
         None,
         (Call("get_weather", {"city": "Oslo"}),),
         "tool_calls",
     ),
     Case(
+        "dsv32-invoke-without-wrapper",
+        "deepseek_v32",
+        "Sure. " + dsml_invoke("get_weather", dsml_param("days", "5", string=False)),
+        None,
+        None,
+        "Sure. ",
+        (Call("get_weather", {"days": 5}),),
+        "tool_calls",
+    ),
+    Case(
         "dsv32-reasoning-and-answer",
         "deepseek_v32",
         "2+2 is 4.</think>It is 4 — 四.",
-        True,
+        DS_THINK,
         "2+2 is 4.",
         "It is 4 — 四.",
         (),
         "stop",
     ),
 ]
+
+
+def directive_b64(text: str) -> str:
+    """A prompt making the simulated model generate `text`, unseen by a plain directive."""
+    encoded = base64.b64encode(text.encode("utf-8")).decode("ascii")
+    return f"[[sim-output-b64]]{encoded}[[/sim-output-b64]]"
 
 
 def node_args(stack_nodes: int) -> dict[str, list[str]]:
