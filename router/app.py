@@ -55,6 +55,13 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def health() -> Response:
         return json_response({"status": "ok"})
 
+    @app.get("/ready")
+    async def ready(request: Request) -> Response:
+        state: AppState = request.app.state.gateway
+        if state.draining:
+            return json_response({"status": "draining"}, status=503)
+        return json_response({"status": "ready"})
+
     @app.get("/admin/pool")
     async def pool(request: Request) -> Response:
         _check_admin(request, config)

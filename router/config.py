@@ -163,6 +163,8 @@ class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
+    # After SIGTERM: how long in-flight requests may run before they are cut off.
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0
 
 
 class ClassificationConfig(_Strict):

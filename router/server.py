@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import socket
+from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from router.app import create_app
 from router.config import GatewayConfig
@@ -25,9 +27,19 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class _AnnouncingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, url: str) -> None:
+    """Announces its address once listening, and marks the app as draining on SIGTERM/SIGINT
+    so that /ready fails while in-flight streams finish (uvicorn's graceful shutdown)."""
+
+    def __init__(self, config: uvicorn.Config, url: str, app: FastAPI) -> None:
         super().__init__(config)
         self._url = url
+        self._app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        state = getattr(self._app.state, "gateway", None)
+        if state is not None:
+            state.draining = True
+        super().handle_exit(sig, frame)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
@@ -43,12 +55,13 @@ def serve(config: GatewayConfig, *, log_level: str = "info") -> None:
     sock = bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
+    app = create_app(config)
     uv_config = uvicorn.Config(
-        create_app(config),
+        app,
         loop="uvloop",
         http="httptools",
         log_level=log_level,
         access_log=False,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=config.server.shutdown_grace_s,
     )
-    _AnnouncingServer(uv_config, f"http://{shown}:{port}/v1").run(sockets=[sock])
+    _AnnouncingServer(uv_config, f"http://{shown}:{port}/v1", app).run(sockets=[sock])

@@ -35,6 +35,7 @@ class AppState:
         self.throughput: dict[str, ThroughputPath] = {}
         self.classifier: Classifier
         self._tasks: set[asyncio.Task[None]] = set()
+        self.draining = False  # set on SIGTERM: /ready fails, in-flight requests finish
 
     async def start(self) -> None:
         """Load tokenizers (off the event loop) and build each model's paths."""
@@ -81,6 +82,8 @@ class AppState:
         return len(self._tasks)
 
     async def aclose(self, *, grace_s: float = 10.0) -> None:
+        for pool in self.latency.values():
+            pool.close_all()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace_s)
         for gate in self.gates.values():

@@ -44,6 +44,7 @@ class LatencyPool:
         self._timeouts = timeouts
         self._spawn = spawn
         self._prefill = LeastOutstanding(model.latency.prefill)
+        self._live: set[LatencySession] = set()  # sessions whose slot is not yet released
 
     async def serve(
         self,
@@ -63,6 +64,7 @@ class LatencyPool:
             ) from None
         url = self._prefill.pick()
         session = LatencySession(
+            on_released=self._live.discard,
             rid=rid,
             http=self._http,
             timeouts=self._timeouts,
@@ -74,6 +76,7 @@ class LatencyPool:
             request=request,
             body=body,
         )
+        self._live.add(session)
         with self._prefill.hold(url):
             await session.start()
         assert session.prefill is not None
@@ -98,6 +101,12 @@ class LatencyPool:
         return json_response(
             renderer.response(session.message(), end.finish_reason, usage), headers=headers
         )
+
+    def close_all(self) -> None:
+        """Shutdown: finish the protocol of every session still holding a slot (their
+        requests may have been cut off before their own cleanup could start)."""
+        for session in list(self._live):
+            session.close()
 
 
 class SessionStream(StreamingResponse):

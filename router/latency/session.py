@@ -39,6 +39,7 @@ class LatencySession:
         self,
         *,
         rid: str,
+        on_released: Callable[[LatencySession], None],
         http: httpx.AsyncClient,
         timeouts: TimeoutsConfig,
         spawn: Spawn,
@@ -50,6 +51,7 @@ class LatencySession:
         body: dict[str, Any],
     ) -> None:
         self.rid = rid
+        self._on_released = on_released
         self._http = http
         self._timeouts = timeouts
         self._spawn = spawn
@@ -191,6 +193,7 @@ class LatencySession:
                 )
         finally:
             await self._lease.release()
+            self._on_released(self)
 
     def _transfer_unconsumed(self) -> bool:
         """The prefill claimed a transfer and no /pd/decode has been answered for it."""

@@ -86,6 +86,14 @@ class GatewayProcess:
                 raise AssertionError(f"slots still held after {timeout_s} s: {state}")
             time.sleep(0.05)
 
+    def signal(self, sig: int) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(sig)
+
+    def wait_exit(self, timeout_s: float = 30.0) -> int:
+        assert self._proc is not None
+        return self._proc.wait(timeout=timeout_s)
+
     def stop(self) -> None:
         if self._proc is None or self._proc.poll() is not None:
             return

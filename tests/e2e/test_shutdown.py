@@ -1,0 +1,89 @@
+"""SIGTERM: in-flight streams finish within the grace period; past it they are cut off,
+and either way every node ends idle (cancelled, never left decoding) before the exit."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sim.stack import SimStack
+from tests.support.deployment import (
+    directive,
+    gateway_config,
+    latency_section,
+    reset,
+    sim_get,
+    sim_post,
+)
+from tests.support.gateway import GatewayProcess
+
+TEXT = " ".join(f"word{i}" for i in range(60))
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[SimStack]:
+    with SimStack(
+        nodes=1, prefills=1, model="ds", node_args=["--step-ms", "40", "--tokens-per-step", "2"]
+    ) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def clean(stack: SimStack) -> None:
+    reset(stack)
+
+
+def gateway(stack: SimStack, tmp: pytest.TempPathFactory, **server) -> GatewayProcess:
+    config = gateway_config(
+        [{"name": "ds", "tokenizer": "deepseek", "latency": latency_section(stack)}],
+        timeouts={"decode_stall_s": 60},
+    )
+    config["server"].update(server)
+    return GatewayProcess(config, tmp.mktemp("gw")).start()
+
+
+def stream_after_sigterm(gw: GatewayProcess) -> list[str]:
+    body = {
+        "model": "ds",
+        "messages": [{"role": "user", "content": directive(TEXT)}],
+        "stream": True,
+    }
+    lines = []
+    with httpx.stream("POST", gw.base_url + "/chat/completions", json=body, timeout=60) as r:
+        events = r.iter_lines()
+        lines.append(next(events))
+        assert httpx.get(gw.url + "/ready", timeout=5).json() == {"status": "ready"}
+        gw.signal(signal.SIGTERM)
+        try:
+            lines.extend(events)
+        except httpx.HTTPError:
+            lines.append("<connection closed>")
+    return [line for line in lines if line]
+
+
+def test_in_flight_stream_finishes_after_sigterm(
+    stack: SimStack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    gw = gateway(stack, tmp_path_factory, shutdown_grace_s=30)
+    lines = stream_after_sigterm(gw)
+    assert lines[-1] == "data: [DONE]"
+    assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
+    (decode,) = sim_get(stack.nodes[0].url, "/sim/records")["decodes"]
+    assert decode["finish_reason"] == "stop"
+    assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"
+
+
+def test_stream_past_the_grace_period_is_cut_and_the_node_cancelled(
+    stack: SimStack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    sim_post(stack.nodes[0].url, "/sim/faults", {"stall_after": 4, "count": 1})
+    gw = gateway(stack, tmp_path_factory, shutdown_grace_s=0.5)
+    lines = stream_after_sigterm(gw)
+    assert lines[-1] != "data: [DONE]"
+    assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
+    (decode,) = sim_get(stack.nodes[0].url, "/sim/records")["decodes"]
+    assert decode["finish_reason"] == "cancelled"
+    assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"
