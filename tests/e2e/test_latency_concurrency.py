@@ -65,6 +65,7 @@ def start_gateway(
     config = gateway_config(
         [{"name": "ds", "tokenizer": "deepseek", "latency": latency_section(stack, nodes=nodes)}],
         gate={"max_queue_wait_ms": 60_000, **gate},
+        timeouts={"decode_stall_s": 15},  # the blockers below start slowly on purpose
         classification={"rules": RULES},
     )
     return GatewayProcess(config, tmp.mktemp("gw")).start()
