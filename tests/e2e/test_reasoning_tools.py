@@ -9,6 +9,7 @@ differently per served name. Every test ends with the gateway holding no slot.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -104,7 +105,7 @@ def all_slots_free(gateway: GatewayProcess) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def token_ids() -> dict[str, tokenizers.Tokenizer]:
+def family_tokenizers() -> dict[str, tokenizers.Tokenizer]:
     """The served models' tokenizers, by model family."""
     return {DEEPSEEK: load_tokenizer("deepseek"), GLM5: load_tokenizer(str(GLM_TOKENIZER))}
 
@@ -165,7 +166,9 @@ def assert_calls_typed(message: Any, calls: tuple[Call, ...]) -> None:
     assert all(c.type == "function" for c in got)
 
 
-async def stream_with_helper(aclient: openai.AsyncOpenAI, kwargs: dict) -> tuple[Any, list]:
+async def stream_with_helper(
+    aclient: openai.AsyncOpenAI, kwargs: dict
+) -> tuple[ChatCompletion, list[tuple[str, str]]]:
     """Stream through the SDK's helper: its final snapshot and the finished tool calls."""
     done: list[tuple[str, str]] = []
     async with aclient.chat.completions.stream(**kwargs) as stream:
@@ -186,14 +189,12 @@ STREAM_CASES = [
 ]
 
 
-# -- the formats -----------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_message(client: openai.OpenAI, case: Case) -> None:
     reply = client.chat.completions.create(**case_request(case))
     choice = reply.choices[0]
     assert view(choice.message) == expected_view(case)
+    assert choice.message.content == case.content  # null, never "", when there is none
     assert_calls_typed(choice.message, case.calls)
     assert choice.finish_reason == case.finish_reason
 
@@ -213,6 +214,22 @@ async def test_stream_equals_non_stream(
     assert streamed.finish_reason == whole.choices[0].finish_reason == case.finish_reason
     assert final.usage is not None and whole.usage is not None
     assert final.usage.completion_tokens == whole.usage.completion_tokens
+
+
+async def test_concurrent_streams_keep_their_own_state(aclient: openai.AsyncOpenAI) -> None:
+    # Every case at once, spread over the nodes (queueing for busy ones): each answer is
+    # parsed by its own request's parser, with its own tools and thinking mode.
+    splits = list(SPLITS)
+    cases = [
+        (case, "" if case.parser == "glm45" else splits[i % len(splits)])
+        for i, case in enumerate(CASES)
+    ]
+    results = await asyncio.gather(
+        *(stream_with_helper(aclient, case_request(c, s)) for c, s in cases)
+    )
+    for (case, _), (final, _) in zip(cases, results, strict=True):
+        assert view(final.choices[0].message) == expected_view(case), case.id
+        assert final.choices[0].finish_reason == case.finish_reason
 
 
 def test_sync_stream_helper(client: openai.OpenAI) -> None:
@@ -279,19 +296,16 @@ def test_tool_call_chunks(client: openai.OpenAI, model: str) -> None:
     assert finishes[-1] == "tool_calls" and set(finishes[:-1]) == {None}
 
 
-def test_dsml_markers_span_several_ids(token_ids: dict[str, tokenizers.Tokenizer]) -> None:
+def test_dsml_markers_span_several_ids(family_tokenizers: dict[str, tokenizers.Tokenizer]) -> None:
     # The premise of the split tests: on DeepSeek's tokenizer the DSML markers are several
     # ids, so a node sending one id per line splits every one of them across lines.
-    tokenizer = token_ids[DEEPSEEK]
+    tokenizer = family_tokenizers[DEEPSEEK]
     ids = tokenizer.encode(DSML_BLOCK, add_special_tokens=False).ids
     pieces = [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
     for marker in ("<｜DSML｜function_calls>", "<｜DSML｜invoke", "</｜DSML｜parameter>"):
         assert marker in DSML_BLOCK
         assert not any(marker in piece for piece in pieces)
     assert "｜DSML｜" in pieces
-
-
-# -- max_tokens, tool_choice, unknown tools, non-ASCII --------------------------------
 
 
 TRUNCATIONS = [
@@ -335,7 +349,7 @@ TRUNCATIONS = [
 )
 async def test_cut_by_max_tokens(
     aclient: openai.AsyncOpenAI,
-    token_ids: dict[str, tokenizers.Tokenizer],
+    family_tokenizers: dict[str, tokenizers.Tokenizer],
     model: str,
     output: str,
     template: dict[str, Any] | None,
@@ -344,7 +358,7 @@ async def test_cut_by_max_tokens(
     expected: tuple[str | None, str | None, tuple[Call, ...]],
 ) -> None:
     # A call cut off keeps only its complete arguments, and the finish stays "length".
-    tokenizer = token_ids[DEEPSEEK if model.startswith(DEEPSEEK) else GLM5]
+    tokenizer = family_tokenizers[DEEPSEEK if model.startswith(DEEPSEEK) else GLM5]
     budget = ids_to_reach(tokenizer, output, anchor)
     kwargs = request(model, output, template=template, **{field: budget})
     whole = await aclient.chat.completions.create(**kwargs)
@@ -439,14 +453,14 @@ def test_forced_tool_choice_needs_the_throughput_path(
 
 
 UNKNOWN_TOOL = [
-    # (model, output, template, calls kept, finish_reason)
+    # (model, output, template, (reasoning, content, calls kept), finish_reason)
     pytest.param(
         GLM5 + "-t1",
         "Cleaning up.</think>"
         + glm_call("delete_everything", ("path", "/"))
         + glm_call("get_weather", ("city", "Beijing")),
         None,
-        (WEATHER,),
+        ("Cleaning up.", None, (WEATHER,)),
         "tool_calls",
         id="glm-unknown-then-known",
     ),
@@ -454,7 +468,7 @@ UNKNOWN_TOOL = [
         GLM5,
         glm_call("delete_everything", ("path", "/")),
         THINK_OFF,
-        (),
+        (None, None, ()),
         "stop",
         id="glm-only-unknown",
     ),
@@ -465,7 +479,7 @@ UNKNOWN_TOOL = [
             dsml_invoke("get_weather", dsml_param("city", "Beijing", string=True)),
         ),
         None,
-        (WEATHER,),
+        (None, None, (WEATHER,)),
         "tool_calls",
         id="dsml-unknown-then-known",
     ),
@@ -473,30 +487,31 @@ UNKNOWN_TOOL = [
         DEEPSEEK + "-t5",
         "On it." + dsml_block(dsml_invoke("rm", dsml_param("path", "/", string=True))),
         None,
-        (),
+        (None, "On it.", ()),
         "stop",
         id="dsml-only-unknown",
     ),
 ]
 
 
-@pytest.mark.parametrize(("model", "output", "template", "calls", "finish"), UNKNOWN_TOOL)
+@pytest.mark.parametrize(("model", "output", "template", "expected", "finish"), UNKNOWN_TOOL)
 async def test_unknown_tool_is_dropped(
     aclient: openai.AsyncOpenAI,
     model: str,
     output: str,
     template: dict[str, Any] | None,
-    calls: tuple[Call, ...],
+    expected: tuple[str | None, str | None, tuple[Call, ...]],
     finish: str,
 ) -> None:
     kwargs = request(model, output, template=template)
     whole = await aclient.chat.completions.create(**kwargs)
     final, done = await stream_with_helper(aclient, kwargs)
-    expected = [(c.name, c.arguments_json) for c in calls]
-    assert view(whole.choices[0].message)[2] == view(final.choices[0].message)[2] == expected
-    assert done == expected
+    reasoning, content, kept = expected
+    calls = [(c.name, c.arguments_json) for c in kept]
+    assert view(whole.choices[0].message) == view(final.choices[0].message)
+    assert view(whole.choices[0].message) == (reasoning, content, calls)
+    assert done == calls
     assert whole.choices[0].finish_reason == final.choices[0].finish_reason == finish
-    assert "delete_everything" not in (whole.choices[0].message.content or "")
 
 
 NON_ASCII = {"city": "Zürich 🙂", "location": "杭州市 — 西湖"}
