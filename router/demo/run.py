@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "router.yaml"
 READY_TIMEOUT_S = 60.0
-GATEWAY_STOP_GRACE_S = 15.0
+# Beyond server.shutdown_grace_s: the gateway's own slot cleanups (10 s) and a margin.
+GATEWAY_STOP_MARGIN_S = 15.0
 
 
 class DemoFailed(Exception):
@@ -72,7 +73,8 @@ def run_demo(
         config_file = Path(workdir.name) / "router.yaml"
         config_file.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
         print(describe(plans, stacks, config_file), flush=True)
-        gateway = _Gateway(config_file, log_level)
+        grace_s = effective.server.shutdown_grace_s + GATEWAY_STOP_MARGIN_S
+        gateway = _Gateway(config_file, log_level, stop_grace_s=grace_s)
         print(usage(effective, gateway.wait_ready(READY_TIMEOUT_S)), flush=True)
         code = gateway.popen.wait()
         raise DemoFailed(f"the gateway exited with code {code}")
@@ -145,7 +147,8 @@ def describe(plans: list[ModelPlan], stacks: list[SimStack], config_file: Path) 
 class _Gateway:
     """`pd-gateway serve` as a child in its own process group; its stdout is echoed."""
 
-    def __init__(self, config_file: Path, log_level: str) -> None:
+    def __init__(self, config_file: Path, log_level: str, *, stop_grace_s: float) -> None:
+        self._stop_grace_s = stop_grace_s
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # transformers warns at import that PyTorch is absent; the gateway needs only tokenizers.
         env.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -188,7 +191,7 @@ class _Gateway:
         if self.popen.poll() is None:
             _signal_group(self.popen.pid, signal.SIGTERM)
             try:
-                self.popen.wait(GATEWAY_STOP_GRACE_S)
+                self.popen.wait(self._stop_grace_s)
             except subprocess.TimeoutExpired:
                 _signal_group(self.popen.pid, signal.SIGKILL)
                 self.popen.wait()

@@ -56,12 +56,15 @@ def test_gateway_deployment() -> None:
     port = gateway["ports"][0]["containerPort"]
     configmap = find(docs, "ConfigMap", "pd-gateway-config")
     assert yaml.safe_load(configmap["data"]["router.yaml"])["server"]["port"] == port
-    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-        assert gateway[probe]["httpGet"]["path"] in ("/health", "/ready")
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert gateway["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert gateway["startupProbe"]["httpGet"]["path"] == "/health"
     pre_stop = gateway["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
-    # Room for the preStop sleep and the 30 s drain of in-flight streams.
-    assert spec["template"]["spec"]["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + 30
+    # Room for the preStop sleep, the drain of in-flight streams and the slot cleanups.
+    config = parse_config(yaml.safe_load(configmap["data"]["router.yaml"]))
+    needed = int(pre_stop[1]) + config.server.shutdown_grace_s + 10
+    assert spec["template"]["spec"]["terminationGracePeriodSeconds"] >= needed
     assert spec["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     service = find(docs, "Service", "pd-gateway")
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
