@@ -1,0 +1,125 @@
+"""Classifying a very long prompt must not stall the gateway's other streams.
+
+A rule with a `prompt_tokens` range the cheap byte bounds cannot settle makes the gateway
+count a ~200k-token prompt with the model's tokenizer. While it does, a streamed latency
+request is read at the client and the gaps between its chunks are measured: none may
+exceed 250 ms, a bound far above the node's 10 ms step and ordinary scheduling noise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from sim.stack import SimStack
+from tests.support.classify_fixtures import (
+    MODEL,
+    ROUTE,
+    RULE,
+    Sims,
+    observed,
+    openai_client,
+    proxy_throughput,
+    running_gateways,
+    say,
+)
+from tests.support.deployment import directive, gateway_config, latency_section
+from tests.support.gateway import GatewayProcess
+
+LONG_PROMPT_TOKENS = 200_000
+MAX_GAP_S = 0.25
+# A byte count (1.2 MB of " hello") would miss this range; only a real count lands in it.
+RULES = {
+    "default": {"name": "interactive", "path": "latency"},
+    "rules": [
+        {
+            "name": "long-context",
+            "match": {"prompt_tokens": {"min": 150_000, "max": 250_000}},
+            "path": "throughput",
+        }
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[SimStack]:
+    with SimStack(
+        nodes=1,
+        prefills=1,
+        proxy=True,
+        node_args=["--step-ms", "10"],
+        prefill_args=["--itl-ms", "0"],
+        proxy_args=["--itl-ms", "1", "--prefill-ms-per-token", "0", "--max-model-len", "262144"],
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    models = [
+        {
+            "name": MODEL,
+            "tokenizer": "deepseek",
+            "latency": latency_section(stack),
+            "throughput": proxy_throughput(stack),
+        }
+    ]
+    config = gateway_config(models, classification={"rules": RULES})
+    with running_gateways({"loop": config}, tmp_path_factory.mktemp("loop")) as gateways:
+        yield gateways["loop"]
+
+
+@pytest.fixture
+async def sims(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
+    async with observed(stack, gateway) as watching:
+        yield watching
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="PromptCounter.count_now calls tokenizers' Tokenizer.encode, which holds the GIL "
+    "for the whole count (~0.5 s for 200k tokens), so the thread blocks the event loop",
+)
+async def test_counting_a_long_prompt_does_not_stall_a_concurrent_stream(
+    gateway: GatewayProcess, sims: Sims
+) -> None:
+    client = openai_client(gateway, sims.http)
+    streamed = "hello" + " hello" * 999  # 1,000 tokens: about 3 s at the node's pace
+    arrivals: list[float] = []
+    first_chunk = asyncio.Event()
+
+    async def stream() -> str:
+        raw = await client.chat.completions.with_raw_response.create(
+            **say(streamed, stream=True, max_tokens=2000)
+        )
+        assert raw.headers[ROUTE] == "latency"
+        parts = []
+        async for chunk in raw.parse():
+            if chunk.choices and chunk.choices[0].delta.content:
+                arrivals.append(time.time())  # wall clock: compared with the proxy's record
+                parts.append(chunk.choices[0].delta.content)
+                first_chunk.set()
+        return "".join(parts)
+
+    streaming = asyncio.create_task(stream())
+    await first_chunk.wait()
+    long_body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": " hello" * LONG_PROMPT_TOKENS + directive("ok")}],
+        "max_tokens": 5,
+    }
+    long = await client.chat.completions.with_raw_response.create(**long_body)
+    assert await streaming == streamed
+
+    assert (long.headers[ROUTE], long.headers[RULE]) == ("throughput", "long-context")
+    assert long.parse().usage.prompt_tokens >= LONG_PROMPT_TOKENS
+    assert sims.stack.proxy is not None
+    (forwarded,) = await sims.requests(sims.stack.proxy.url)
+    assert arrivals[-1] > forwarded["received"], "the stream outlasted the classification"
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    worst = max(gaps)
+    assert worst < MAX_GAP_S, f"a {worst * 1000:.0f} ms gap between chunks"
