@@ -112,19 +112,19 @@ def _load(config_path: Path | None, port_offset: int) -> tuple[GatewayConfig, li
 
 
 def _start_stacks(plans: list[ModelPlan], stacks: list[SimStack], *, pin_ports: bool) -> Endpoints:
-    """Start each model's simulators in turn, appending each stack to `stacks` once up."""
+    """Start each model's simulators in turn; every stack is in `stacks` for the teardown."""
     from sim.stack import StackError
 
     endpoints = Endpoints()
     for plan in plans:
         stack = plan.stack(pin_ports=pin_ports)
+        stacks.append(stack)  # before start: an interrupt may come at any moment
         try:
-            stack.start()  # stops its own processes if it fails or is interrupted
+            stack.start()
         except StackError as exc:
             hint = " (a port in use? try --port-offset or --free-ports)" if pin_ports else ""
             message = f"a simulator of {plan.model.name} did not start{hint}: {exc}"
             raise DemoFailed(message) from None
-        stacks.append(stack)
         endpoints.update(started(plan, stack))
     return endpoints
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from openai import OpenAI
 
 from router.config import load_config
@@ -180,3 +181,27 @@ def test_demo_serves_both_paths_and_stops_everything_on_sigint(demo: Demo) -> No
     )
     assert not [pid for pid in children if alive(pid)]
     assert [port for port in ports if not bindable(port)] == []
+
+
+def test_demo_fails_cleanly_when_a_configured_port_is_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from router.cli import main
+
+    with socket.socket() as spare:
+        spare.bind(("127.0.0.1", 0))
+        prefill_port = spare.getsockname()[1]  # free again once closed
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        node_port = taken.getsockname()[1]
+        node = {"host": "127.0.0.1", "ctrl_port": node_port, "http_port": node_port}
+        latency = {"prefill": [f"http://127.0.0.1:{prefill_port}"], "nodes": [node]}
+        config = {"models": [{"name": "m", "tokenizer": "deepseek", "latency": latency}]}
+        path = tmp_path / "router.yaml"
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        before = descendants(os.getpid())
+        assert main(["demo", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: a simulator of m did not start (a port in use? try --port-offset")
+    assert descendants(os.getpid()) <= before

@@ -11,7 +11,6 @@ import pytest
 from router.config import load_config, parse_config
 from router.demo.plan import DemoError, plan_stacks
 from router.demo.ports import Endpoints, rewrite, shifted, started
-from sim.stack import NodeInfo, ServerInfo
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 NODE = {"host": "127.0.0.1", "ctrl_port": 5556, "http_port": 5557}
@@ -207,9 +206,10 @@ def test_rules_file_path_made_absolute(tmp_path: Path) -> None:
 def test_started_maps_the_configuration_to_the_real_ports() -> None:
     (_, glm) = plan_stacks(load_config(PROJECT_ROOT / "router.yaml"))
     stack = SimpleNamespace(
-        nodes=[NodeInfo("127.0.0.1", 41000, 41001, 41002, pid=1)],
-        prefills=[ServerInfo("prefill", "127.0.0.1", 42000, "glm-prefill-0", 42001, pid=2)],
-        decodes=[ServerInfo("decode", "127.0.0.1", 43000, "decode-0", 43001, pid=3)],
+        # What SimStack publishes (NodeInfo, ServerInfo), without importing the simulators.
+        nodes=[SimpleNamespace(ctrl_port=41000, http_port=41001)],
+        prefills=[SimpleNamespace(port=42000, side_channel_port=42001)],
+        decodes=[SimpleNamespace(port=43000, side_channel_port=43001)],
     )
     endpoints = started(glm, stack)  # type: ignore[arg-type]
     assert endpoints == Endpoints(
