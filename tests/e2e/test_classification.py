@@ -48,7 +48,7 @@ TOOLS = [
 
 
 def padded(tokens: int) -> str:
-    """A prompt of about `tokens` tokens (" hello" is one token) ending in the directive."""
+    """Prompt text of `tokens` tokens (" hello" is one token), put before the directive."""
     return " hello" * tokens
 
 
@@ -98,7 +98,7 @@ async def sims(stack: SimStack, gateways: dict[str, GatewayProcess]) -> AsyncIte
         yield watching
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Call:
     """One chat call: SDK arguments on top of `say(TEXT)`, and extra headers."""
 
@@ -108,7 +108,7 @@ class Call:
     prompt_tokens: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Answer:
     status: int
     headers: Any

@@ -1,7 +1,7 @@
 """Equipment for the end-to-end tests of classification, spill and the throughput path.
 
 Gateways run as real processes over a `SimStack`; clients are the OpenAI SDK (no retries,
-so a 429 or 5xx reaches the test as sent) or plain httpx where raw bytes matter. Every wait
+so a 429 or 5xx reaches the test as sent), plain httpx only to hold nodes busy. Every wait
 polls real state (the gateway's pool, the simulators' records) against a deadline.
 """
 
