@@ -125,7 +125,6 @@ class GateConfig(_Strict):
     backend: Literal["memory"] = "memory"
     max_queue: Annotated[int, Field(ge=0)] = 256
     max_queue_wait_ms: Annotated[int, Field(ge=0)] = 30_000
-    default_priority: int = 0
 
 
 class TimeoutsConfig(_Strict):

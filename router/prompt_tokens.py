@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import orjson
+import tokenizers
 
 from router.tokenizer import LoadedTokenizer
 
@@ -32,8 +34,8 @@ class PromptCounter:
         if endpoint == "completions":
             return self._count_completion(body.get("prompt"))
         if self._template is not None:
-            return len(self._template(body))
-        return len(self._tokenizer.encode(render_chat(body), add_special_tokens=False).ids)
+            return self._template(body)
+        return _count(self._tokenizer, render_chat(body))
 
     def _count_completion(self, prompt: Any) -> int:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
@@ -42,7 +44,13 @@ class PromptCounter:
             prompt = prompt[0] if prompt else ""
         if isinstance(prompt, list):  # a list of token-id lists
             return len(prompt)
-        return len(self._tokenizer.encode(str(prompt), add_special_tokens=False).ids)
+        return _count(self._tokenizer, str(prompt))
+
+
+def _count(tokenizer: tokenizers.Tokenizer, text: str) -> int:
+    # encode_batch releases the GIL while it works; encode holds it for the whole prompt
+    # (half a second for 200k tokens), which would stall the event loop despite the thread.
+    return len(tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
 
 
 def render_chat(body: dict[str, Any]) -> str:
@@ -74,13 +82,16 @@ def _load_template(tokenizer_file: Path) -> Any:
         return None
     if not config.get("chat_template"):
         return None
-    from transformers import PreTrainedTokenizerFast  # heavy import, only when needed
+    # A heavy import, only when a template exists; without PyTorch it warns that models
+    # are unavailable, which is irrelevant to rendering a template.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import PreTrainedTokenizerFast
 
     hf = PreTrainedTokenizerFast(
         tokenizer_file=str(tokenizer_file), chat_template=config["chat_template"]
     )
 
-    def render(body: dict[str, Any]) -> list[int]:
+    def render(body: dict[str, Any]) -> int:
         text = hf.apply_chat_template(
             body.get("messages") or [],
             tools=body.get("tools"),
@@ -88,6 +99,6 @@ def _load_template(tokenizer_file: Path) -> Any:
             tokenize=False,
             **(body.get("chat_template_kwargs") or {}),
         )
-        return hf.backend_tokenizer.encode(text, add_special_tokens=False).ids
+        return _count(hf.backend_tokenizer, text)
 
     return render

@@ -79,11 +79,6 @@ async def sims(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
         yield watching
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PromptCounter.count_now calls tokenizers' Tokenizer.encode, which holds the GIL "
-    "for the whole count (~0.5 s for 200k tokens), so the thread blocks the event loop",
-)
 async def test_counting_a_long_prompt_does_not_stall_a_concurrent_stream(
     gateway: GatewayProcess, sims: Sims
 ) -> None:
