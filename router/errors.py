@@ -104,6 +104,23 @@ def upstream_status(status: int) -> int:
     return status if 400 <= status < 500 else 502
 
 
+def upstream_message(content: bytes) -> str:
+    """The message out of an upstream's OpenAI-style (or vLLM-style) error body."""
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return "no error message"
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if data.get("message"):
+            return str(data["message"])
+    return "no error message"
+
+
 def error_json(error: GatewayError) -> bytes:
     return orjson.dumps(error.body())
 

@@ -11,7 +11,7 @@ import httpx
 import orjson
 
 from router.config import NodeConfig
-from router.errors import PrefillError, upstream_status
+from router.errors import PrefillError, upstream_message, upstream_status
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -106,31 +106,20 @@ async def run_prefill(
         raise PrefillError(
             f"the prefill server is unreachable: {type(exc).__name__}", code="prefill_unreachable"
         ) from None
+    if response.status_code != 200:
+        detail = upstream_message(response.content)
+        raise PrefillError(
+            f"the prefill server answered {response.status_code}: {detail}",
+            status=upstream_status(response.status_code),
+            code="prefill_failed",
+        )
     try:
         data = orjson.loads(response.content)
     except orjson.JSONDecodeError:
         data = None
-    if response.status_code != 200:
-        raise PrefillError(
-            f"the prefill server answered {response.status_code}: {_upstream_message(data)}",
-            status=upstream_status(response.status_code),
-            code="prefill_failed",
-        )
     try:
         return parse_prefill_response(data, chat=chat)
     except UnusablePrefill as exc:
         # 200 means the connector claimed the transfer: the node must still be given one
         # /pd/decode for it, though the first token is unknown.
         raise PrefillError(exc.message, code="prefill_unusable", claimed=True) from None
-
-
-def _upstream_message(data: Any) -> str:
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        if data.get("message"):
-            return str(data["message"])
-    return "no error message"

@@ -18,7 +18,7 @@ import httpx
 import orjson
 
 from router.config import TimeoutsConfig
-from router.errors import UpstreamError, sse_error_event
+from router.errors import UpstreamError, sse_error_event, upstream_message
 
 log = logging.getLogger("pd_gateway.throughput")
 
@@ -136,23 +136,6 @@ def status_failure(reply: Reply) -> UpstreamError:
     return reply.leg.failure(
         f"answered {status}: {detail}", status=mapped, code=f"{reply.leg.name}_failed"
     )
-
-
-def upstream_message(content: bytes) -> str:
-    """The message out of an OpenAI-style (or vLLM-style) error body, if there is one."""
-    try:
-        data = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return "no error message"
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        if data.get("message"):
-            return str(data["message"])
-    return "no error message"
 
 
 def forwarded_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
