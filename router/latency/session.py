@@ -69,10 +69,6 @@ class LatencySession:
         self._abandoned = False
         self._relay: RelayPipeline | None = None
 
-    @property
-    def node_id(self) -> str:
-        return self._lease.node.id
-
     async def start(self) -> None:
         """Prefill, then open the node's decode stream. Raises GatewayError before any output;
         the slot is then released (in the background if the protocol needs finishing)."""
