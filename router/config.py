@@ -125,6 +125,11 @@ class GateConfig(_Strict):
     backend: Literal["memory"] = "memory"
     max_queue: Annotated[int, Field(ge=0)] = 256
     max_queue_wait_ms: Annotated[int, Field(ge=0)] = 30_000
+    # Node health: soft failures in a row that take a node out (hard ones do at once),
+    # how long it stays out before probing, and how often out nodes are probed.
+    failure_threshold: Annotated[int, Field(ge=1)] = 3
+    node_cooldown_s: Annotated[float, Field(ge=0)] = 5.0
+    probe_interval_s: Annotated[float, Field(gt=0)] = 1.0
 
 
 class TimeoutsConfig(_Strict):

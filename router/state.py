@@ -16,6 +16,7 @@ import httpx
 from router.classify import Classifier
 from router.config import GatewayConfig, compile_rules
 from router.gate import Gate, make_gate
+from router.gate.prober import probe_forever
 from router.latency.path import LatencyPool
 from router.prompt_tokens import PromptCounter
 from router.throughput import ThroughputPath, make_throughput_path
@@ -35,6 +36,7 @@ class AppState:
         self.throughput: dict[str, ThroughputPath] = {}
         self.classifier: Classifier
         self._tasks: set[asyncio.Task[None]] = set()
+        self._probers: list[asyncio.Task[None]] = []
         self.draining = False  # set on SIGTERM: /ready fails, in-flight requests finish
 
     async def start(self) -> None:
@@ -69,6 +71,17 @@ class AppState:
                 spawn=self.spawn,
             )
         self.classifier = Classifier(config, compile_rules(config), counters)
+        for gate in self.gates.values():
+            self._probers.append(
+                asyncio.create_task(
+                    probe_forever(
+                        gate,
+                        self.http,
+                        interval_s=config.gate.probe_interval_s,
+                        timeout_s=config.timeouts.connect_s,
+                    )
+                )
+            )
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a cleanup in the background; shutdown waits for it."""
@@ -82,6 +95,8 @@ class AppState:
         return len(self._tasks)
 
     async def aclose(self, *, grace_s: float = 10.0) -> None:
+        for prober in self._probers:
+            prober.cancel()
         for pool in self.latency.values():
             pool.close_all()
         if self._tasks:

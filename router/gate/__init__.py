@@ -4,12 +4,26 @@ from __future__ import annotations
 
 from router.config import GateConfig, NodeConfig
 from router.gate.base import Gate, GateRejected, GateSnapshot, Lease
+from router.gate.health import NodeFailure, failure_for
 from router.gate.memory import MemoryGate
 
-__all__ = ["Gate", "GateRejected", "GateSnapshot", "Lease", "make_gate"]
+__all__ = [
+    "Gate",
+    "GateRejected",
+    "GateSnapshot",
+    "Lease",
+    "NodeFailure",
+    "failure_for",
+    "make_gate",
+]
 
 
 def make_gate(config: GateConfig, nodes: list[NodeConfig]) -> Gate:
     if config.backend == "memory":
-        return MemoryGate(nodes, max_queue=config.max_queue)
+        return MemoryGate(
+            nodes,
+            max_queue=config.max_queue,
+            failure_threshold=config.failure_threshold,
+            cooldown_s=config.node_cooldown_s,
+        )
     raise ValueError(f"unknown gate backend {config.backend!r}")

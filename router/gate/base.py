@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from router.config import NodeConfig
+from router.gate.health import NodeFailure
 
 RejectReason = Literal["queue_full", "wait_timeout", "no_node"]
 
@@ -32,13 +33,16 @@ class Lease(Protocol):
     @property
     def released(self) -> bool: ...
 
-    async def release(self) -> None: ...
+    async def release(self, failure: NodeFailure | None = None) -> None:
+        """Give the slot back, saying whether the node failed this request."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
 class GateSnapshot:
     nodes: int
     busy: dict[str, str | None]  # node id -> holder (None if free)
+    out: dict[str, str]  # node id -> why it is out of service
     waiting: int
     retry_after_s: int
 
@@ -57,5 +61,13 @@ class Gate(Protocol):
         ...
 
     def snapshot(self) -> GateSnapshot: ...
+
+    def due_for_probe(self) -> list[NodeConfig]:
+        """Nodes out of service long enough to be probed."""
+        ...
+
+    def readmit(self, node_id: str) -> None:
+        """A probed node is healthy and idle: back in service."""
+        ...
 
     async def close(self) -> None: ...

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from router.config import NodeConfig
 from router.gate.base import GateRejected, GateSnapshot
+from router.gate.health import NodeFailure, NodeHealth
 from router.gate.hold_times import HoldTimeEstimator
 
 
@@ -44,15 +45,25 @@ class MemoryLease:
     def released(self) -> bool:
         return self._released
 
-    async def release(self) -> None:
+    async def release(self, failure: NodeFailure | None = None) -> None:
         if not self._released:
             self._released = True
-            self._gate._release(self._node, time.monotonic() - self._acquired_at)
+            self._gate._release(self._node, time.monotonic() - self._acquired_at, failure)
 
 
 class MemoryGate:
-    def __init__(self, nodes: list[NodeConfig], *, max_queue: int) -> None:
+    def __init__(
+        self,
+        nodes: list[NodeConfig],
+        *,
+        max_queue: int,
+        failure_threshold: int = 3,
+        cooldown_s: float = 5.0,
+    ) -> None:
         self._nodes = list(nodes)
+        self._health = NodeHealth(
+            (n.id for n in nodes), threshold=failure_threshold, cooldown_s=cooldown_s
+        )
         self._free: deque[NodeConfig] = deque(nodes)
         self._holders: dict[str, str | None] = {n.id: None for n in nodes}
         self._waiters: list[_Waiter] = []
@@ -64,6 +75,8 @@ class MemoryGate:
     async def acquire(self, *, priority: int, wait_s: float, holder: str) -> MemoryLease:
         if self._free and self._waiting == 0:
             return self._grant(self._free.popleft(), holder)
+        if self._health.in_service == 0:
+            raise GateRejected("no_node", self.retry_after_s())
         if self._waiting >= self._max_queue:
             raise GateRejected("queue_full", self.retry_after_s())
         if wait_s <= 0:
@@ -91,9 +104,18 @@ class MemoryGate:
         return GateSnapshot(
             nodes=len(self._nodes),
             busy=dict(self._holders),
+            out=self._health.out(),
             waiting=self._waiting,
             retry_after_s=self.retry_after_s(),
         )
+
+    def due_for_probe(self) -> list[NodeConfig]:
+        due = set(self._health.due_for_probe())
+        return [n for n in self._nodes if n.id in due]
+
+    def readmit(self, node_id: str) -> None:
+        if self._health.readmit(node_id) and self._holders[node_id] is None:
+            self._hand_over(next(n for n in self._nodes if n.id == node_id))
 
     async def close(self) -> None:
         for waiter in self._waiters:
@@ -110,13 +132,32 @@ class MemoryGate:
             waiter.active = False
             self._waiting -= 1
             waiter.future.cancel()
-        elif waiter.future.done() and not waiter.future.cancelled():
+        elif (
+            waiter.future.done()
+            and not waiter.future.cancelled()
+            and waiter.future.exception() is None
+        ):
             self._hand_over(waiter.future.result())
 
-    def _release(self, node: NodeConfig, held_s: float) -> None:
+    def _release(self, node: NodeConfig, held_s: float, failure: NodeFailure | None) -> None:
         self._hold_times.observe(held_s)
         self._holders[node.id] = None
-        self._hand_over(node)
+        self._health.record(node.id, failure)
+        if self._health.is_out(node.id):
+            self._fail_waiters_if_no_node()
+        else:
+            self._hand_over(node)
+
+    def _fail_waiters_if_no_node(self) -> None:
+        """With every node out of service, waiting is pointless: reject the queue now."""
+        if self._health.in_service:
+            return
+        for waiter in self._waiters:
+            if waiter.active and not waiter.future.done():
+                waiter.active = False
+                self._waiting -= 1
+                waiter.future.set_exception(GateRejected("no_node", self.retry_after_s()))
+        self._waiters.clear()
 
     def _hand_over(self, node: NodeConfig) -> None:
         while self._waiters:

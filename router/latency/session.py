@@ -17,7 +17,7 @@ import httpx
 
 from router.config import ModelConfig, TimeoutsConfig
 from router.errors import DecodeError, PrefillError
-from router.gate import Lease
+from router.gate import Lease, failure_for
 from router.latency import node as node_api
 from router.latency.prefill import PrefillResult, prefill_body, run_prefill
 from router.openai.requests import ChatRequest, CompletionRequest
@@ -68,6 +68,7 @@ class LatencySession:
         self._closing: asyncio.Task[None] | None = None
         self._abandoned = False
         self._relay: RelayPipeline | None = None
+        self._node_error: str | None = None  # what the node did wrong, for its health
 
     async def start(self) -> None:
         """Prefill, then open the node's decode stream. Raises GatewayError before any output;
@@ -129,7 +130,7 @@ class LatencySession:
         eos_first = self.prefill.finish_reason == "stop"
         node_finish = "stop"
         try:
-            while (line := await self._stream.next_line()) is not None:
+            while (line := await self._next_line()) is not None:
                 if isinstance(line, node_api.DoneLine):
                     node_finish = line.finish_reason
                     continue
@@ -155,6 +156,14 @@ class LatencySession:
             tool_choice=getattr(request, "tool_choice", None),
         )
         yield SessionEnd(finish, max(relay.completion_tokens, 1))
+
+    async def _next_line(self) -> node_api.NodeLine | None:
+        assert self._stream is not None
+        try:
+            return await self._stream.next_line()
+        except DecodeError as exc:
+            self._node_error = exc.code
+            raise
 
     def message(self) -> ParsedMessage:
         """The whole message, once events() has ended (non-streaming answers)."""
@@ -188,8 +197,15 @@ class LatencySession:
                     timeout_s=self._timeouts.kv_transfer_s,
                 )
         finally:
-            await self._lease.release()
+            await self._lease.release(failure_for(self._node_failure()))
             self._on_released(self)
+
+    def _node_failure(self) -> str | None:
+        task = self._start_task
+        error = None if task is None or task.cancelled() else task.exception()
+        if isinstance(error, DecodeError):
+            return error.code
+        return self._node_error
 
     def _transfer_unconsumed(self) -> bool:
         """The prefill claimed a transfer and no /pd/decode has been answered for it."""

@@ -29,6 +29,7 @@ from tests.support.gateway import GatewayProcess
 SCRIPTED = "Hello, wörld! 你好世界 🌍🚀 — naïve café. Done."
 MESSAGES = b'{"model": "ds", "messages": [{"role": "user", "content": "x"}]}'
 CLOSED_PORT = 9  # discard: nothing listens there on a test machine
+DEAD_NODES = {f"127.0.0.1:{CLOSED_PORT}"}  # they go out of service and stay out
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def clean(stack: SimStack, gateway: GatewayProcess) -> Iterator[None]:
     reset(stack)
     yield
-    gateway.wait_all_free()
+    gateway.wait_all_free(dead=DEAD_NODES)
 
 
 @pytest.fixture
@@ -190,7 +191,7 @@ def test_stop_cancels_the_node(
         stop=["three"],
     )
     assert reply.choices[0].message.content == "one two "
-    gateway.wait_all_free()
+    gateway.wait_all_free(dead=DEAD_NODES)
     assert [d["finish_reason"] for d in node_decodes(stack, 2)] == ["cancelled"]
     assert_nodes_idle(stack)
 
@@ -280,7 +281,7 @@ def test_prefill_error_status_is_mapped(
     error = error_of(response)
     assert f"answered {status}" in error["message"]
     assert response.headers["x-pd-route"] == "latency"
-    gateway.wait_all_free()
+    gateway.wait_all_free(dead=DEAD_NODES)
     assert all_decodes(stack) == [], "nothing reaches a node after a failed prefill"
 
 
@@ -291,7 +292,7 @@ def test_prefill_without_token_ids_names_the_flag_and_consumes_the_transfer(
     response = post_chat(gateway, {"model": "solo", "messages": user("hi")})
     assert response.status_code == 502
     assert "--return-tokens-as-token-ids" in error_of(response)["message"]
-    gateway.wait_all_free()
+    gateway.wait_all_free(dead=DEAD_NODES)
     (decode,) = node_decodes(stack, 2)
     assert decode["request"]["max_tokens"] == 1, "the claimed transfer was consumed"
     assert_nodes_idle(stack)
@@ -338,7 +339,8 @@ def test_node_busy_429_is_503_and_releases(gateway: GatewayProcess, stack: SimSt
         response = post_chat(gateway, {"model": "solo", "messages": user("hi")})
         assert response.status_code == 503
         assert error_of(response)["code"] == "node_busy"
-        gateway.wait_all_free()
+        pool = gateway.pool()["models"]["solo"]
+        assert pool["out"] == {node.url.removeprefix("http://"): "node_busy"}
     finally:
         sim_post(node.url, "/pd/cancel", {"rid": "intruder"})
         intruder.join()
@@ -372,7 +374,7 @@ def test_node_failure_mid_stream(
         for e in events[:-2]
     )
     assert text and SCRIPTED.startswith(text)
-    gateway.wait_all_free()
+    gateway.wait_all_free(dead=DEAD_NODES)
     assert_nodes_idle(stack)
 
 
@@ -404,7 +406,7 @@ def test_client_disconnect_mid_stream_cancels_the_node(
         assert next(lines).startswith("data: ")
         _wait(lambda: sim_get(stack.nodes[2].url, "/decode_status")["status"] == "busy")
     # the client has gone: the gateway cancels the node and frees the slot
-    gateway.wait_all_free()
+    gateway.wait_all_free(dead=DEAD_NODES)
     assert [d["finish_reason"] for d in node_decodes(stack, 2)] == ["cancelled"]
     assert_nodes_idle(stack)
 

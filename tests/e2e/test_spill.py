@@ -190,7 +190,6 @@ FAILURES = [
         MODEL, "prefill", {"transfer_no_done": True}, "kv_transfer_timeout", id="transfer-timeout"
     ),
     pytest.param(MODEL, "nodes", {"decode_500": True}, "decode_failed", id="node-500"),
-    pytest.param(DEAD_NODE, None, None, "node_unreachable", id="node-unreachable"),
 ]
 
 
@@ -214,6 +213,21 @@ async def test_spills_on_each_failure_before_the_first_byte(
     if model != NO_PREFILL:
         (prefill,) = await sims.requests(stack.prefills[0].url)
         assert "tilert_host" in prefill["body"]["kv_transfer_params"], "the latency path was tried"
+
+
+async def test_an_unreachable_node_spills_then_is_taken_out_of_service(
+    sims: Sims, client: openai.AsyncOpenAI
+) -> None:
+    """The first request finds the node dead and spills; the node is then out of service,
+    so the next spills at once (`no_node`) without a prefill for a node that cannot decode."""
+    stack = sims.stack
+    raw, text = await answer(client, stream=False, model=DEAD_NODE)
+    await assert_spilled(sims, raw, text, reason="node_unreachable")
+    assert len(await sims.requests(stack.prefills[0].url)) == 1
+    await sims.reset()
+    raw, text = await answer(client, stream=True, model=DEAD_NODE)
+    await assert_spilled(sims, raw, text, reason="no_node")
+    assert await sims.requests(stack.prefills[0].url) == []
 
 
 async def test_a_prefill_4xx_is_the_clients_error_and_is_not_spilled(

@@ -33,7 +33,14 @@ def gateway_config(
     """A router.yaml document listening on a free port, with short test timeouts."""
     config: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": 0},
-        "gate": {"max_queue": 64, "max_queue_wait_ms": 20_000, **(gate or {})},
+        # Nodes a test trips out of service come back as soon as they are idle again.
+        "gate": {
+            "max_queue": 64,
+            "max_queue_wait_ms": 20_000,
+            "node_cooldown_s": 0,
+            "probe_interval_s": 0.05,
+            **(gate or {}),
+        },
         "timeouts": {
             "kv_transfer_s": 3,
             "decode_stall_s": 2,

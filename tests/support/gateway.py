@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,9 @@ class GatewayProcess:
     def pool(self) -> dict[str, Any]:
         return httpx.get(self.url + "/admin/pool", timeout=5).json()
 
-    def wait_all_free(self, timeout_s: float = 15.0) -> dict[str, Any]:
-        """Poll the gateway's own pool state until no slot is held and no cleanup runs."""
+    def wait_all_free(self, timeout_s: float = 15.0, *, dead: Iterable[str] = ()) -> dict[str, Any]:
+        """Poll the gateway's own pool state until no slot is held, no cleanup runs, and
+        every node is in service again (except `dead`: node ids meant to stay out)."""
         deadline = time.monotonic() + timeout_s
         while True:
             state = self.pool()
@@ -80,7 +82,8 @@ class GatewayProcess:
                 for n, h in s["busy"].items()
                 if h is not None
             ]
-            if not busy and state["background_tasks"] == 0:
+            out = [n for s in state["models"].values() for n in s["out"] if n not in dead]
+            if not busy and not out and state["background_tasks"] == 0:
                 return state
             if time.monotonic() > deadline:
                 raise AssertionError(f"slots still held after {timeout_s} s: {state}")

@@ -1,0 +1,98 @@
+"""Node health: passive failure counting takes a node out of the pool (a circuit breaker);
+an active probe lets it back in once it answers `/health` and is idle.
+
+A hard failure (the node is unreachable, or answers 429 although the gate believed it
+free) trips the node at once; soft failures (a broken or stalled stream, a 500) trip it
+after `threshold` in a row. Any success resets the count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFailure:
+    reason: str  # the error code, e.g. node_unreachable
+    hard: bool
+
+
+# DecodeError codes that say something about the node itself, and how strongly.
+HARD = frozenset({"node_unreachable", "node_busy"})
+SOFT = frozenset(
+    {"decode_truncated", "decode_stalled", "decode_failed", "decode_bad_line", "decode_timeout"}
+)
+
+
+def failure_for(code: str | None) -> NodeFailure | None:
+    if code in HARD:
+        return NodeFailure(code, hard=True)
+    if code in SOFT:
+        return NodeFailure(code, hard=False)
+    return None
+
+
+@dataclass(slots=True)
+class _State:
+    failures: int = 0
+    out_since: float | None = None
+    reason: str | None = None
+
+
+class NodeHealth:
+    """Per-node failure counts and the set of nodes out of service."""
+
+    def __init__(
+        self,
+        node_ids: Iterable[str],
+        *,
+        threshold: int,
+        cooldown_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._states = {node_id: _State() for node_id in node_ids}
+        self._threshold = threshold
+        self._cooldown_s = cooldown_s
+        self._clock = clock
+
+    def record(self, node_id: str, failure: NodeFailure | None) -> bool:
+        """Count one outcome; True if the node has just been taken out."""
+        state = self._states[node_id]
+        if failure is None:
+            state.failures = 0
+            return False
+        state.failures += 1
+        if state.out_since is None and (failure.hard or state.failures >= self._threshold):
+            state.out_since = self._clock()
+            state.reason = failure.reason
+            return True
+        return False
+
+    def is_out(self, node_id: str) -> bool:
+        return self._states[node_id].out_since is not None
+
+    def readmit(self, node_id: str) -> bool:
+        """Back in service; True if it was out."""
+        state = self._states[node_id]
+        was_out = state.out_since is not None
+        state.failures, state.out_since, state.reason = 0, None, None
+        return was_out
+
+    def due_for_probe(self) -> list[str]:
+        """Nodes out of service for at least the cool-down."""
+        now = self._clock()
+        return [
+            node_id
+            for node_id, state in self._states.items()
+            if state.out_since is not None and now - state.out_since >= self._cooldown_s
+        ]
+
+    def out(self) -> dict[str, str]:
+        """Nodes out of service and why."""
+        return {n: s.reason or "" for n, s in self._states.items() if s.out_since is not None}
+
+    @property
+    def in_service(self) -> int:
+        return sum(1 for s in self._states.values() if s.out_since is None)

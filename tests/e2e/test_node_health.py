@@ -1,0 +1,59 @@
+"""Node health end to end: a node failing requests is taken out of the pool (the gate no
+longer hands it out), and the prober lets it back in once it answers and is idle."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sim.stack import SimStack
+from tests.support.deployment import directive, gateway_config, latency_section, sim_post
+from tests.support.gateway import GatewayProcess
+
+COOLDOWN_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[SimStack]:
+    with SimStack(nodes=2, prefills=1, model="ds", node_args=["--step-ms", "1"]) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    config = gateway_config(
+        [{"name": "ds", "tokenizer": "deepseek", "latency": latency_section(stack)}],
+        gate={"failure_threshold": 2, "node_cooldown_s": COOLDOWN_S, "probe_interval_s": 0.05},
+    )
+    with GatewayProcess(config, tmp_path_factory.mktemp("gw")) as running:
+        yield running
+
+
+def chat(gateway: GatewayProcess, text: str) -> httpx.Response:
+    body = {"model": "ds", "messages": [{"role": "user", "content": directive(text)}]}
+    return httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30)
+
+
+def test_failing_nodes_go_out_and_come_back(stack: SimStack, gateway: GatewayProcess) -> None:
+    ids = [n.url.removeprefix("http://") for n in stack.nodes]
+    for node in stack.nodes:
+        sim_post(node.url, "/sim/faults", {"decode_500": True, "count": 2})
+    started = time.monotonic()
+    failures = [chat(gateway, "x").status_code for _ in range(4)]
+    assert failures == [502] * 4
+    pool = gateway.pool()["models"]["ds"]
+    assert time.monotonic() - started < COOLDOWN_S, "checked within the cool-down"
+    assert pool["out"] == dict.fromkeys(ids, "decode_failed")
+
+    shed = chat(gateway, "x")
+    assert shed.status_code == 429
+    assert shed.json()["error"]["code"] == "no_node"
+    assert int(shed.headers["retry-after"]) >= 1
+
+    gateway.wait_all_free()  # the prober readmits both once the cool-down has passed
+    reply = chat(gateway, "back again")
+    assert reply.status_code == 200
+    assert reply.json()["choices"][0]["message"]["content"] == "back again"

@@ -1,0 +1,114 @@
+"""Node health: the circuit breaker, and how the memory gate routes around out nodes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from router.config import NodeConfig
+from router.gate import GateRejected, NodeFailure, failure_for
+from router.gate.health import NodeHealth
+from router.gate.memory import MemoryGate
+
+HARD = NodeFailure("node_unreachable", hard=True)
+SOFT = NodeFailure("decode_truncated", hard=False)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("node_unreachable", HARD),
+        ("node_busy", NodeFailure("node_busy", hard=True)),
+        ("decode_stalled", NodeFailure("decode_stalled", hard=False)),
+        ("kv_transfer_timeout", None),  # may be the prefill's fault, not the node's
+        ("prefill_failed", None),
+        (None, None),
+    ],
+)
+def test_which_errors_count_against_a_node(code: str | None, expected: NodeFailure | None) -> None:
+    assert failure_for(code) == expected
+
+
+def test_hard_failure_trips_at_once_soft_after_the_threshold() -> None:
+    health = NodeHealth(["a", "b"], threshold=3, cooldown_s=5)
+    assert health.record("a", HARD) is True
+    assert health.out() == {"a": "node_unreachable"}
+    assert [health.record("b", SOFT) for _ in range(3)] == [False, False, True]
+    assert health.in_service == 0
+
+
+def test_a_success_resets_the_count() -> None:
+    health = NodeHealth(["a"], threshold=2, cooldown_s=5)
+    health.record("a", SOFT)
+    health.record("a", None)
+    assert health.record("a", SOFT) is False
+    assert not health.is_out("a")
+
+
+def test_probing_waits_for_the_cool_down() -> None:
+    clock = Clock()
+    health = NodeHealth(["a"], threshold=1, cooldown_s=5, clock=clock)
+    health.record("a", SOFT)
+    assert health.due_for_probe() == []
+    clock.now += 5
+    assert health.due_for_probe() == ["a"]
+    assert health.readmit("a") is True
+    assert health.due_for_probe() == [] and health.out() == {}
+
+
+def nodes(n: int) -> list[NodeConfig]:
+    return [NodeConfig(host="127.0.0.1", http_port=6000 + i) for i in range(n)]
+
+
+async def test_an_out_node_is_not_granted_until_readmitted() -> None:
+    gate = MemoryGate(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
+    first = await gate.acquire(priority=0, wait_s=1, holder="a")
+    await first.release(HARD)
+    for _ in range(3):
+        lease = await gate.acquire(priority=0, wait_s=1, holder="b")
+        assert lease.node != first.node
+        await lease.release()
+    assert gate.snapshot().out == {first.node.id: "node_unreachable"}
+    assert [n.id for n in gate.due_for_probe()] == [first.node.id]
+    gate.readmit(first.node.id)
+    a = await gate.acquire(priority=0, wait_s=0, holder="c")
+    b = await gate.acquire(priority=0, wait_s=0, holder="d")
+    assert {a.node.id, b.node.id} == {n.id for n in nodes(2)}
+
+
+async def test_with_every_node_out_requests_are_rejected_not_queued() -> None:
+    gate = MemoryGate(nodes(1), max_queue=4, failure_threshold=1, cooldown_s=0)
+    lease = await gate.acquire(priority=0, wait_s=1, holder="a")
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
+    await asyncio.sleep(0)
+    await lease.release(HARD)
+    with pytest.raises(GateRejected) as queued:
+        await waiter
+    assert queued.value.reason == "no_node"
+    with pytest.raises(GateRejected) as fresh:
+        await gate.acquire(priority=0, wait_s=60, holder="c")
+    assert fresh.value.reason == "no_node"
+    assert gate.snapshot().waiting == 0
+
+
+async def test_readmitting_a_node_serves_a_waiter() -> None:
+    gate = MemoryGate(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
+    a = await gate.acquire(priority=0, wait_s=1, holder="a")
+    b = await gate.acquire(priority=0, wait_s=1, holder="b")
+    await a.release(SOFT)
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="c"))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    gate.readmit(a.node.id)
+    lease = await asyncio.wait_for(waiter, 5)
+    assert lease.node == a.node
+    await b.release()
