@@ -10,11 +10,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.config import GatewayConfig
 from router.dispatch import Dispatcher
 from router.errors import AuthenticationFailed, GatewayError, InvalidRequest
+from router.request_metrics import RequestMetrics
 from router.responses import error_response, json_response
 from router.state import AppState
 
@@ -34,6 +36,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             await state.aclose()
 
     app = FastAPI(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(RequestMetrics)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -54,6 +57,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         return json_response({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        state: AppState = request.app.state.gateway
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/ready")
     async def ready(request: Request) -> Response:

@@ -42,8 +42,11 @@ class Dispatcher:
         body.pop("kv_transfer_params", None)
         if state.config.model(parsed.model) is None:
             raise ModelNotFound(f"the model '{parsed.model}' does not exist", param="model")
+        request.state.model = parsed.model
         decision = await state.classifier.decide(body, endpoint=endpoint, headers=request.headers)
         headers = decision.response_headers()
+        if decision.reroute_reason is not None:
+            state.metrics.reroute(parsed.model, decision.reroute_reason.value)
         try:
             if decision.unavailable is not None:
                 raise _unavailable(decision)
@@ -75,12 +78,15 @@ class Dispatcher:
                 parsed, body, priority=decision.priority, wait_s=wait_s, headers=headers
             )
         except (Overloaded, UpstreamError) as exc:
+            if isinstance(exc, UpstreamError):
+                self._state.metrics.upstream_error(parsed.model, str(exc.code))
             if not (
                 decision.on_saturation == "spill"
                 and parsed.model in self._state.throughput
                 and _spillable(exc)
             ):
                 raise
+            self._state.metrics.reroute(parsed.model, str(exc.code))
             spilled = {**headers, ROUTE_HEADER: "throughput", REROUTE_HEADER: str(exc.code)}
             return await self._throughput(body, endpoint, spilled)
 

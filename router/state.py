@@ -18,6 +18,7 @@ from router.config import GatewayConfig, compile_rules
 from router.gate import Gate, make_gate
 from router.gate.prober import probe_forever
 from router.latency.path import LatencyPool
+from router.metrics import Metrics
 from router.prompt_tokens import PromptCounter
 from router.throughput import ThroughputPath, make_throughput_path
 from router.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_path
@@ -37,6 +38,7 @@ class AppState:
         self.classifier: Classifier
         self._tasks: set[asyncio.Task[None]] = set()
         self._probers: list[asyncio.Task[None]] = []
+        self.metrics = Metrics(lambda: self.gates)
         self.draining = False  # set on SIGTERM: /ready fails, in-flight requests finish
 
     async def start(self) -> None:
@@ -69,6 +71,7 @@ class AppState:
                 http=self.http,
                 timeouts=self.config.timeouts,
                 spawn=self.spawn,
+                metrics=self.metrics,
             )
         self.classifier = Classifier(config, compile_rules(config), counters)
         for gate in self.gates.values():

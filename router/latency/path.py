@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +16,7 @@ from router.config import ModelConfig, TimeoutsConfig
 from router.errors import GatewayError, Overloaded, sse_error_event
 from router.gate import Gate, GateRejected
 from router.latency.session import LatencySession, SessionEnd, Spawn
+from router.metrics import Metrics
 from router.openai.render import DONE_EVENT, Renderer, Usage, make_renderer
 from router.openai.requests import ChatRequest, CompletionRequest
 from router.responses import json_response
@@ -35,6 +37,7 @@ class LatencyPool:
         http: httpx.AsyncClient,
         timeouts: TimeoutsConfig,
         spawn: Spawn,
+        metrics: Metrics,
     ) -> None:
         assert model.latency is not None
         self.model = model
@@ -43,6 +46,7 @@ class LatencyPool:
         self._http = http
         self._timeouts = timeouts
         self._spawn = spawn
+        self._metrics = metrics
         self._prefill = LeastOutstanding(model.latency.prefill)
         self._live: set[LatencySession] = set()  # sessions whose slot is not yet released
 
@@ -56,14 +60,19 @@ class LatencyPool:
         headers: dict[str, str],
     ) -> Response:
         rid = uuid.uuid4().hex  # dash-free: vLLM and the node reduce it to itself (§1.2)
+        started = time.monotonic()
         try:
             lease = await self.gate.acquire(priority=priority, wait_s=wait_s, holder=rid)
         except GateRejected as exc:
+            self._metrics.queue_wait(self.model.name, time.monotonic() - started, granted=False)
             raise Overloaded(
                 _REJECTED[exc.reason], retry_after_s=exc.retry_after_s, code=exc.reason
             ) from None
+        self._metrics.queue_wait(self.model.name, time.monotonic() - started, granted=True)
         url = self._prefill.pick()
         session = LatencySession(
+            metrics=self._metrics,
+            started=started,
             on_released=self._live.discard,
             rid=rid,
             http=self._http,
@@ -155,5 +164,6 @@ async def _stream(
             elif chunk := renderer.delta(event):
                 yield chunk
     except GatewayError as exc:
+        session.record_error(exc)
         yield sse_error_event(exc)
     yield DONE_EVENT

@@ -9,6 +9,7 @@ cancelled and read to its end so the node frees its lock) and only then releases
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -16,10 +17,11 @@ from typing import Any
 import httpx
 
 from router.config import ModelConfig, TimeoutsConfig
-from router.errors import DecodeError, PrefillError
+from router.errors import DecodeError, GatewayError, PrefillError
 from router.gate import Lease, failure_for
 from router.latency import node as node_api
 from router.latency.prefill import PrefillResult, prefill_body, run_prefill
+from router.metrics import Metrics
 from router.openai.requests import ChatRequest, CompletionRequest
 from router.parsers import ParsedDelta, ParsedMessage, finish_reason
 from router.relay.pipeline import RelayPipeline
@@ -38,6 +40,8 @@ class LatencySession:
     def __init__(
         self,
         *,
+        metrics: Metrics,
+        started: float,
         rid: str,
         on_released: Callable[[LatencySession], None],
         http: httpx.AsyncClient,
@@ -51,6 +55,8 @@ class LatencySession:
         body: dict[str, Any],
     ) -> None:
         self.rid = rid
+        self._metrics = metrics
+        self._started = started  # monotonic time the request arrived at the gate
         self._on_released = on_released
         self._http = http
         self._timeouts = timeouts
@@ -129,16 +135,25 @@ class LatencySession:
         )
         eos_first = self.prefill.finish_reason == "stop"
         node_finish = "stop"
+        model = self._model.name
+        first_output = True
+        last_line = time.monotonic()
         try:
             while (line := await self._next_line()) is not None:
                 if isinstance(line, node_api.DoneLine):
                     node_finish = line.finish_reason
                     continue
+                now = time.monotonic()
+                self._metrics.token_gap(model, now - last_line, len(line.ids))
+                last_line = now
                 if eos_first:
                     relay.completion_tokens += len(line.ids)
                     continue
                 step = relay.feed(line.ids)
                 if step.delta:
+                    if first_output:
+                        self._metrics.first_token(model, now - self._started)
+                        first_output = False
                     yield step.delta
                 if step.stopped:
                     break
@@ -155,6 +170,7 @@ class LatencySession:
             ended_by_length=ended_by_length,
             tool_choice=getattr(request, "tool_choice", None),
         )
+        self._metrics.finished(model, time.monotonic() - self._started, finish)
         yield SessionEnd(finish, max(relay.completion_tokens, 1))
 
     async def _next_line(self) -> node_api.NodeLine | None:
@@ -164,6 +180,10 @@ class LatencySession:
         except DecodeError as exc:
             self._node_error = exc.code
             raise
+
+    def record_error(self, error: GatewayError) -> None:
+        """An upstream failure after the first byte (it became an error event)."""
+        self._metrics.upstream_error(self._model.name, str(error.code))
 
     def message(self) -> ParsedMessage:
         """The whole message, once events() has ended (non-streaming answers)."""
@@ -183,6 +203,7 @@ class LatencySession:
             stream = self._stream
             if stream is not None:
                 if not stream.ended:
+                    self._metrics.cancelled(self._model.name, self._cancel_reason())
                     await node_api.cancel(
                         self._http, self._lease.node, self.rid, timeout_s=self._timeouts.cancel_s
                     )
@@ -199,6 +220,11 @@ class LatencySession:
         finally:
             await self._lease.release(failure_for(self._node_failure()))
             self._on_released(self)
+
+    def _cancel_reason(self) -> str:
+        if self._relay is not None and self._relay.stopped:
+            return "stop_sequence"
+        return "node_error" if self._node_error else "client_gone"
 
     def _node_failure(self) -> str | None:
         task = self._start_task

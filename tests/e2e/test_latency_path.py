@@ -478,3 +478,55 @@ def _wait(condition, timeout_s: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.02)
+
+
+def metric(gateway: GatewayProcess, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(gateway.url + "/metrics", timeout=10).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def test_metrics_count_requests_latencies_errors_and_cancellations(
+    gateway: GatewayProcess, stack: SimStack, client: openai.OpenAI
+) -> None:
+    ok = {"model": "ds", "path": "latency", "rule": "default", "status": "200"}
+    before = {
+        "ok": metric(gateway, "pd_gateway_requests_total", **ok),
+        "ttft": metric(gateway, "pd_gateway_latency_ttft_seconds_count", model="ds"),
+        "bad": metric(gateway, "pd_gateway_requests_total", model="solo", status="502"),
+        "errors": metric(gateway, "pd_gateway_upstream_errors_total", code="decode_failed"),
+        "stops": metric(gateway, "pd_gateway_cancellations_total", reason="stop_sequence"),
+    }
+    client.chat.completions.create(model="ds", messages=user(directive(SCRIPTED)))
+    list(client.chat.completions.create(model="ds", messages=user("hi"), stream=True))
+    client.chat.completions.create(
+        model="ds", messages=user(directive("one two three four")), stop=["three"]
+    )
+    sim_post(stack.nodes[2].url, "/sim/faults", {"decode_500": True, "count": 1})
+    assert post_chat(gateway, {"model": "solo", "messages": user("hi")}).status_code == 502
+    gateway.wait_all_free(dead=DEAD_NODES)
+    assert metric(gateway, "pd_gateway_requests_total", **ok) == before["ok"] + 3
+    assert (
+        metric(gateway, "pd_gateway_latency_ttft_seconds_count", model="ds") == before["ttft"] + 3
+    )
+    assert (
+        metric(gateway, "pd_gateway_requests_total", model="solo", status="502")
+        == before["bad"] + 1
+    )
+    assert (
+        metric(gateway, "pd_gateway_upstream_errors_total", code="decode_failed")
+        == before["errors"] + 1
+    )
+    assert (
+        metric(gateway, "pd_gateway_cancellations_total", reason="stop_sequence")
+        == before["stops"] + 1
+    )
+    assert metric(gateway, "pd_gateway_pool_slot_busy", model="ds") == 0
+    assert metric(gateway, "pd_gateway_pool_node_in_service", model="ds") == 2
+    assert metric(gateway, "pd_gateway_latency_inter_token_seconds_count", model="ds") > 0

@@ -1,0 +1,147 @@
+"""Prometheus metrics, declared once: typed recorders for the call sites, and gauges read
+from the pools at scrape time (so the hot path never updates them).
+
+Names are layered `pd_gateway_<area>_<what>`; label values come from bounded sets (model
+and rule names from the configuration, paths, status codes, error codes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from router.gate import Gate
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TOKEN_GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self, gates: Callable[[], Mapping[str, Gate]]) -> None:
+        disable_created_metrics()  # `*_created` series double the output for no use here
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._requests = Counter(
+            "pd_gateway_requests",
+            "Answered requests by model, path, rule and HTTP status.",
+            ["model", "path", "rule", "status"],
+            registry=r,
+        )
+        self._reroutes = Counter(
+            "pd_gateway_reroutes",
+            "Requests moved to the throughput path, by reason.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self._queue_wait = Histogram(
+            "pd_gateway_queue_wait_seconds",
+            "Time spent waiting for a TileRT slot.",
+            ["model", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._ttft = Histogram(
+            "pd_gateway_latency_ttft_seconds",
+            "Latency path: from the request to its first output text.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._token_gap = Histogram(
+            "pd_gateway_latency_inter_token_seconds",
+            "Latency path: time per output token between the node's stream lines.",
+            ["model"],
+            buckets=TOKEN_GAP_BUCKETS,
+            registry=r,
+        )
+        self._duration = Histogram(
+            "pd_gateway_latency_request_seconds",
+            "Latency path: from the request to the end of its output, by finish reason.",
+            ["model", "finish_reason"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self._upstream_errors = Counter(
+            "pd_gateway_upstream_errors",
+            "Upstream failures on the latency path, by code.",
+            ["model", "code"],
+            registry=r,
+        )
+        self._cancellations = Counter(
+            "pd_gateway_cancellations",
+            "Decodes the gateway cancelled on a node, by reason.",
+            ["model", "reason"],
+            registry=r,
+        )
+        r.register(_PoolCollector(gates))
+
+    def request(self, model: str, path: str, rule: str, status: int) -> None:
+        self._requests.labels(model, path, rule, str(status)).inc()
+
+    def reroute(self, model: str, reason: str) -> None:
+        self._reroutes.labels(model, reason).inc()
+
+    def queue_wait(self, model: str, seconds: float, *, granted: bool) -> None:
+        self._queue_wait.labels(model, "granted" if granted else "rejected").observe(seconds)
+
+    def first_token(self, model: str, seconds: float) -> None:
+        self._ttft.labels(model).observe(seconds)
+
+    def token_gap(self, model: str, seconds: float, tokens: int) -> None:
+        if tokens > 0:
+            self._token_gap.labels(model).observe(seconds / tokens)
+
+    def finished(self, model: str, seconds: float, finish_reason: str) -> None:
+        self._duration.labels(model, finish_reason).observe(seconds)
+
+    def upstream_error(self, model: str, code: str) -> None:
+        self._upstream_errors.labels(model, code).inc()
+
+    def cancelled(self, model: str, reason: str) -> None:
+        self._cancellations.labels(model, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _PoolCollector(Collector):
+    """Slot occupancy, node health and queue depth, read from the gates when scraped."""
+
+    def __init__(self, gates: Callable[[], Mapping[str, Gate]]) -> None:
+        self._gates = gates
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        busy = GaugeMetricFamily(
+            "pd_gateway_pool_slot_busy",
+            "1 while a TileRT node's slot is held.",
+            labels=["model", "node"],
+        )
+        up = GaugeMetricFamily(
+            "pd_gateway_pool_node_in_service",
+            "1 while a TileRT node is in service.",
+            labels=["model", "node"],
+        )
+        waiting = GaugeMetricFamily(
+            "pd_gateway_pool_queue_depth",
+            "Requests waiting for a TileRT slot.",
+            labels=["model"],
+        )
+        for model, gate in self._gates().items():
+            snapshot = gate.snapshot()
+            for node, holder in snapshot.busy.items():
+                busy.add_metric([model, node], 0 if holder is None else 1)
+                up.add_metric([model, node], 0 if node in snapshot.out else 1)
+            waiting.add_metric([model], snapshot.waiting)
+        yield busy
+        yield up
+        yield waiting
