@@ -7,7 +7,10 @@ rule: `spill` re-routes to the throughput path (the client never sees the failur
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
+from collections.abc import Coroutine
 from typing import Any
 
 from fastapi import Request
@@ -15,6 +18,7 @@ from fastapi.responses import Response
 
 from policies import Decision
 from router.errors import (
+    ClientGone,
     GatewayError,
     InvalidRequest,
     ModelNotFound,
@@ -51,7 +55,7 @@ class Dispatcher:
             if decision.unavailable is not None:
                 raise _unavailable(decision)
             if decision.path == "latency":
-                return await self._latency(parsed, body, endpoint, decision, headers)
+                return await self._latency(request, parsed, body, endpoint, decision, headers)
             return await self._throughput(body, endpoint, headers)
         except GatewayError as exc:
             exc.headers = {**headers, **exc.headers}
@@ -59,6 +63,7 @@ class Dispatcher:
 
     async def _latency(
         self,
+        request: Request,
         parsed: ChatRequest | CompletionRequest,
         body: dict[str, Any],
         endpoint: Endpoint,
@@ -74,8 +79,11 @@ class Dispatcher:
                 wait_ms = self._state.config.gate.max_queue_wait_ms
             wait_s = wait_ms / 1000
         try:
-            return await pool.serve(
-                parsed, body, priority=decision.priority, wait_s=wait_s, headers=headers
+            return await until_disconnected(
+                request,
+                pool.serve(
+                    parsed, body, priority=decision.priority, wait_s=wait_s, headers=headers
+                ),
             )
         except (Overloaded, UpstreamError) as exc:
             if isinstance(exc, UpstreamError):
@@ -97,6 +105,32 @@ class Dispatcher:
         return await path.serve(
             body, endpoint=endpoint, request_id=uuid.uuid4().hex, response_headers=headers
         )
+
+
+async def until_disconnected(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
+    """Run `work` (the latency path up to its response) unless the client leaves first: then
+    cancel it, which gives up its place in the queue or cancels its node and frees the slot.
+    A streamed response watches for the client itself once it has started."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, GatewayError):
+            await task
+        raise ClientGone("the client closed the connection")
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _spillable(exc: GatewayError) -> bool:

@@ -5,6 +5,7 @@
      ├── AuthenticationFailed      401 authentication_error
      ├── ModelNotFound             404 model_not_found
      ├── Overloaded                429 (with Retry-After)      (the gate shed the request)
+     ├── ClientGone                499 (never read: the client left before the answer)
      └── UpstreamError             502/503/504, or an upstream 4xx passed through
           ├── PrefillError         the vLLM prefill leg failed
           └── DecodeError          the TileRT node failed before anything reached the client
@@ -80,6 +81,13 @@ class Overloaded(GatewayError):
     def __init__(self, message: str, *, retry_after_s: int, code: str) -> None:
         super().__init__(message, code=code, headers={"Retry-After": str(retry_after_s)})
         self.retry_after_s = retry_after_s
+
+
+class ClientGone(GatewayError):
+    """The client left before its answer started; nobody reads this (nginx's 499)."""
+
+    status = 499
+    error_type = "client_closed_request"
 
 
 class UpstreamError(GatewayError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ import orjson
 import tokenizers
 
 from router.tokenizer import LoadedTokenizer
+
+log = logging.getLogger("pd_gateway.classify")
 
 
 class PromptCounter:
@@ -34,7 +37,10 @@ class PromptCounter:
         if endpoint == "completions":
             return self._count_completion(body.get("prompt"))
         if self._template is not None:
-            return self._template(body)
+            try:
+                return self._template(body)
+            except Exception:  # a template refusing the request (raise_exception, bad kwargs)
+                log.debug("chat template failed; counting the approximate rendering")
         return _count(self._tokenizer, render_chat(body))
 
     def _count_completion(self, prompt: Any) -> int:
@@ -73,6 +79,33 @@ def _text(content: Any) -> str:
     return ""
 
 
+# apply_chat_template's own parameters: a client must not override them.
+_RESERVED = frozenset(
+    {
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+def _template_kwargs(kwargs: Any) -> dict[str, Any]:
+    if not isinstance(kwargs, dict):
+        return {}
+    return {k: v for k, v in kwargs.items() if isinstance(k, str) and k not in _RESERVED}
+
+
 def _load_template(tokenizer_file: Path) -> Any:
     """A function rendering and tokenizing a chat body with the model's template, or None."""
     config_file = tokenizer_file.parent / "tokenizer_config.json"
@@ -97,7 +130,7 @@ def _load_template(tokenizer_file: Path) -> Any:
             tools=body.get("tools"),
             add_generation_prompt=True,
             tokenize=False,
-            **(body.get("chat_template_kwargs") or {}),
+            **_template_kwargs(body.get("chat_template_kwargs")),
         )
         return _count(hf.backend_tokenizer, text)
 

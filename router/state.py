@@ -16,7 +16,7 @@ import httpx
 from router.classify import Classifier
 from router.config import GatewayConfig, compile_rules
 from router.gate import Gate, make_gate
-from router.gate.prober import probe_forever
+from router.gate.prober import admit_ready_nodes, probe_forever
 from router.latency.path import LatencyPool
 from router.metrics import Metrics
 from router.prompt_tokens import PromptCounter
@@ -74,6 +74,12 @@ class AppState:
                 metrics=self.metrics,
             )
         self.classifier = Classifier(config, compile_rules(config), counters)
+        await asyncio.gather(
+            *(
+                admit_ready_nodes(gate, self.http, timeout_s=config.timeouts.connect_s)
+                for gate in self.gates.values()
+            )
+        )
         for gate in self.gates.values():
             self._probers.append(
                 asyncio.create_task(
@@ -97,12 +103,15 @@ class AppState:
     def background_tasks(self) -> int:
         return len(self._tasks)
 
-    async def aclose(self, *, grace_s: float = 10.0) -> None:
+    async def aclose(self) -> None:
         for prober in self._probers:
             prober.cancel()
         for pool in self.latency.values():
             pool.close_all()
         if self._tasks:
+            # The longest a cleanup can take: consume a transfer, or cancel then drain.
+            t = self.config.timeouts
+            grace_s = max(t.kv_transfer_s + 5, t.cancel_s + t.decode_stall_s) + t.connect_s
             await asyncio.wait(list(self._tasks), timeout=grace_s)
         for gate in self.gates.values():
             await gate.close()

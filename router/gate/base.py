@@ -33,8 +33,9 @@ class Lease(Protocol):
     @property
     def released(self) -> bool: ...
 
-    async def release(self, failure: NodeFailure | None = None) -> None:
-        """Give the slot back, saying whether the node failed this request."""
+    async def release(self, failure: NodeFailure | None = None, *, judged: bool = True) -> None:
+        """Give the slot back, saying whether the node failed this request (`judged`: the
+        request got far enough to say anything about the node's health)."""
         ...
 
 
@@ -69,5 +70,11 @@ class Gate(Protocol):
     def readmit(self, node_id: str) -> None:
         """A probed node is healthy and idle: back in service."""
         ...
+
+    def take_out(self, node_id: str, reason: str) -> None:
+        """Out of service now (a free node only), until probed ready."""
+        ...
+
+    def nodes(self) -> list[NodeConfig]: ...
 
     async def close(self) -> None: ...

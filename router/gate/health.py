@@ -21,8 +21,17 @@ class NodeFailure:
 
 # DecodeError codes that say something about the node itself, and how strongly.
 HARD = frozenset({"node_unreachable", "node_busy"})
+# A transfer that never completes may be the prefill's fault, but a node whose control
+# port cannot be reached fails every request that way: it counts, softly.
 SOFT = frozenset(
-    {"decode_truncated", "decode_stalled", "decode_failed", "decode_bad_line", "decode_timeout"}
+    {
+        "decode_truncated",
+        "decode_stalled",
+        "decode_failed",
+        "decode_bad_line",
+        "decode_timeout",
+        "kv_transfer_timeout",
+    }
 )
 
 

@@ -45,10 +45,11 @@ class MemoryLease:
     def released(self) -> bool:
         return self._released
 
-    async def release(self, failure: NodeFailure | None = None) -> None:
+    async def release(self, failure: NodeFailure | None = None, *, judged: bool = True) -> None:
         if not self._released:
             self._released = True
-            self._gate._release(self._node, time.monotonic() - self._acquired_at, failure)
+            held_s = time.monotonic() - self._acquired_at
+            self._gate._release(self._node, held_s, failure, judged=judged)
 
 
 class MemoryGate:
@@ -98,7 +99,7 @@ class MemoryGate:
         return self._grant(node, holder)
 
     def retry_after_s(self) -> int:
-        return self._hold_times.retry_after_s(waiting=self._waiting, nodes=len(self._nodes))
+        return self._hold_times.retry_after_s(waiting=self._waiting, nodes=self._health.in_service)
 
     def snapshot(self) -> GateSnapshot:
         return GateSnapshot(
@@ -112,6 +113,16 @@ class MemoryGate:
     def due_for_probe(self) -> list[NodeConfig]:
         due = set(self._health.due_for_probe())
         return [n for n in self._nodes if n.id in due]
+
+    def nodes(self) -> list[NodeConfig]:
+        return list(self._nodes)
+
+    def take_out(self, node_id: str, reason: str) -> None:
+        if self._holders[node_id] is not None:
+            return  # held: its release will judge it
+        self._health.record(node_id, NodeFailure(reason, hard=True))
+        self._free = deque(n for n in self._free if n.id != node_id)
+        self._fail_waiters_if_no_node()
 
     def readmit(self, node_id: str) -> None:
         if self._health.readmit(node_id) and self._holders[node_id] is None:
@@ -139,10 +150,13 @@ class MemoryGate:
         ):
             self._hand_over(waiter.future.result())
 
-    def _release(self, node: NodeConfig, held_s: float, failure: NodeFailure | None) -> None:
+    def _release(
+        self, node: NodeConfig, held_s: float, failure: NodeFailure | None, *, judged: bool
+    ) -> None:
         self._hold_times.observe(held_s)
         self._holders[node.id] = None
-        self._health.record(node.id, failure)
+        if judged:
+            self._health.record(node.id, failure)
         if self._health.is_out(node.id):
             self._fail_waiters_if_no_node()
         else:

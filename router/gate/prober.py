@@ -18,13 +18,15 @@ async def node_is_ready(http: httpx.AsyncClient, node: NodeConfig, *, timeout_s:
     try:
         health = await http.get(node.url + "/health", timeout=timeout_s)
         status = await http.get(node.url + "/decode_status", timeout=timeout_s)
-        return (
-            health.status_code == 200
-            and status.status_code == 200
-            and status.json().get("status") == "idle"
-        )
+        body = status.json()
     except (httpx.HTTPError, ValueError):
         return False
+    return (
+        health.status_code == 200
+        and status.status_code == 200
+        and isinstance(body, dict)
+        and body.get("status") == "idle"
+    )
 
 
 async def probe_forever(
@@ -34,6 +36,25 @@ async def probe_forever(
     while True:
         await asyncio.sleep(interval_s)
         for node in gate.due_for_probe():
-            if await node_is_ready(http, node, timeout_s=timeout_s):
+            try:
+                ready = await node_is_ready(http, node, timeout_s=timeout_s)
+            except Exception:  # a probe must never end the prober
+                log.exception("probing node %s failed", node.id)
+                continue
+            if ready:
                 log.info("node %s is back in service", node.id)
                 gate.readmit(node.id)
+
+
+async def admit_ready_nodes(gate: Gate, http: httpx.AsyncClient, *, timeout_s: float) -> None:
+    """At start-up: a node that is down or still decoding (a previous gateway's request)
+    starts out of service, until the prober finds it ready."""
+    nodes = gate.snapshot().busy
+    configs = {n.id: n for n in gate.nodes()}
+    ready = await asyncio.gather(
+        *(node_is_ready(http, configs[node_id], timeout_s=timeout_s) for node_id in nodes)
+    )
+    for node_id, ok in zip(nodes, ready, strict=True):
+        if not ok:
+            log.warning("node %s is not ready at start-up: out of service until it is", node_id)
+            gate.take_out(node_id, "not_ready_at_start")

@@ -7,7 +7,6 @@ then read one at a time with a stall timeout. Every node failure becomes a Decod
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,20 +51,29 @@ def decode_body(
 
 
 class DecodeStream:
-    """An open `/pd/decode` ndjson stream. Always `aclose()` it (idempotent)."""
+    """An open `/pd/decode` ndjson stream. Always `aclose()` it (idempotent).
+
+    Each read runs as its own task, awaited through a shield: a stall timeout or a
+    cancelled caller interrupts the wait, never the read, so the stream stays readable
+    to its end (the node releases its lock only when its response has ended).
+    """
 
     def __init__(self, response: httpx.Response, *, stall_s: float) -> None:
         self._response = response
         self._lines = response.aiter_lines()
         self._stall_s = stall_s
+        self._pending: asyncio.Future[str | None] | None = None
         self.ended = False  # the done line was read
+        self.eof = False  # the body has ended (the node has released its lock)
 
     async def next_line(self) -> NodeLine | None:
         """The next line; None when the body has ended after the done line."""
         while True:
+            if self._pending is None:
+                self._pending = asyncio.ensure_future(anext(self._lines, None))
             try:
                 async with asyncio.timeout(self._stall_s):
-                    raw = await anext(self._lines, None)
+                    raw = await asyncio.shield(self._pending)
             except TimeoutError:
                 raise DecodeError(
                     f"the decode node sent nothing for {self._stall_s:g} s",
@@ -73,11 +81,14 @@ class DecodeStream:
                     code="decode_stalled",
                 ) from None
             except httpx.HTTPError as exc:
+                self._pending = None
                 raise DecodeError(
                     f"the decode node's stream ended without its last line ({type(exc).__name__})",
                     code="decode_truncated",
                 ) from None
+            self._pending = None
             if raw is None:
+                self.eof = True
                 if not self.ended:
                     raise DecodeError(
                         "the decode node's stream ended without its last line",
@@ -91,20 +102,34 @@ class DecodeStream:
         try:
             line = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise DecodeError(
-                "the decode node sent a malformed line", code="decode_bad_line"
-            ) from None
+            line = None
+        if not isinstance(line, dict):
+            raise _bad_line(raw)
         if "t" in line:
-            return TokenLine(line["t"])
-        if line.get("done"):
+            ids = line["t"]
+            if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+                raise _bad_line(raw)
+            return TokenLine(ids)
+        if line.get("done") is True:
+            n, finish = line.get("n", 0), line.get("finish_reason", "stop")
+            if type(n) is not int or not isinstance(finish, str):
+                raise _bad_line(raw)
             self.ended = True
-            return DoneLine(int(line.get("n", 0)), str(line.get("finish_reason", "stop")))
+            return DoneLine(n, finish)
         raise DecodeError(
             f"the decode node failed: {line.get('error', 'unknown error')}", code="decode_failed"
         )
 
     async def aclose(self) -> None:
+        if self._pending is not None and not self._pending.done():
+            self._pending.cancel()
         await self._response.aclose()
+
+
+def _bad_line(raw: str) -> DecodeError:
+    return DecodeError(
+        f"the decode node sent a malformed line: {raw[:80]!r}", code="decode_bad_line"
+    )
 
 
 async def open_decode(
@@ -193,18 +218,38 @@ async def cancel(http: httpx.AsyncClient, node: NodeConfig, rid: str, *, timeout
     return response.status_code == 200
 
 
-async def drain(stream: DecodeStream, *, limit_s: float) -> None:
-    """Read a stream to its end so the node releases its lock; bounded in time. Never raises."""
+async def drain(stream: DecodeStream, *, limit_s: float) -> bool:
+    """Read a stream to its end so the node releases its lock; bounded in time.
+
+    True if the node's response body ended (its lock is then free). Never raises."""
     try:
         async with asyncio.timeout(limit_s):
-            while await stream.next_line() is not None:
-                pass
-    except (TimeoutError, DecodeError):
+            while not stream.eof:
+                try:
+                    await stream.next_line()
+                except DecodeError as exc:
+                    if exc.code not in ("decode_failed", "decode_bad_line", "decode_truncated"):
+                        break  # stalled: the node is not ending its response
+    except TimeoutError:
         pass
     finally:
         await stream.aclose()
+    return stream.eof
 
 
-async def iter_lines(stream: DecodeStream) -> AsyncIterator[NodeLine]:
-    while (line := await stream.next_line()) is not None:
-        yield line
+async def wait_idle(
+    http: httpx.AsyncClient, node: NodeConfig, *, limit_s: float, every_s: float = 0.1
+) -> bool:
+    """Poll /decode_status until the node is idle; False if it is not within `limit_s`."""
+    try:
+        async with asyncio.timeout(limit_s):
+            while True:
+                try:
+                    status = (await http.get(node.url + "/decode_status", timeout=5.0)).json()
+                except (httpx.HTTPError, ValueError):
+                    status = None
+                if isinstance(status, dict) and status.get("status") == "idle":
+                    return True
+                await asyncio.sleep(every_s)
+    except TimeoutError:
+        return False

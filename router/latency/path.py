@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +22,8 @@ from router.openai.render import DONE_EVENT, Renderer, Usage, make_renderer
 from router.openai.requests import ChatRequest, CompletionRequest
 from router.responses import json_response
 from router.tokenizer import LoadedTokenizer
+
+log = logging.getLogger("pd_gateway.latency")
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -166,4 +169,7 @@ async def _stream(
     except GatewayError as exc:
         session.record_error(exc)
         yield sse_error_event(exc)
+    except Exception:  # a bug: the client still gets an error event and a clean end
+        log.exception("relaying a latency stream failed")
+        yield sse_error_event(GatewayError("internal error in the gateway"))
     yield DONE_EVENT

@@ -98,13 +98,20 @@ async def run_prefill(
             headers={"content-type": "application/json", "x-request-id": request_id},
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
         )
-    except httpx.TimeoutException:
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         raise PrefillError(
-            "the prefill server timed out", status=504, code="prefill_timeout"
+            f"the prefill server is unreachable: {type(exc).__name__}", code="prefill_unreachable"
+        ) from None
+    except httpx.TimeoutException:
+        # The request reached vLLM: its connector may have pushed a transfer all the same.
+        raise PrefillError(
+            "the prefill server timed out", status=504, code="prefill_timeout", claimed=True
         ) from None
     except httpx.HTTPError as exc:
         raise PrefillError(
-            f"the prefill server is unreachable: {type(exc).__name__}", code="prefill_unreachable"
+            f"the prefill server's answer broke off: {type(exc).__name__}",
+            code="prefill_failed",
+            claimed=True,
         ) from None
     if response.status_code != 200:
         detail = upstream_message(response.content)

@@ -18,7 +18,7 @@ import httpx
 
 from router.config import ModelConfig, TimeoutsConfig
 from router.errors import DecodeError, GatewayError, PrefillError
-from router.gate import Lease, failure_for
+from router.gate import Lease, NodeFailure, failure_for
 from router.latency import node as node_api
 from router.latency.prefill import PrefillResult, prefill_body, run_prefill
 from router.metrics import Metrics
@@ -197,51 +197,73 @@ class LatencySession:
             self._closing = self._spawn(self._finish_protocol())
 
     async def _finish_protocol(self) -> None:
+        """Whatever happened, leave the node as the protocol requires, then free the slot."""
+        failure: NodeFailure | None = None
+        judged = False  # whether this request says anything about the node's health
         try:
             if self._start_task is not None and not self._start_task.done():
                 await asyncio.wait([self._start_task])
-            stream = self._stream
-            if stream is not None:
-                if not stream.ended:
-                    self._metrics.cancelled(self._model.name, self._cancel_reason())
-                    await node_api.cancel(
-                        self._http, self._lease.node, self.rid, timeout_s=self._timeouts.cancel_s
-                    )
-                await node_api.drain(stream, limit_s=self._timeouts.decode_stall_s)
-            elif self._transfer_unconsumed():
-                first = self.prefill.first_token_id if self.prefill is not None else 0
-                await node_api.consume_transfer(
-                    self._http,
-                    self._lease.node,
-                    rid=self.rid,
-                    first_token_id=first,
-                    timeout_s=self._timeouts.kv_transfer_s,
-                )
+            error = self._start_error()
+            node = self._lease.node
+            if self._stream is not None:
+                judged = True
+                failure = failure_for(self._node_error)
+                if not await self._end_stream(self._stream):
+                    # The node may still hold its lock: out of service until probed idle.
+                    failure = NodeFailure("decode_unfinished", hard=True)
+            elif isinstance(error, DecodeError):
+                judged = True
+                failure = failure_for(error.code)
+                if error.code == "decode_timeout":  # the /pd/decode may be running unseen
+                    await self._cancel()
+                elif error.code == "node_busy":  # our transfer landed; the lock is another's
+                    if await node_api.wait_idle(
+                        self._http, node, limit_s=self._timeouts.kv_transfer_s
+                    ):
+                        await self._consume(self.prefill)
+            elif self._transfer_claimed(error):
+                await self._consume(self.prefill)
         finally:
-            await self._lease.release(failure_for(self._node_failure()))
+            await self._lease.release(failure, judged=judged)
             self._on_released(self)
+
+    async def _end_stream(self, stream: node_api.DecodeStream) -> bool:
+        """Cancel the decode unless it has finished, and read its response to the end."""
+        if not stream.ended:
+            self._metrics.cancelled(self._model.name, self._cancel_reason())
+            await self._cancel()
+        return await node_api.drain(stream, limit_s=self._timeouts.decode_stall_s)
+
+    async def _cancel(self) -> None:
+        await node_api.cancel(
+            self._http, self._lease.node, self.rid, timeout_s=self._timeouts.cancel_s
+        )
+
+    async def _consume(self, prefill: PrefillResult | None) -> None:
+        await node_api.consume_transfer(
+            self._http,
+            self._lease.node,
+            rid=self.rid,
+            first_token_id=prefill.first_token_id if prefill is not None else 0,
+            timeout_s=self._timeouts.kv_transfer_s,
+        )
 
     def _cancel_reason(self) -> str:
         if self._relay is not None and self._relay.stopped:
             return "stop_sequence"
         return "node_error" if self._node_error else "client_gone"
 
-    def _node_failure(self) -> str | None:
+    def _start_error(self) -> BaseException | None:
         task = self._start_task
-        error = None if task is None or task.cancelled() else task.exception()
-        if isinstance(error, DecodeError):
-            return error.code
-        return self._node_error
+        if task is None or not task.done() or task.cancelled():
+            return None
+        return task.exception()
 
-    def _transfer_unconsumed(self) -> bool:
-        """The prefill claimed a transfer and no /pd/decode has been answered for it."""
-        task = self._start_task
-        error = None if task is None or task.cancelled() else task.exception()
-        if isinstance(error, DecodeError):
-            return False  # the node answered (429/504/500): nothing of ours to consume
+    def _transfer_claimed(self, error: BaseException | None) -> bool:
+        """Whether the prefill may have pushed a transfer that no /pd/decode has taken."""
         if isinstance(error, PrefillError):
             return error.claimed
-        return self.prefill is not None
+        return error is None and self.prefill is not None
 
 
 def _tools(request: ChatRequest | CompletionRequest) -> list[dict[str, Any]] | None:

@@ -3,6 +3,8 @@ longer hands it out), and the prober lets it back in once it answers and is idle
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 
@@ -18,28 +20,41 @@ COOLDOWN_S = 1.5
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[SimStack]:
-    with SimStack(nodes=2, prefills=1, model="ds", node_args=["--step-ms", "1"]) as running:
+    with SimStack(
+        nodes=4, prefills=1, model=["ds", "pair"], node_args=["--step-ms", "1"]
+    ) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
 def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     config = gateway_config(
-        [{"name": "ds", "tokenizer": "deepseek", "latency": latency_section(stack)}],
+        [
+            {
+                "name": "ds",
+                "tokenizer": "deepseek",
+                "latency": latency_section(stack, nodes=stack.nodes[:2]),
+            },
+            {
+                "name": "pair",
+                "tokenizer": "deepseek",
+                "latency": latency_section(stack, nodes=stack.nodes[2:]),
+            },
+        ],
         gate={"failure_threshold": 2, "node_cooldown_s": COOLDOWN_S, "probe_interval_s": 0.05},
     )
     with GatewayProcess(config, tmp_path_factory.mktemp("gw")) as running:
         yield running
 
 
-def chat(gateway: GatewayProcess, text: str) -> httpx.Response:
-    body = {"model": "ds", "messages": [{"role": "user", "content": directive(text)}]}
+def chat(gateway: GatewayProcess, text: str, model: str = "ds") -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": directive(text)}]}
     return httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30)
 
 
 def test_failing_nodes_go_out_and_come_back(stack: SimStack, gateway: GatewayProcess) -> None:
-    ids = [n.url.removeprefix("http://") for n in stack.nodes]
-    for node in stack.nodes:
+    ids = [n.url.removeprefix("http://") for n in stack.nodes[:2]]
+    for node in stack.nodes[:2]:
         sim_post(node.url, "/sim/faults", {"decode_500": True, "count": 2})
     started = time.monotonic()
     failures = [chat(gateway, "x").status_code for _ in range(4)]
@@ -57,3 +72,19 @@ def test_failing_nodes_go_out_and_come_back(stack: SimStack, gateway: GatewayPro
     reply = chat(gateway, "back again")
     assert reply.status_code == 200
     assert reply.json()["choices"][0]["message"]["content"] == "back again"
+
+
+def test_a_node_that_dies_is_taken_out_and_the_other_serves(
+    stack: SimStack, gateway: GatewayProcess
+) -> None:
+    dead = stack.nodes[3]
+    os.kill(dead.pid, signal.SIGKILL)
+    # Nodes are handed out in turn: within two requests one lands on the dead node.
+    first = [chat(gateway, f"reply {i}", model="pair") for i in range(2)]
+    failed = [a for a in first if a.status_code != 200]
+    assert len(failed) == 1 and failed[0].json()["error"]["code"] == "node_unreachable"
+    assert gateway.pool()["models"]["pair"]["out"] == {
+        dead.url.removeprefix("http://"): "node_unreachable"
+    }
+    # From now on only the live node is used.
+    assert [chat(gateway, f"again {i}", model="pair").status_code for i in range(3)] == [200] * 3

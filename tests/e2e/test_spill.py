@@ -34,7 +34,7 @@ from tests.support.classify_fixtures import (
     say,
     wait_until,
 )
-from tests.support.deployment import gateway_config, latency_section
+from tests.support.deployment import gateway_config, latency_section, node_entry
 from tests.support.gateway import GatewayProcess
 
 DEAD_NODE = "sim-dead-node"  # its only node entry points at closed ports
@@ -105,7 +105,12 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         {
             "name": NO_PREFILL,
             "tokenizer": "deepseek",
-            "latency": {"prefill": [f"http://127.0.0.1:{closed_port()}"], "nodes": [closed_node()]},
+            # A live node (the start-up probe takes a dead one out of service at once);
+            # nothing ever reaches it, since the prefill fails first.
+            "latency": {
+                "prefill": [f"http://127.0.0.1:{closed_port()}"],
+                "nodes": [node_entry(stack.nodes[0])],
+            },
             "throughput": throughput,
         },
     ]
@@ -215,19 +220,16 @@ async def test_spills_on_each_failure_before_the_first_byte(
         assert "tilert_host" in prefill["body"]["kv_transfer_params"], "the latency path was tried"
 
 
-async def test_an_unreachable_node_spills_then_is_taken_out_of_service(
+async def test_a_node_down_at_start_up_is_out_of_service_and_spills_at_once(
     sims: Sims, client: openai.AsyncOpenAI
 ) -> None:
-    """The first request finds the node dead and spills; the node is then out of service,
-    so the next spills at once (`no_node`) without a prefill for a node that cannot decode."""
-    stack = sims.stack
-    raw, text = await answer(client, stream=False, model=DEAD_NODE)
-    await assert_spilled(sims, raw, text, reason="node_unreachable")
-    assert len(await sims.requests(stack.prefills[0].url)) == 1
-    await sims.reset()
-    raw, text = await answer(client, stream=True, model=DEAD_NODE)
-    await assert_spilled(sims, raw, text, reason="no_node")
-    assert await sims.requests(stack.prefills[0].url) == []
+    """The gateway probed the node at start-up and found nothing listening: requests spill
+    at once (`no_node`), with no prefill for a node that cannot decode."""
+    for stream in (False, True):
+        await sims.reset()
+        raw, text = await answer(client, stream=stream, model=DEAD_NODE)
+        await assert_spilled(sims, raw, text, reason="no_node")
+        assert await sims.requests(sims.stack.prefills[0].url) == []
 
 
 async def test_a_prefill_4xx_is_the_clients_error_and_is_not_spilled(

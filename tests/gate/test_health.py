@@ -29,7 +29,7 @@ class Clock:
         ("node_unreachable", HARD),
         ("node_busy", NodeFailure("node_busy", hard=True)),
         ("decode_stalled", NodeFailure("decode_stalled", hard=False)),
-        ("kv_transfer_timeout", None),  # may be the prefill's fault, not the node's
+        ("kv_transfer_timeout", NodeFailure("kv_transfer_timeout", hard=False)),
         ("prefill_failed", None),
         (None, None),
     ],

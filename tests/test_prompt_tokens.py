@@ -1,0 +1,54 @@
+"""Prompt token counting for the rules: real chat templates, and clients unable to break
+them with their `chat_template_kwargs`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.prompt_tokens import PromptCounter, render_chat
+from router.tokenizer import load_tokenizer, tokenizer_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def counter(spec: str) -> PromptCounter:
+    return PromptCounter(load_tokenizer(spec, base_dir=ROOT), tokenizer_path(spec, base_dir=ROOT))
+
+
+GLM = counter("sim/fixtures/glm")
+DEEPSEEK = counter("deepseek")
+CHAT = {"messages": [{"role": "user", "content": "hello there, how are you?"}]}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"tokenize": True}, {"add_generation_prompt": False}, {"conversation": []}, "junk", None],
+)
+def test_template_parameters_cannot_be_overridden(kwargs: object) -> None:
+    assert GLM.count_now("chat", {**CHAT, "chat_template_kwargs": kwargs}) == GLM.count_now(
+        "chat", CHAT
+    )
+
+
+def test_a_template_refusing_the_request_falls_back_to_the_approximation() -> None:
+    body = {"messages": [{"role": "wizard", "content": "hello"}]}
+    assert GLM.count_now("chat", body) > 0
+
+
+def test_without_a_template_the_approximate_rendering_is_counted() -> None:
+    expected = len(DEEPSEEK._tokenizer.encode(render_chat(CHAT), add_special_tokens=False).ids)
+    assert DEEPSEEK.count_now("chat", CHAT) == expected
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [([1, 2, 3], 3), ([[4, 5]], 2), ([], 0)],
+)
+def test_completion_prompts_given_as_token_ids(prompt: object, expected: int) -> None:
+    assert DEEPSEEK.count_now("completions", {"prompt": prompt}) == expected
+
+
+async def test_count_runs_in_a_thread_and_agrees() -> None:
+    assert await DEEPSEEK.count("chat", CHAT) == DEEPSEEK.count_now("chat", CHAT)
