@@ -7,21 +7,18 @@ comes back as the proxy sent it, status, content type and bytes, errors included
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
-from functools import partial
 from typing import Any
 
 import httpx
-from starlette.responses import Response
 
 from router.balance import LeastOutstanding
 from router.config import ProxyConfig, TimeoutsConfig
-from router.throughput.base import ENDPOINT_PATHS, Endpoint
 from router.throughput.legs import is_stream
-from router.throughput.relay import RelayResponse
+from router.throughput.relay import RelayedPath
 from router.throughput.upstream import Leg, Upstream, leg_timeout, relay, send_leg
 
 
-class ProxyPath:
+class ProxyPath(RelayedPath):
     """Forwards to the least busy of the configured proxy URLs."""
 
     def __init__(
@@ -30,19 +27,6 @@ class ProxyPath:
         self._http = http
         self._timeouts = timeouts
         self._balance = LeastOutstanding(config.urls)
-
-    async def serve(
-        self,
-        body: dict[str, Any],
-        *,
-        endpoint: Endpoint,
-        request_id: str,
-        response_headers: dict[str, str],
-    ) -> Response:
-        return RelayResponse(
-            partial(self._open, body, ENDPOINT_PATHS[endpoint], request_id),
-            headers=response_headers,
-        )
 
     async def _open(
         self, body: dict[str, Any], path: str, request_id: str, stack: AsyncExitStack

@@ -7,15 +7,12 @@ verbatim along with the client's original body, and its answer is the client's.
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
-from functools import partial
 from typing import Any
 
 import httpx
-from starlette.responses import Response
 
 from router.balance import LeastOutstanding
 from router.config import PullConfig, TimeoutsConfig
-from router.throughput.base import ENDPOINT_PATHS, Endpoint
 from router.throughput.legs import (
     decode_answer,
     decode_leg,
@@ -23,11 +20,11 @@ from router.throughput.legs import (
     pull_decode_body,
     run_prefill,
 )
-from router.throughput.relay import RelayResponse
+from router.throughput.relay import RelayedPath
 from router.throughput.upstream import Upstream, send_leg
 
 
-class PullPath:
+class PullPath(RelayedPath):
     """Balances each leg over its own pool by requests in flight."""
 
     def __init__(
@@ -37,19 +34,6 @@ class PullPath:
         self._timeouts = timeouts
         self._prefill = LeastOutstanding(config.prefill)
         self._decode = LeastOutstanding(config.decode)
-
-    async def serve(
-        self,
-        body: dict[str, Any],
-        *,
-        endpoint: Endpoint,
-        request_id: str,
-        response_headers: dict[str, str],
-    ) -> Response:
-        return RelayResponse(
-            partial(self._open, body, ENDPOINT_PATHS[endpoint], request_id),
-            headers=response_headers,
-        )
 
     async def _open(
         self, body: dict[str, Any], path: str, request_id: str, stack: AsyncExitStack

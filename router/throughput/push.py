@@ -10,16 +10,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from contextlib import AsyncExitStack, ExitStack
-from functools import partial
 from typing import Any, TypeVar
 
 import anyio
 import httpx
-from starlette.responses import Response
 
 from router.balance import LeastOutstanding
 from router.config import PushConfig, TimeoutsConfig
-from router.throughput.base import ENDPOINT_PATHS, Endpoint
 from router.throughput.legs import (
     PrefillAnswer,
     decode_answer,
@@ -28,11 +25,11 @@ from router.throughput.legs import (
     push_decode_body,
     run_prefill,
 )
-from router.throughput.relay import RelayResponse
+from router.throughput.relay import RelayedPath
 from router.throughput.upstream import Reply, Upstream, send_leg, status_failure
 
 
-class PushPath:
+class PushPath(RelayedPath):
     """Balances decode instances, then prefill engines, by requests in flight."""
 
     def __init__(
@@ -43,19 +40,6 @@ class PushPath:
         self._engines = {engine.url: engine for engine in config.prefill}
         self._prefill = LeastOutstanding(list(self._engines))
         self._decode = LeastOutstanding(config.decode)
-
-    async def serve(
-        self,
-        body: dict[str, Any],
-        *,
-        endpoint: Endpoint,
-        request_id: str,
-        response_headers: dict[str, str],
-    ) -> Response:
-        return RelayResponse(
-            partial(self._open, body, ENDPOINT_PATHS[endpoint], request_id),
-            headers=response_headers,
-        )
 
     async def _open(
         self, body: dict[str, Any], path: str, request_id: str, stack: AsyncExitStack

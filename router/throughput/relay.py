@@ -12,12 +12,15 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, aclosing
+from functools import partial
+from typing import Any
 
 import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from router.errors import GatewayError, error_json
+from router.throughput.base import ENDPOINT_PATHS, Endpoint
 from router.throughput.upstream import Upstream, once
 
 log = logging.getLogger("pd_gateway.throughput")
@@ -88,3 +91,25 @@ def raw_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+class RelayedPath:
+    """What every mode shares: its answer is a RelayResponse running the mode's `_open`."""
+
+    async def serve(
+        self,
+        body: dict[str, Any],
+        *,
+        endpoint: Endpoint,
+        request_id: str,
+        response_headers: dict[str, str],
+    ) -> Response:
+        return RelayResponse(
+            partial(self._open, body, ENDPOINT_PATHS[endpoint], request_id),
+            headers=response_headers,
+        )
+
+    async def _open(
+        self, body: dict[str, Any], path: str, request_id: str, stack: AsyncExitStack
+    ) -> Upstream:
+        raise NotImplementedError
