@@ -8,6 +8,7 @@ and rule names from the configuration, paths, status codes, error codes).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -83,6 +84,7 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self._token_gap_children: dict[str, Any] = {}
         r.register(_PoolCollector(gates))
 
     def request(self, model: str, path: str, rule: str, status: int) -> None:
@@ -98,8 +100,12 @@ class Metrics:
         self._ttft.labels(model).observe(seconds)
 
     def token_gap(self, model: str, seconds: float, tokens: int) -> None:
+        """Per node line: the labelled child is looked up once per model, not per line."""
         if tokens > 0:
-            self._token_gap.labels(model).observe(seconds / tokens)
+            child = self._token_gap_children.get(model)
+            if child is None:
+                child = self._token_gap_children[model] = self._token_gap.labels(model)
+            child.observe(seconds / tokens)
 
     def finished(self, model: str, seconds: float, finish_reason: str) -> None:
         self._duration.labels(model, finish_reason).observe(seconds)

@@ -8,6 +8,7 @@ connections), per-model objects (tokenizer, gate, latency pool), and background 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
@@ -22,6 +23,8 @@ from router.metrics import Metrics
 from router.prompt_tokens import PromptCounter
 from router.throughput import ThroughputPath, make_throughput_path
 from router.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_path
+
+log = logging.getLogger("pd_gateway")
 
 
 class AppState:
@@ -96,8 +99,13 @@ class AppState:
         """Run a cleanup in the background; shutdown waits for it."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
         return task
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a background cleanup failed", exc_info=task.exception())
 
     @property
     def background_tasks(self) -> int:

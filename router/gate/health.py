@@ -98,6 +98,16 @@ class NodeHealth:
             if state.out_since is not None and now - state.out_since >= self._cooldown_s
         ]
 
+    def seconds_until_probe(self) -> float:
+        """How soon the first node out of service is due for a probe (0 if one is due)."""
+        now = self._clock()
+        waits = [
+            self._cooldown_s - (now - s.out_since)
+            for s in self._states.values()
+            if s.out_since is not None
+        ]
+        return max(0.0, min(waits, default=0.0))
+
     def out(self) -> dict[str, str]:
         """Nodes out of service and why."""
         return {n: s.reason or "" for n, s in self._states.items() if s.out_since is not None}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ class MemoryGate:
         self._holders: dict[str, str | None] = {n.id: None for n in nodes}
         self._waiters: list[_Waiter] = []
         self._waiting = 0
+        self._stale = 0  # heap entries of waiters who gave up
         self._max_queue = max_queue
         self._arrivals = itertools.count()
         self._hold_times = HoldTimeEstimator()
@@ -99,6 +101,8 @@ class MemoryGate:
         return self._grant(node, holder)
 
     def retry_after_s(self) -> int:
+        if self._health.in_service == 0:
+            return max(1, math.ceil(self._health.seconds_until_probe()) + 1)
         return self._hold_times.retry_after_s(waiting=self._waiting, nodes=self._health.in_service)
 
     def snapshot(self) -> GateSnapshot:
@@ -130,7 +134,9 @@ class MemoryGate:
 
     async def close(self) -> None:
         for waiter in self._waiters:
-            if waiter.active and not waiter.future.done():
+            if waiter.active:
+                waiter.active = False
+                self._waiting -= 1
                 waiter.future.cancel()
 
     def _grant(self, node: NodeConfig, holder: str) -> MemoryLease:
@@ -143,6 +149,12 @@ class MemoryGate:
             waiter.active = False
             self._waiting -= 1
             waiter.future.cancel()
+            self._stale += 1
+            if self._stale > 64 and self._stale * 2 > len(self._waiters):
+                # Given-up entries stay in the heap until popped: rebuild it before they pile up.
+                self._waiters = [w for w in self._waiters if w.active]
+                heapq.heapify(self._waiters)
+                self._stale = 0
         elif (
             waiter.future.done()
             and not waiter.future.cancelled()
@@ -167,18 +179,24 @@ class MemoryGate:
         if self._health.in_service:
             return
         for waiter in self._waiters:
-            if waiter.active and not waiter.future.done():
+            if waiter.active:
                 waiter.active = False
                 self._waiting -= 1
-                waiter.future.set_exception(GateRejected("no_node", self.retry_after_s()))
+                if not waiter.future.done():
+                    waiter.future.set_exception(GateRejected("no_node", self.retry_after_s()))
         self._waiters.clear()
+        self._stale = 0
 
     def _hand_over(self, node: NodeConfig) -> None:
         while self._waiters:
             waiter = heapq.heappop(self._waiters)
-            if waiter.active:
-                waiter.active = False
-                self._waiting -= 1
-                waiter.future.set_result(node)
-                return
+            if not waiter.active:
+                self._stale = max(0, self._stale - 1)
+                continue
+            waiter.active = False
+            self._waiting -= 1
+            if waiter.future.done():
+                continue  # cancelled, its task not yet resumed: it will find nothing to pass on
+            waiter.future.set_result(node)
+            return
         self._free.append(node)

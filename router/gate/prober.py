@@ -35,15 +35,17 @@ async def probe_forever(
     """Run until cancelled: every interval, probe the nodes that are due."""
     while True:
         await asyncio.sleep(interval_s)
-        for node in gate.due_for_probe():
-            try:
-                ready = await node_is_ready(http, node, timeout_s=timeout_s)
-            except Exception:  # a probe must never end the prober
-                log.exception("probing node %s failed", node.id)
-                continue
-            if ready:
-                log.info("node %s is back in service", node.id)
-                gate.readmit(node.id)
+        try:
+            due = gate.due_for_probe()
+            ready = await asyncio.gather(
+                *(node_is_ready(http, node, timeout_s=timeout_s) for node in due)
+            )
+            for node, ok in zip(due, ready, strict=True):
+                if ok:
+                    log.info("node %s is back in service", node.id)
+                    gate.readmit(node.id)
+        except Exception:  # nothing may end the prober: out nodes would never come back
+            log.exception("probing the nodes out of service failed")
 
 
 async def admit_ready_nodes(gate: Gate, http: httpx.AsyncClient, *, timeout_s: float) -> None:

@@ -7,6 +7,8 @@ then read one at a time with a stall timeout. Every node failure becomes a Decod
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,50 +55,67 @@ def decode_body(
 class DecodeStream:
     """An open `/pd/decode` ndjson stream. Always `aclose()` it (idempotent).
 
-    Each read runs as its own task, awaited through a shield: a stall timeout or a
-    cancelled caller interrupts the wait, never the read, so the stream stays readable
-    to its end (the node releases its lock only when its response has ended).
+    One reader task reads the body into a buffer as it arrives; `next_line` waits on the
+    buffer with the stall timeout. A stall or a cancelled caller therefore never interrupts
+    the read itself: the stream stays readable to its end (the node releases its lock only
+    when its response has ended).
     """
 
     def __init__(self, response: httpx.Response, *, stall_s: float) -> None:
         self._response = response
-        self._lines = response.aiter_lines()
         self._stall_s = stall_s
-        self._pending: asyncio.Future[str | None] | None = None
+        self._buffer: deque[str | BaseException | None] = deque()
+        self._arrived: asyncio.Future[None] | None = None
+        self._reader = asyncio.ensure_future(self._read())
         self.ended = False  # the done line was read
         self.eof = False  # the body has ended (the node has released its lock)
 
+    async def _read(self) -> None:
+        item: BaseException | None = None  # None: the body ended
+        try:
+            async for raw in self._response.aiter_lines():
+                if raw:
+                    self._put(raw)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # httpx errors, broken encodings: the stream is cut
+            item = exc
+        self._put(item)
+
+    def _put(self, item: str | BaseException | None) -> None:
+        self._buffer.append(item)
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(None)
+
     async def next_line(self) -> NodeLine | None:
         """The next line; None when the body has ended after the done line."""
-        while True:
-            if self._pending is None:
-                self._pending = asyncio.ensure_future(anext(self._lines, None))
+        if not self._buffer:
+            if self.eof:
+                return None
+            self._arrived = asyncio.get_running_loop().create_future()
             try:
                 async with asyncio.timeout(self._stall_s):
-                    raw = await asyncio.shield(self._pending)
+                    await self._arrived
             except TimeoutError:
                 raise DecodeError(
                     f"the decode node sent nothing for {self._stall_s:g} s",
                     status=504,
                     code="decode_stalled",
                 ) from None
-            except httpx.HTTPError as exc:
-                self._pending = None
-                raise DecodeError(
-                    f"the decode node's stream ended without its last line ({type(exc).__name__})",
-                    code="decode_truncated",
-                ) from None
-            self._pending = None
-            if raw is None:
-                self.eof = True
-                if not self.ended:
-                    raise DecodeError(
-                        "the decode node's stream ended without its last line",
-                        code="decode_truncated",
-                    )
-                return None
-            if raw:
-                return self._parse(raw)
+        item = self._buffer.popleft()
+        if isinstance(item, str):
+            return self._parse(item)
+        self.eof = True
+        if isinstance(item, BaseException):
+            raise DecodeError(
+                f"the decode node's stream ended without its last line ({type(item).__name__})",
+                code="decode_truncated",
+            )
+        if not self.ended:
+            raise DecodeError(
+                "the decode node's stream ended without its last line", code="decode_truncated"
+            )
+        return None
 
     def _parse(self, raw: str) -> NodeLine:
         try:
@@ -121,8 +140,10 @@ class DecodeStream:
         )
 
     async def aclose(self) -> None:
-        if self._pending is not None and not self._pending.done():
-            self._pending.cancel()
+        if not self._reader.done():
+            self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
         await self._response.aclose()
 
 
@@ -145,6 +166,11 @@ async def open_decode(
     )
     try:
         response = await http.send(request, stream=True)
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        raise DecodeError(
+            f"the decode node {node.id} is unreachable: {type(exc).__name__}",
+            code="node_unreachable",
+        ) from None
     except httpx.TimeoutException:
         raise DecodeError(
             "the decode node did not answer", status=504, code="decode_timeout"
@@ -200,7 +226,7 @@ async def consume_transfer(
             headers={"content-type": "application/json"},
             timeout=httpx.Timeout(timeout_s + 5.0, connect=5.0),
         )
-    except httpx.HTTPError:
+    except (httpx.HTTPError, RuntimeError):
         pass  # nothing more can be done; the node drops the stale transfer itself
 
 
@@ -213,7 +239,7 @@ async def cancel(http: httpx.AsyncClient, node: NodeConfig, rid: str, *, timeout
             headers={"content-type": "application/json"},
             timeout=timeout_s,
         )
-    except httpx.HTTPError:
+    except (httpx.HTTPError, RuntimeError):
         return False
     return response.status_code == 200
 
@@ -246,7 +272,7 @@ async def wait_idle(
             while True:
                 try:
                     status = (await http.get(node.url + "/decode_status", timeout=5.0)).json()
-                except (httpx.HTTPError, ValueError):
+                except (httpx.HTTPError, ValueError, RuntimeError):
                     status = None
                 if isinstance(status, dict) and status.get("status") == "idle":
                     return True

@@ -124,21 +124,21 @@ class LatencySession:
         if the node fails mid-stream. Leaving early (client gone) cancels the node."""
         assert self._stream is not None and self.prefill is not None
         request = self._request
-        relay = self._relay = RelayPipeline(
-            self._tokenizer.tokenizer,
-            vocab=self._tokenizer.vocab,
-            parser_name=self._model.output_parser if self._chat else "none",
-            tools=_tools(request),
-            chat_template_kwargs=request.chat_template_kwargs,
-            stop=request.stop_strings,
-            stop_token_ids=request.stop_token_ids or [],
-        )
         eos_first = self.prefill.finish_reason == "stop"
         node_finish = "stop"
         model = self._model.name
         first_output = True
         last_line = time.monotonic()
         try:
+            relay = self._relay = RelayPipeline(
+                self._tokenizer.tokenizer,
+                vocab=self._tokenizer.vocab,
+                parser_name=self._model.output_parser if self._chat else "none",
+                tools=_tools(request),
+                chat_template_kwargs=request.chat_template_kwargs,
+                stop=request.stop_strings,
+                stop_token_ids=request.stop_token_ids or [],
+            )
             while (line := await self._next_line()) is not None:
                 if isinstance(line, node_api.DoneLine):
                     node_finish = line.finish_reason
@@ -214,8 +214,10 @@ class LatencySession:
             elif isinstance(error, DecodeError):
                 judged = True
                 failure = failure_for(error.code)
-                if error.code == "decode_timeout":  # the /pd/decode may be running unseen
-                    await self._cancel()
+                if error.code == "decode_timeout" and not await self._cancel():
+                    # The /pd/decode may be running unseen and the node did not confirm a
+                    # cancel: out of service until probed idle.
+                    failure = NodeFailure("decode_unfinished", hard=True)
                 elif error.code == "node_busy":  # our transfer landed; the lock is another's
                     if await node_api.wait_idle(
                         self._http, node, limit_s=self._timeouts.kv_transfer_s
@@ -234,8 +236,8 @@ class LatencySession:
             await self._cancel()
         return await node_api.drain(stream, limit_s=self._timeouts.decode_stall_s)
 
-    async def _cancel(self) -> None:
-        await node_api.cancel(
+    async def _cancel(self) -> bool:
+        return await node_api.cancel(
             self._http, self._lease.node, self.rid, timeout_s=self._timeouts.cancel_s
         )
 

@@ -112,3 +112,10 @@ async def test_readmitting_a_node_serves_a_waiter() -> None:
     lease = await asyncio.wait_for(waiter, 5)
     assert lease.node == a.node
     await b.release()
+
+
+async def test_with_no_node_in_service_retry_after_follows_the_probe_cool_down() -> None:
+    gate = MemoryGate(nodes(1), max_queue=4, failure_threshold=1, cooldown_s=7)
+    lease = await gate.acquire(priority=0, wait_s=1, holder="a")
+    await lease.release(HARD)
+    assert 7 <= gate.retry_after_s() <= 8

@@ -142,3 +142,35 @@ async def test_retry_after_grows_with_the_queue() -> None:
     assert gate.retry_after_s() > empty
     for w in waiters:
         w.cancel()
+
+
+async def test_a_waiter_cancelled_in_the_same_turn_as_a_release_loses_no_node() -> None:
+    """The waiter's future is cancelled before its task has run its cleanup; a release in
+    that window must pass the node on, not try to hand it to the cancelled waiter."""
+    gate = MemoryGate(nodes(1), max_queue=4)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
+    await settle()
+    waiter.cancel()
+    await held.release()  # same turn: the waiter's task has not resumed yet
+    await settle()
+    assert waiter.cancelled()
+    assert gate.snapshot().waiting == 0
+    again = await gate.acquire(priority=0, wait_s=0, holder="c")
+    assert again.node == held.node
+
+
+async def test_given_up_waiters_do_not_pile_up() -> None:
+    gate = MemoryGate(nodes(1), max_queue=1000)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    waiters = [
+        asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder=str(i))) for i in range(300)
+    ]
+    await settle()
+    for w in waiters:
+        w.cancel()
+    await settle()
+    assert gate.snapshot().waiting == 0
+    assert len(gate._waiters) < 150, "the heap was rebuilt"
+    await held.release()
+    assert (await gate.acquire(priority=0, wait_s=0, holder="b")).node == held.node
