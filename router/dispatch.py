@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from policies import Decision
+from policies.decision import REROUTE_HEADER, ROUTE_HEADER
 from router.errors import (
     ClientGone,
     GatewayError,
@@ -28,9 +29,6 @@ from router.errors import (
 )
 from router.openai.requests import ChatRequest, CompletionRequest, Endpoint, parse_body, validate
 from router.state import AppState
-
-ROUTE_HEADER = "x-pd-route"
-REROUTE_HEADER = "x-pd-reroute-reason"
 
 
 class Dispatcher:
