@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.config import GatewayConfig
 from router.dispatch import Dispatcher
-from router.errors import AuthenticationFailed, GatewayError, InvalidRequest
+from router.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound
 from router.request_metrics import RequestMetrics
 from router.responses import error_response, json_response
 from router.state import AppState
@@ -83,6 +83,14 @@ def create_app(config: GatewayConfig) -> FastAPI:
             }
         )
 
+    @app.post("/admin/nodes/{node_id}/drain")
+    async def drain(request: Request, node_id: str) -> Response:
+        return _set_drained(request, config, node_id, drained=True)
+
+    @app.post("/admin/nodes/{node_id}/undrain")
+    async def undrain(request: Request, node_id: str) -> Response:
+        return _set_drained(request, config, node_id, drained=False)
+
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:
         return error_response(exc)
@@ -106,3 +114,19 @@ def _check_admin(request: Request, config: GatewayConfig) -> None:
     given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
     if not hmac.compare_digest(given.encode(), key.encode()):
         raise AuthenticationFailed("a valid admin key is required")
+
+
+def _set_drained(
+    request: Request, config: GatewayConfig, node_id: str, *, drained: bool
+) -> Response:
+    """Drain (finish the current request, take no more) or undrain a node, in every pool."""
+    _check_admin(request, config)
+    state: AppState = request.app.state.gateway
+    models = [
+        model
+        for model, gate in state.gates.items()
+        if (gate.drain(node_id) if drained else gate.undrain(node_id))
+    ]
+    if not models:
+        raise NotFound(f"no TileRT node '{node_id}' in any pool", param="node_id")
+    return json_response({"node": node_id, "models": models, "drained": drained})

@@ -3,7 +3,7 @@
     GatewayError                   -> rendered with its own status and OpenAI error type
      ├── InvalidRequest            400 invalid_request_error   (nothing sent upstream)
      ├── AuthenticationFailed      401 authentication_error
-     ├── ModelNotFound             404 model_not_found
+     ├── NotFound / ModelNotFound  404 (an admin object / model_not_found)
      ├── Overloaded                429 (with Retry-After)      (the gate shed the request)
      ├── ClientGone                499 (never read: the client left before the answer)
      └── UpstreamError             502/503/504, or an upstream 4xx passed through
@@ -64,6 +64,12 @@ class AuthenticationFailed(GatewayError):
     status = 401
     error_type = "authentication_error"
     code = "invalid_api_key"
+
+
+class NotFound(GatewayError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
 
 
 class ModelNotFound(GatewayError):

@@ -48,6 +48,7 @@ class _State:
     failures: int = 0
     out_since: float | None = None
     reason: str | None = None
+    drained: bool = False  # an operator's decision: only an operator undoes it
 
 
 class NodeHealth:
@@ -82,6 +83,20 @@ class NodeHealth:
     def is_out(self, node_id: str) -> bool:
         return self._states[node_id].out_since is not None
 
+    def usable(self, node_id: str) -> bool:
+        """In service: neither out for failures nor drained."""
+        state = self._states[node_id]
+        return state.out_since is None and not state.drained
+
+    def drain(self, node_id: str) -> None:
+        self._states[node_id].drained = True
+
+    def undrain(self, node_id: str) -> bool:
+        """True if the node was drained."""
+        state = self._states[node_id]
+        was, state.drained = state.drained, False
+        return was
+
     def readmit(self, node_id: str) -> bool:
         """Back in service; True if it was out."""
         state = self._states[node_id]
@@ -95,7 +110,9 @@ class NodeHealth:
         return [
             node_id
             for node_id, state in self._states.items()
-            if state.out_since is not None and now - state.out_since >= self._cooldown_s
+            if state.out_since is not None
+            and not state.drained
+            and now - state.out_since >= self._cooldown_s
         ]
 
     def seconds_until_probe(self) -> float:
@@ -104,14 +121,18 @@ class NodeHealth:
         waits = [
             self._cooldown_s - (now - s.out_since)
             for s in self._states.values()
-            if s.out_since is not None
+            if s.out_since is not None and not s.drained
         ]
         return max(0.0, min(waits, default=0.0))
 
     def out(self) -> dict[str, str]:
-        """Nodes out of service and why."""
-        return {n: s.reason or "" for n, s in self._states.items() if s.out_since is not None}
+        """Nodes out of service and why (`drained` for an operator's drain)."""
+        return {
+            n: "drained" if s.drained else s.reason or ""
+            for n, s in self._states.items()
+            if s.out_since is not None or s.drained
+        }
 
     @property
     def in_service(self) -> int:
-        return sum(1 for s in self._states.values() if s.out_since is None)
+        return sum(1 for s in self._states.values() if s.out_since is None and not s.drained)

@@ -123,13 +123,32 @@ class MemoryGate:
 
     def take_out(self, node_id: str, reason: str) -> None:
         if self._holders[node_id] is not None:
-            return  # held: its release will judge it
+            return  # held or reserved: its release will judge it
         self._health.record(node_id, NodeFailure(reason, hard=True))
         self._free = deque(n for n in self._free if n.id != node_id)
         self._fail_waiters_if_no_node()
 
     def readmit(self, node_id: str) -> None:
-        if self._health.readmit(node_id) and self._holders[node_id] is None:
+        if self._health.readmit(node_id):
+            self._back_in_service(node_id)
+
+    def drain(self, node_id: str) -> bool:
+        if node_id not in self._holders:
+            return False
+        self._health.drain(node_id)
+        self._free = deque(n for n in self._free if n.id != node_id)
+        self._fail_waiters_if_no_node()
+        return True
+
+    def undrain(self, node_id: str) -> bool:
+        if node_id not in self._holders:
+            return False
+        if self._health.undrain(node_id):
+            self._back_in_service(node_id)
+        return True
+
+    def _back_in_service(self, node_id: str) -> None:
+        if self._health.usable(node_id) and self._holders[node_id] is None:
             self._hand_over(next(n for n in self._nodes if n.id == node_id))
 
     async def close(self) -> None:
@@ -160,7 +179,9 @@ class MemoryGate:
             and not waiter.future.cancelled()
             and waiter.future.exception() is None
         ):
-            self._hand_over(waiter.future.result())
+            node = waiter.future.result()
+            self._holders[node.id] = None
+            self._pass_on(node)
 
     def _release(
         self, node: NodeConfig, held_s: float, failure: NodeFailure | None, *, judged: bool
@@ -169,10 +190,14 @@ class MemoryGate:
         self._holders[node.id] = None
         if judged:
             self._health.record(node.id, failure)
-        if self._health.is_out(node.id):
-            self._fail_waiters_if_no_node()
-        else:
+        self._pass_on(node)
+
+    def _pass_on(self, node: NodeConfig) -> None:
+        """A node just let go: to the next waiter if it is in service."""
+        if self._health.usable(node.id):
             self._hand_over(node)
+        else:
+            self._fail_waiters_if_no_node()
 
     def _fail_waiters_if_no_node(self) -> None:
         """With every node out of service, waiting is pointless: reject the queue now."""
@@ -197,6 +222,7 @@ class MemoryGate:
             self._waiting -= 1
             if waiter.future.done():
                 continue  # cancelled, its task not yet resumed: it will find nothing to pass on
+            self._holders[node.id] = waiter.holder  # reserved until the waiter's task resumes
             waiter.future.set_result(node)
             return
         self._free.append(node)

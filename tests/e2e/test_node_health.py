@@ -43,6 +43,7 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         ],
         gate={"failure_threshold": 2, "node_cooldown_s": COOLDOWN_S, "probe_interval_s": 0.05},
     )
+    config["admin"] = {"api_key": "operator-secret"}
     with GatewayProcess(config, tmp_path_factory.mktemp("gw")) as running:
         yield running
 
@@ -88,3 +89,25 @@ def test_a_node_that_dies_is_taken_out_and_the_other_serves(
     }
     # From now on only the live node is used.
     assert [chat(gateway, f"again {i}", model="pair").status_code for i in range(3)] == [200] * 3
+
+
+def test_an_operator_drains_and_undrains_a_node(stack: SimStack, gateway: GatewayProcess) -> None:
+    node = stack.nodes[0]
+    node_id = node.url.removeprefix("http://")
+    admin = gateway.url + f"/admin/nodes/{node_id}"
+    assert httpx.post(admin + "/drain", timeout=5).status_code == 401
+    assert (
+        httpx.post(gateway.url + "/admin/nodes/nowhere:1/drain", headers=gateway.admin_headers)
+    ).status_code == 404
+    drained = httpx.post(admin + "/drain", headers=gateway.admin_headers, timeout=5)
+    assert drained.json() == {"node": node_id, "models": ["ds"], "drained": True}
+    assert gateway.pool()["models"]["ds"]["out"] == {node_id: "drained"}
+    before = len(httpx.get(node.url + "/sim/records", timeout=5).json()["decodes"])
+    assert [chat(gateway, f"while drained {i}").status_code for i in range(4)] == [200] * 4
+    after = len(httpx.get(node.url + "/sim/records", timeout=5).json()["decodes"])
+    assert after == before, "a drained node takes no new request"
+    httpx.post(admin + "/undrain", headers=gateway.admin_headers, timeout=5).raise_for_status()
+    assert gateway.pool()["models"]["ds"]["out"] == {}
+    assert [chat(gateway, f"after {i}").status_code for i in range(4)] == [200] * 4
+    final = len(httpx.get(node.url + "/sim/records", timeout=5).json()["decodes"])
+    assert final > after, "back in service"

@@ -119,3 +119,44 @@ async def test_with_no_node_in_service_retry_after_follows_the_probe_cool_down()
     lease = await gate.acquire(priority=0, wait_s=1, holder="a")
     await lease.release(HARD)
     assert 7 <= gate.retry_after_s() <= 8
+
+
+async def test_a_drained_node_finishes_its_request_and_takes_no_more() -> None:
+    gate = MemoryGate(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    assert gate.drain(held.node.id)
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
+    other = await gate.acquire(priority=0, wait_s=0, holder="c")  # the free node is still used
+    assert other.node != held.node
+    await held.release()
+    await asyncio.sleep(0)
+    assert not waiter.done(), "the drained node went to no one"
+    assert gate.snapshot().out == {held.node.id: "drained"}
+    assert gate.due_for_probe() == [], "the prober never undoes a drain"
+    assert gate.undrain(held.node.id)
+    assert (await asyncio.wait_for(waiter, 5)).node == held.node
+    assert gate.snapshot().out == {}
+
+
+async def test_draining_every_node_sheds_the_queue() -> None:
+    gate = MemoryGate(nodes(1), max_queue=4)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
+    await asyncio.sleep(0)
+    gate.drain(held.node.id)
+    with pytest.raises(GateRejected) as shed:
+        await waiter
+    assert shed.value.reason == "no_node"
+    assert not gate.drain("nowhere:1")
+
+
+async def test_a_node_reserved_for_a_waiter_is_not_taken_out_from_under_it() -> None:
+    gate = MemoryGate(nodes(1), max_queue=4)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
+    await asyncio.sleep(0)
+    await held.release()  # handed (reserved) to the waiter, whose task has not run yet
+    gate.take_out(held.node.id, "not_ready_at_start")
+    lease = await asyncio.wait_for(waiter, 5)
+    assert lease.node == held.node
+    assert gate.snapshot().out == {}

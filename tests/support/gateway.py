@@ -25,6 +25,7 @@ class GatewayProcess:
     ) -> None:
         self.config_path = workdir / "router.yaml"
         self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self._config = config
         self.log_path = workdir / "gateway.log"
         self._log_level = log_level
         self._proc: subprocess.Popen[str] | None = None
@@ -68,7 +69,14 @@ class GatewayProcess:
         raise RuntimeError(f"the gateway did not start:\n{self.log_path.read_text()}")
 
     def pool(self) -> dict[str, Any]:
-        return httpx.get(self.url + "/admin/pool", timeout=5).json()
+        response = httpx.get(self.url + "/admin/pool", headers=self.admin_headers, timeout=5)
+        response.raise_for_status()
+        return response.json()
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        key = (self._config.get("admin") or {}).get("api_key")
+        return {"authorization": f"Bearer {key}"} if key else {}
 
     def wait_all_free(self, timeout_s: float = 15.0, *, dead: Iterable[str] = ()) -> dict[str, Any]:
         """Poll the gateway's own pool state until no slot is held, no cleanup runs, and
