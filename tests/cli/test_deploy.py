@@ -63,7 +63,8 @@ def test_gateway_deployment() -> None:
     assert pre_stop[0] == "sleep"
     # Room for the preStop sleep, the drain of in-flight streams and the slot cleanups.
     config = parse_config(yaml.safe_load(configmap["data"]["router.yaml"]))
-    needed = int(pre_stop[1]) + config.server.shutdown_grace_s + 10
+    cleanup = config.timeouts.kv_transfer_s + 10  # consuming a transfer cut off mid-flight
+    needed = int(pre_stop[1]) + config.server.shutdown_grace_s + cleanup
     assert spec["template"]["spec"]["terminationGracePeriodSeconds"] >= needed
     assert spec["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     service = find(docs, "Service", "pd-gateway")
