@@ -15,7 +15,11 @@ token count, and the gateway's text against the script. The gateway's CPU time p
 token is utime+stime of its process over its rounds (per-request work included), divided
 by the tokens relayed.
 
-Run: `python bench/gateway_overhead.py [--requests N] [--concurrency C] [--tokens T]`.
+`--baseline DIR` adds a second gateway, run from another checkout of the project (e.g. a
+`git worktree` of an older commit), in the same rounds: before and after, side by side.
+
+Run: `python bench/gateway_overhead.py [--requests N] [--concurrency C] [--tokens T]
+[--baseline DIR]`.
 """
 
 from __future__ import annotations
@@ -191,16 +195,17 @@ async def run_load(
 
 
 class Gateway:
-    """`pd-gateway serve` as a child in its own process group, on a free loopback port."""
+    """`pd-gateway serve` from the checkout at `root`, as a child in its own process group, on
+    a free loopback port."""
 
-    def __init__(self, config: dict, workdir: Path) -> None:
+    def __init__(self, config: dict, workdir: Path, root: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
         config_path = workdir / "router.yaml"
         config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         self.log_path = workdir / "gateway.log"
+        self.base_url = ""
         env = dict(os.environ, PYTHONUNBUFFERED="1", TRANSFORMERS_VERBOSITY="error")
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])
-        )
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
         argv = [sys.executable, "-m", "router.cli", "serve", "--config", str(config_path)]
         with self.log_path.open("w") as log:
             self.popen = subprocess.Popen(
@@ -210,6 +215,7 @@ class Gateway:
                 stderr=log,
                 text=True,
                 env=env,
+                cwd=root,
                 start_new_session=True,
             )
 
@@ -218,7 +224,8 @@ class Gateway:
         assert self.popen.stdout is not None
         for line in self.popen.stdout:
             if line.startswith(READY_PREFIX):
-                return line[len(READY_PREFIX) :].strip()
+                self.base_url = line[len(READY_PREFIX) :].strip()
+                return self.base_url
         raise SystemExit(f"the gateway did not start:\n{self.log_path.read_text()}")
 
     def cpu_s(self) -> tuple[float, float]:
@@ -241,7 +248,8 @@ class Gateway:
 
 
 @contextmanager
-def running_gateway(stack: SimStack) -> Iterator[Gateway]:
+def running_gateways(stack: SimStack, roots: dict[str, Path]) -> Iterator[dict[str, Gateway]]:
+    """One gateway per labelled checkout, all on the same stack."""
     config = {
         "server": {"host": "127.0.0.1", "port": 0},
         "models": [
@@ -260,11 +268,14 @@ def running_gateway(stack: SimStack) -> Iterator[Gateway]:
         ],
     }
     with tempfile.TemporaryDirectory(prefix="pd-gateway-bench-") as workdir:
-        gateway = Gateway(config, Path(workdir))
+        gateways: dict[str, Gateway] = {}
         try:
-            yield gateway
+            for label, root in roots.items():
+                gateways[label] = Gateway(config, Path(workdir) / label, root)
+            yield gateways
         finally:
-            gateway.stop()
+            for gateway in gateways.values():
+                gateway.stop()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -288,68 +299,76 @@ def summarize(samples: list[Sample]) -> tuple[float, ...]:
 
 
 @dataclass(slots=True)
-class Cell:
-    """One concurrency level: both methods, and the gateway's CPU time per relayed token."""
+class Relayed:
+    """One gateway at one concurrency level: its figures and CPU time per relayed token."""
 
-    requests: int
-    direct: tuple[float, ...]
-    gateway: tuple[float, ...]
+    figures: tuple[float, ...]
     user_us: float
     sys_us: float
 
 
+@dataclass(slots=True)
+class Cell:
+    """One concurrency level: the direct floor and each gateway."""
+
+    requests: int
+    direct: tuple[float, ...]
+    gateways: dict[str, Relayed]
+
+
 class Bench:
-    """The two methods against one running stack and gateway, interleaved round by round so
-    that noise from other processes on the machine hits both alike."""
+    """The methods against one running stack, interleaved round by round so that noise from
+    other processes on the machine hits them all alike."""
 
     def __init__(
-        self, client: httpx.AsyncClient, stack: SimStack, gateway: Gateway, base_url: str
+        self, client: httpx.AsyncClient, stack: SimStack, gateways: dict[str, Gateway]
     ) -> None:
         self._client = client
         self._stack = stack
-        self._gateway = gateway
-        self._base_url = base_url
+        self._gateways = gateways
 
     async def direct(self, worker: int, script: Script) -> Sample:
         node = self._stack.nodes[worker]  # one worker per node: never double-booked
         return await direct_request(self._client, self._stack.prefills[0].url, node, script)
 
-    async def through(self, script: Script) -> Sample:
-        return await gateway_request(self._client, self._base_url, script)
+    async def through(self, gateway: Gateway, script: Script) -> Sample:
+        return await gateway_request(self._client, gateway.base_url, script)
 
     async def warm_up(self, script: Script) -> None:
         """Connections, tokenizers and every node, before anything is measured."""
         nodes = len(self._stack.nodes)
         await run_load(nodes, nodes, lambda w: self.direct(w, script))
-        await self.wait_nodes_idle()
-        await run_load(nodes, nodes, lambda _: self.through(script))
+        for gateway in self._gateways.values():
+            await self.wait_nodes_idle()
+            await run_load(nodes, nodes, lambda _, g=gateway: self.through(g, script))
 
     async def level(self, requests: int, concurrency: int, script: Script) -> Cell:
         """`requests` (rounded up to whole rounds) of each method at `concurrency`."""
         size = 2 * concurrency
         floor: list[Sample] = []
-        relayed: list[Sample] = []
-        user_s = sys_s = 0.0
+        relayed: dict[str, list[Sample]] = {label: [] for label in self._gateways}
+        cpu = {label: [0.0, 0.0] for label in self._gateways}
         for _ in range(math.ceil(requests / size)):
             await self.wait_nodes_idle()
             floor += await run_load(size, concurrency, lambda w: self.direct(w, script))
-            await self.wait_nodes_idle()
-            user_before, sys_before = self._gateway.cpu_s()
-            relayed += await run_load(size, concurrency, lambda _: self.through(script))
-            user_after, sys_after = self._gateway.cpu_s()
-            user_s += user_after - user_before
-            sys_s += sys_after - sys_before
-        for sample in (*floor, *relayed):
+            for label, gateway in self._gateways.items():
+                await self.wait_nodes_idle()
+                user_before, sys_before = gateway.cpu_s()
+                relayed[label] += await run_load(
+                    size, concurrency, lambda _, g=gateway: self.through(g, script)
+                )
+                user_after, sys_after = gateway.cpu_s()
+                cpu[label][0] += user_after - user_before
+                cpu[label][1] += sys_after - sys_before
+        for sample in (*floor, *(s for samples in relayed.values() for s in samples)):
             if sample.tokens != script.tokens:
                 raise SystemExit(f"{sample.tokens} tokens received, {script.tokens} scripted")
-        tokens = sum(s.tokens for s in relayed)
-        return Cell(
-            len(relayed),
-            summarize(floor),
-            summarize(relayed),
-            user_s / tokens * 1e6,
-            sys_s / tokens * 1e6,
-        )
+        cells = {}
+        for label, samples in relayed.items():
+            tokens = sum(s.tokens for s in samples)
+            user_s, sys_s = cpu[label]
+            cells[label] = Relayed(summarize(samples), user_s / tokens * 1e6, sys_s / tokens * 1e6)
+        return Cell(len(floor), summarize(floor), cells)
 
     async def wait_nodes_idle(self) -> None:
         """Every node has released its slot: the previous round's decodes have all ended."""
@@ -362,12 +381,13 @@ class Bench:
 
 
 async def measure(
-    args: argparse.Namespace, script: Script, stack: SimStack, gateway: Gateway
+    args: argparse.Namespace, script: Script, stack: SimStack, gateways: dict[str, Gateway]
 ) -> dict[int, Cell]:
-    base_url = await asyncio.wait_for(asyncio.to_thread(gateway.wait_ready), READY_TIMEOUT_S)
+    for gateway in gateways.values():
+        await asyncio.wait_for(asyncio.to_thread(gateway.wait_ready), READY_TIMEOUT_S)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=TIMEOUT, limits=limits) as client:
-        bench = Bench(client, stack, gateway, base_url)
+        bench = Bench(client, stack, gateways)
         await bench.warm_up(script)
         return {
             level: await bench.level(args.requests, level, script)
@@ -384,29 +404,32 @@ def print_table(args: argparse.Namespace, script: Script, results: dict[int, Cel
     widths = (10, 10, 11, 10, 10)
     titles = ("TTFT p50", "TTFT p95", "tok/s p50", "e2e p50", "e2e p95")
     print(
-        f"{'conc':>4}  {'method':<8}"
+        f"{'conc':>4}  {'method':<9}"
         + "".join(f"{t:>{w}}" for t, w in zip(titles, widths, strict=True))
     )
     for level, cell in results.items():
-        d, g = cell.direct, cell.gateway
-        rows = [
-            ("direct", [f"{v:.1f}" for v in d]),
-            ("gateway", [f"{v:.1f}" for v in g]),
-            ("added", [f"{b - a:+.1f}" for a, b in zip(d, g, strict=True)]),
-            ("ratio", [f"x{b / a:.3f}" for a, b in zip(d, g, strict=True)]),
-        ]
+        d = cell.direct
+        rows = [("direct", [f"{v:.1f}" for v in d])]
+        for label, relayed in cell.gateways.items():
+            g = relayed.figures
+            rows += [
+                (label, [f"{v:.1f}" for v in g]),
+                ("  added", [f"{b - a:+.1f}" for a, b in zip(d, g, strict=True)]),
+                ("  ratio", [f"x{b / a:.3f}" for a, b in zip(d, g, strict=True)]),
+            ]
         for name, cells in rows:
             line = "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
-            print(f"{level:>4}  {name:<8}{line}")
+            print(f"{level:>4}  {name:<9}{line}")
     print(
         "ms; TTFT at the first /pd/decode line (direct) or content event (gateway); "
         "tok/s per stream after its first token"
     )
     for level, cell in results.items():
-        print(
-            f"gateway CPU per output token at concurrency {level}: "
-            f"{cell.user_us + cell.sys_us:.1f} us (user {cell.user_us:.1f}, sys {cell.sys_us:.1f})"
-        )
+        for label, r in cell.gateways.items():
+            print(
+                f"{label} CPU per output token at concurrency {level}: "
+                f"{r.user_us + r.sys_us:.1f} us (user {r.user_us:.1f}, sys {r.sys_us:.1f})"
+            )
 
 
 def main() -> None:
@@ -418,14 +441,20 @@ def main() -> None:
         "--concurrency", type=int, default=4, help="the higher level; also the number of nodes"
     )
     parser.add_argument("--tokens", type=int, default=512, help="scripted output length")
+    parser.add_argument(
+        "--baseline", type=Path, help="another checkout of the project to measure alongside"
+    )
     args = parser.parse_args()
     if min(args.requests, args.concurrency) < 1 or args.tokens < 2:
         parser.error("--requests and --concurrency must be >= 1, --tokens >= 2")
 
     script = make_script(args.tokens)
     stack = SimStack(nodes=args.concurrency, prefills=1, model=MODEL, node_args=NODE_ARGS)
-    with stack, running_gateway(stack) as gateway:
-        results = uvloop.run(measure(args, script, stack, gateway))
+    roots = {"gateway": PROJECT_ROOT}
+    if args.baseline is not None:
+        roots["baseline"] = args.baseline.resolve()
+    with stack, running_gateways(stack, roots) as gateways:
+        results = uvloop.run(measure(args, script, stack, gateways))
     print_table(args, script, results)
 
 

@@ -88,8 +88,10 @@ class IntRange:
 class Condition(Protocol):
     """One ANDed clause of a rule's `match`."""
 
-    label: str
-    """Where it comes from in the rules file, e.g. `headers.x-workload`."""
+    @property
+    def label(self) -> str:
+        """Where it comes from in the rules file, e.g. `headers.x-workload`."""
+        ...
 
     def test(self, features: RequestFeatures, tokens: TokenRange) -> bool | None:
         """True or False when decided; None only when the token count would decide."""

@@ -13,6 +13,8 @@ Both run the same evaluation over cheap bounds on the token count (`TokenBounds`
 
 from __future__ import annotations
 
+from typing import Literal
+
 from policies.capabilities import Capabilities, TokenRange
 from policies.conditions import Condition
 from policies.decision import ROUTE_HEADER, Decision, Trace
@@ -83,7 +85,9 @@ def _decide(
     )
 
 
-def _test(rule: Rule, features: RequestFeatures, tokens: TokenRange) -> Condition | bool | None:
+def _test(
+    rule: Rule, features: RequestFeatures, tokens: TokenRange
+) -> Condition | Literal[True] | None:
     """True on a match, the failing condition on a miss, None when only the count decides."""
     # Cheap conditions first: one that fails settles the rule without the count.
     for condition in rule.conditions:

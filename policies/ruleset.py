@@ -49,12 +49,3 @@ class RuleSet:
         names = [rule.name for rule in self.rules] + [self.default.name]
         if len(set(names)) != len(names):
             raise ValueError("rule names must be unique")
-
-    @property
-    def uses_prompt_tokens(self) -> bool:
-        """Whether any rule looks at the prompt's token count."""
-        return any(rule.prompt_tokens is not None for rule in self.rules)
-
-    def rule(self, name: str) -> Rule | None:
-        """The rule called `name`, if any (the default is not a `Rule`)."""
-        return next((rule for rule in self.rules if rule.name == name), None)

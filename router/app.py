@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.config import GatewayConfig
 from router.dispatch import Dispatcher
+from router.endpoints import ENDPOINTS, EndpointSpec
 from router.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound
 from router.request_metrics import RequestMetrics
 from router.responses import error_response, json_response
@@ -38,13 +39,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app = FastAPI(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(RequestMetrics)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await request.app.state.dispatcher.handle(request, "chat")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await request.app.state.dispatcher.handle(request, "completions")
+    for endpoint in ENDPOINTS.values():
+        app.add_api_route(endpoint.path, _generate(endpoint), methods=["POST"])
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -61,7 +57,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         state: AppState = request.app.state.gateway
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        rendered = state.metrics.render(await state.pool_snapshots())
+        return Response(rendered, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/ready")
     async def ready(request: Request) -> Response:
@@ -74,22 +71,21 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def pool(request: Request) -> Response:
         _check_admin(request, config)
         state: AppState = request.app.state.gateway
+        snapshots = await state.pool_snapshots()
         return json_response(
             {
-                "models": {
-                    name: dataclasses.asdict(gate.snapshot()) for name, gate in state.gates.items()
-                },
+                "models": {name: dataclasses.asdict(s) for name, s in snapshots.items()},
                 "background_tasks": state.background_tasks,
             }
         )
 
     @app.post("/admin/nodes/{node_id}/drain")
     async def drain(request: Request, node_id: str) -> Response:
-        return _set_drained(request, config, node_id, drained=True)
+        return await _set_drained(request, config, node_id, drained=True)
 
     @app.post("/admin/nodes/{node_id}/undrain")
     async def undrain(request: Request, node_id: str) -> Response:
-        return _set_drained(request, config, node_id, drained=False)
+        return await _set_drained(request, config, node_id, drained=False)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> Response:
@@ -107,6 +103,15 @@ def create_app(config: GatewayConfig) -> FastAPI:
     return app
 
 
+def _generate(endpoint: EndpointSpec) -> Callable[[Request], Awaitable[Response]]:
+    async def handle(request: Request) -> Response:
+        dispatcher: Dispatcher = request.app.state.dispatcher
+        return await dispatcher.handle(request, endpoint)
+
+    handle.__name__ = endpoint.name
+    return handle
+
+
 def _check_admin(request: Request, config: GatewayConfig) -> None:
     key = config.admin.api_key
     if key is None:
@@ -116,7 +121,7 @@ def _check_admin(request: Request, config: GatewayConfig) -> None:
         raise AuthenticationFailed("a valid admin key is required")
 
 
-def _set_drained(
+async def _set_drained(
     request: Request, config: GatewayConfig, node_id: str, *, drained: bool
 ) -> Response:
     """Drain (finish the current request, take no more) or undrain a node, in every pool."""
@@ -125,7 +130,7 @@ def _set_drained(
     models = [
         model
         for model, gate in state.gates.items()
-        if (gate.drain(node_id) if drained else gate.undrain(node_id))
+        if await (gate.drain(node_id) if drained else gate.undrain(node_id))
     ]
     if not models:
         raise NotFound(f"no TileRT node '{node_id}' in any pool", param="node_id")

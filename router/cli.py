@@ -13,12 +13,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from policies.types import ENDPOINTS as POLICY_ENDPOINTS
+from policies.types import Endpoint
 from router.config import ConfigError, GatewayConfig, compile_rules, load_config
 
 if TYPE_CHECKING:
     from router.prompt_tokens import PromptCounter
-
-ENDPOINTS = ("chat", "completions")
 
 
 class UsageError(Exception):
@@ -28,7 +28,8 @@ class UsageError(Exception):
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return args.run(args)
+        status: int = args.run(args)
+        return status
     except (ConfigError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -55,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--config", default="router.yaml", type=Path)
     explain.add_argument("--request", required=True, type=Path, help="a JSON request body")
     explain.add_argument(
-        "--endpoint", choices=ENDPOINTS, help="default: chat, or completions for a prompt body"
+        "--endpoint",
+        choices=list(POLICY_ENDPOINTS),
+        help="default: chat, or completions for a prompt body",
     )
     explain.add_argument(
         "--header",
@@ -121,6 +124,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _classify(args: argparse.Namespace) -> int:
     """Print `Decision.explain()` and the response headers the decision implies."""
     from router.classify import Classifier
+    from router.endpoints import ENDPOINTS
     from router.errors import InvalidRequest
     from router.openai.requests import parse_body, validate
 
@@ -131,9 +135,9 @@ def _classify(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.request}: cannot read: {exc.strerror}") from None
     except InvalidRequest as exc:
         raise UsageError(f"{args.request}: {exc.message}") from None
-    endpoint = args.endpoint or _endpoint_of(body)
+    endpoint: Endpoint = args.endpoint or _endpoint_of(body)
     try:
-        validate(endpoint, body)
+        validate(ENDPOINTS[endpoint].request, body)
     except InvalidRequest as exc:
         where = f" ({exc.param})" if exc.param else ""
         message = f"not a valid {endpoint} request{where}: {exc.message}"
@@ -151,7 +155,7 @@ def _classify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _endpoint_of(body: dict[str, Any]) -> str:
+def _endpoint_of(body: dict[str, Any]) -> Endpoint:
     return "completions" if "prompt" in body and "messages" not in body else "chat"
 
 

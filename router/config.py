@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from policies import Action, RulesError, RuleSet, load_rules, parse_rules
-from router.parsers import OUTPUT_PARSERS
+from router.parsers.registry import OUTPUT_PARSERS
 
 
 class _Strict(BaseModel):
@@ -132,6 +132,14 @@ class GateConfig(_Strict):
     probe_interval_s: Annotated[float, Field(gt=0)] = 1.0
 
 
+class UpstreamsConfig(_Strict):
+    """Connection pools, one per upstream server (each vLLM URL, each TileRT node)."""
+
+    max_connections: Annotated[int, Field(ge=1)] = 1024
+    max_keepalive_connections: Annotated[int, Field(ge=0)] = 256
+    keepalive_expiry_s: Annotated[float, Field(gt=0)] = 30.0
+
+
 class TimeoutsConfig(_Strict):
     connect_s: Annotated[float, Field(gt=0)] = 5.0
     prefill_s: Annotated[float, Field(gt=0)] = 600.0
@@ -201,6 +209,7 @@ class GatewayConfig(_Strict):
     classification: ClassificationConfig = ClassificationConfig()
     gate: GateConfig = GateConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
+    upstreams: UpstreamsConfig = UpstreamsConfig()
     models: Annotated[list[ModelConfig], Field(min_length=1)]
     base_dir: Path = Path(".")
 

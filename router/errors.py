@@ -7,11 +7,11 @@
      ├── Overloaded                429 (with Retry-After)      (the gate shed the request)
      ├── ClientGone                499 (never read: the client left before the answer)
      └── UpstreamError             502/503/504, or an upstream 4xx passed through
-          ├── PrefillError         the vLLM prefill leg failed
+          ├── PrefillError         the vLLM prefill failed
           └── DecodeError          the TileRT node failed before anything reached the client
 
-Third-party exceptions (httpx, pydantic) are translated into these at the boundary where
-they occur, so nothing above the transports ever sees them.
+Third-party exceptions are translated into these at the boundary where they occur (httpx in
+`router.upstream`, pydantic in `router.openai.requests`), so nothing above ever sees them.
 """
 
 from __future__ import annotations
@@ -97,48 +97,24 @@ class ClientGone(GatewayError):
 
 
 class UpstreamError(GatewayError):
+    """`in_doubt`: the upstream may have acted on the request all the same (it timed out or
+    broke off after the request was sent, or answered 200 with something unusable)."""
+
     status = 502
     error_type = "upstream_error"
 
+    def __init__(self, message: str, *, in_doubt: bool = False, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.in_doubt = in_doubt
+
 
 class PrefillError(UpstreamError):
-    """`claimed`: the prefill answered 200, so its connector did push a KV transfer."""
-
-    def __init__(self, message: str, *, claimed: bool = False, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.claimed = claimed
+    pass
 
 
 class DecodeError(UpstreamError):
     pass
 
 
-def upstream_status(status: int) -> int:
-    """4xx from an upstream is the client's fault and passes through; anything else is 502."""
-    return status if 400 <= status < 500 else 502
-
-
-def upstream_message(content: bytes) -> str:
-    """The message out of an upstream's OpenAI-style (or vLLM-style) error body."""
-    try:
-        data = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return "no error message"
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        if data.get("message"):
-            return str(data["message"])
-    return "no error message"
-
-
 def error_json(error: GatewayError) -> bytes:
     return orjson.dumps(error.body())
-
-
-def sse_error_event(error: GatewayError) -> bytes:
-    """An error once streaming has begun: one SSE event, then the stream closes cleanly."""
-    return b"data: " + error_json(error) + b"\n\n"

@@ -7,7 +7,7 @@ and rule names from the configuration, paths, status codes, error codes).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -20,7 +20,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from router.gate import Gate
+from router.gate import GateSnapshot
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -28,8 +28,8 @@ DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class Metrics:
-    def __init__(self, gates: Callable[[], Mapping[str, Gate]]) -> None:
-        disable_created_metrics()  # `*_created` series double the output for no use here
+    def __init__(self) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` series double the output for no use here
         self.registry = CollectorRegistry()
         r = self.registry
         self._requests = Counter(
@@ -85,7 +85,8 @@ class Metrics:
             registry=r,
         )
         self._token_gap_children: dict[str, Any] = {}
-        r.register(_PoolCollector(gates))
+        self._pools = _PoolCollector()
+        r.register(self._pools)
 
     def request(self, model: str, path: str, rule: str, status: int) -> None:
         self._requests.labels(model, path, rule, str(status)).inc()
@@ -116,15 +117,18 @@ class Metrics:
     def cancelled(self, model: str, reason: str) -> None:
         self._cancellations.labels(model, reason).inc()
 
-    def render(self) -> bytes:
+    def render(self, pools: Mapping[str, GateSnapshot]) -> bytes:
+        """The exposition, with the pool gauges read from `pools` (model -> its snapshot)."""
+        self._pools.snapshots = pools
         return generate_latest(self.registry)
 
 
 class _PoolCollector(Collector):
-    """Slot occupancy, node health and queue depth, read from the gates when scraped."""
+    """Slot occupancy, node health and queue depth, from the pools' snapshots taken for
+    this scrape (a shared pool's state can only be read asynchronously)."""
 
-    def __init__(self, gates: Callable[[], Mapping[str, Gate]]) -> None:
-        self._gates = gates
+    def __init__(self) -> None:
+        self.snapshots: Mapping[str, GateSnapshot] = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         busy = GaugeMetricFamily(
@@ -142,8 +146,7 @@ class _PoolCollector(Collector):
             "Requests waiting for a TileRT slot.",
             labels=["model"],
         )
-        for model, gate in self._gates().items():
-            snapshot = gate.snapshot()
+        for model, snapshot in self.snapshots.items():
             for node, holder in snapshot.busy.items():
                 busy.add_metric([model, node], 0 if holder is None else 1)
                 up.add_metric([model, node], 0 if node in snapshot.out else 1)

@@ -38,7 +38,7 @@ class PromptCounter:
             return self._count_completion(body.get("prompt"))
         if self._template is not None:
             try:
-                return self._template(body)
+                return int(self._template(body))
             except Exception:  # a template refusing the request (raise_exception, bad kwargs)
                 log.debug("chat template failed; counting the approximate rendering")
         return _count(self._tokenizer, render_chat(body))
@@ -120,7 +120,7 @@ def _load_template(tokenizer_file: Path) -> Any:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import PreTrainedTokenizerFast
 
-    hf = PreTrainedTokenizerFast(
+    hf = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_file=str(tokenizer_file), chat_template=config["chat_template"]
     )
 
@@ -132,6 +132,6 @@ def _load_template(tokenizer_file: Path) -> Any:
             tokenize=False,
             **_template_kwargs(body.get("chat_template_kwargs")),
         )
-        return _count(hf.backend_tokenizer, text)
+        return _count(hf.backend_tokenizer, str(text))
 
     return render

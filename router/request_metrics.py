@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from router.endpoints import ENDPOINTS
 from router.metrics import Metrics
 
-API_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+API_PATHS = frozenset(endpoint.path for endpoint in ENDPOINTS.values())
 
 
 class RequestMetrics:

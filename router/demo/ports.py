@@ -60,9 +60,9 @@ def started(plan: ModelPlan, stack: SimStack) -> Endpoints:
         endpoints.nodes[key] = (info.ctrl_port, info.http_port)
     servers = [*zip(plan.prefill_kind, stack.prefills, strict=True)]
     servers += zip(plan.decode_kind, stack.decodes, strict=True)
-    for server, info in servers:
-        endpoints.urls[server.url] = with_port(server.url, info.port)
-        endpoints.side_channels[server.url] = info.side_channel_port
+    for server, server_info in servers:
+        endpoints.urls[server.url] = with_port(server.url, server_info.port)
+        endpoints.side_channels[server.url] = server_info.side_channel_port
     return endpoints
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from router.config import GateConfig, NodeConfig
-from router.gate.base import Gate, GateRejected, GateSnapshot, Lease
+from router.gate.base import Gate, GateRejected, GateSnapshot, Lease, PoolAdmin, SlotGate
 from router.gate.health import NodeFailure, failure_for
 from router.gate.memory import MemoryGate
 
@@ -13,6 +13,8 @@ __all__ = [
     "GateSnapshot",
     "Lease",
     "NodeFailure",
+    "PoolAdmin",
+    "SlotGate",
     "failure_for",
     "make_gate",
 ]

@@ -38,6 +38,11 @@ class Lease(Protocol):
         request got far enough to say anything about the node's health)."""
         ...
 
+    async def renew(self) -> bool:
+        """Keep the slot while the request runs; False if it has been lost (the holder must
+        then finish its node protocol and start nothing new on the node)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class GateSnapshot:
@@ -48,7 +53,9 @@ class GateSnapshot:
     retry_after_s: int
 
 
-class Gate(Protocol):
+class SlotGate(Protocol):
+    """What a request sees: a slot to wait for, and how long a refused client should wait."""
+
     async def acquire(self, *, priority: int, wait_s: float, holder: str) -> Lease:
         """Wait for a slot: higher priority first, then arrival order.
 
@@ -57,31 +64,41 @@ class Gate(Protocol):
         """
         ...
 
-    def retry_after_s(self) -> int:
+    async def retry_after_s(self) -> int:
         """A Retry-After estimate from recent slot hold times and the queue ahead."""
         ...
 
-    def snapshot(self) -> GateSnapshot: ...
 
-    def due_for_probe(self) -> list[NodeConfig]:
+class PoolAdmin(Protocol):
+    """What the prober and operators see: the pool's nodes and their service state."""
+
+    async def snapshot(self) -> GateSnapshot: ...
+
+    async def nodes(self) -> list[NodeConfig]: ...
+
+    async def due_for_probe(self) -> list[NodeConfig]:
         """Nodes out of service long enough to be probed."""
         ...
 
-    def readmit(self, node_id: str) -> None:
+    async def readmit(self, node_id: str) -> None:
         """A probed node is healthy and idle: back in service."""
         ...
 
-    def take_out(self, node_id: str, reason: str) -> None:
+    async def take_out(self, node_id: str, reason: str) -> None:
         """Out of service now (a free node only), until probed ready."""
         ...
 
-    def nodes(self) -> list[NodeConfig]: ...
-
-    def drain(self, node_id: str) -> bool:
+    async def drain(self, node_id: str) -> bool:
         """An operator's drain: the node finishes its request and takes no more until
         `undrain`. False if the node is not in this pool."""
         ...
 
-    def undrain(self, node_id: str) -> bool: ...
+    async def undrain(self, node_id: str) -> bool: ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Reject every waiter; leases still held may be released afterwards."""
+        ...
+
+
+class Gate(SlotGate, PoolAdmin, Protocol):
+    """A backend implements both halves."""

@@ -80,9 +80,6 @@ class NodeHealth:
             return True
         return False
 
-    def is_out(self, node_id: str) -> bool:
-        return self._states[node_id].out_since is not None
-
     def usable(self, node_id: str) -> bool:
         """In service: neither out for failures nor drained."""
         state = self._states[node_id]

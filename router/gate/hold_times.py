@@ -17,10 +17,6 @@ class HoldTimeEstimator:
     def observe(self, held_s: float) -> None:
         self._mean += self._alpha * (held_s - self._mean)
 
-    @property
-    def mean_s(self) -> float:
-        return self._mean
-
     def retry_after_s(self, *, waiting: int, nodes: int) -> int:
         """Seconds until the queue ahead of a newcomer has likely drained: whole, 1..600."""
         if nodes <= 0:

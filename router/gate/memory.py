@@ -52,6 +52,9 @@ class MemoryLease:
             held_s = time.monotonic() - self._acquired_at
             self._gate._release(self._node, held_s, failure, judged=judged)
 
+    async def renew(self) -> bool:
+        return not self._released  # one process: a held slot cannot be lost
+
 
 class MemoryGate:
     def __init__(
@@ -79,11 +82,11 @@ class MemoryGate:
         if self._free and self._waiting == 0:
             return self._grant(self._free.popleft(), holder)
         if self._health.in_service == 0:
-            raise GateRejected("no_node", self.retry_after_s())
+            raise GateRejected("no_node", self._retry_after_s())
         if self._waiting >= self._max_queue:
-            raise GateRejected("queue_full", self.retry_after_s())
+            raise GateRejected("queue_full", self._retry_after_s())
         if wait_s <= 0:
-            raise GateRejected("wait_timeout", self.retry_after_s())
+            raise GateRejected("wait_timeout", self._retry_after_s())
         waiter = _Waiter(
             (-priority, next(self._arrivals)), asyncio.get_running_loop().create_future(), holder
         )
@@ -94,45 +97,48 @@ class MemoryGate:
                 node = await waiter.future
         except TimeoutError:
             self._abandon(waiter)
-            raise GateRejected("wait_timeout", self.retry_after_s()) from None
+            raise GateRejected("wait_timeout", self._retry_after_s()) from None
         except BaseException:
             self._abandon(waiter)
             raise
         return self._grant(node, holder)
 
-    def retry_after_s(self) -> int:
+    async def retry_after_s(self) -> int:
+        return self._retry_after_s()
+
+    def _retry_after_s(self) -> int:
         if self._health.in_service == 0:
             return max(1, math.ceil(self._health.seconds_until_probe()) + 1)
         return self._hold_times.retry_after_s(waiting=self._waiting, nodes=self._health.in_service)
 
-    def snapshot(self) -> GateSnapshot:
+    async def snapshot(self) -> GateSnapshot:
         return GateSnapshot(
             nodes=len(self._nodes),
             busy=dict(self._holders),
             out=self._health.out(),
             waiting=self._waiting,
-            retry_after_s=self.retry_after_s(),
+            retry_after_s=self._retry_after_s(),
         )
 
-    def due_for_probe(self) -> list[NodeConfig]:
+    async def due_for_probe(self) -> list[NodeConfig]:
         due = set(self._health.due_for_probe())
         return [n for n in self._nodes if n.id in due]
 
-    def nodes(self) -> list[NodeConfig]:
+    async def nodes(self) -> list[NodeConfig]:
         return list(self._nodes)
 
-    def take_out(self, node_id: str, reason: str) -> None:
+    async def take_out(self, node_id: str, reason: str) -> None:
         if self._holders[node_id] is not None:
             return  # held or reserved: its release will judge it
         self._health.record(node_id, NodeFailure(reason, hard=True))
         self._free = deque(n for n in self._free if n.id != node_id)
         self._fail_waiters_if_no_node()
 
-    def readmit(self, node_id: str) -> None:
+    async def readmit(self, node_id: str) -> None:
         if self._health.readmit(node_id):
             self._back_in_service(node_id)
 
-    def drain(self, node_id: str) -> bool:
+    async def drain(self, node_id: str) -> bool:
         if node_id not in self._holders:
             return False
         self._health.drain(node_id)
@@ -140,7 +146,7 @@ class MemoryGate:
         self._fail_waiters_if_no_node()
         return True
 
-    def undrain(self, node_id: str) -> bool:
+    async def undrain(self, node_id: str) -> bool:
         if node_id not in self._holders:
             return False
         if self._health.undrain(node_id):
@@ -208,7 +214,7 @@ class MemoryGate:
                 waiter.active = False
                 self._waiting -= 1
                 if not waiter.future.done():
-                    waiter.future.set_exception(GateRejected("no_node", self.retry_after_s()))
+                    waiter.future.set_exception(GateRejected("no_node", self._retry_after_s()))
         self._waiters.clear()
         self._stale = 0
 

@@ -1,140 +1,34 @@
-"""The latency path end to end: take a slot, run the session, answer in OpenAI's shape."""
+"""The latency path of one model: take a TileRT slot, run the node protocol, and answer in
+OpenAI's shape from the decode relay."""
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from contextlib import AsyncExitStack
 
-import httpx
-from fastapi.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+import orjson
 
 from router.balance import LeastOutstanding
-from router.config import ModelConfig, TimeoutsConfig
-from router.errors import GatewayError, Overloaded, sse_error_event
-from router.gate import Gate, GateRejected
-from router.latency.session import LatencySession, SessionEnd, Spawn
-from router.metrics import Metrics
-from router.openai.render import DONE_EVENT, Renderer, Usage, make_renderer
-from router.openai.requests import ChatRequest, CompletionRequest
-from router.responses import json_response
+from router.config import LatencyConfig
+from router.errors import GatewayError, Overloaded, UpstreamError
+from router.gate import Gate, GateRejected, Lease
+from router.latency.protocol import LatencyDeps, NodeSession
+from router.latency.relay import DecodeRelay, RelayEnd
+from router.openai.render import Renderer, Usage
+from router.openai.sse import DONE_EVENT, error_event
+from router.serving import Answer, RoutedRequest, json_answer
 from router.tokenizer import LoadedTokenizer
+from router.upstream.vllm import Prefilled
 
 log = logging.getLogger("pd_gateway.latency")
 
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-class LatencyPool:
-    """Everything one model needs on the latency path."""
-
-    def __init__(
-        self,
-        *,
-        model: ModelConfig,
-        gate: Gate,
-        tokenizer: LoadedTokenizer,
-        http: httpx.AsyncClient,
-        timeouts: TimeoutsConfig,
-        spawn: Spawn,
-        metrics: Metrics,
-    ) -> None:
-        assert model.latency is not None
-        self.model = model
-        self.gate = gate
-        self._tokenizer = tokenizer
-        self._http = http
-        self._timeouts = timeouts
-        self._spawn = spawn
-        self._metrics = metrics
-        self._prefill = LeastOutstanding(model.latency.prefill)
-        self._live: set[LatencySession] = set()  # sessions whose slot is not yet released
-
-    async def serve(
-        self,
-        request: ChatRequest | CompletionRequest,
-        body: dict[str, Any],
-        *,
-        priority: int,
-        wait_s: float,
-        headers: dict[str, str],
-    ) -> Response:
-        rid = uuid.uuid4().hex  # dash-free: vLLM and the node reduce it to itself (§1.2)
-        started = time.monotonic()
-        try:
-            lease = await self.gate.acquire(priority=priority, wait_s=wait_s, holder=rid)
-        except GateRejected as exc:
-            self._metrics.queue_wait(self.model.name, time.monotonic() - started, granted=False)
-            raise Overloaded(
-                _REJECTED[exc.reason], retry_after_s=exc.retry_after_s, code=exc.reason
-            ) from None
-        self._metrics.queue_wait(self.model.name, time.monotonic() - started, granted=True)
-        url = self._prefill.pick()
-        session = LatencySession(
-            metrics=self._metrics,
-            started=started,
-            on_released=self._live.discard,
-            rid=rid,
-            http=self._http,
-            timeouts=self._timeouts,
-            spawn=self._spawn,
-            lease=lease,
-            prefill_url=url,
-            model=self.model,
-            tokenizer=self._tokenizer,
-            request=request,
-            body=body,
-        )
-        self._live.add(session)
-        with self._prefill.hold(url):
-            await session.start()
-        assert session.prefill is not None
-        renderer = make_renderer(
-            isinstance(request, ChatRequest),
-            response_id=session.prefill.response_id,
-            created=session.prefill.created,
-            model=self.model.name,
-        )
-        if request.stream:
-            return SessionStream(
-                session,
-                _stream(session, renderer, include_usage=request.include_usage),
-                media_type="text/event-stream",
-                headers={**SSE_HEADERS, **headers},
-            )
-        end = SessionEnd("stop", 0)
-        async for event in session.events():
-            if isinstance(event, SessionEnd):
-                end = event
-        usage = _usage(session, end)
-        return json_response(
-            renderer.response(session.message(), end.finish_reason, usage), headers=headers
-        )
-
-    def close_all(self) -> None:
-        """Shutdown: finish the protocol of every session still holding a slot (their
-        requests may have been cut off before their own cleanup could start)."""
-        for session in list(self._live):
-            session.close()
-
-
-class SessionStream(StreamingResponse):
-    """A streamed answer that closes its session even if the body was never iterated (the
-    client left before the response started): an unstarted generator has no `finally`."""
-
-    def __init__(self, session: LatencySession, content: AsyncIterator[bytes], **kwargs: Any):
-        super().__init__(content, **kwargs)
-        self._session = session
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._session.close()
-
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 _REJECTED = {
     "queue_full": "all TileRT decode nodes are busy and the queue is full; retry later",
@@ -143,33 +37,124 @@ _REJECTED = {
 }
 
 
-def _usage(session: LatencySession, end: SessionEnd) -> Usage:
-    assert session.prefill is not None
+class LatencyPath:
+    def __init__(
+        self,
+        model: str,
+        config: LatencyConfig,
+        *,
+        output_parser: str,
+        gate: Gate,
+        tokenizer: LoadedTokenizer,
+        deps: LatencyDeps,
+        default_wait_ms: int,
+    ) -> None:
+        self._model = model
+        self._config = config
+        self._output_parser = output_parser
+        self.gate = gate
+        self._tokenizer = tokenizer
+        self._deps = deps
+        self._default_wait_ms = default_wait_ms
+        self._prefill = LeastOutstanding(config.prefill)
+        self._live: set[NodeSession] = set()  # sessions whose slot is not yet released
+
+    async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        try:
+            return await self._open(request, stack)
+        except UpstreamError as exc:
+            self._deps.metrics.upstream_error(self._model, str(exc.code))
+            raise
+
+    async def _open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        started = time.monotonic()
+        lease = await self._acquire(request, started)
+        url = self._prefill.pick()
+        session = NodeSession(
+            self._deps, lease, model=self._model, prefill_url=url, on_released=self._live.discard
+        )
+        self._live.add(session)
+        stack.callback(session.close)
+        with self._prefill.hold(url):
+            prefilled = await session.start(request, max_seq_len=self._config.max_seq_len)
+        relay = DecodeRelay(
+            request,
+            prefilled,
+            tokenizer=self._tokenizer,
+            output_parser=self._output_parser,
+            metrics=self._deps.metrics,
+            started=started,
+        )
+        renderer = request.endpoint.renderer(
+            response_id=prefilled.response_id, created=prefilled.created, model=self._model
+        )
+        if request.parsed.stream:
+            chunks = self._stream(session, relay, renderer, prefilled, request.parsed.include_usage)
+            return Answer(200, list(SSE_HEADERS), chunks)
+        end = RelayEnd("stop", 0)
+        async for event in relay.events(session):
+            if isinstance(event, RelayEnd):
+                end = event
+        body = renderer.response(relay.message(), end.finish_reason, _usage(prefilled, end))
+        return json_answer(orjson.dumps(body))
+
+    async def _acquire(self, request: RoutedRequest, started: float) -> Lease:
+        decision = request.decision
+        if decision.on_saturation == "reject":
+            wait_s = 0.0
+        else:
+            wait_ms = decision.max_queue_wait_ms
+            wait_s = (self._default_wait_ms if wait_ms is None else wait_ms) / 1000
+        metrics = self._deps.metrics
+        try:
+            lease = await self.gate.acquire(
+                priority=decision.priority, wait_s=wait_s, holder=request.request_id
+            )
+        except GateRejected as exc:
+            metrics.queue_wait(self._model, time.monotonic() - started, granted=False)
+            raise Overloaded(
+                _REJECTED[exc.reason], retry_after_s=exc.retry_after_s, code=exc.reason
+            ) from None
+        metrics.queue_wait(self._model, time.monotonic() - started, granted=True)
+        return lease
+
+    async def _stream(
+        self,
+        session: NodeSession,
+        relay: DecodeRelay,
+        renderer: Renderer,
+        prefilled: Prefilled,
+        include_usage: bool,
+    ) -> AsyncIterator[bytes]:
+        first = renderer.start()
+        if first:
+            yield first
+        try:
+            async for event in relay.events(session):
+                if isinstance(event, RelayEnd):
+                    yield renderer.finish(event.finish_reason)
+                    if include_usage:
+                        yield renderer.usage(_usage(prefilled, event))
+                elif chunk := renderer.delta(event):
+                    yield chunk
+        except GatewayError as exc:
+            self._deps.metrics.upstream_error(self._model, str(exc.code))
+            yield error_event(exc)
+        except Exception:  # a bug: the client still gets an error event and a clean end
+            log.exception("relaying a latency stream failed")
+            yield error_event(GatewayError("internal error in the gateway"))
+        yield DONE_EVENT
+
+    def close_all(self) -> None:
+        """Shutdown: finish the protocol of every session still holding a slot (their
+        requests may have been cut off before their own cleanup could start)."""
+        for session in list(self._live):
+            session.close()
+
+
+def _usage(prefilled: Prefilled, end: RelayEnd) -> Usage:
     return Usage(
-        prompt_tokens=session.prefill.prompt_tokens,
+        prompt_tokens=prefilled.prompt_tokens,
         completion_tokens=end.completion_tokens,
-        cached_tokens=session.prefill.cached_tokens,
+        cached_tokens=prefilled.cached_tokens,
     )
-
-
-async def _stream(
-    session: LatencySession, renderer: Renderer, *, include_usage: bool
-) -> AsyncIterator[bytes]:
-    first = renderer.start()
-    if first:
-        yield first
-    try:
-        async for event in session.events():
-            if isinstance(event, SessionEnd):
-                yield renderer.finish(event.finish_reason)
-                if include_usage:
-                    yield renderer.usage(_usage(session, event))
-            elif chunk := renderer.delta(event):
-                yield chunk
-    except GatewayError as exc:
-        session.record_error(exc)
-        yield sse_error_event(exc)
-    except Exception:  # a bug: the client still gets an error event and a clean end
-        log.exception("relaying a latency stream failed")
-        yield sse_error_event(GatewayError("internal error in the gateway"))
-    yield DONE_EVENT

@@ -9,11 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import orjson
-
+from router.openai.sse import event as sse
 from router.parsers import ParsedDelta, ParsedMessage
-
-DONE_EVENT = b"data: [DONE]\n\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,16 +30,14 @@ class Usage:
         return usage
 
 
-def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
 class Renderer(Protocol):
     def start(self) -> bytes | None: ...
     def delta(self, delta: ParsedDelta) -> bytes | None: ...
     def finish(self, finish_reason: str) -> bytes: ...
     def usage(self, usage: Usage) -> bytes: ...
-    def response(self, message: ParsedMessage, finish_reason: str, usage: Usage) -> dict: ...
+    def response(
+        self, message: ParsedMessage, finish_reason: str, usage: Usage
+    ) -> dict[str, Any]: ...
 
 
 class _Base:
@@ -79,7 +74,7 @@ class ChatRenderer(_Base):
     def finish(self, finish_reason: str) -> bytes:
         return self._chunk({}, finish_reason)
 
-    def response(self, message: ParsedMessage, finish_reason: str, usage: Usage) -> dict:
+    def response(self, message: ParsedMessage, finish_reason: str, usage: Usage) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": message.content}
         if message.reasoning is not None:
             msg["reasoning_content"] = message.reasoning
@@ -113,7 +108,7 @@ class CompletionRenderer(_Base):
     def finish(self, finish_reason: str) -> bytes:
         return self._chunk("", finish_reason)
 
-    def response(self, message: ParsedMessage, finish_reason: str, usage: Usage) -> dict:
+    def response(self, message: ParsedMessage, finish_reason: str, usage: Usage) -> dict[str, Any]:
         return {
             **self._head,
             "choices": [

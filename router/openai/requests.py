@@ -81,6 +81,15 @@ class _Generation(_Open):
     def token_budget(self) -> int | None:
         return self.max_tokens
 
+    @property
+    def parser_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the output parser may recognise as calls."""
+        return None
+
+    @property
+    def requested_tool_choice(self) -> str | dict[str, Any] | None:
+        return None
+
 
 class ChatRequest(_Generation):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -92,6 +101,17 @@ class ChatRequest(_Generation):
     def token_budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def parser_tools(self) -> list[dict[str, Any]] | None:
+        """None when the client forbade calls: their markup then stays content, as in vLLM."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [tool.model_dump() for tool in self.tools]
+
+    @property
+    def requested_tool_choice(self) -> str | dict[str, Any] | None:
+        return self.tool_choice
+
 
 class CompletionRequest(_Generation):
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -99,9 +119,6 @@ class CompletionRequest(_Generation):
     @property
     def token_budget(self) -> int | None:
         return self.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
-
-
-Endpoint = Literal["chat", "completions"]
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -114,8 +131,10 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def validate(endpoint: Endpoint, body: dict[str, Any]) -> ChatRequest | CompletionRequest:
-    model = ChatRequest if endpoint == "chat" else CompletionRequest
+def validate(
+    model: type[ChatRequest] | type[CompletionRequest], body: dict[str, Any]
+) -> ChatRequest | CompletionRequest:
+    """`body` as the endpoint's request `model`; InvalidRequest names the bad field."""
     try:
         return model.model_validate(body)
     except ValidationError as exc:

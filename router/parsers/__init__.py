@@ -13,7 +13,7 @@ from router.parsers.base import (
     ToolCallDelta,
     finish_reason,
 )
-from router.parsers.factory import OUTPUT_PARSERS, make_output_parser, needs_special_tokens
+from router.parsers.registry import OUTPUT_PARSERS, make_output_parser, needs_special_tokens
 
 __all__ = [
     "OUTPUT_PARSERS",

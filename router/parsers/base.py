@@ -34,10 +34,6 @@ class ParsedDelta:
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.tool_calls)
 
-    @property
-    def is_empty(self) -> bool:
-        return not self
-
 
 @dataclass(slots=True)
 class ToolCall:
@@ -55,10 +51,6 @@ class ParsedMessage:
     reasoning: str | None
     content: str | None
     tool_calls: list[ToolCall]
-
-    @property
-    def has_tool_calls(self) -> bool:
-        return bool(self.tool_calls)
 
 
 class OutputParser(Protocol):

@@ -73,7 +73,7 @@ class DeepSeekV32Parser(MarkupParser):
 
     __slots__ = ("_key", "_parts", "_raw_string", "_state", "_table")
 
-    def __init__(self, *, tools: ToolSchemas, thinking: bool) -> None:
+    def __init__(self, name: str = "deepseek_v32", *, tools: ToolSchemas, thinking: bool) -> None:
         super().__init__(MessageBuilder(tools, strip_leading=False, strip_before_calls=False))
         self._table = _WITH_TOOLS if tools else _WITHOUT_TOOLS
         self._state = _State.REASONING if thinking else _State.CONTENT

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from router.parsers.base import ParsedDelta, ParsedMessage
+from router.parsers.schema import ToolSchemas
 
 
 class PlainParser:
@@ -10,7 +11,9 @@ class PlainParser:
 
     __slots__ = ("_content",)
 
-    def __init__(self) -> None:
+    def __init__(
+        self, name: str = "none", *, tools: ToolSchemas | None = None, thinking: bool = False
+    ) -> None:  # the registry's uniform signature; plain text needs none of it
         self._content: list[str] = []
 
     def feed(self, text: str) -> ParsedDelta:

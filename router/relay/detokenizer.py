@@ -148,7 +148,8 @@ class _TableDetokenizer(IncrementalDetokenizer):
             ids = list(ids)
         get = self._bytes.get
         try:
-            data = b"".join([get(i, b"") for i in ids])
+            # An added token is None in the table: join raises, and the slow path takes it.
+            data = b"".join([get(i, b"") for i in ids])  # type: ignore[misc]
         except TypeError:  # an added token (None in the table) is among the ids
             return self._push_with_added(ids)
         if self._tail:
@@ -167,7 +168,7 @@ class _TableDetokenizer(IncrementalDetokenizer):
         for i in ids:
             content = self._added.get(i)
             if content is None:
-                run.append(get(i, b""))
+                run.append(get(i) or b"")
             elif not (self._skip and i in self._special):
                 parts.append(self._decode(b"".join(run), final=True))
                 parts.append(content)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import tokenizers
 
@@ -29,8 +30,8 @@ class RelayPipeline:
         tokenizer: tokenizers.Tokenizer,
         *,
         parser_name: str,
-        tools: list[dict] | None,
-        chat_template_kwargs: dict | None,
+        tools: list[dict[str, Any]] | None,
+        chat_template_kwargs: dict[str, Any] | None,
         stop: Sequence[str],
         stop_token_ids: Sequence[int],
         vocab: ByteLevelVocab | None = None,
@@ -61,6 +62,14 @@ class RelayPipeline:
                     return RelayStep(self._text(text, final=True), True)
         self.completion_tokens += len(ids)
         return RelayStep(self._text(self._detok.push(ids), final=False), self.stopped)
+
+    def count(self, ids: Sequence[int]) -> None:
+        """Count ids the client is not shown (the node's output after an EOS first token)."""
+        self.completion_tokens += len(ids)
+
+    def count_suppressed_eos(self) -> None:
+        """The node ended on EOS without sending it: vLLM counts it as generated."""
+        self.completion_tokens += 1
 
     def finish(self) -> ParsedDelta:
         """End of output (node done, or after a stop): flush everything held back."""

@@ -1,6 +1,6 @@
-"""The throughput path: vLLM's native prefill/decode disaggregation, as proxy, pull or push."""
+"""The throughput path: vLLM's native prefill/decode disaggregation, as proxy, pull or push.
+Each mode is a `router.serving.ServePath`, chosen once from configuration."""
 
-from router.throughput.base import ENDPOINT_PATHS, Endpoint, ThroughputPath
 from router.throughput.factory import make_throughput_path
 
-__all__ = ["ENDPOINT_PATHS", "Endpoint", "ThroughputPath", "make_throughput_path"]
+__all__ = ["make_throughput_path"]

@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import httpx
-
-from router.config import ProxyConfig, PullConfig, PushConfig, TimeoutsConfig
-from router.throughput.base import ThroughputPath
+from router.config import ProxyConfig, PullConfig, PushConfig
+from router.serving import ServePath
 from router.throughput.proxy import ProxyPath
 from router.throughput.pull import PullPath
 from router.throughput.push import PushPath
+from router.upstream import Upstreams
 
 
 def make_throughput_path(
-    config: ProxyConfig | PullConfig | PushConfig,
-    *,
-    http: httpx.AsyncClient,
-    timeouts: TimeoutsConfig,
-) -> ThroughputPath:
-    """The throughput path for one model; `http` is the application's shared client."""
+    config: ProxyConfig | PullConfig | PushConfig, *, upstreams: Upstreams
+) -> ServePath:
+    """The throughput path for one model, one of proxy, pull or push."""
     match config:
         case ProxyConfig():
-            return ProxyPath(config, http=http, timeouts=timeouts)
+            return ProxyPath(config, upstreams=upstreams)
         case PullConfig():
-            return PullPath(config, http=http, timeouts=timeouts)
+            return PullPath(config, upstreams=upstreams)
         case PushConfig():
-            return PushPath(config, http=http, timeouts=timeouts)
+            return PushPath(config, upstreams=upstreams)
     raise TypeError(f"not a throughput configuration: {type(config).__name__}")

@@ -7,46 +7,27 @@ verbatim along with the client's original body, and its answer is the client's.
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
-from typing import Any
-
-import httpx
 
 from router.balance import LeastOutstanding
-from router.config import PullConfig, TimeoutsConfig
-from router.throughput.legs import (
-    decode_answer,
-    decode_leg,
-    prefill_leg,
-    pull_decode_body,
-    run_prefill,
-)
-from router.throughput.relay import RelayedPath
-from router.throughput.upstream import Upstream, send_leg
+from router.config import PullConfig
+from router.serving import Answer, RoutedRequest
+from router.throughput.legs import decode_answer, run_prefill, send_decode
+from router.upstream import Upstreams
+from router.upstream.vllm import pull_decode_body
 
 
-class PullPath(RelayedPath):
+class PullPath:
     """Balances each leg over its own pool by requests in flight."""
 
-    def __init__(
-        self, config: PullConfig, *, http: httpx.AsyncClient, timeouts: TimeoutsConfig
-    ) -> None:
-        self._http = http
-        self._timeouts = timeouts
+    def __init__(self, config: PullConfig, *, upstreams: Upstreams) -> None:
+        self._upstreams = upstreams
         self._prefill = LeastOutstanding(config.prefill)
         self._decode = LeastOutstanding(config.decode)
 
-    async def _open(
-        self, body: dict[str, Any], path: str, request_id: str, stack: AsyncExitStack
-    ) -> Upstream:
+    async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         with self._prefill.hold(self._prefill.pick()) as prefill_url:
-            leg = prefill_leg(prefill_url, path, request_id, self._timeouts)
-            prefill = await run_prefill(self._http, leg, body)
+            prefill = await run_prefill(self._upstreams, prefill_url, request)
         decode_url = stack.enter_context(self._decode.hold(self._decode.pick()))
-        leg = decode_leg(decode_url, path, request_id, self._timeouts, body=body)
-        decode_body = pull_decode_body(body, prefill.kv_transfer_params)
-        reply = await send_leg(self._http, leg, decode_body, stack)
+        body = pull_decode_body(request.body, prefill.kv_transfer_params)
+        reply = await send_decode(self._upstreams, stack, decode_url, request, body)
         return decode_answer(reply, prefill)
-
-    def outstanding(self) -> dict[str, dict[str, int]]:
-        """Requests in flight per prefill and per decode URL."""
-        return {"prefill": self._prefill.outstanding(), "decode": self._decode.outstanding()}

@@ -10,40 +10,28 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from contextlib import AsyncExitStack, ExitStack
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
-import httpx
 
 from router.balance import LeastOutstanding
-from router.config import PushConfig, TimeoutsConfig
-from router.throughput.legs import (
-    PrefillAnswer,
-    decode_answer,
-    decode_leg,
-    prefill_leg,
-    push_decode_body,
-    run_prefill,
-)
-from router.throughput.relay import RelayedPath
-from router.throughput.upstream import Reply, Upstream, send_leg, status_failure
+from router.config import PushConfig
+from router.serving import Answer, RoutedRequest
+from router.throughput.legs import decode_answer, run_prefill, send_decode
+from router.upstream import Reply, Upstreams
+from router.upstream.vllm import NixlPrefilled, push_decode_body
 
 
-class PushPath(RelayedPath):
+class PushPath:
     """Balances decode instances, then prefill engines, by requests in flight."""
 
-    def __init__(
-        self, config: PushConfig, *, http: httpx.AsyncClient, timeouts: TimeoutsConfig
-    ) -> None:
-        self._http = http
-        self._timeouts = timeouts
+    def __init__(self, config: PushConfig, *, upstreams: Upstreams) -> None:
+        self._upstreams = upstreams
         self._engines = {engine.url: engine for engine in config.prefill}
         self._prefill = LeastOutstanding(list(self._engines))
         self._decode = LeastOutstanding(config.decode)
 
-    async def _open(
-        self, body: dict[str, Any], path: str, request_id: str, stack: AsyncExitStack
-    ) -> Upstream:
+    async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         decode_url = stack.enter_context(self._decode.hold(self._decode.pick()))
         # The prefill engine is held only while its leg runs; the callback covers a leg
         # cancelled before it started.
@@ -52,27 +40,16 @@ class PushPath(RelayedPath):
         prefill_url = prefill_hold.enter_context(self._prefill.hold(self._prefill.pick()))
         engine = self._engines[prefill_url]
 
-        p_leg = prefill_leg(prefill_url, path, request_id, self._timeouts)
-        d_leg = decode_leg(decode_url, path, request_id, self._timeouts, body=body)
-
-        async def prefill() -> PrefillAnswer:
+        async def prefill() -> NixlPrefilled:
             with prefill_hold:
-                return await run_prefill(self._http, p_leg, body)
+                return await run_prefill(self._upstreams, prefill_url, request)
 
         async def decode() -> Reply:
-            reply = await send_leg(
-                self._http, d_leg, push_decode_body(body, engine, request_id), stack
-            )
-            if reply.status != 200:
-                raise status_failure(reply)
-            return reply
+            body = push_decode_body(request.body, engine, request.request_id)
+            return await send_decode(self._upstreams, stack, decode_url, request, body)
 
         answer, reply = await both_or_cancel(prefill(), decode())
         return decode_answer(reply, answer)
-
-    def outstanding(self) -> dict[str, dict[str, int]]:
-        """Requests in flight per prefill and per decode URL."""
-        return {"prefill": self._prefill.outstanding(), "decode": self._decode.outstanding()}
 
 
 A = TypeVar("A")

@@ -296,7 +296,7 @@ async def test_errors_carry_the_decision_on_both_paths(
     latency = await send(
         gateway, sims, Call({"x-pd-route": "latency", "x-priority": "batch"}, body)
     )
-    assert (latency.status, decision(latency)) == (502, ("latency", "batch", None))
+    assert (latency.status, decision(latency)) == (503, ("latency", "batch", None))
     # A request only the throughput path can serve, for a model without one.
     nowhere = await send(gateway, sims, Call(body={**body, "n": 2}), model=LATENCY_ONLY)
     assert (nowhere.status, decision(nowhere)) == (400, ("throughput", "interactive", "n"))

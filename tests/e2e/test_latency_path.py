@@ -270,7 +270,7 @@ def post_chat(gateway: GatewayProcess, body: dict, **kwargs) -> httpx.Response:
     return httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30, **kwargs)
 
 
-@pytest.mark.parametrize(("status", "expected"), [(500, 502), (503, 502), (400, 400), (422, 422)])
+@pytest.mark.parametrize(("status", "expected"), [(500, 502), (503, 503), (400, 400), (422, 422)])
 def test_prefill_error_status_is_mapped(
     gateway: GatewayProcess, stack: SimStack, status: int, expected: int
 ) -> None:

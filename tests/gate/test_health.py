@@ -1,4 +1,4 @@
-"""Node health: the circuit breaker, and how the memory gate routes around out nodes."""
+"""Node health: the circuit breaker, and how every gate backend routes around out nodes."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import asyncio
 
 import pytest
 
-from router.config import NodeConfig
 from router.gate import GateRejected, NodeFailure, failure_for
 from router.gate.health import NodeHealth
-from router.gate.memory import MemoryGate
+from tests.gate.conftest import MakeGate, nodes
 
 HARD = NodeFailure("node_unreachable", hard=True)
 SOFT = NodeFailure("decode_truncated", hard=False)
@@ -51,7 +50,7 @@ def test_a_success_resets_the_count() -> None:
     health.record("a", SOFT)
     health.record("a", None)
     assert health.record("a", SOFT) is False
-    assert not health.is_out("a")
+    assert health.out() == {}
 
 
 def test_probing_waits_for_the_cool_down() -> None:
@@ -65,28 +64,24 @@ def test_probing_waits_for_the_cool_down() -> None:
     assert health.due_for_probe() == [] and health.out() == {}
 
 
-def nodes(n: int) -> list[NodeConfig]:
-    return [NodeConfig(host="127.0.0.1", http_port=6000 + i) for i in range(n)]
-
-
-async def test_an_out_node_is_not_granted_until_readmitted() -> None:
-    gate = MemoryGate(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
+async def test_an_out_node_is_not_granted_until_readmitted(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
     first = await gate.acquire(priority=0, wait_s=1, holder="a")
     await first.release(HARD)
     for _ in range(3):
         lease = await gate.acquire(priority=0, wait_s=1, holder="b")
         assert lease.node != first.node
         await lease.release()
-    assert gate.snapshot().out == {first.node.id: "node_unreachable"}
-    assert [n.id for n in gate.due_for_probe()] == [first.node.id]
-    gate.readmit(first.node.id)
+    assert (await gate.snapshot()).out == {first.node.id: "node_unreachable"}
+    assert [n.id for n in await gate.due_for_probe()] == [first.node.id]
+    await gate.readmit(first.node.id)
     a = await gate.acquire(priority=0, wait_s=0, holder="c")
     b = await gate.acquire(priority=0, wait_s=0, holder="d")
     assert {a.node.id, b.node.id} == {n.id for n in nodes(2)}
 
 
-async def test_with_every_node_out_requests_are_rejected_not_queued() -> None:
-    gate = MemoryGate(nodes(1), max_queue=4, failure_threshold=1, cooldown_s=0)
+async def test_with_every_node_out_requests_are_rejected_not_queued(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=4, failure_threshold=1, cooldown_s=0)
     lease = await gate.acquire(priority=0, wait_s=1, holder="a")
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
     await asyncio.sleep(0)
@@ -97,66 +92,70 @@ async def test_with_every_node_out_requests_are_rejected_not_queued() -> None:
     with pytest.raises(GateRejected) as fresh:
         await gate.acquire(priority=0, wait_s=60, holder="c")
     assert fresh.value.reason == "no_node"
-    assert gate.snapshot().waiting == 0
+    assert (await gate.snapshot()).waiting == 0
 
 
-async def test_readmitting_a_node_serves_a_waiter() -> None:
-    gate = MemoryGate(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
+async def test_readmitting_a_node_serves_a_waiter(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
     a = await gate.acquire(priority=0, wait_s=1, holder="a")
     b = await gate.acquire(priority=0, wait_s=1, holder="b")
     await a.release(SOFT)
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="c"))
     await asyncio.sleep(0)
     assert not waiter.done()
-    gate.readmit(a.node.id)
+    await gate.readmit(a.node.id)
     lease = await asyncio.wait_for(waiter, 5)
     assert lease.node == a.node
     await b.release()
 
 
-async def test_with_no_node_in_service_retry_after_follows_the_probe_cool_down() -> None:
-    gate = MemoryGate(nodes(1), max_queue=4, failure_threshold=1, cooldown_s=7)
+async def test_with_no_node_in_service_retry_after_follows_the_probe_cool_down(
+    gate_of: MakeGate,
+) -> None:
+    gate = gate_of(nodes(1), max_queue=4, failure_threshold=1, cooldown_s=7)
     lease = await gate.acquire(priority=0, wait_s=1, holder="a")
     await lease.release(HARD)
-    assert 7 <= gate.retry_after_s() <= 8
+    assert 7 <= await gate.retry_after_s() <= 8
 
 
-async def test_a_drained_node_finishes_its_request_and_takes_no_more() -> None:
-    gate = MemoryGate(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
+async def test_a_drained_node_finishes_its_request_and_takes_no_more(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
-    assert gate.drain(held.node.id)
+    assert await gate.drain(held.node.id)
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
     other = await gate.acquire(priority=0, wait_s=0, holder="c")  # the free node is still used
     assert other.node != held.node
     await held.release()
     await asyncio.sleep(0)
     assert not waiter.done(), "the drained node went to no one"
-    assert gate.snapshot().out == {held.node.id: "drained"}
-    assert gate.due_for_probe() == [], "the prober never undoes a drain"
-    assert gate.undrain(held.node.id)
+    assert (await gate.snapshot()).out == {held.node.id: "drained"}
+    assert await gate.due_for_probe() == [], "the prober never undoes a drain"
+    assert await gate.undrain(held.node.id)
     assert (await asyncio.wait_for(waiter, 5)).node == held.node
-    assert gate.snapshot().out == {}
+    assert (await gate.snapshot()).out == {}
 
 
-async def test_draining_every_node_sheds_the_queue() -> None:
-    gate = MemoryGate(nodes(1), max_queue=4)
+async def test_draining_every_node_sheds_the_queue(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=4)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
     await asyncio.sleep(0)
-    gate.drain(held.node.id)
+    await gate.drain(held.node.id)
     with pytest.raises(GateRejected) as shed:
         await waiter
     assert shed.value.reason == "no_node"
-    assert not gate.drain("nowhere:1")
+    assert not await gate.drain("nowhere:1")
 
 
-async def test_a_node_reserved_for_a_waiter_is_not_taken_out_from_under_it() -> None:
-    gate = MemoryGate(nodes(1), max_queue=4)
+async def test_a_node_reserved_for_a_waiter_is_not_taken_out_from_under_it(
+    gate_of: MakeGate,
+) -> None:
+    gate = gate_of(nodes(1), max_queue=4)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
     await asyncio.sleep(0)
     await held.release()  # handed (reserved) to the waiter, whose task has not run yet
-    gate.take_out(held.node.id, "not_ready_at_start")
+    await gate.take_out(held.node.id, "not_ready_at_start")
     lease = await asyncio.wait_for(waiter, 5)
     assert lease.node == held.node
-    assert gate.snapshot().out == {}
+    assert (await gate.snapshot()).out == {}

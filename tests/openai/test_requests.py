@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from router.endpoints import ENDPOINTS
 from router.errors import InvalidRequest
 from router.openai.requests import ChatRequest, CompletionRequest, parse_body, validate
 
@@ -56,20 +57,20 @@ def test_malformed_bodies(raw: bytes, needle: str) -> None:
 )
 def test_invalid_fields_are_named(endpoint: str, body: dict, param: str) -> None:
     with pytest.raises(InvalidRequest) as bad:
-        validate(endpoint, body)  # type: ignore[arg-type]
+        validate(ENDPOINTS[endpoint].request, body)
     assert bad.value.param == param
     assert param.split(".")[0] in bad.value.message
 
 
 def test_unknown_fields_are_kept_for_the_backend() -> None:
-    parsed = validate("chat", {**CHAT, "top_k": 5, "some_vllm_extension": {"a": 1}})
+    parsed = validate(ChatRequest, {**CHAT, "top_k": 5, "some_vllm_extension": {"a": 1}})
     assert isinstance(parsed, ChatRequest)
     assert parsed.sampling == {"top_k": 5}
 
 
 def test_derived_fields() -> None:
     chat = validate(
-        "chat",
+        ChatRequest,
         {
             **CHAT,
             "max_tokens": 9,
@@ -84,7 +85,7 @@ def test_derived_fields() -> None:
     assert chat.stop_strings == ["x"]
     assert chat.include_usage
     assert chat.sampling == {"temperature": 0}
-    completion = validate("completions", {"model": "m", "prompt": "p", "stop": ["a", "b"]})
+    completion = validate(CompletionRequest, {"model": "m", "prompt": "p", "stop": ["a", "b"]})
     assert isinstance(completion, CompletionRequest)
     assert completion.stop_strings == ["a", "b"]
     assert not completion.include_usage

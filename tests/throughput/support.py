@@ -17,8 +17,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from router.config import TimeoutsConfig
-from router.throughput import ThroughputPath
+from policies import Decision
+from router.balance import LeastOutstanding
+from router.config import TimeoutsConfig, UpstreamsConfig
+from router.endpoints import ENDPOINTS
+from router.serving import PathResponse, RoutedRequest, ServePath
+from router.upstream import Upstreams as UpstreamClients
 
 RID = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 TIMEOUTS = TimeoutsConfig(connect_s=2.0, prefill_s=10.0)
@@ -47,8 +51,11 @@ class Upstreams:
     def on(self, host: str, handler: Handler) -> None:
         self.handlers[host] = handler
 
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.MockTransport(self._handle))
+    def pool(self) -> UpstreamClients:
+        """The gateway's upstream clients, with these scripted servers as the network."""
+        return UpstreamClients(
+            UpstreamsConfig(), TIMEOUTS, transport=httpx.MockTransport(self._handle)
+        )
 
     def to(self, host: str) -> list[Seen]:
         return [s for s in self.seen if s.host == host]
@@ -96,15 +103,24 @@ def sse(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def app_for(path: ThroughputPath, *, request_id: str = RID) -> Starlette:
+DECISION = Decision(
+    path="throughput", rule="batch", priority=0, on_saturation="queue", max_queue_wait_ms=None
+)
+
+
+def routed(body: dict[str, Any], *, endpoint: str = "chat", request_id: str = RID) -> RoutedRequest:
+    spec = ENDPOINTS["chat" if endpoint == "chat" else "completions"]
+    parsed = spec.request.model_construct(**body)  # scripted bodies need not be valid
+    return RoutedRequest(spec, parsed, body, DECISION, request_id, dict(ROUTE_HEADERS))
+
+
+def app_for(path: ServePath, *, request_id: str = RID) -> Starlette:
     """The smallest gateway around one throughput path: parse, delegate, return."""
 
     async def handle(request: Request) -> Response:
         body = await request.json()
         endpoint = "chat" if request.url.path == "/v1/chat/completions" else "completions"
-        return await path.serve(
-            body, endpoint=endpoint, request_id=request_id, response_headers=dict(ROUTE_HEADERS)
-        )
+        return PathResponse(path, routed(body, endpoint=endpoint, request_id=request_id))
 
     return Starlette(
         routes=[
@@ -114,7 +130,7 @@ def app_for(path: ThroughputPath, *, request_id: str = RID) -> Starlette:
     )
 
 
-def asgi_client(path: ThroughputPath, *, request_id: str = RID) -> httpx.AsyncClient:
+def asgi_client(path: ServePath, *, request_id: str = RID) -> httpx.AsyncClient:
     transport = httpx.ASGITransport(app=app_for(path, request_id=request_id))
     return httpx.AsyncClient(transport=transport, base_url="http://gw")
 
@@ -155,7 +171,15 @@ async def wait_until(check: Callable[[], bool], *, deadline_s: float = 5.0, what
         await asyncio.sleep(0.01)
 
 
-def in_flight(path: ThroughputPath) -> int:
+def balancers(path: ServePath) -> dict[str, dict[str, int]]:
+    """Requests in flight per upstream URL, by the path's balancer attribute."""
+    return {
+        name.lstrip("_"): value.outstanding()
+        for name, value in vars(path).items()
+        if isinstance(value, LeastOutstanding)
+    }
+
+
+def in_flight(path: ServePath) -> int:
     """Requests the path's balancers count as outstanding, over all its pools."""
-    pools = path.outstanding()
-    return sum(n for pool in pools.values() for n in pool.values())
+    return sum(n for pool in balancers(path).values() for n in pool.values())

@@ -9,9 +9,10 @@ import httpx
 import pytest
 
 from router.config import PrefillEngineConfig, ProxyConfig, PullConfig, PushConfig
-from router.throughput import ThroughputPath, make_throughput_path
+from router.serving import ServePath
+from router.throughput import make_throughput_path
 
-from .support import TIMEOUTS, Upstreams, answer, app_for, in_flight, serving, sse, wait_until
+from .support import Upstreams, answer, app_for, in_flight, serving, sse, wait_until
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 PREFILL_ANSWER = {
@@ -34,8 +35,8 @@ CONFIGS = {
 }
 
 
-def build(mode: str, up: Upstreams) -> ThroughputPath:
-    return make_throughput_path(CONFIGS[mode], http=up.client(), timeouts=TIMEOUTS)
+def build(mode: str, up: Upstreams) -> ServePath:
+    return make_throughput_path(CONFIGS[mode], upstreams=up.pool())
 
 
 @pytest.mark.parametrize("mode", sorted(CONFIGS))

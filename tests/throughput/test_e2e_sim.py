@@ -18,8 +18,10 @@ import httpx
 import orjson
 import pytest
 
-from router.config import PrefillEngineConfig, ProxyConfig, PullConfig, PushConfig
-from router.throughput import ThroughputPath, make_throughput_path
+from router.config import PrefillEngineConfig, ProxyConfig, PullConfig, PushConfig, UpstreamsConfig
+from router.serving import ServePath
+from router.throughput import make_throughput_path
+from router.upstream import Upstreams
 from sim.stack import SimStack
 
 from .support import TIMEOUTS, app_for, asgi_client, in_flight, serving, wait_until
@@ -75,7 +77,14 @@ async def http(stack: SimStack) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def paths(stack: SimStack, http: httpx.AsyncClient) -> dict[str, ThroughputPath]:
+@pytest.fixture
+async def upstreams() -> AsyncIterator[Upstreams]:
+    clients = Upstreams(UpstreamsConfig(), TIMEOUTS)
+    yield clients
+    await clients.aclose()
+
+
+def paths(stack: SimStack, upstreams: Upstreams) -> dict[str, ServePath]:
     prefill, decode, proxy = stack.prefills[0], stack.decodes[0], stack.proxy
     assert proxy is not None
     engine = PrefillEngineConfig(
@@ -90,8 +99,7 @@ def paths(stack: SimStack, http: httpx.AsyncClient) -> dict[str, ThroughputPath]
         "push": PushConfig(mode="push", prefill=[engine], decode=[decode.url]),
     }
     return {
-        mode: make_throughput_path(config, http=http, timeouts=TIMEOUTS)
-        for mode, config in configs.items()
+        mode: make_throughput_path(config, upstreams=upstreams) for mode, config in configs.items()
     }
 
 
@@ -111,11 +119,16 @@ async def direct(http: httpx.AsyncClient, stack: SimStack, endpoint: str, body: 
 @pytest.mark.parametrize("mode", ["proxy", "pull", "push"])
 @pytest.mark.parametrize(("endpoint", "body"), CASES)
 async def test_answer_equals_the_native_servers_own(
-    stack: SimStack, http: httpx.AsyncClient, mode: str, endpoint: str, body: dict
+    stack: SimStack,
+    http: httpx.AsyncClient,
+    upstreams: Upstreams,
+    mode: str,
+    endpoint: str,
+    body: dict,
 ) -> None:
     rid = uuid.uuid4().hex
     expected = await direct(http, stack, endpoint, body, rid)
-    async with asgi_client(paths(stack, http)[mode], request_id=rid) as gateway:
+    async with asgi_client(paths(stack, upstreams)[mode], request_id=rid) as gateway:
         answer = await gateway.post(endpoint, json=body)
     assert (answer.status_code, expected.status_code) == (200, 200)
     assert answer.headers["content-type"] == expected.headers["content-type"]
@@ -124,21 +137,23 @@ async def test_answer_equals_the_native_servers_own(
 
 
 async def test_proxy_passes_an_upstream_4xx_through_byte_for_byte(
-    stack: SimStack, http: httpx.AsyncClient
+    stack: SimStack, http: httpx.AsyncClient, upstreams: Upstreams
 ) -> None:
     rid = uuid.uuid4().hex
     body = {**CHAT, "model": "no-such-model"}
     expected = await direct(http, stack, "/v1/chat/completions", body, rid)
-    async with asgi_client(paths(stack, http)["proxy"], request_id=rid) as gateway:
+    async with asgi_client(paths(stack, upstreams)["proxy"], request_id=rid) as gateway:
         answer = await gateway.post("/v1/chat/completions", json=body)
     assert answer.status_code == expected.status_code == 404
     assert answer.content == expected.content
 
 
-async def test_pull_legs_as_the_protocol_requires(stack: SimStack, http: httpx.AsyncClient) -> None:
+async def test_pull_legs_as_the_protocol_requires(
+    stack: SimStack, http: httpx.AsyncClient, upstreams: Upstreams
+) -> None:
     rid = uuid.uuid4().hex
     body = {**CHAT, **STREAM, "min_tokens": 2}
-    async with asgi_client(paths(stack, http)["pull"], request_id=rid) as gateway:
+    async with asgi_client(paths(stack, upstreams)["pull"], request_id=rid) as gateway:
         answer = await gateway.post("/v1/chat/completions", json=body)
     assert answer.status_code == 200
     (prefill,) = await seen(http, stack.prefills[0].url)
@@ -174,13 +189,13 @@ async def test_pull_legs_as_the_protocol_requires(stack: SimStack, http: httpx.A
 
 
 async def test_push_legs_overlap_and_name_the_prefill_engine(
-    stack: SimStack, http: httpx.AsyncClient
+    stack: SimStack, http: httpx.AsyncClient, upstreams: Upstreams
 ) -> None:
     rid = uuid.uuid4().hex
     # A longer prompt: its prefill takes long enough for the decode leg to arrive first.
     padding = " ".join(["filler"] * 400)
     body = {**COMPLETION, "prompt": f"{padding} {COMPLETION['prompt']}"}
-    async with asgi_client(paths(stack, http)["push"], request_id=rid) as gateway:
+    async with asgi_client(paths(stack, upstreams)["push"], request_id=rid) as gateway:
         answer = await gateway.post("/v1/completions", json=body)
     assert answer.status_code == 200
     assert answer.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
@@ -226,6 +241,7 @@ async def test_push_legs_overlap_and_name_the_prefill_engine(
 async def test_upstream_error_status_is_mapped_and_names_the_leg(
     stack: SimStack,
     http: httpx.AsyncClient,
+    upstreams: Upstreams,
     mode: str,
     target: str,
     fault: dict,
@@ -234,11 +250,11 @@ async def test_upstream_error_status_is_mapped_and_names_the_leg(
 ) -> None:
     server = stack.prefills[0] if target == "prefill" else stack.decodes[0]
     await http.post(f"{server.url}/sim/faults", json={**fault, "count": 1})
-    async with asgi_client(paths(stack, http)[mode], request_id=uuid.uuid4().hex) as gateway:
+    async with asgi_client(paths(stack, upstreams)[mode], request_id=uuid.uuid4().hex) as gateway:
         answer = await gateway.post("/v1/chat/completions", json=CHAT)
     assert answer.status_code == status
     error = answer.json()["error"]
-    assert error["message"].startswith(f"the {leg} leg answered ")
+    assert error["message"].startswith(f"the {leg} server answered ")
     assert error["code"] == f"{leg}_failed"
     assert answer.headers["x-pd-route"] == "throughput"
 
@@ -256,23 +272,24 @@ async def test_connection_refused_is_a_502(mode: str) -> None:
         "pull": PullConfig(mode="pull", prefill=[closed], decode=[closed]),
         "push": PushConfig(mode="push", prefill=[engine], decode=[closed]),
     }[mode]
-    async with httpx.AsyncClient() as http:
-        path = make_throughput_path(config, http=http, timeouts=TIMEOUTS)
-        async with asgi_client(path) as gateway:
-            answer = await gateway.post("/v1/chat/completions", json=CHAT)
+    clients = Upstreams(UpstreamsConfig(), TIMEOUTS)
+    path = make_throughput_path(config, upstreams=clients)
+    async with asgi_client(path) as gateway:
+        answer = await gateway.post("/v1/chat/completions", json=CHAT)
+    await clients.aclose()
     assert answer.status_code == 502
     assert answer.json()["error"]["code"].endswith("_unreachable")
 
 
 @pytest.mark.parametrize("mode", ["proxy", "pull", "push"])
 async def test_upstream_death_mid_stream_is_an_error_event(
-    stack: SimStack, http: httpx.AsyncClient, mode: str
+    stack: SimStack, http: httpx.AsyncClient, upstreams: Upstreams, mode: str
 ) -> None:
     server = stack.proxy if mode == "proxy" else stack.decodes[0]
     assert server is not None
     await http.post(f"{server.url}/sim/faults", json={"die_after": 3, "count": 1})
     body = {**CHAT, **STREAM}
-    async with asgi_client(paths(stack, http)[mode], request_id=uuid.uuid4().hex) as gateway:
+    async with asgi_client(paths(stack, upstreams)[mode], request_id=uuid.uuid4().hex) as gateway:
         answer = await gateway.post("/v1/chat/completions", json=body)
     assert answer.status_code == 200
     events = answer.content.split(b"\n\n")
@@ -285,7 +302,7 @@ async def test_upstream_death_mid_stream_is_an_error_event(
 
 @pytest.mark.parametrize("mode", ["proxy", "pull", "push"])
 async def test_client_disconnect_mid_stream_aborts_the_upstream_stream(
-    stack: SimStack, http: httpx.AsyncClient, mode: str
+    stack: SimStack, http: httpx.AsyncClient, upstreams: Upstreams, mode: str
 ) -> None:
     server = stack.proxy if mode == "proxy" else stack.decodes[0]
     assert server is not None
@@ -293,7 +310,7 @@ async def test_client_disconnect_mid_stream_aborts_the_upstream_stream(
     words = " ".join(["word"] * 500)
     body = {**CHAT, **STREAM, "max_tokens": 1000}
     body["messages"] = [{"role": "user", "content": f"[[sim-output]]{words}[[/sim-output]]"}]
-    path = paths(stack, http)[mode]
+    path = paths(stack, upstreams)[mode]
     async with serving(app_for(path, request_id=uuid.uuid4().hex)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:

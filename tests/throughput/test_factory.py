@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from router.config import PrefillEngineConfig, ProxyConfig, PullConfig, PushConfig
@@ -11,7 +10,7 @@ from router.throughput.proxy import ProxyPath
 from router.throughput.pull import PullPath
 from router.throughput.push import PushPath
 
-from .support import TIMEOUTS
+from .support import Upstreams, balancers
 
 ENGINE = PrefillEngineConfig(
     url="http://p:8000", engine_id="e", side_channel_host="p", side_channel_port=5600
@@ -35,13 +34,11 @@ ENGINE = PrefillEngineConfig(
     ],
 )
 async def test_each_mode_is_its_own_type(config: object, kind: type, pools: set[str]) -> None:
-    async with httpx.AsyncClient() as http:
-        path = make_throughput_path(config, http=http, timeouts=TIMEOUTS)  # type: ignore[arg-type]
+    path = make_throughput_path(config, upstreams=Upstreams().pool())  # type: ignore[arg-type]
     assert type(path) is kind
-    assert set(path.outstanding()) == pools
+    assert set(balancers(path)) == pools
 
 
 async def test_anything_else_is_refused() -> None:
-    async with httpx.AsyncClient() as http:
-        with pytest.raises(TypeError, match="not a throughput configuration"):
-            make_throughput_path(object(), http=http, timeouts=TIMEOUTS)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not a throughput configuration"):
+        make_throughput_path(object(), upstreams=Upstreams().pool())  # type: ignore[arg-type]

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from router.config import PrefillEngineConfig
-from router.throughput.legs import prefill_body, pull_decode_body, push_decode_body
+from router.upstream.vllm import nixl_prefill_params, pull_decode_body, push_decode_body
+from router.upstream.vllm import prefill_body as vllm_prefill_body
+
+
+def prefill_body(body: dict) -> dict:
+    return vllm_prefill_body(body, nixl_prefill_params())
+
 
 CLIENT = {
     "model": "m",

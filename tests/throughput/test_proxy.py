@@ -9,14 +9,14 @@ import pytest
 from router.config import ProxyConfig
 from router.throughput.proxy import ProxyPath
 
-from .support import RID, TIMEOUTS, Upstreams, answer, asgi_client, events, failing, sse
+from .support import RID, Upstreams, answer, asgi_client, balancers, events, failing, sse
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
 
 def proxy(upstreams: Upstreams, *hosts: str) -> ProxyPath:
     config = ProxyConfig(mode="proxy", urls=[f"http://{h}:8000" for h in hosts or ("px",)])
-    return ProxyPath(config, http=upstreams.client(), timeouts=TIMEOUTS)
+    return ProxyPath(config, upstreams=upstreams.pool())
 
 
 @pytest.mark.parametrize(
@@ -91,9 +91,9 @@ async def test_upstream_error_status_and_body_pass_through(status: int) -> None:
     ("exc", "status", "code"),
     [
         (httpx.ConnectError("refused"), 502, "proxy_unreachable"),
-        (httpx.ConnectTimeout("slow"), 504, "proxy_timeout"),
+        (httpx.ConnectTimeout("slow"), 502, "proxy_unreachable"),
         (httpx.ReadTimeout("slow"), 504, "proxy_timeout"),
-        (httpx.RemoteProtocolError("garbage"), 502, "proxy_unreachable"),
+        (httpx.RemoteProtocolError("garbage"), 502, "proxy_failed"),
     ],
 )
 async def test_transport_failures_become_gateway_errors(
@@ -106,7 +106,7 @@ async def test_transport_failures_become_gateway_errors(
     assert response.status_code == status
     error = response.json()["error"]
     assert error["code"] == code
-    assert "proxy leg" in error["message"]
+    assert "the disaggregation proxy" in error["message"]
     assert response.headers["x-pd-route"] == "throughput"
 
 
@@ -133,4 +133,4 @@ async def test_requests_go_to_the_least_busy_url_and_are_released() -> None:
     async with asgi_client(path) as client:
         hosts = [(await client.post("/v1/completions", json=CHAT)).json()["host"] for _ in range(4)]
     assert sorted(hosts) == ["a", "a", "b", "b"]
-    assert path.outstanding() == {"proxy": {"http://a:8000": 0, "http://b:8000": 0}}
+    assert balancers(path) == {"proxy": {"http://a:8000": 0, "http://b:8000": 0}}

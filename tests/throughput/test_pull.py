@@ -9,7 +9,7 @@ import pytest
 from router.config import PullConfig
 from router.throughput.pull import PullPath
 
-from .support import RID, TIMEOUTS, Upstreams, answer, asgi_client, events, failing, sse
+from .support import RID, Upstreams, answer, asgi_client, events, failing, sse
 
 CHAT = {
     "model": "m",
@@ -53,7 +53,7 @@ def decode_answer(cached: int = 20) -> dict:
 
 def pull(up: Upstreams) -> PullPath:
     config = PullConfig(mode="pull", prefill=["http://p:8000"], decode=["http://d:8000"])
-    return PullPath(config, http=up.client(), timeouts=TIMEOUTS)
+    return PullPath(config, upstreams=up.pool())
 
 
 async def test_legs_carry_the_protocol_bodies_and_one_request_id() -> None:
@@ -159,7 +159,7 @@ async def test_error_status_from_either_leg(leg: str, status: int, client_status
     assert response.status_code == client_status
     error = response.json()["error"]
     name = "prefill" if leg == "p" else "decode"
-    assert error["message"] == f"the {name} leg answered {status}: boom"
+    assert error["message"] == f"the {name} server answered {status}: boom"
     assert error["code"] == f"{name}_failed"
     assert response.headers["x-pd-route"] == "throughput"
     assert [s.host for s in up.seen] == (["p"] if leg == "p" else ["p", "d"])
@@ -196,7 +196,7 @@ async def test_prefill_answer_that_is_not_json_is_a_502() -> None:
     async with asgi_client(pull(up)) as client:
         response = await client.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 502
-    assert "prefill leg" in response.json()["error"]["message"]
+    assert "prefill server" in response.json()["error"]["message"]
     assert up.to("d") == []
 
 

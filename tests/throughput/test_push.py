@@ -10,7 +10,7 @@ import pytest
 from router.config import PrefillEngineConfig, PushConfig
 from router.throughput.push import PushPath
 
-from .support import RID, TIMEOUTS, Upstreams, answer, asgi_client, events, sse
+from .support import RID, Upstreams, answer, asgi_client, balancers, events, sse
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 ENGINES = [
@@ -45,7 +45,7 @@ ERROR = {"error": {"message": "boom", "type": "X", "code": 500}}
 
 def push(up: Upstreams, engines: list[PrefillEngineConfig] = ENGINES[:1]) -> PushPath:
     config = PushConfig(mode="push", prefill=engines, decode=["http://d:8000"])
-    return PushPath(config, http=up.client(), timeouts=TIMEOUTS)
+    return PushPath(config, upstreams=up.pool())
 
 
 async def test_decode_leg_carries_the_engines_coordinates_and_the_shared_id() -> None:
@@ -126,7 +126,7 @@ async def test_a_failing_leg_cancels_the_other(failing: str) -> None:
         response = await client.post("/v1/completions", json=CHAT)
     assert response.status_code == 502
     leg = "prefill" if failing == "p0" else "decode"
-    assert response.json()["error"]["message"] == f"the {leg} leg answered 500: boom"
+    assert response.json()["error"]["message"] == f"the {leg} server answered 500: boom"
     assert other_cancelled.is_set()
 
 
@@ -147,7 +147,7 @@ async def test_engines_are_balanced_and_released() -> None:
         (prefill,) = [s for s in pair if s.host != "d"]
         (decode,) = [s for s in pair if s.host == "d"]
         assert decode.body["kv_transfer_params"]["remote_engine_id"] == f"engine-{prefill.host}"
-    assert path.outstanding() == {
+    assert balancers(path) == {
         "prefill": {"http://p0:8000": 0, "http://p1:8000": 0},
         "decode": {"http://d:8000": 0},
     }

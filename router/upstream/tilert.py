@@ -2,6 +2,8 @@
 
 `open_decode` returns once the node has answered 200 (the transfer arrived); its lines are
 then read one at a time with a stall timeout. Every node failure becomes a DecodeError.
+The other calls (`cancel`, `consume_transfer`, `drain`, `wait_idle`, `is_ready`) are
+cleanups and probes: they never raise.
 """
 
 from __future__ import annotations
@@ -12,11 +14,19 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 
 from router.config import NodeConfig
-from router.errors import DecodeError
+from router.errors import DecodeError, UpstreamError
+from router.upstream.client import Reply, Upstreams
+from router.upstream.failures import Target
+
+NODE = Target(
+    "node",
+    "the decode node",
+    DecodeError,
+    codes={"timeout": "decode_timeout", "broken": "node_unreachable", "failed": "decode_failed"},
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +71,8 @@ class DecodeStream:
     when its response has ended).
     """
 
-    def __init__(self, response: httpx.Response, *, stall_s: float) -> None:
-        self._response = response
+    def __init__(self, reply: Reply, *, stall_s: float) -> None:
+        self._reply = reply
         self._stall_s = stall_s
         self._buffer: deque[str | BaseException | None] = deque()
         self._arrived: asyncio.Future[None] | None = None
@@ -73,12 +83,12 @@ class DecodeStream:
     async def _read(self) -> None:
         item: BaseException | None = None  # None: the body ended
         try:
-            async for raw in self._response.aiter_lines():
+            async for raw in self._reply.lines():
                 if raw:
                     self._put(raw)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # httpx errors, broken encodings: the stream is cut
+        except Exception as exc:  # transport failures, broken encodings: the stream is cut
             item = exc
         self._put(item)
 
@@ -107,8 +117,9 @@ class DecodeStream:
             return self._parse(item)
         self.eof = True
         if isinstance(item, BaseException):
+            cause = item.message if isinstance(item, UpstreamError) else type(item).__name__
             raise DecodeError(
-                f"the decode node's stream ended without its last line ({type(item).__name__})",
+                f"the decode node's stream ended without its last line ({cause})",
                 code="decode_truncated",
             )
         if not self.ended:
@@ -144,7 +155,7 @@ class DecodeStream:
             self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
-        await self._response.aclose()
+        await self._reply.aclose()
 
 
 def _bad_line(raw: str) -> DecodeError:
@@ -154,42 +165,21 @@ def _bad_line(raw: str) -> DecodeError:
 
 
 async def open_decode(
-    http: httpx.AsyncClient, node: NodeConfig, body: dict[str, Any], *, stall_s: float
+    upstreams: Upstreams, node: NodeConfig, body: dict[str, Any], *, stall_s: float
 ) -> DecodeStream:
     """POST /pd/decode (stream) and wait for the node's answer, at most the transfer timeout."""
-    request = http.build_request(
-        "POST",
-        node.url + "/pd/decode",
-        content=orjson.dumps(body),
-        headers={"content-type": "application/json"},
-        timeout=httpx.Timeout(body["timeout_s"] + stall_s, connect=5.0),
+    reply = await upstreams.open(
+        NODE, "POST", node.url, "/pd/decode", body=body, read_s=body["timeout_s"] + stall_s
     )
-    try:
-        response = await http.send(request, stream=True)
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-        raise DecodeError(
-            f"the decode node {node.id} is unreachable: {type(exc).__name__}",
-            code="node_unreachable",
-        ) from None
-    except httpx.TimeoutException:
-        raise DecodeError(
-            "the decode node did not answer", status=504, code="decode_timeout"
-        ) from None
-    except httpx.HTTPError as exc:
-        raise DecodeError(
-            f"the decode node {node.id} is unreachable: {type(exc).__name__}",
-            code="node_unreachable",
-        ) from None
-    if response.status_code != 200:
+    if reply.status != 200:
         try:
-            await response.aread()
-            detail = orjson.loads(response.content)
-        except (httpx.HTTPError, orjson.JSONDecodeError):
-            detail = {}
+            detail = await reply.json()
+        except UpstreamError:
+            detail = None
         finally:
-            await response.aclose()
-        raise _refusal(response.status_code, detail if isinstance(detail, dict) else {})
-    return DecodeStream(response, stall_s=stall_s)
+            await reply.aclose()
+        raise _refusal(reply.status, detail if isinstance(detail, dict) else {})
+    return DecodeStream(reply, stall_s=stall_s)
 
 
 def _refusal(status: int, detail: dict[str, Any]) -> DecodeError:
@@ -208,7 +198,7 @@ def _refusal(status: int, detail: dict[str, Any]) -> DecodeError:
 
 
 async def consume_transfer(
-    http: httpx.AsyncClient, node: NodeConfig, *, rid: str, first_token_id: int, timeout_s: float
+    upstreams: Upstreams, node: NodeConfig, *, rid: str, first_token_id: int, timeout_s: float
 ) -> None:
     """Consume a claimed transfer nobody will read (the client has gone): decode one token."""
     body = decode_body(
@@ -219,35 +209,33 @@ async def consume_transfer(
         timeout_s=timeout_s,
         stream=False,
     )
-    try:
-        await http.post(
-            node.url + "/pd/decode",
-            content=orjson.dumps(body),
-            headers={"content-type": "application/json"},
-            timeout=httpx.Timeout(timeout_s + 5.0, connect=5.0),
+    with contextlib.suppress(UpstreamError):
+        # Nothing more can be done on failure: the node drops the stale transfer itself.
+        await upstreams.call(
+            NODE, "POST", node.url, "/pd/decode", body=body, read_s=timeout_s + 5.0
         )
-    except (httpx.HTTPError, RuntimeError):
-        pass  # nothing more can be done; the node drops the stale transfer itself
 
 
-async def cancel(http: httpx.AsyncClient, node: NodeConfig, rid: str, *, timeout_s: float) -> bool:
-    """POST /pd/cancel; True if the node knew the rid. Never raises."""
+async def cancel(upstreams: Upstreams, node: NodeConfig, rid: str) -> bool:
+    """POST /pd/cancel; True if the node knew the rid."""
     try:
-        response = await http.post(
-            node.url + "/pd/cancel",
-            content=orjson.dumps({"rid": rid}),
-            headers={"content-type": "application/json"},
-            timeout=timeout_s,
+        reply = await upstreams.call(
+            NODE,
+            "POST",
+            node.url,
+            "/pd/cancel",
+            body={"rid": rid},
+            read_s=upstreams.timeouts.cancel_s,
         )
-    except (httpx.HTTPError, RuntimeError):
+    except UpstreamError:
         return False
-    return response.status_code == 200
+    return reply.status == 200
 
 
 async def drain(stream: DecodeStream, *, limit_s: float) -> bool:
     """Read a stream to its end so the node releases its lock; bounded in time.
 
-    True if the node's response body ended (its lock is then free). Never raises."""
+    True if the node's response body ended (its lock is then free)."""
     try:
         async with asyncio.timeout(limit_s):
             while not stream.eof:
@@ -263,19 +251,37 @@ async def drain(stream: DecodeStream, *, limit_s: float) -> bool:
     return stream.eof
 
 
+async def is_idle(upstreams: Upstreams, node: NodeConfig) -> bool:
+    """/decode_status says idle (its lock is free)."""
+    try:
+        reply = await upstreams.call(
+            NODE, "GET", node.url, "/decode_status", read_s=upstreams.timeouts.connect_s
+        )
+    except UpstreamError:
+        return False
+    status = await reply.json()
+    return reply.status == 200 and isinstance(status, dict) and status.get("status") == "idle"
+
+
+async def is_ready(upstreams: Upstreams, node: NodeConfig) -> bool:
+    """Healthy (`/health` answers 200) and idle."""
+    try:
+        health = await upstreams.call(
+            NODE, "GET", node.url, "/health", read_s=upstreams.timeouts.connect_s
+        )
+    except UpstreamError:
+        return False
+    return health.status == 200 and await is_idle(upstreams, node)
+
+
 async def wait_idle(
-    http: httpx.AsyncClient, node: NodeConfig, *, limit_s: float, every_s: float = 0.1
+    upstreams: Upstreams, node: NodeConfig, *, limit_s: float, every_s: float = 0.1
 ) -> bool:
     """Poll /decode_status until the node is idle; False if it is not within `limit_s`."""
     try:
         async with asyncio.timeout(limit_s):
-            while True:
-                try:
-                    status = (await http.get(node.url + "/decode_status", timeout=5.0)).json()
-                except (httpx.HTTPError, ValueError, RuntimeError):
-                    status = None
-                if isinstance(status, dict) and status.get("status") == "idle":
-                    return True
+            while not await is_idle(upstreams, node):  # noqa: ASYNC110 (polling another process)
                 await asyncio.sleep(every_s)
     except TimeoutError:
         return False
+    return True

@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from router.config import NodeConfig
+from router.config import NodeConfig, TimeoutsConfig, UpstreamsConfig
 from router.errors import DecodeError
-from router.latency import node as node_api
+from router.upstream import Upstreams
+from router.upstream import tilert as node_api
 
 NODE = NodeConfig(host="node", http_port=5557)
 
@@ -34,7 +35,7 @@ async def open_stream(lines: list[bytes], gates: dict[int, asyncio.Event], stall
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, stream=Lines(lines, gates))
 
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    http = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=httpx.MockTransport(handler))
     body = node_api.decode_body(rid="r", first_token_id=1, max_tokens=8, sampling=None, timeout_s=1)
     return http, await node_api.open_decode(http, NODE, body, stall_s=stall_s)
 

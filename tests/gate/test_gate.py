@@ -1,4 +1,5 @@
-"""The memory gate: one slot per node, priority-then-arrival service, nothing leaked."""
+"""The gate interface, on every backend: one slot per node, priority-then-arrival service,
+nothing leaked."""
 
 from __future__ import annotations
 
@@ -6,13 +7,8 @@ import asyncio
 
 import pytest
 
-from router.config import NodeConfig
 from router.gate import GateRejected
-from router.gate.memory import MemoryGate
-
-
-def nodes(n: int) -> list[NodeConfig]:
-    return [NodeConfig(host="127.0.0.1", http_port=6000 + i, ctrl_port=7000 + i) for i in range(n)]
+from tests.gate.conftest import MakeGate, nodes
 
 
 async def settle() -> None:
@@ -21,16 +17,16 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def test_free_nodes_are_granted_at_once_one_each() -> None:
-    gate = MemoryGate(nodes(2), max_queue=4)
+async def test_free_nodes_are_granted_at_once_one_each(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(2), max_queue=4)
     a = await gate.acquire(priority=0, wait_s=1, holder="a")
     b = await gate.acquire(priority=0, wait_s=1, holder="b")
     assert {a.node.id, b.node.id} == {"127.0.0.1:6000", "127.0.0.1:6001"}
-    assert gate.snapshot().busy == {"127.0.0.1:6000": "a", "127.0.0.1:6001": "b"}
+    assert (await gate.snapshot()).busy == {"127.0.0.1:6000": "a", "127.0.0.1:6001": "b"}
 
 
-async def test_service_order_is_priority_then_arrival() -> None:
-    gate = MemoryGate(nodes(1), max_queue=10)
+async def test_service_order_is_priority_then_arrival(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=10)
     held = await gate.acquire(priority=0, wait_s=1, holder="first")
     order: list[str] = []
 
@@ -48,8 +44,8 @@ async def test_service_order_is_priority_then_arrival() -> None:
     assert order == ["high1", "high2", "mid", "low1", "low2"]
 
 
-async def test_release_hands_the_slot_to_the_waiter_immediately() -> None:
-    gate = MemoryGate(nodes(1), max_queue=1)
+async def test_release_hands_the_slot_to_the_waiter_immediately(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=1)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
     await settle()
@@ -58,11 +54,11 @@ async def test_release_hands_the_slot_to_the_waiter_immediately() -> None:
     await settle()
     assert waiter.done()
     assert waiter.result().node == held.node
-    assert gate.snapshot().busy == {held.node.id: "b"}
+    assert (await gate.snapshot()).busy == {held.node.id: "b"}
 
 
-async def test_full_queue_rejects_with_retry_after() -> None:
-    gate = MemoryGate(nodes(1), max_queue=1)
+async def test_full_queue_rejects_with_retry_after(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=1)
     await gate.acquire(priority=0, wait_s=1, holder="a")
     queued = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
     await settle()
@@ -73,41 +69,41 @@ async def test_full_queue_rejects_with_retry_after() -> None:
     queued.cancel()
 
 
-async def test_wait_budget_ends_in_rejection_and_leaves_no_waiter() -> None:
-    gate = MemoryGate(nodes(1), max_queue=4)
+async def test_wait_budget_ends_in_rejection_and_leaves_no_waiter(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=4)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
     with pytest.raises(GateRejected) as rejected:
         await gate.acquire(priority=0, wait_s=0.01, holder="b")
     assert rejected.value.reason == "wait_timeout"
-    assert gate.snapshot().waiting == 0
+    assert (await gate.snapshot()).waiting == 0
     await held.release()
-    assert gate.snapshot().busy == {held.node.id: None}
+    assert (await gate.snapshot()).busy == {held.node.id: None}
 
 
-async def test_zero_wait_budget_rejects_without_queueing() -> None:
-    gate = MemoryGate(nodes(1), max_queue=4)
+async def test_zero_wait_budget_rejects_without_queueing(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=4)
     await gate.acquire(priority=0, wait_s=1, holder="a")
     with pytest.raises(GateRejected):
         await gate.acquire(priority=0, wait_s=0, holder="b")
-    assert gate.snapshot().waiting == 0
+    assert (await gate.snapshot()).waiting == 0
 
 
-async def test_cancelled_waiter_never_keeps_a_slot() -> None:
-    gate = MemoryGate(nodes(1), max_queue=4)
+async def test_cancelled_waiter_never_keeps_a_slot(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=4)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
     await settle()
     waiter.cancel()
     await settle()
     await held.release()
-    assert gate.snapshot().busy == {held.node.id: None}
+    assert (await gate.snapshot()).busy == {held.node.id: None}
     again = await gate.acquire(priority=0, wait_s=0, holder="c")
     assert again.node == held.node
 
 
-async def test_waiter_cancelled_after_being_handed_a_node_passes_it_on() -> None:
+async def test_waiter_cancelled_after_being_handed_a_node_passes_it_on(gate_of: MakeGate) -> None:
     """The race between a handoff and the waiter's cancellation must not lose the node."""
-    gate = MemoryGate(nodes(1), max_queue=4)
+    gate = gate_of(nodes(1), max_queue=4)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
     first = asyncio.create_task(gate.acquire(priority=1, wait_s=60, holder="b"))
     second = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="c"))
@@ -117,11 +113,11 @@ async def test_waiter_cancelled_after_being_handed_a_node_passes_it_on() -> None
     await settle()
     assert first.cancelled()
     assert second.done()
-    assert gate.snapshot().busy == {held.node.id: "c"}
+    assert (await gate.snapshot()).busy == {held.node.id: "c"}
 
 
-async def test_release_is_idempotent() -> None:
-    gate = MemoryGate(nodes(1), max_queue=4)
+async def test_release_is_idempotent(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=4)
     lease = await gate.acquire(priority=0, wait_s=1, holder="a")
     await lease.release()
     await lease.release()
@@ -131,23 +127,25 @@ async def test_release_is_idempotent() -> None:
     assert a.released is False
 
 
-async def test_retry_after_grows_with_the_queue() -> None:
-    gate = MemoryGate(nodes(1), max_queue=100)
+async def test_retry_after_grows_with_the_queue(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=100)
     await gate.acquire(priority=0, wait_s=1, holder="a")
-    empty = gate.retry_after_s()
+    empty = await gate.retry_after_s()
     waiters = [
         asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder=str(i))) for i in range(20)
     ]
     await settle()
-    assert gate.retry_after_s() > empty
+    assert await gate.retry_after_s() > empty
     for w in waiters:
         w.cancel()
 
 
-async def test_a_waiter_cancelled_in_the_same_turn_as_a_release_loses_no_node() -> None:
+async def test_a_waiter_cancelled_in_the_same_turn_as_a_release_loses_no_node(
+    gate_of: MakeGate,
+) -> None:
     """The waiter's future is cancelled before its task has run its cleanup; a release in
     that window must pass the node on, not try to hand it to the cancelled waiter."""
-    gate = MemoryGate(nodes(1), max_queue=4)
+    gate = gate_of(nodes(1), max_queue=4)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
     await settle()
@@ -155,22 +153,6 @@ async def test_a_waiter_cancelled_in_the_same_turn_as_a_release_loses_no_node() 
     await held.release()  # same turn: the waiter's task has not resumed yet
     await settle()
     assert waiter.cancelled()
-    assert gate.snapshot().waiting == 0
+    assert (await gate.snapshot()).waiting == 0
     again = await gate.acquire(priority=0, wait_s=0, holder="c")
     assert again.node == held.node
-
-
-async def test_given_up_waiters_do_not_pile_up() -> None:
-    gate = MemoryGate(nodes(1), max_queue=1000)
-    held = await gate.acquire(priority=0, wait_s=1, holder="a")
-    waiters = [
-        asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder=str(i))) for i in range(300)
-    ]
-    await settle()
-    for w in waiters:
-        w.cancel()
-    await settle()
-    assert gate.snapshot().waiting == 0
-    assert len(gate._waiters) < 150, "the heap was rebuilt"
-    await held.release()
-    assert (await gate.acquire(priority=0, wait_s=0, holder="b")).node == held.node

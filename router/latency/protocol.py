@@ -1,0 +1,196 @@
+"""One request's node protocol on the latency path, from its held slot to the slot's release.
+
+    lease → prefill (vLLM pushes the KV state to the node) → open /pd/decode → lines
+          → always: consume a claimed transfer, or cancel and drain an open decode
+          → release the slot, with the verdict on the node's health
+
+Upstream steps run in their own task, so a client who leaves mid-step cannot interrupt the
+protocol halfway: `close` then finishes what the protocol requires in the background (a
+claimed transfer is consumed by one /pd/decode; an open decode is cancelled and read to its
+end so the node frees its lock) and only then releases the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from router.config import TimeoutsConfig
+from router.errors import DecodeError, PrefillError
+from router.gate import Lease, NodeFailure, failure_for
+from router.metrics import Metrics
+from router.serving import RoutedRequest
+from router.upstream import Upstreams, tilert, vllm
+from router.upstream.tilert import DecodeStream, NodeLine
+from router.upstream.vllm import Prefilled
+
+Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyDeps:
+    """What every latency request needs from the application."""
+
+    upstreams: Upstreams
+    timeouts: TimeoutsConfig
+    spawn: Spawn
+    """Runs a cleanup in the background; shutdown waits for it."""
+    metrics: Metrics
+
+
+class NodeSession:
+    """The protocol for one request on one leased node. `close()` it on every path."""
+
+    def __init__(
+        self,
+        deps: LatencyDeps,
+        lease: Lease,
+        *,
+        model: str,
+        prefill_url: str,
+        on_released: Callable[[NodeSession], None],
+    ) -> None:
+        self._deps = deps
+        self._lease = lease
+        self._model = model
+        self._prefill_url = prefill_url
+        self._on_released = on_released
+        self._rid = ""
+        self._prefilled: Prefilled | None = None
+        self._stream: DecodeStream | None = None
+        self._start_task: asyncio.Task[Prefilled] | None = None
+        self._closing: asyncio.Task[None] | None = None
+        self._abandoned = False
+        self._node_error: str | None = None  # what the node did wrong, for its health
+        self._cancel_reason = "client_gone"
+
+    async def start(self, request: RoutedRequest, *, max_seq_len: int) -> Prefilled:
+        """Prefill, then open the node's decode stream. Raises GatewayError before any output;
+        the slot is then released (in the background if the protocol needs finishing)."""
+        self._rid = request.request_id  # dash-free: vLLM and the node reduce it to itself
+        self._start_task = asyncio.create_task(self._start(request, max_seq_len))
+        try:
+            return await asyncio.shield(self._start_task)
+        except BaseException:
+            self.close()
+            raise
+
+    async def _start(self, request: RoutedRequest, max_seq_len: int) -> Prefilled:
+        deps, node = self._deps, self._lease.node
+        body = vllm.prefill_body(
+            request.body, vllm.tilert_params(node), first_token_of=request.endpoint.name
+        )
+        data = await vllm.prefill(
+            deps.upstreams, self._prefill_url, request.endpoint.path, body, request_id=self._rid
+        )
+        # Parsed only after the 200: an unusable answer still claimed the transfer.
+        prefilled = self._prefilled = vllm.parse_prefilled(data, request.endpoint.name)
+        if self._abandoned:
+            return prefilled
+        self._stream = await tilert.open_decode(
+            deps.upstreams,
+            node,
+            tilert.decode_body(
+                rid=self._rid,
+                first_token_id=prefilled.first_token_id,
+                max_tokens=_node_max_tokens(prefilled, request, max_seq_len),
+                sampling=request.parsed.sampling,
+                timeout_s=deps.timeouts.kv_transfer_s,
+            ),
+            stall_s=deps.timeouts.decode_stall_s,
+        )
+        return prefilled
+
+    async def next_line(self) -> NodeLine | None:
+        """The node's next line; None once its response has ended. Raises DecodeError."""
+        assert self._stream is not None, "start() first"
+        try:
+            return await self._stream.next_line()
+        except DecodeError as exc:
+            self._node_error = exc.code
+            self._cancel_reason = "node_error"
+            raise
+
+    def close(self, *, stopped: bool = False) -> None:
+        """Finish the protocol and release the slot, in the background; idempotent.
+        `stopped`: the relay matched a stop (the node is cancelled for that reason)."""
+        if self._closing is None:
+            if stopped:
+                self._cancel_reason = "stop_sequence"
+            self._abandoned = True
+            self._closing = self._deps.spawn(self._finish_protocol())
+
+    async def _finish_protocol(self) -> None:
+        """Whatever happened, leave the node as the protocol requires, then free the slot."""
+        failure: NodeFailure | None = None
+        judged = False  # whether this request says anything about the node's health
+        try:
+            if self._start_task is not None and not self._start_task.done():
+                await asyncio.wait([self._start_task])
+            error = self._start_error()
+            if self._stream is not None:
+                judged = True
+                failure = failure_for(self._node_error)
+                if not await self._end_stream(self._stream):
+                    # The node may still hold its lock: out of service until probed idle.
+                    failure = NodeFailure("decode_unfinished", hard=True)
+            elif isinstance(error, DecodeError):
+                judged = True
+                failure = failure_for(error.code)
+                if error.code == "decode_timeout" and not await self._cancel():
+                    # The /pd/decode may be running unseen and the node did not confirm a
+                    # cancel: out of service until probed idle.
+                    failure = NodeFailure("decode_unfinished", hard=True)
+                elif error.code == "node_busy":  # our transfer landed; the lock is another's
+                    limit_s = self._deps.timeouts.kv_transfer_s
+                    if await tilert.wait_idle(
+                        self._deps.upstreams, self._lease.node, limit_s=limit_s
+                    ):
+                        await self._consume()
+            elif self._transfer_claimed(error):
+                await self._consume()
+        finally:
+            await self._lease.release(failure, judged=judged)
+            self._on_released(self)
+
+    async def _end_stream(self, stream: DecodeStream) -> bool:
+        """Cancel the decode unless it has finished, and read its response to the end."""
+        if not stream.ended:
+            self._deps.metrics.cancelled(self._model, self._cancel_reason)
+            await self._cancel()
+        return await tilert.drain(stream, limit_s=self._deps.timeouts.decode_stall_s)
+
+    async def _cancel(self) -> bool:
+        return await tilert.cancel(self._deps.upstreams, self._lease.node, self._rid)
+
+    async def _consume(self) -> None:
+        prefilled = self._prefilled
+        await tilert.consume_transfer(
+            self._deps.upstreams,
+            self._lease.node,
+            rid=self._rid,
+            first_token_id=prefilled.first_token_id if prefilled is not None else 0,
+            timeout_s=self._deps.timeouts.kv_transfer_s,
+        )
+
+    def _start_error(self) -> BaseException | None:
+        task = self._start_task
+        if task is None or not task.done() or task.cancelled():
+            return None
+        return task.exception()
+
+    def _transfer_claimed(self, error: BaseException | None) -> bool:
+        """Whether the prefill may have pushed a transfer that no /pd/decode has taken."""
+        if isinstance(error, PrefillError):
+            return error.in_doubt
+        return error is None and self._prefilled is not None
+
+
+def _node_max_tokens(prefilled: Prefilled, request: RoutedRequest, max_seq_len: int) -> int:
+    if prefilled.finish_reason == "stop":
+        return 1  # the first token already ended the output; only consume the transfer
+    room = max(1, max_seq_len - prefilled.prompt_tokens)
+    budget = request.parsed.token_budget
+    return min(budget, room) if budget else room

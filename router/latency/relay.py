@@ -1,0 +1,100 @@
+"""The decode relay: a node's token lines in, the client's message deltas out.
+
+Ids go through the relay pipeline (stop ids, detokenizer, stop strings, the family's
+reasoning and tool-call parser); the relay counts completion tokens as vLLM does, decides
+`finish_reason`, and records the latency metrics (TTFT, time per token, duration).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from router.latency.protocol import NodeSession
+from router.metrics import Metrics
+from router.parsers import ParsedDelta, ParsedMessage, finish_reason
+from router.relay.pipeline import RelayPipeline
+from router.serving import RoutedRequest
+from router.tokenizer import LoadedTokenizer
+from router.upstream.tilert import DoneLine
+from router.upstream.vllm import Prefilled
+
+
+@dataclass(frozen=True, slots=True)
+class RelayEnd:
+    finish_reason: str
+    completion_tokens: int
+
+
+class DecodeRelay:
+    def __init__(
+        self,
+        request: RoutedRequest,
+        prefilled: Prefilled,
+        *,
+        tokenizer: LoadedTokenizer,
+        output_parser: str,
+        metrics: Metrics,
+        started: float,
+    ) -> None:
+        parsed = request.parsed
+        self._request = request
+        self._metrics = metrics
+        self._started = started  # monotonic time the request arrived
+        self._eos_first = prefilled.finish_reason == "stop"
+        self._pipeline = RelayPipeline(
+            tokenizer.tokenizer,
+            vocab=tokenizer.vocab,
+            parser_name=output_parser if request.endpoint.parses_output else "none",
+            tools=parsed.parser_tools,
+            chat_template_kwargs=parsed.chat_template_kwargs,
+            stop=parsed.stop_strings,
+            stop_token_ids=parsed.stop_token_ids or [],
+        )
+
+    async def events(self, session: NodeSession) -> AsyncIterator[ParsedDelta | RelayEnd]:
+        """Message deltas as the node's lines arrive, then one RelayEnd. Raises DecodeError
+        if the node fails mid-stream. Ending early (a stop, the client gone) closes the
+        session, which cancels the node."""
+        pipeline, metrics, model = self._pipeline, self._metrics, self._request.model
+        node_finish = "stop"
+        first_output = True
+        last_line = time.monotonic()
+        try:
+            while (line := await session.next_line()) is not None:
+                if isinstance(line, DoneLine):
+                    node_finish = line.finish_reason
+                    continue
+                now = time.monotonic()
+                metrics.token_gap(model, now - last_line, len(line.ids))
+                last_line = now
+                if self._eos_first:
+                    pipeline.count(line.ids)
+                    continue
+                step = pipeline.feed(line.ids)
+                if step.delta:
+                    if first_output:
+                        metrics.first_token(model, now - self._started)
+                        first_output = False
+                    yield step.delta
+                if step.stopped:
+                    break
+            tail = pipeline.finish()
+            if tail:
+                yield tail
+        finally:
+            session.close(stopped=pipeline.stopped)
+        if not pipeline.stopped and node_finish == "stop" and not self._eos_first:
+            pipeline.count_suppressed_eos()
+        finish = finish_reason(
+            pipeline.parser.message(),
+            ended_by_length=not pipeline.stopped and node_finish == "length",
+            tool_choice=self._request.parsed.requested_tool_choice,
+        )
+        metrics.finished(model, time.monotonic() - self._started, finish)
+        yield RelayEnd(finish, max(pipeline.completion_tokens, 1))
+
+    def message(self) -> ParsedMessage:
+        """The whole message, once events() has ended (non-streaming answers)."""
+        return self._pipeline.parser.message()

@@ -1,0 +1,64 @@
+"""One served model at run time: its tokenizer and prompt counter, its TileRT pool, and the
+path that serves each routing decision (the latency path wrapped in the spill fallback when
+the model also has a throughput path)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from policies.types import Path
+from router.config import GateConfig, ModelConfig
+from router.gate import Gate, make_gate
+from router.latency.path import LatencyPath
+from router.latency.protocol import LatencyDeps
+from router.prompt_tokens import PromptCounter
+from router.serving import Fallback, ServePath
+from router.throughput import make_throughput_path
+from router.tokenizer import LoadedTokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRuntime:
+    config: ModelConfig
+    tokenizer: LoadedTokenizer
+    counter: PromptCounter
+    paths: Mapping[Path, ServePath]
+    """The path serving each decision; a model lacks the paths it has no section for."""
+    latency: LatencyPath | None
+
+    @property
+    def gate(self) -> Gate | None:
+        return self.latency.gate if self.latency is not None else None
+
+
+def build_model(
+    config: ModelConfig,
+    *,
+    tokenizer: LoadedTokenizer,
+    counter: PromptCounter,
+    gate_config: GateConfig,
+    deps: LatencyDeps,
+) -> ModelRuntime:
+    paths: dict[Path, ServePath] = {}
+    throughput = None
+    if config.throughput is not None:
+        throughput = paths["throughput"] = make_throughput_path(
+            config.throughput, upstreams=deps.upstreams
+        )
+    latency = None
+    if config.latency is not None:
+        latency = LatencyPath(
+            config.name,
+            config.latency,
+            output_parser=config.output_parser,
+            gate=make_gate(gate_config, config.latency.nodes),
+            tokenizer=tokenizer,
+            deps=deps,
+            default_wait_ms=gate_config.max_queue_wait_ms,
+        )
+        paths["latency"] = (
+            latency if throughput is None else Fallback(latency, throughput, metrics=deps.metrics)
+        )
+    return ModelRuntime(config, tokenizer, counter, MappingProxyType(paths), latency)

@@ -1,0 +1,85 @@
+"""The interface every way of serving a request implements: the latency path and each
+throughput mode. A path turns a `RoutedRequest` into an `Answer` (status, headers, body
+chunks); `PathResponse` sends it, so no path deals with the client connection."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from policies import Decision
+from router.endpoints import EndpointSpec
+from router.errors import GatewayError, error_json
+from router.openai.requests import ChatRequest, CompletionRequest
+
+
+@dataclass(slots=True)
+class RoutedRequest:
+    """A validated, classified request on its way to a path."""
+
+    endpoint: EndpointSpec
+    parsed: ChatRequest | CompletionRequest
+    body: dict[str, Any]
+    """The client's JSON body, with any client `kv_transfer_params` removed."""
+    decision: Decision
+    request_id: str
+    """Carried by every upstream call as X-Request-Id."""
+    headers: dict[str, str]
+    """Added to the answer, error answers included; a path may change them (a spill)."""
+
+    @property
+    def model(self) -> str:
+        return self.parsed.model
+
+
+@dataclass(slots=True)
+class Answer:
+    """What the client is sent: status, headers and the body's chunks."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    chunks: AsyncIterator[bytes]
+
+
+class ServePath(Protocol):
+    async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        """Start serving `request`: return once its status is known.
+
+        Raise a GatewayError for a failure before the answer starts; after that, failures
+        belong in the body (an SSE error event). Everything that must be closed when the
+        answer ends, however it ends (client gone included), goes on `stack`.
+        """
+        ...
+
+
+def new_request_id() -> str:
+    """A request id: dash-free, so vLLM and the TileRT node keep it as it is (§1.2)."""
+    return uuid.uuid4().hex
+
+
+async def once(content: bytes) -> AsyncIterator[bytes]:
+    yield content
+
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+def whole_answer(status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> Answer:
+    """An answer whose body is known in full: sent in one piece, with its length."""
+    length = [(b"content-length", str(len(content)).encode())]
+    return Answer(status, headers + length, once(content))
+
+
+def json_answer(content: bytes, *, status: int = 200) -> Answer:
+    return whole_answer(status, JSON_HEADERS, content)
+
+
+def error_answer(error: GatewayError) -> Answer:
+    return whole_answer(error.status, JSON_HEADERS + raw_headers(error.headers), error_json(error))
+
+
+def raw_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]

@@ -1,0 +1,87 @@
+"""The one response type for every path: it runs the path when it is sent.
+
+Running the path inside the response, next to the ASGI `receive` channel, is what lets a
+client disconnect stop it at any point (queued for a slot, waiting for a prefill or an
+upstream's headers, or mid-stream): the exchange runs as a task that is cancelled when the
+client goes away, and everything the path opened (upstream streams, slots, balancer holds)
+is closed on the way out. Errors raised before the answer starts are rendered here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from contextlib import AsyncExitStack, aclosing
+
+import anyio
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from router.errors import ClientGone, GatewayError
+from router.serving.base import Answer, RoutedRequest, ServePath, error_answer, raw_headers
+
+log = logging.getLogger("pd_gateway")
+
+
+class PathResponse(Response):
+    """Sends what `path` answers for `request`, with `request.headers` added."""
+
+    def __init__(self, path: ServePath, request: RoutedRequest) -> None:
+        # Status and content type are only known once the path has answered.
+        self.status_code = 200
+        self.background = None
+        self.body = b""
+        self.raw_headers = []
+        self._path = path
+        self._request = request
+        self._started = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stack = AsyncExitStack()
+        exchange = asyncio.ensure_future(self._exchange(stack, send))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((exchange, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            exchange.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait((exchange, watch))
+                await stack.aclose()
+        if not watch.cancelled() and watch.exception() is None:
+            log.debug("client went away; its request was stopped")
+            if not self._started:
+                # Nobody reads it, but it is counted like any answer (nginx's 499).
+                with contextlib.suppress(Exception):
+                    await self._start(send, error_answer(ClientGone("the client left")))
+            return
+        if exchange.cancelled():
+            return
+        try:
+            exchange.result()
+        except OSError:
+            log.debug("client went away while being sent the answer")
+
+    async def _exchange(self, stack: AsyncExitStack, send: Send) -> None:
+        try:
+            answer = await self._path.open(self._request, stack)
+        except GatewayError as error:
+            answer = error_answer(error)
+        await self._start(send, answer)
+        async with aclosing(answer.chunks) as chunks:  # type: ignore[type-var]
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _start(self, send: Send, answer: Answer) -> None:
+        ours = raw_headers(self._request.headers)
+        names = {name for name, _ in ours}
+        headers = [(k, v) for k, v in answer.headers if k not in names] + ours
+        self._started = True
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

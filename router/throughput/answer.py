@@ -1,0 +1,64 @@
+"""An upstream's reply as the client's answer on the throughput path.
+
+A body that is not an event stream is read whole before anything is sent to the client,
+so its failures still get a proper status; an event stream is relayed chunk by chunk as it
+arrives, and a failure mid-way becomes an SSE error event on an event boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from router.errors import UpstreamError
+from router.openai.sse import EVENT_END, error_event
+from router.serving import Answer, whole_answer
+from router.upstream import Reply
+
+log = logging.getLogger("pd_gateway.throughput")
+
+
+class ChunkFilter(Protocol):
+    """Rewrites an event stream on its way through; most chunks come back unchanged."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+async def read_unless_streamed(reply: Reply) -> Reply:
+    """Read a reply's whole body now unless it is an event stream."""
+    if not reply.is_event_stream():
+        await reply.read()
+    return reply
+
+
+def relay(reply: Reply, *, rewrite: ChunkFilter | None = None, body: bytes | None = None) -> Answer:
+    """The client's view of `reply`: its status and end-to-end headers, then its body.
+
+    A body read whole is sent as `body` if given (a rewritten copy), else as it came; an
+    event stream goes through `rewrite` chunk by chunk.
+    """
+    headers = reply.forwarded_headers()
+    if reply.content is not None:
+        return whole_answer(reply.status, headers, reply.content if body is None else body)
+    return Answer(reply.status, headers, _stream(reply, rewrite))
+
+
+async def _stream(reply: Reply, rewrite: ChunkFilter | None) -> AsyncIterator[bytes]:
+    # After the first byte the status is spent: a failure becomes an SSE error event.
+    last = EVENT_END
+    try:
+        async for raw in reply.chunks():
+            chunk = raw if rewrite is None else rewrite.feed(raw)
+            if chunk:
+                last = chunk
+                yield chunk
+        if rewrite is not None and (tail := rewrite.flush()):
+            yield tail
+    except UpstreamError as exc:
+        log.warning("%s (mid-stream): %s", reply.target.label, exc.message)
+        error = reply.target.failure("failed", f"failed mid-stream: {exc.message}", status=502)
+        gap = b"" if last.endswith(EVENT_END) else b"\n" if last.endswith(b"\n") else EVENT_END
+        yield gap + error_event(error)

@@ -1,0 +1,235 @@
+"""The one way the gateway calls a backend: `Upstreams` keeps one pooled HTTP client per
+upstream server, sized by `upstreams` in router.yaml, with timeouts from `timeouts` only.
+
+A call names its `Target` (for errors) and how long each wait for the answer's bytes may
+last; its answer is a `Reply`, whose body is read whole, line by line or chunk by chunk.
+Every httpx failure, at any of those steps, surfaces as a `router.errors.UpstreamError`:
+nothing above this package sees httpx.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack
+from typing import Any
+
+import httpx
+import orjson
+
+from router.config import TimeoutsConfig, UpstreamsConfig
+from router.errors import UpstreamError
+from router.upstream.failures import Target, status_failure, transport_failure
+
+log = logging.getLogger("pd_gateway.upstream")
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Besides hop-by-hop headers: the gateway's server frames the body itself and adds its own
+# date and server; bodies are relayed decoded, so no content-encoding either.
+NOT_FORWARDED = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
+
+
+class Reply:
+    """An upstream's answer whose status and headers have arrived; its body is read through
+    the methods below, which translate failures. Close it (`aclose`) on every path."""
+
+    __slots__ = ("_response", "content", "target")
+
+    def __init__(self, target: Target, response: httpx.Response) -> None:
+        self.target = target
+        self._response = response
+        self.content: bytes | None = None
+        """The whole body, once `read()` has run."""
+
+    @property
+    def status(self) -> int:
+        return self._response.status_code
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._response.headers
+
+    def is_event_stream(self) -> bool:
+        content_type: str = self._response.headers.get("content-type", "")
+        return content_type.startswith("text/event-stream")
+
+    def forwarded_headers(self) -> list[tuple[bytes, bytes]]:
+        """End-to-end headers only: hop-by-hop ones, and any the Connection header names, go."""
+        headers = self._response.headers
+        dropped = NOT_FORWARDED | {
+            token.strip().lower() for token in headers.get("connection", "").split(",")
+        }
+        return [
+            (name.lower(), value)
+            for name, value in headers.raw
+            if name.lower().decode("latin-1") not in dropped
+        ]
+
+    async def read(self) -> bytes:
+        if self.content is None:
+            try:
+                self.content = await self._response.aread()
+            except httpx.HTTPError as exc:
+                raise transport_failure(self.target, exc) from None
+        return self.content
+
+    async def json(self) -> Any:
+        """The body parsed as JSON; None if it is not JSON."""
+        try:
+            return orjson.loads(await self.read())
+        except orjson.JSONDecodeError:
+            return None
+
+    async def failure(self) -> UpstreamError:
+        """The error for this answer's error status, naming the upstream's own message."""
+        try:
+            content = await self.read()
+        except UpstreamError:
+            content = b""
+        return status_failure(self.target, self.status, content)
+
+    async def lines(self) -> AsyncIterator[str]:
+        try:
+            async for line in self._response.aiter_lines():
+                yield line
+        except httpx.HTTPError as exc:
+            raise transport_failure(self.target, exc) from None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_bytes():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise transport_failure(self.target, exc) from None
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class Upstreams:
+    """Pooled clients, one per upstream base URL, made on first use and closed together.
+
+    `transport` replaces the network (tests pass an `httpx.MockTransport`)."""
+
+    def __init__(
+        self,
+        pools: UpstreamsConfig,
+        timeouts: TimeoutsConfig,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.timeouts = timeouts
+        self._limits = httpx.Limits(
+            max_connections=pools.max_connections,
+            max_keepalive_connections=pools.max_keepalive_connections,
+            keepalive_expiry=pools.keepalive_expiry_s,
+        )
+        self._transport = transport
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._closed = False
+
+    def _client(self, base: str) -> httpx.AsyncClient:
+        client = self._clients.get(base)
+        if client is None:
+            client = httpx.AsyncClient(limits=self._limits, transport=self._transport)
+            self._clients[base] = client
+        return client
+
+    def _timeout(self, read_s: float | None) -> httpx.Timeout:
+        # `read_s` bounds each wait for the answer's bytes (None: as long as it takes, for
+        # answers that arrive only when generation ends).
+        t = self.timeouts
+        write_s = t.prefill_s if read_s is None else read_s
+        return httpx.Timeout(connect=t.connect_s, read=read_s, write=write_s, pool=t.connect_s)
+
+    async def open(
+        self,
+        target: Target,
+        method: str,
+        base: str,
+        path: str,
+        *,
+        body: Any = None,
+        read_s: float | None,
+        request_id: str | None = None,
+    ) -> Reply:
+        """Send a request; return once its status and headers have arrived."""
+        headers = {"accept-encoding": "identity"}
+        if request_id is not None:
+            headers["x-request-id"] = request_id
+        content = None
+        if body is not None:
+            content = orjson.dumps(body)
+            headers["content-type"] = "application/json"
+        if self._closed:
+            raise target.failure("unreachable", "is not called: the gateway is closing", status=502)
+        client = self._client(base)
+        request = client.build_request(
+            method, base + path, content=content, headers=headers, timeout=self._timeout(read_s)
+        )
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            # Request legs are worth a line each; probes and cleanups fail quietly.
+            level = logging.WARNING if request_id is not None else logging.DEBUG
+            log.log(level, "%s %s%s failed (request %s): %r", method, base, path, request_id, exc)
+            raise transport_failure(target, exc) from None
+        return Reply(target, response)
+
+    async def open_in(
+        self,
+        stack: AsyncExitStack,
+        target: Target,
+        base: str,
+        path: str,
+        *,
+        body: Any,
+        read_s: float | None,
+        request_id: str | None = None,
+    ) -> Reply:
+        """POST; the reply is closed when `stack` unwinds."""
+        reply = await self.open(
+            target, "POST", base, path, body=body, read_s=read_s, request_id=request_id
+        )
+        stack.push_async_callback(reply.aclose)
+        return reply
+
+    async def call(
+        self,
+        target: Target,
+        method: str,
+        base: str,
+        path: str,
+        *,
+        body: Any = None,
+        read_s: float | None,
+        request_id: str | None = None,
+    ) -> Reply:
+        """Send a request and read its whole answer."""
+        reply = await self.open(
+            target, method, base, path, body=body, read_s=read_s, request_id=request_id
+        )
+        try:
+            await reply.read()
+        finally:
+            await reply.aclose()
+        return reply
+
+    async def aclose(self) -> None:
+        self._closed = True
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()

@@ -1,0 +1,212 @@
+"""vLLM's OpenAI server as the gateway calls it (PROTOCOLS.md §1.1, §2): the one-token
+prefill both paths send, what the latency path reads from its answer (the first token id),
+what the native path reads (the opaque `kv_transfer_params`), and the NIXL decode legs.
+
+Bodies change the client's request in exactly the ways the protocol lists and no other.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from policies.types import Endpoint
+from router.config import NodeConfig, PrefillEngineConfig
+from router.errors import PrefillError
+from router.upstream.client import Upstreams
+from router.upstream.failures import Target
+
+log = logging.getLogger("pd_gateway.upstream")
+
+PREFILL = Target("prefill", "the prefill server", PrefillError)
+DECODE = Target("decode", "the decode server")
+PROXY = Target("proxy", "the disaggregation proxy")
+
+TOKEN_ID_PREFIX = "token_id:"
+
+# Fields a one-token prefill must not carry: the client's stream settings, a minimum length
+# it could not honour, and transfer parameters that are the gateway's to set.
+_NOT_IN_PREFILL = ("stream_options", "min_tokens", "min_completion_tokens", "kv_transfer_params")
+
+# How each endpoint asks for the first token's logprob, and where its answer puts it.
+_FIRST_TOKEN: Mapping[Endpoint, tuple[dict[str, Any], Callable[[Any], Any]]] = MappingProxyType(
+    {
+        "chat": ({"logprobs": True, "top_logprobs": 1}, lambda lp: lp["content"][0]["token"]),
+        "completions": ({"logprobs": 1}, lambda lp: lp["tokens"][0]),
+    }
+)
+
+
+def prefill_body(
+    body: dict[str, Any],
+    kv_transfer_params: dict[str, Any],
+    *,
+    first_token_of: Endpoint | None = None,
+) -> dict[str, Any]:
+    """One token, not streamed, with the gateway's `kv_transfer_params`; with `first_token_of`,
+    the first token's logprob is asked for in that endpoint's shape (the latency path)."""
+    out = {k: v for k, v in body.items() if k not in _NOT_IN_PREFILL}
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    out["stream"] = False
+    if first_token_of is not None:
+        out.update(_FIRST_TOKEN[first_token_of][0])
+    out["kv_transfer_params"] = kv_transfer_params
+    return out
+
+
+def tilert_params(node: NodeConfig) -> dict[str, Any]:
+    """Where the TileRT connector pushes the prompt's KV state (§1.1)."""
+    return {"tilert_host": node.host, "tilert_ctrl_port": node.ctrl_port}
+
+
+def nixl_prefill_params() -> dict[str, Any]:
+    """A prefill that keeps its KV state for a remote decode to read (§2.2)."""
+    return {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+
+
+def pull_decode_body(body: dict[str, Any], kv_transfer_params: Any) -> dict[str, Any]:
+    """The client's body with the prefill's `kv_transfer_params`, untouched.
+
+    Without any (the prefill finished without keeping KV for a remote decode), the decode
+    instance computes the prompt itself: slower, but the answer is still right.
+    """
+    out = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+    if kv_transfer_params is not None:
+        out["kv_transfer_params"] = kv_transfer_params
+    return out
+
+
+def push_decode_body(
+    body: dict[str, Any], engine: PrefillEngineConfig, request_id: str
+) -> dict[str, Any]:
+    """The client's body with the chosen prefill engine's coordinates; no block ids."""
+    out = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+    out["kv_transfer_params"] = {
+        "do_remote_decode": False,
+        "do_remote_prefill": True,
+        "remote_engine_id": engine.engine_id,
+        "remote_host": engine.side_channel_host,
+        "remote_port": engine.side_channel_port,
+        "tp_size": engine.tp_size,
+        "pp_size": engine.pp_size,
+        "remote_request_id": request_id,
+    }
+    return out
+
+
+async def prefill(
+    upstreams: Upstreams, url: str, path: str, body: dict[str, Any], *, request_id: str
+) -> Any:
+    """Send a prefill body; its answer parsed as JSON (None if it is not JSON).
+
+    Raises PrefillError: for an error status, or for a transport failure (`in_doubt` when the
+    request may have reached vLLM, whose connector may then have pushed a transfer)."""
+    reply = await upstreams.call(
+        PREFILL,
+        "POST",
+        url,
+        path,
+        body=body,
+        read_s=upstreams.timeouts.prefill_s,
+        request_id=request_id,
+    )
+    if reply.status != 200:
+        raise await reply.failure()
+    return await reply.json()
+
+
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    """What the latency path needs from a prefill's answer."""
+
+    response_id: str
+    created: int
+    first_token_id: int
+    prompt_tokens: int
+    finish_reason: str | None
+    cached_tokens: int | None
+
+
+def unusable_prefill(message: str) -> PrefillError:
+    """A 200 answer without what the latency path needs (a configuration error upstream).
+    In doubt: a 200 means the connector claimed the transfer."""
+    return PrefillError(message, code="prefill_unusable", in_doubt=True)
+
+
+def parse_prefilled(data: Any, endpoint: Endpoint) -> Prefilled:
+    """The first token id (as `token_id:N`), the prompt length and the response id."""
+    try:
+        choice = data["choices"][0]
+        token = _FIRST_TOKEN[endpoint][1](choice["logprobs"])
+        usage = data["usage"]
+        prompt_tokens = int(usage["prompt_tokens"])
+        details = usage.get("prompt_tokens_details") or {}
+        response_id = str(data["id"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise unusable_prefill(
+            "the prefill server's answer lacks the first token's logprobs or usage"
+        ) from None
+    if not isinstance(token, str) or not token.startswith(TOKEN_ID_PREFIX):
+        raise unusable_prefill(
+            "the prefill server returned the first token as text, not 'token_id:N': "
+            "run vLLM with --return-tokens-as-token-ids"
+        )
+    try:
+        first_token_id = int(token[len(TOKEN_ID_PREFIX) :])
+    except ValueError:
+        raise unusable_prefill(
+            f"the prefill server returned a malformed token id {token!r}"
+        ) from None
+    return Prefilled(
+        response_id=response_id,
+        created=int(data.get("created") or 0),
+        first_token_id=first_token_id,
+        prompt_tokens=prompt_tokens,
+        finish_reason=choice.get("finish_reason"),
+        cached_tokens=details.get("cached_tokens"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NixlPrefilled:
+    """What a NIXL decode leg needs from a prefill's answer."""
+
+    kv_transfer_params: Any
+    """Opaque: whatever the prefill returned at the top level, None if nothing."""
+    cached_tokens: int
+    """The prefill's own prefix-cache hits; 0 when it did not report them."""
+
+
+def parse_nixl_prefilled(data: Any, *, url: str, request_id: str) -> NixlPrefilled:
+    if not isinstance(data, dict):
+        raise PrefillError(
+            "the prefill server's answer is not a JSON object", code="prefill_failed"
+        )
+    params = data.get("kv_transfer_params")
+    if params is None:
+        log.warning(
+            "prefill %s returned no kv_transfer_params (request %s): the decode computes the "
+            "prompt itself; is the prefill server running a NIXL kv connector?",
+            url,
+            request_id,
+        )
+    return NixlPrefilled(kv_transfer_params=params, cached_tokens=_cached_tokens(data))
+
+
+def _cached_tokens(data: dict[str, Any]) -> int:
+    usage = data.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) else 0

@@ -1,0 +1,350 @@
+"""The node protocol of one latency request, against scripted upstreams (httpx.MockTransport):
+every unhappy path leaves the node as the protocol requires and releases the slot once,
+with the right verdict on the node's health."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from router.config import NodeConfig, TimeoutsConfig, UpstreamsConfig
+from router.errors import DecodeError, PrefillError
+from router.gate import NodeFailure
+from router.latency.protocol import LatencyDeps, NodeSession
+from router.metrics import Metrics
+from router.serving import RoutedRequest
+from router.upstream import Upstreams
+from router.upstream.tilert import DoneLine, TokenLine
+from tests.throughput.support import routed
+
+NODE = NodeConfig(host="node", ctrl_port=5556, http_port=5557)
+PREFILL_URL = "http://prefill:8000"
+TIMEOUTS = TimeoutsConfig(connect_s=1, kv_transfer_s=0.5, decode_stall_s=0.5, cancel_s=0.5)
+Handler = Callable[[httpx.Request], Coroutine[Any, Any, httpx.Response]]
+
+PREFILLED = {
+    "id": "chatcmpl-1",
+    "created": 7,
+    "choices": [{"logprobs": {"content": [{"token": "token_id:42"}]}, "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 12},
+}
+DONE = {"done": True, "n": 3, "finish_reason": "stop"}
+
+
+def json_reply(payload: Any, status: int = 200) -> Handler:
+    async def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, content=orjson.dumps(payload))
+
+    return handle
+
+
+def failing(exc: Exception) -> Handler:
+    async def handle(request: httpx.Request) -> httpx.Response:
+        raise exc
+
+    return handle
+
+
+class Lines(httpx.AsyncByteStream):
+    """An ndjson body; with `hold`, it stops after its lines until the event is set."""
+
+    def __init__(self, lines: list[Any], hold: asyncio.Event | None) -> None:
+        self._lines = lines
+        self._hold = hold
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for line in self._lines:
+            yield orjson.dumps(line) + b"\n"
+        if self._hold is not None:
+            await self._hold.wait()
+
+
+def streaming(*lines: Any, hold: asyncio.Event | None = None) -> Handler:
+    async def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Lines(list(lines), hold))
+
+    return handle
+
+
+@dataclass
+class Node:
+    """A scripted TileRT node and prefill server, recording every call."""
+
+    prefill: Handler = field(default_factory=lambda: json_reply(PREFILLED))
+    decode: Handler = field(default_factory=lambda: streaming({"t": [1, 2]}, DONE))
+    consume: Handler = field(default_factory=lambda: json_reply({"done": True}))
+    cancel: Handler = field(default_factory=lambda: json_reply({"status": "cancelled"}))
+    status: Handler = field(default_factory=lambda: json_reply({"status": "idle"}))
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        content = await request.aread()
+        body = orjson.loads(content) if content else None
+        path = request.url.path
+        if path == "/pd/decode" and not body["stream"]:
+            path = "consume"
+        self.calls.append((path, body))
+        if path == "/pd/cancel":
+            self.cancelled.set()
+        handler = {
+            "/v1/chat/completions": self.prefill,
+            "/pd/decode": self.decode,
+            "consume": self.consume,
+            "/pd/cancel": self.cancel,
+            "/decode_status": self.status,
+        }[path]
+        return await handler(request)
+
+    def paths(self) -> list[str]:
+        return [path for path, _ in self.calls]
+
+
+class RecordingLease:
+    node = NODE
+
+    def __init__(self) -> None:
+        self.released = False
+        self.outcomes: list[tuple[NodeFailure | None, bool]] = []
+
+    async def release(self, failure: NodeFailure | None = None, *, judged: bool = True) -> None:
+        self.released = True
+        self.outcomes.append((failure, judged))
+
+    async def renew(self) -> bool:
+        return not self.released
+
+
+@dataclass
+class Run:
+    session: NodeSession
+    lease: RecordingLease
+    metrics: Metrics
+    tasks: list[asyncio.Task[None]]
+    upstreams: Upstreams
+
+    async def finished(self) -> tuple[NodeFailure | None, bool]:
+        """Wait for the protocol's background cleanup; the one release's verdict."""
+        await asyncio.gather(*self.tasks)
+        await self.upstreams.aclose()
+        (outcome,) = self.lease.outcomes
+        return outcome
+
+    def cancellations(self, reason: str) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "pd_gateway_cancellations_total", {"model": "m", "reason": reason}
+        )
+        return value or 0.0
+
+
+def run(node: Node) -> Run:
+    tasks: list[asyncio.Task[None]] = []
+
+    def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        tasks.append(task)
+        return task
+
+    upstreams = Upstreams(UpstreamsConfig(), TIMEOUTS, transport=httpx.MockTransport(node))
+    metrics = Metrics()
+    deps = LatencyDeps(upstreams=upstreams, timeouts=TIMEOUTS, spawn=spawn, metrics=metrics)
+    lease = RecordingLease()
+    session = NodeSession(
+        deps, lease, model="m", prefill_url=PREFILL_URL, on_released=lambda _: None
+    )
+    return Run(session, lease, metrics, tasks, upstreams)
+
+
+def request(**extra: Any) -> RoutedRequest:
+    return routed({"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra})
+
+
+async def read_all(session: NodeSession) -> list[Any]:
+    lines = []
+    while (line := await session.next_line()) is not None:
+        lines.append(line)
+    return lines
+
+
+async def test_a_whole_decode_is_read_and_the_node_judged_healthy() -> None:
+    node = Node()
+    r = run(node)
+    prefilled = await r.session.start(request(max_tokens=5), max_seq_len=100)
+    assert prefilled.first_token_id == 42
+    assert await read_all(r.session) == [TokenLine([1, 2]), DoneLine(3, "stop")]
+    r.session.close()
+    assert await r.finished() == (None, True)
+    assert node.paths() == ["/v1/chat/completions", "/pd/decode"]
+    prefill_body, decode_body = (body for _, body in node.calls)
+    assert prefill_body["kv_transfer_params"] == {"tilert_host": "node", "tilert_ctrl_port": 5556}
+    assert decode_body["first_token_id"] == 42
+    assert decode_body["max_tokens"] == 5
+
+
+async def test_the_node_budget_is_the_room_left_in_its_sequence() -> None:
+    node = Node()
+    r = run(node)
+    await r.session.start(request(), max_seq_len=20)
+    await read_all(r.session)
+    r.session.close()
+    await r.finished()
+    assert node.calls[1][1]["max_tokens"] == 20 - 12
+
+
+@pytest.mark.parametrize(
+    ("handler", "code", "status", "consumed"),
+    [
+        (failing(httpx.ConnectError("refused")), "prefill_unreachable", 502, False),
+        (failing(httpx.ReadTimeout("slow")), "prefill_timeout", 504, True),
+        (failing(httpx.RemoteProtocolError("cut")), "prefill_failed", 502, True),
+        (json_reply({"error": {"message": "boom"}}, 500), "prefill_failed", 502, False),
+        (json_reply({"error": {"message": "bad"}}, 400), "prefill_failed", 400, False),
+        (json_reply({**PREFILLED, "choices": [{"logprobs": None}]}), "prefill_unusable", 502, True),
+    ],
+)
+async def test_a_failed_prefill_consumes_a_transfer_it_may_have_pushed(
+    handler: Handler, code: str, status: int, consumed: bool
+) -> None:
+    node = Node(prefill=handler)
+    r = run(node)
+    with pytest.raises(PrefillError) as failed:
+        await r.session.start(request(), max_seq_len=100)
+    assert (failed.value.code, failed.value.status) == (code, status)
+    assert await r.finished() == (None, False), "a prefill failure says nothing of the node"
+    expected = ["/v1/chat/completions", "consume"] if consumed else ["/v1/chat/completions"]
+    assert node.paths() == expected
+
+
+@pytest.mark.parametrize(
+    ("handler", "code", "failure"),
+    [
+        (
+            json_reply({"error": "lock"}, 504),
+            "kv_transfer_timeout",
+            NodeFailure("kv_transfer_timeout", hard=False),
+        ),
+        (
+            json_reply({"error": "boom"}, 500),
+            "decode_failed",
+            NodeFailure("decode_failed", hard=False),
+        ),
+        (
+            failing(httpx.ConnectError("refused")),
+            "node_unreachable",
+            NodeFailure("node_unreachable", hard=True),
+        ),
+    ],
+)
+async def test_a_node_refusal_is_judged(handler: Handler, code: str, failure: NodeFailure) -> None:
+    r = run(Node(decode=handler))
+    with pytest.raises(DecodeError) as failed:
+        await r.session.start(request(), max_seq_len=100)
+    assert failed.value.code == code
+    assert await r.finished() == (failure, True)
+
+
+async def test_a_busy_node_still_gets_our_transfer_consumed_once_idle() -> None:
+    node = Node(decode=json_reply({"error": "busy"}, 429))
+    r = run(node)
+    with pytest.raises(DecodeError) as failed:
+        await r.session.start(request(), max_seq_len=100)
+    assert (failed.value.code, failed.value.status) == ("node_busy", 503)
+    assert await r.finished() == (NodeFailure("node_busy", hard=True), True)
+    assert node.paths() == ["/v1/chat/completions", "/pd/decode", "/decode_status", "consume"]
+
+
+@pytest.mark.parametrize(("cancel_status", "hard"), [(200, False), (404, True)])
+async def test_a_decode_that_never_answers_is_cancelled(cancel_status: int, hard: bool) -> None:
+    node = Node(decode=failing(httpx.ReadTimeout("slow")), cancel=json_reply({}, cancel_status))
+    r = run(node)
+    with pytest.raises(DecodeError) as failed:
+        await r.session.start(request(), max_seq_len=100)
+    assert failed.value.code == "decode_timeout"
+    failure, judged = await r.finished()
+    assert judged and failure is not None and failure.hard is hard
+    assert node.paths()[-1] == "/pd/cancel"
+
+
+async def test_an_error_line_mid_stream_cancels_and_drains_the_node() -> None:
+    node = Node(decode=streaming({"t": [1]}, {"error": "decode stalled"}))
+    r = run(node)
+    await r.session.start(request(), max_seq_len=100)
+    assert await r.session.next_line() == TokenLine([1])
+    with pytest.raises(DecodeError) as failed:
+        await r.session.next_line()
+    assert failed.value.code == "decode_failed"
+    r.session.close()
+    assert await r.finished() == (NodeFailure("decode_failed", hard=False), True)
+    assert node.paths()[-1] == "/pd/cancel"
+    assert r.cancellations("node_error") == 1
+
+
+async def test_a_client_gone_mid_stream_cancels_the_node_and_frees_the_slot() -> None:
+    hold = asyncio.Event()
+    node = Node(decode=streaming({"t": [1]}, hold=hold))
+    node.cancel = release_on_cancel(hold)
+    r = run(node)
+    await r.session.start(request(), max_seq_len=100)
+    assert await r.session.next_line() == TokenLine([1])
+    r.session.close()
+    assert await r.finished() == (None, True), "the node did nothing wrong"
+    assert r.cancellations("client_gone") == 1
+
+
+async def test_a_stop_string_cancels_for_that_reason() -> None:
+    hold = asyncio.Event()
+    node = Node(decode=streaming({"t": [1]}, hold=hold))
+    node.cancel = release_on_cancel(hold)
+    r = run(node)
+    await r.session.start(request(), max_seq_len=100)
+    await r.session.next_line()
+    r.session.close(stopped=True)
+    assert await r.finished() == (None, True)
+    assert r.cancellations("stop_sequence") == 1
+
+
+async def test_a_node_that_never_ends_its_response_is_taken_out() -> None:
+    hold = asyncio.Event()  # never set: the body never ends, even after the cancel
+    r = run(Node(decode=streaming({"t": [1]}, hold=hold)))
+    await r.session.start(request(), max_seq_len=100)
+    await r.session.next_line()
+    r.session.close()
+    assert await r.finished() == (NodeFailure("decode_unfinished", hard=True), True)
+
+
+async def test_a_client_gone_during_the_prefill_still_has_the_transfer_consumed() -> None:
+    arrived, answer = asyncio.Event(), asyncio.Event()
+
+    async def slow_prefill(request: httpx.Request) -> httpx.Response:
+        arrived.set()
+        await answer.wait()
+        return httpx.Response(200, content=orjson.dumps(PREFILLED))
+
+    node = Node(prefill=slow_prefill)
+    r = run(node)
+    start = asyncio.ensure_future(r.session.start(request(), max_seq_len=100))
+    await arrived.wait()
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    assert not r.lease.released, "the prefill is still running: the slot is not yet free"
+    answer.set()
+    assert await r.finished() == (None, False)
+    assert node.paths() == ["/v1/chat/completions", "consume"], "no decode, one consume"
+    assert node.calls[1][1]["first_token_id"] == 42
+
+
+def release_on_cancel(hold: asyncio.Event) -> Handler:
+    """A cancel that lets the held decode body end (as the real node ends it)."""
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        hold.set()
+        return httpx.Response(200, content=b"{}")
+
+    return handle
