@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
 
 import orjson
@@ -125,7 +125,7 @@ class LatencyPath:
         renderer: Renderer,
         prefilled: Prefilled,
         include_usage: bool,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         first = renderer.start()
         if first:
             yield first

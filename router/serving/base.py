@@ -5,7 +5,7 @@ chunks); `PathResponse` sends it, so no path deals with the client connection.""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -41,7 +41,7 @@ class Answer:
 
     status: int
     headers: list[tuple[bytes, bytes]]
-    chunks: AsyncIterator[bytes]
+    chunks: AsyncGenerator[bytes, None]
 
 
 class ServePath(Protocol):
@@ -60,7 +60,7 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-async def once(content: bytes) -> AsyncIterator[bytes]:
+async def once(content: bytes) -> AsyncGenerator[bytes, None]:
     yield content
 
 

@@ -69,7 +69,7 @@ class PathResponse(Response):
         except GatewayError as error:
             answer = error_answer(error)
         await self._start(send, answer)
-        async with aclosing(answer.chunks) as chunks:  # type: ignore[type-var]
+        async with aclosing(answer.chunks) as chunks:
             async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -8,7 +8,7 @@ arrives, and a failure mid-way becomes an SSE error event on an event boundary.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from router.errors import UpstreamError
@@ -46,7 +46,7 @@ def relay(reply: Reply, *, rewrite: ChunkFilter | None = None, body: bytes | Non
     return Answer(reply.status, headers, _stream(reply, rewrite))
 
 
-async def _stream(reply: Reply, rewrite: ChunkFilter | None) -> AsyncIterator[bytes]:
+async def _stream(reply: Reply, rewrite: ChunkFilter | None) -> AsyncGenerator[bytes, None]:
     # After the first byte the status is spent: a failure becomes an SSE error event.
     last = EVENT_END
     try:

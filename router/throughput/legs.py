@@ -32,14 +32,15 @@ async def send_decode(
     """Send the decode leg; an error status raises before anything is relayed."""
     # A non-stream answer only arrives when generation ends: no bound on that wait.
     read_s = upstreams.timeouts.prefill_s if request.parsed.stream else None
-    reply = await upstreams.open_in(
-        stack,
+    reply = await upstreams.open(
         vllm.DECODE,
+        "POST",
         url,
         request.endpoint.path,
         body=body,
         read_s=read_s,
         request_id=request.request_id,
+        stack=stack,
     )
     await read_unless_streamed(reply)
     if reply.status != 200:

@@ -27,13 +27,14 @@ class ProxyPath:
         url = stack.enter_context(self._proxy.hold(self._proxy.pick()))
         # A non-stream answer only arrives when generation ends: no bound on that wait.
         read_s = self._upstreams.timeouts.prefill_s if request.parsed.stream else None
-        reply = await self._upstreams.open_in(
-            stack,
+        reply = await self._upstreams.open(
             PROXY,
+            "POST",
             url,
             request.endpoint.path,
             body=request.body,
             read_s=read_s,
             request_id=request.request_id,
+            stack=stack,
         )
         return relay(await read_unless_streamed(reply))

@@ -165,8 +165,12 @@ class Upstreams:
         body: Any = None,
         read_s: float | None,
         request_id: str | None = None,
+        stack: AsyncExitStack | None = None,
     ) -> Reply:
-        """Send a request; return once its status and headers have arrived."""
+        """Send a request; return once its status and headers have arrived. The reply is
+        closed when `stack` unwinds, if one is given; otherwise by the caller."""
+        if self._closed:
+            raise target.failure("unreachable", "is not called: the gateway is closing", status=502)
         headers = {"accept-encoding": "identity"}
         if request_id is not None:
             headers["x-request-id"] = request_id
@@ -174,8 +178,6 @@ class Upstreams:
         if body is not None:
             content = orjson.dumps(body)
             headers["content-type"] = "application/json"
-        if self._closed:
-            raise target.failure("unreachable", "is not called: the gateway is closing", status=502)
         client = self._client(base)
         request = client.build_request(
             method, base + path, content=content, headers=headers, timeout=self._timeout(read_s)
@@ -187,24 +189,9 @@ class Upstreams:
             level = logging.WARNING if request_id is not None else logging.DEBUG
             log.log(level, "%s %s%s failed (request %s): %r", method, base, path, request_id, exc)
             raise transport_failure(target, exc) from None
-        return Reply(target, response)
-
-    async def open_in(
-        self,
-        stack: AsyncExitStack,
-        target: Target,
-        base: str,
-        path: str,
-        *,
-        body: Any,
-        read_s: float | None,
-        request_id: str | None = None,
-    ) -> Reply:
-        """POST; the reply is closed when `stack` unwinds."""
-        reply = await self.open(
-            target, "POST", base, path, body=body, read_s=read_s, request_id=request_id
-        )
-        stack.push_async_callback(reply.aclose)
+        reply = Reply(target, response)
+        if stack is not None:
+            stack.push_async_callback(reply.aclose)
         return reply
 
     async def call(
@@ -219,13 +206,18 @@ class Upstreams:
         request_id: str | None = None,
     ) -> Reply:
         """Send a request and read its whole answer."""
-        reply = await self.open(
-            target, method, base, path, body=body, read_s=read_s, request_id=request_id
-        )
-        try:
+        async with AsyncExitStack() as stack:
+            reply = await self.open(
+                target,
+                method,
+                base,
+                path,
+                body=body,
+                read_s=read_s,
+                request_id=request_id,
+                stack=stack,
+            )
             await reply.read()
-        finally:
-            await reply.aclose()
         return reply
 
     async def aclose(self) -> None:

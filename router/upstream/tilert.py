@@ -251,27 +251,28 @@ async def drain(stream: DecodeStream, *, limit_s: float) -> bool:
     return stream.eof
 
 
-async def is_idle(upstreams: Upstreams, node: NodeConfig) -> bool:
-    """/decode_status says idle (its lock is free)."""
+async def _probe(upstreams: Upstreams, node: NodeConfig, path: str) -> Reply | None:
     try:
-        reply = await upstreams.call(
-            NODE, "GET", node.url, "/decode_status", read_s=upstreams.timeouts.connect_s
+        return await upstreams.call(
+            NODE, "GET", node.url, path, read_s=upstreams.timeouts.connect_s
         )
     except UpstreamError:
+        return None
+
+
+async def is_idle(upstreams: Upstreams, node: NodeConfig) -> bool:
+    """/decode_status says idle (its lock is free)."""
+    reply = await _probe(upstreams, node, "/decode_status")
+    if reply is None or reply.status != 200:
         return False
     status = await reply.json()
-    return reply.status == 200 and isinstance(status, dict) and status.get("status") == "idle"
+    return isinstance(status, dict) and status.get("status") == "idle"
 
 
 async def is_ready(upstreams: Upstreams, node: NodeConfig) -> bool:
     """Healthy (`/health` answers 200) and idle."""
-    try:
-        health = await upstreams.call(
-            NODE, "GET", node.url, "/health", read_s=upstreams.timeouts.connect_s
-        )
-    except UpstreamError:
-        return False
-    return health.status == 200 and await is_idle(upstreams, node)
+    health = await _probe(upstreams, node, "/health")
+    return health is not None and health.status == 200 and await is_idle(upstreams, node)
 
 
 async def wait_idle(

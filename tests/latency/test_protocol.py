@@ -285,28 +285,21 @@ async def test_an_error_line_mid_stream_cancels_and_drains_the_node() -> None:
     assert r.cancellations("node_error") == 1
 
 
-async def test_a_client_gone_mid_stream_cancels_the_node_and_frees_the_slot() -> None:
+@pytest.mark.parametrize(("stopped", "reason"), [(False, "client_gone"), (True, "stop_sequence")])
+async def test_ending_mid_stream_cancels_the_node_and_frees_the_slot(
+    stopped: bool, reason: str
+) -> None:
+    """The client left, or the relay matched a stop: the node did nothing wrong."""
     hold = asyncio.Event()
     node = Node(decode=streaming({"t": [1]}, hold=hold))
     node.cancel = release_on_cancel(hold)
     r = run(node)
     await r.session.start(request(), max_seq_len=100)
     assert await r.session.next_line() == TokenLine([1])
-    r.session.close()
-    assert await r.finished() == (None, True), "the node did nothing wrong"
-    assert r.cancellations("client_gone") == 1
-
-
-async def test_a_stop_string_cancels_for_that_reason() -> None:
-    hold = asyncio.Event()
-    node = Node(decode=streaming({"t": [1]}, hold=hold))
-    node.cancel = release_on_cancel(hold)
-    r = run(node)
-    await r.session.start(request(), max_seq_len=100)
-    await r.session.next_line()
-    r.session.close(stopped=True)
+    r.session.close(stopped=stopped)
     assert await r.finished() == (None, True)
-    assert r.cancellations("stop_sequence") == 1
+    assert node.paths()[-1] == "/pd/cancel"
+    assert r.cancellations(reason) == 1
 
 
 async def test_a_node_that_never_ends_its_response_is_taken_out() -> None:
