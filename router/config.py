@@ -132,6 +132,18 @@ class GateConfig(_Strict):
     probe_interval_s: Annotated[float, Field(gt=0)] = 1.0
 
 
+class LimitsConfig(_Strict):
+    """What one request may carry, checked before any work; an excess is a 400 naming it."""
+
+    # orjson re-encodes at most 254 levels: the ceiling keeps every accepted body sendable.
+    max_json_depth: Annotated[int, Field(ge=8, le=200)] = 64
+    max_messages: Annotated[int, Field(ge=1)] = 4096
+    max_tools: Annotated[int, Field(ge=0)] = 256
+    max_prompts: Annotated[int, Field(ge=1)] = 256
+    max_stop_strings: Annotated[int, Field(ge=0)] = 32
+    max_stop_chars: Annotated[int, Field(ge=1)] = 512
+
+
 class UpstreamsConfig(_Strict):
     """Connection pools, one per upstream server (each vLLM URL, each TileRT node)."""
 
@@ -210,6 +222,7 @@ class GatewayConfig(_Strict):
     gate: GateConfig = GateConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
     upstreams: UpstreamsConfig = UpstreamsConfig()
+    limits: LimitsConfig = LimitsConfig()
     models: Annotated[list[ModelConfig], Field(min_length=1)]
     base_dir: Path = Path(".")
 

@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from policies import Decision
 from router.endpoints import EndpointSpec
 from router.errors import GatewayError, InvalidRequest, ModelNotFound
+from router.openai.limits import check_limits, check_token_ids, strip_transfer_params
 from router.openai.requests import parse_body, validate
 from router.serving import PathResponse, RoutedRequest, new_request_id
 from router.state import AppState
@@ -23,14 +24,16 @@ class Dispatcher:
 
     async def handle(self, request: Request, endpoint: EndpointSpec) -> Response:
         state = self._state
+        _check_content_type(request.headers.get("content-type"))
         raw = await _read_body(request, state.config.server.max_body_bytes)
         body = parse_body(raw)
+        check_limits(body, state.config.limits)
+        strip_transfer_params(body)
         parsed = validate(endpoint.request, body)
-        # kv_transfer_params decides where KV state is written by RDMA: never the client's.
-        body.pop("kv_transfer_params", None)
         model = state.models.get(parsed.model)
         if model is None:
             raise ModelNotFound(f"the model '{parsed.model}' does not exist", param="model")
+        check_token_ids(body, model.vocab_size)
         request.state.model = parsed.model
         decision = await state.classifier.decide(
             body, endpoint=endpoint.name, headers=request.headers
@@ -54,6 +57,19 @@ def _unavailable(decision: Decision) -> GatewayError:
         param=reason,
         code=decision.unavailable,
     )
+
+
+def _check_content_type(value: str | None) -> None:
+    """JSON or nothing (clients that send no type mean JSON, as FastAPI assumes)."""
+    if value is None:
+        return
+    media = value.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise InvalidRequest(
+            f"the request body must be JSON (Content-Type: application/json), not {media!r}",
+            status=415,
+            code="unsupported_media_type",
+        )
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -29,6 +29,12 @@ class ModelRuntime:
     latency: LatencyPath | None
 
     @property
+    def vocab_size(self) -> int:
+        """Token ids a request may name: 0 to vocab_size - 1."""
+        size: int = self.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+        return size
+
+    @property
     def gate(self) -> Gate | None:
         return self.latency.gate if self.latency is not None else None
 
