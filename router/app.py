@@ -17,7 +17,7 @@ from router.config import GatewayConfig
 from router.dispatch import Dispatcher
 from router.endpoints import ENDPOINTS, EndpointSpec
 from router.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound
-from router.request_metrics import RequestMetrics
+from router.request_context import RequestContext
 from router.responses import error_response, json_response
 from router.state import AppState
 
@@ -37,7 +37,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             await state.aclose()
 
     app = FastAPI(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_middleware(RequestMetrics)
+    app.add_middleware(RequestContext, access_log=config.logging.access_log)
 
     for endpoint in ENDPOINTS.values():
         app.add_api_route(endpoint.path, _generate(endpoint), methods=["POST"])

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from policies.types import ENDPOINTS as POLICY_ENDPOINTS
 from policies.types import Endpoint
 from router.config import ConfigError, GatewayConfig, compile_rules, load_config
+from router.logs import LEVELS
 
 if TYPE_CHECKING:
     from router.prompt_tokens import PromptCounter
@@ -43,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default="router.yaml", type=Path)
     serve.add_argument("--host", help="override server.host")
     serve.add_argument("--port", type=int, help="override server.port (0 = any free port)")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", choices=LEVELS, help="override logging.level (default: info)")
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check", help="validate a configuration and exit")
@@ -76,7 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     ports = demo.add_mutually_exclusive_group()
     ports.add_argument("--port-offset", type=int, default=0, help="add N to every configured port")
     ports.add_argument("--free-ports", action="store_true", help="let the OS choose every port")
-    demo.add_argument("--log-level", default="warning", help="the gateway's log level")
+    demo.add_argument(
+        "--log-level", choices=LEVELS, default="warning", help="the gateway's log level"
+    )
     demo.set_defaults(run=_demo)
     return parser
 

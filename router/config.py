@@ -209,6 +209,15 @@ class ClassificationConfig(_Strict):
         return self
 
 
+class LoggingConfig(_Strict):
+    """Log lines on stderr; `serve --log-level` overrides `level`."""
+
+    level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    format: Literal["text", "json"] = "text"
+    access_log: bool = True
+    """One line per API request: id, model, path, rule, node, waits, tokens, status."""
+
+
 class AdminConfig(_Strict):
     """`/admin/*` endpoints; with an api_key set they require `Authorization: Bearer <key>`."""
 
@@ -223,6 +232,7 @@ class GatewayConfig(_Strict):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     upstreams: UpstreamsConfig = UpstreamsConfig()
     limits: LimitsConfig = LimitsConfig()
+    logging: LoggingConfig = LoggingConfig()
     models: Annotated[list[ModelConfig], Field(min_length=1)]
     base_dir: Path = Path(".")
 

@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from policies import Decision
+from router.access import AccessRecord
 from router.endpoints import EndpointSpec
 from router.errors import GatewayError, InvalidRequest, ModelNotFound
 from router.openai.limits import check_limits, check_token_ids, strip_transfer_params
@@ -34,7 +35,8 @@ class Dispatcher:
         if model is None:
             raise ModelNotFound(f"the model '{parsed.model}' does not exist", param="model")
         check_token_ids(body, model.vocab_size)
-        request.state.model = parsed.model
+        access: AccessRecord = request.state.access
+        access.model = parsed.model
         decision = await state.classifier.decide(
             body, endpoint=endpoint.name, headers=request.headers
         )
@@ -46,7 +48,7 @@ class Dispatcher:
             error = _unavailable(decision)
             error.headers = {**headers, **error.headers}
             raise error
-        routed = RoutedRequest(endpoint, parsed, body, decision, new_request_id(), headers)
+        routed = RoutedRequest(endpoint, parsed, body, decision, new_request_id(), headers, access)
         return PathResponse(path, routed)
 
 

@@ -3,13 +3,13 @@ port 0 works and the real address can be announced."""
 
 from __future__ import annotations
 
-import logging
 import socket
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
 
+from router import logs
 from router.app import create_app
 from router.config import GatewayConfig
 
@@ -47,11 +47,10 @@ class _AnnouncingServer(uvicorn.Server):
             print(READY_PREFIX + self._url, flush=True)
 
 
-def serve(config: GatewayConfig, *, log_level: str = "info") -> None:
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
+def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:
+    """Serve until SIGTERM/SIGINT; `log_level` overrides `logging.level`."""
+    log_level = log_level or config.logging.level
+    logs.configure(log_level, config.logging.format)
     sock = bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -61,7 +60,8 @@ def serve(config: GatewayConfig, *, log_level: str = "info") -> None:
         loop="uvloop",
         http="httptools",
         log_level=log_level,
-        access_log=False,
+        log_config=None,  # uvicorn's records go through our handler and format
+        access_log=False,  # ours is richer: RequestContext
         # Typed as whole seconds, used as asyncio.wait's timeout: any number works.
         timeout_graceful_shutdown=config.server.shutdown_grace_s,  # type: ignore[arg-type]
     )

@@ -70,6 +70,8 @@ class LatencyPath:
         started = time.monotonic()
         lease = await self._acquire(request, started)
         url = self._prefill.pick()
+        access = request.access
+        access.node, access.prefill = lease.node.id, url
         session = NodeSession(
             self._deps, lease, model=self._model, prefill_url=url, on_released=self._live.discard
         )
@@ -115,7 +117,9 @@ class LatencyPath:
             raise Overloaded(
                 _REJECTED[exc.reason], retry_after_s=exc.retry_after_s, code=exc.reason
             ) from None
-        metrics.queue_wait(self._model, time.monotonic() - started, granted=True)
+        waited_s = time.monotonic() - started
+        metrics.queue_wait(self._model, waited_s, granted=True)
+        request.access.queue_wait_ms = round(waited_s * 1e3, 3)
         return lease
 
     async def _stream(
