@@ -103,9 +103,18 @@ class UpstreamError(GatewayError):
     status = 502
     error_type = "upstream_error"
 
-    def __init__(self, message: str, *, in_doubt: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        in_doubt: bool = False,
+        passthrough: bytes | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(message, **kwargs)
         self.in_doubt = in_doubt
+        self.passthrough = passthrough
+        """The upstream's own OpenAI-shaped error body, sent to the client as it came."""
 
 
 class PrefillError(UpstreamError):
@@ -117,4 +126,5 @@ class DecodeError(UpstreamError):
 
 
 def error_json(error: GatewayError) -> bytes:
-    return orjson.dumps(error.body())
+    passthrough = getattr(error, "passthrough", None)
+    return passthrough if passthrough is not None else orjson.dumps(error.body())
