@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from router import __version__
 from router.config import GatewayConfig
 from router.dispatch import Dispatcher
 from router.endpoints import ENDPOINTS, EndpointSpec
@@ -49,6 +50,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
             for m in config.models
         ]
         return json_response({"object": "list", "data": data})
+
+    @app.get("/version")
+    async def version() -> Response:
+        return json_response({"name": "pd-gateway", "version": __version__})
 
     @app.get("/health")
     async def health() -> Response:

@@ -6,8 +6,9 @@ operator can fix the file without reading code.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -235,6 +236,8 @@ class GatewayConfig(_Strict):
     logging: LoggingConfig = LoggingConfig()
     models: Annotated[list[ModelConfig], Field(min_length=1)]
     base_dir: Path = Path(".")
+    source: str = "router.yaml"
+    """The file it came from, for messages."""
 
     @model_validator(mode="after")
     def _unique_models(self) -> GatewayConfig:
@@ -254,14 +257,17 @@ def _check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def parse_config(data: Any, *, base_dir: Path = Path(".")) -> GatewayConfig:
-    """Validate an already-parsed router.yaml document, its rules included."""
+def parse_config(
+    data: Any, *, base_dir: Path = Path("."), source: str = "router.yaml"
+) -> GatewayConfig:
+    """Validate an already-parsed router.yaml document, its rules included; `source` names
+    the file in messages."""
     if not isinstance(data, dict):
-        raise ConfigError("router.yaml: the top level must be a mapping")
+        raise ConfigError(f"{source}: the top level must be a mapping")
     try:
-        config = GatewayConfig.model_validate({**data, "base_dir": base_dir})
+        config = GatewayConfig.model_validate({**data, "base_dir": base_dir, "source": source})
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
+        raise ConfigError(_describe(exc, source)) from None
     compile_rules(config)
     return config
 
@@ -276,7 +282,7 @@ def compile_rules(config: GatewayConfig) -> RuleSet:
         if source.rules is not None:
             return parse_rules(source.rules, source="classification.rules")
     except RulesError as exc:
-        raise ConfigError(f"router.yaml: classification: {exc}") from None
+        raise ConfigError(f"{config.source}: classification: {exc}") from None
     return RuleSet(default=Action(name="default", path="latency"))
 
 
@@ -288,14 +294,39 @@ def load_config(path: str | Path) -> GatewayConfig:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_config(data, base_dir=path.resolve().parent)
+    return parse_config(data, base_dir=path.resolve().parent, source=str(path))
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, source: str) -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         value = err.get("input")
         shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
-        lines.append(f"{where}: {err['msg']}{shown}")
-    return "router.yaml is invalid:\n  " + "\n  ".join(lines)
+        hint = ""
+        if err["type"] == "extra_forbidden" and err["loc"]:
+            close = difflib.get_close_matches(str(err["loc"][-1]), _field_names(), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+        lines.append(f"{where}: {err['msg']}{shown}{hint}")
+    return f"{source} is invalid:\n  " + "\n  ".join(lines)
+
+
+def _field_names() -> set[str]:
+    """Every field name of every section, for suggestions."""
+    models: list[type[BaseModel]] = [GatewayConfig]
+    names: set[str] = set()
+    while models:
+        model = models.pop()
+        for name, info in model.model_fields.items():
+            if name not in ("base_dir", "source"):
+                names.add(name)
+            for arg in _nested(info.annotation):
+                if arg not in models:
+                    models.append(arg)
+    return names
+
+
+def _nested(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, _Strict):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _nested(arg)]

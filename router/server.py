@@ -20,8 +20,12 @@ def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
     sock.set_inheritable(True)
     return sock
 
@@ -49,9 +53,9 @@ class _AnnouncingServer(uvicorn.Server):
 
 def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:
     """Serve until SIGTERM/SIGINT; `log_level` overrides `logging.level`."""
+    sock = bind(config.server.host, config.server.port)  # OSError before anything else
     log_level = log_level or config.logging.level
     logs.configure(log_level, config.logging.format)
-    sock = bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     app = create_app(config)
