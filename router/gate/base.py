@@ -12,7 +12,8 @@ from typing import Literal, Protocol
 from router.config import NodeConfig
 from router.gate.health import NodeFailure
 
-RejectReason = Literal["queue_full", "wait_timeout", "no_node"]
+RejectReason = Literal["queue_full", "wait_timeout", "pool_saturated", "no_node"]
+"""`pool_saturated`: no slot free and no wait allowed (a `reject` rule)."""
 
 
 class GateRejected(Exception):

@@ -77,6 +77,7 @@ class MemoryGate:
         self._max_queue = max_queue
         self._arrivals = itertools.count()
         self._hold_times = HoldTimeEstimator()
+        self._held_since: dict[str, float] = {}  # node id -> when its holder got it
 
     async def acquire(self, *, priority: int, wait_s: float, holder: str) -> MemoryLease:
         if self._free and self._waiting == 0:
@@ -86,7 +87,7 @@ class MemoryGate:
         if self._waiting >= self._max_queue:
             raise GateRejected("queue_full", self._retry_after_s())
         if wait_s <= 0:
-            raise GateRejected("wait_timeout", self._retry_after_s())
+            raise GateRejected("pool_saturated", self._retry_after_s())
         waiter = _Waiter(
             (-priority, next(self._arrivals)), asyncio.get_running_loop().create_future(), holder
         )
@@ -109,7 +110,15 @@ class MemoryGate:
     def _retry_after_s(self) -> int:
         if self._health.in_service == 0:
             return max(1, math.ceil(self._health.seconds_until_probe()) + 1)
-        return self._hold_times.retry_after_s(waiting=self._waiting, nodes=self._health.in_service)
+        now = time.monotonic()
+        held_for = [
+            now - since
+            for node_id, since in self._held_since.items()
+            if self._health.usable(node_id)
+        ]
+        return self._hold_times.retry_after_s(
+            waiting=self._waiting, nodes=self._health.in_service, held_for=held_for
+        )
 
     async def snapshot(self) -> GateSnapshot:
         return GateSnapshot(
@@ -166,6 +175,7 @@ class MemoryGate:
 
     def _grant(self, node: NodeConfig, holder: str) -> MemoryLease:
         self._holders[node.id] = holder
+        self._held_since[node.id] = time.monotonic()
         return MemoryLease(self, node, holder)
 
     def _abandon(self, waiter: _Waiter) -> None:
@@ -194,6 +204,7 @@ class MemoryGate:
     ) -> None:
         self._hold_times.observe(held_s)
         self._holders[node.id] = None
+        self._held_since.pop(node.id, None)
         if judged:
             self._health.record(node.id, failure)
         self._pass_on(node)

@@ -33,6 +33,7 @@ SSE_HEADERS = [
 _REJECTED = {
     "queue_full": "all TileRT decode nodes are busy and the queue is full; retry later",
     "wait_timeout": "no TileRT decode node became free within the wait budget; retry later",
+    "pool_saturated": "every TileRT decode node is busy; retry later",
     "no_node": "no TileRT decode node is available; retry later",
 }
 

@@ -69,6 +69,16 @@ async def test_full_queue_rejects_with_retry_after(gate_of: MakeGate) -> None:
     queued.cancel()
 
 
+async def test_no_wait_allowed_is_a_saturated_pool(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=4)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    with pytest.raises(GateRejected) as rejected:
+        await gate.acquire(priority=0, wait_s=0, holder="b")
+    assert rejected.value.reason == "pool_saturated"
+    assert (await gate.snapshot()).waiting == 0
+    await held.release()
+
+
 async def test_wait_budget_ends_in_rejection_and_leaves_no_waiter(gate_of: MakeGate) -> None:
     gate = gate_of(nodes(1), max_queue=4)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
