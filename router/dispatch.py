@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from policies import Decision
 from router.access import AccessRecord
 from router.endpoints import EndpointSpec
-from router.errors import GatewayError, InvalidRequest, ModelNotFound
+from router.errors import ClientGone, GatewayError, InvalidRequest, ModelNotFound
 from router.openai.limits import check_limits, check_token_ids, strip_transfer_params
 from router.openai.requests import parse_body, validate
 from router.serving import PathResponse, RoutedRequest, new_request_id
@@ -49,7 +50,7 @@ class Dispatcher:
             error.headers = {**headers, **error.headers}
             raise error
         routed = RoutedRequest(endpoint, parsed, body, decision, new_request_id(), headers, access)
-        return PathResponse(path, routed)
+        return PathResponse(path, routed, state.live)
 
 
 def _unavailable(decision: Decision) -> GatewayError:
@@ -77,9 +78,12 @@ def _check_content_type(value: str | None) -> None:
 async def _read_body(request: Request, limit: int) -> bytes:
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise InvalidRequest(f"the request body exceeds {limit} bytes", status=413)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise InvalidRequest(f"the request body exceeds {limit} bytes", status=413)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone("the client left before sending its whole request") from None
     return b"".join(chunks)

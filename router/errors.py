@@ -5,6 +5,7 @@
      ├── AuthenticationFailed      401 authentication_error
      ├── NotFound / ModelNotFound  404 (an admin object / model_not_found)
      ├── Overloaded                429 (with Retry-After)      (the gate shed the request)
+     ├── Unavailable               503 (the gateway is shutting down)
      ├── ClientGone                499 (never read: the client left before the answer)
      └── UpstreamError             502/503/504, or an upstream 4xx passed through
           ├── PrefillError         the vLLM prefill failed
@@ -87,6 +88,13 @@ class Overloaded(GatewayError):
     def __init__(self, message: str, *, retry_after_s: int, code: str) -> None:
         super().__init__(message, code=code, headers={"Retry-After": str(retry_after_s)})
         self.retry_after_s = retry_after_s
+
+
+class Unavailable(GatewayError):
+    """The gateway itself cannot serve now (it is shutting down)."""
+
+    status = 503
+    error_type = "service_unavailable"
 
 
 class ClientGone(GatewayError):

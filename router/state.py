@@ -20,6 +20,7 @@ from router.latency.protocol import LatencyDeps
 from router.metrics import Metrics
 from router.models import ModelRuntime, build_model
 from router.prompt_tokens import PromptCounter
+from router.serving.live import LiveResponses
 from router.tokenizer import load_tokenizer, tokenizer_path
 from router.upstream import Upstreams
 
@@ -36,6 +37,7 @@ class AppState:
         self._tasks: set[asyncio.Task[None]] = set()
         self._probers: list[asyncio.Task[None]] = []
         self.draining = False  # set on SIGTERM: /ready fails, in-flight requests finish
+        self.live = LiveResponses()  # answers being sent, for shutdown to wait for
 
     @property
     def gates(self) -> dict[str, Gate]:
