@@ -258,6 +258,7 @@ async def test_saturation_answers_429_with_retry_after(
     assert int(response.headers["retry-after"]) >= 1
     assert (response.headers[ROUTE], response.headers[RULE]) == ("latency", saturation)
     assert REROUTE not in response.headers
-    assert response.json()["error"]["code"] == "wait_timeout"
+    expected = {"reject": "pool_saturated", "queue": "wait_timeout"}[saturation]
+    assert response.json()["error"]["code"] == expected
     assert sims.stack.proxy is not None
     assert await sims.requests(sims.stack.proxy.url) == []
