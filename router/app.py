@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -17,7 +16,7 @@ from router import __version__
 from router.config import GatewayConfig
 from router.dispatch import Dispatcher
 from router.endpoints import ENDPOINTS, EndpointSpec
-from router.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound
+from router.errors import GatewayError, InvalidRequest, NotFound
 from router.request_context import RequestContext
 from router.responses import error_response, json_response
 from router.state import AppState
@@ -26,9 +25,12 @@ log = logging.getLogger("pd_gateway")
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
+    """The app for `config`. Raises ConfigError (before anything is served) for secrets that
+    cannot be read or an admin API that would be open to the network."""
+    state = AppState(config)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = AppState(config)
         await state.start()
         app.state.gateway = state
         app.state.dispatcher = Dispatcher(state)
@@ -44,7 +46,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.add_api_route(endpoint.path, _generate(endpoint), methods=["POST"])
 
     @app.get("/v1/models")
-    async def models() -> Response:
+    async def models(request: Request) -> Response:
+        state.client_auth.key_name(request.headers)
         data = [
             {"id": m.name, "object": "model", "created": 0, "owned_by": "pd-gateway"}
             for m in config.models
@@ -74,8 +77,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.get("/admin/pool")
     async def pool(request: Request) -> Response:
-        _check_admin(request, config)
-        state: AppState = request.app.state.gateway
+        state.admin_auth.check(request.headers)
         snapshots = await state.pool_snapshots()
         return json_response(
             {
@@ -117,21 +119,12 @@ def _generate(endpoint: EndpointSpec) -> Callable[[Request], Awaitable[Response]
     return handle
 
 
-def _check_admin(request: Request, config: GatewayConfig) -> None:
-    key = config.admin.api_key
-    if key is None:
-        return
-    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), key.encode()):
-        raise AuthenticationFailed("a valid admin key is required")
-
-
 async def _set_drained(
     request: Request, config: GatewayConfig, node_id: str, *, drained: bool
 ) -> Response:
     """Drain (finish the current request, take no more) or undrain a node, in every pool."""
-    _check_admin(request, config)
     state: AppState = request.app.state.gateway
+    state.admin_auth.check(request.headers)
     models = [
         model
         for model, gate in state.gates.items()

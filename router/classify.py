@@ -15,6 +15,7 @@ from policies import (
     features_from_request,
     needs_prompt_tokens,
 )
+from policies.types import Endpoint
 from router.config import GatewayConfig
 from router.prompt_tokens import PromptCounter
 
@@ -39,16 +40,18 @@ class Classifier:
         self._rules = rules
         self._capabilities = capabilities(config)
         self._counters = counters
-        self._api_key_header = config.classification.api_key_name_header.lower()
 
     async def decide(
-        self, body: dict[str, Any], *, endpoint: str, headers: Mapping[str, str]
+        self,
+        body: dict[str, Any],
+        *,
+        endpoint: Endpoint,
+        headers: Mapping[str, str],
+        api_key_name: str | None,
     ) -> Decision:
+        """`api_key_name` is the caller's verified key name (see `router.auth`)."""
         features = features_from_request(
-            body,
-            endpoint=endpoint,  # type: ignore[arg-type]
-            headers=headers,
-            api_key_name=headers.get(self._api_key_header),
+            body, endpoint=endpoint, headers=headers, api_key_name=api_key_name
         )
         if needs_prompt_tokens(features, self._rules, self._capabilities):
             counter = self._counters[features.model]

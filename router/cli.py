@@ -196,7 +196,11 @@ def _classify(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.request}: unknown model {body['model']!r} (known: {known})")
     classifier = Classifier(config, compile_rules(config), _Counters(config))
     headers = dict(args.header)
-    decision = asyncio.run(classifier.decide(body, endpoint=endpoint, headers=headers))
+    # Offline, the key-name header stands for the name of a verified client key.
+    key_name = headers.get(config.classification.api_key_name_header.lower())
+    decision = asyncio.run(
+        classifier.decide(body, endpoint=endpoint, headers=headers, api_key_name=key_name)
+    )
     print(decision.explain())
     print("response headers:")
     for name, value in decision.response_headers().items():

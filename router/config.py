@@ -7,6 +7,7 @@ operator can fix the file without reading code.
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -219,15 +220,69 @@ class LoggingConfig(_Strict):
     """One line per API request: id, model, path, rule, node, waits, tokens, status."""
 
 
+def read_secret(
+    *, value: str | None, env: str | None, file: str | None, base_dir: Path
+) -> str | None:
+    """A secret given directly, through an environment variable, or in a mounted file
+    (relative to the configuration file); at most one way. Raises ValueError."""
+    if sum(v is not None for v in (value, env, file)) > 1:
+        raise ValueError("give the secret one way only")
+    if env is not None:
+        secret = os.environ.get(env)
+        if not secret:
+            raise ValueError(f"the environment variable {env} is not set")
+        return secret
+    if file is not None:
+        path = Path(file) if Path(file).is_absolute() else base_dir / file
+        try:
+            secret = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        if not secret:
+            raise ValueError(f"{path} is empty")
+        return secret
+    return value
+
+
+class ApiKeyConfig(_Strict):
+    """One client API key, known by `name` (what rules match as `api_key_name`): the key's
+    SHA-256 in hex, or the key itself from an environment variable or a file."""
+
+    name: Annotated[str, Field(min_length=1)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    key_env: str | None = None
+    key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiKeyConfig:
+        if sum(v is not None for v in (self.sha256, self.key_env, self.key_file)) != 1:
+            raise ValueError(f"key {self.name!r}: give exactly one of sha256, key_env, key_file")
+        return self
+
+
+class AuthConfig(_Strict):
+    """Client authentication. With `api_keys`, every API request needs
+    `Authorization: Bearer <key>` and its key's name is what rules see as `api_key_name`."""
+
+    api_keys: list[ApiKeyConfig] = []
+    trust_key_name_header: bool = False
+    """Without api_keys: take `classification.api_key_name_header` from the request even
+    when listening beyond loopback (an authenticating proxy in front sets it)."""
+
+
 class AdminConfig(_Strict):
-    """`/admin/*` endpoints; with an api_key set they require `Authorization: Bearer <key>`."""
+    """`/admin/*` endpoints; with a key they require `Authorization: Bearer <key>`. The key
+    is given as `api_key`, or better through `api_key_env` or `api_key_file`."""
 
     api_key: str | None = None
+    api_key_env: str | None = None
+    api_key_file: str | None = None
 
 
 class GatewayConfig(_Strict):
     server: ServerConfig = ServerConfig()
     admin: AdminConfig = AdminConfig()
+    auth: AuthConfig = AuthConfig()
     classification: ClassificationConfig = ClassificationConfig()
     gate: GateConfig = GateConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()

@@ -26,6 +26,7 @@ class Dispatcher:
 
     async def handle(self, request: Request, endpoint: EndpointSpec) -> Response:
         state = self._state
+        key_name = state.client_auth.key_name(request.headers)
         _check_content_type(request.headers.get("content-type"))
         raw = await _read_body(request, state.config.server.max_body_bytes)
         body = parse_body(raw)
@@ -39,7 +40,7 @@ class Dispatcher:
         access: AccessRecord = request.state.access
         access.model = parsed.model
         decision = await state.classifier.decide(
-            body, endpoint=endpoint.name, headers=request.headers
+            body, endpoint=endpoint.name, headers=request.headers, api_key_name=key_name
         )
         headers = decision.response_headers()
         if decision.reroute_reason is not None:

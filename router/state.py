@@ -12,6 +12,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from router.auth import AdminAuth, ClientAuth
 from router.classify import Classifier
 from router.config import GatewayConfig, compile_rules
 from router.gate import Gate, GateSnapshot
@@ -30,6 +31,8 @@ log = logging.getLogger("pd_gateway")
 class AppState:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
+        self.client_auth = ClientAuth(config)
+        self.admin_auth = AdminAuth(config)
         self.upstreams = Upstreams(config.upstreams, config.timeouts)
         self.metrics = Metrics()
         self.models: dict[str, ModelRuntime] = {}
