@@ -22,6 +22,8 @@ from openai import OpenAI
 from router.config import load_config
 from router.server import READY_PREFIX
 
+pytestmark = pytest.mark.e2e
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_PREFIX = "Gateway configuration: "
 USAGE_END = "Ctrl-C stops the gateway and every simulator."

@@ -12,6 +12,8 @@ from sim.stack import ServerInfo, SimStack
 
 from .sim_support import new_rid, reset_stack, wait_until
 
+pytestmark = pytest.mark.e2e
+
 FAST = ["--itl-ms", "0", "--prefill-ms-per-token", "0"]
 TEXT = "naïve 日本語 🙂 <think>x</think> done"
 BODY = {

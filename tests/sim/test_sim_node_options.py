@@ -16,6 +16,8 @@ from .sim_support import (
     transfer_open,
 )
 
+pytestmark = pytest.mark.e2e
+
 FAST = ["--itl-ms", "0", "--prefill-ms-per-token", "0"]
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}]}
 

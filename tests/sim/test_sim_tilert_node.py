@@ -19,6 +19,8 @@ from .sim_support import (
     wait_until,
 )
 
+pytestmark = pytest.mark.e2e
+
 EOS = load_vocab("deepseek").eos_ids[0]
 
 

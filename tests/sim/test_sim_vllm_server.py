@@ -16,6 +16,8 @@ from sim.tokenizers import load_vocab
 
 from .sim_support import new_rid, reset_stack, wait_until
 
+pytestmark = pytest.mark.e2e
+
 VOCAB = load_vocab("deepseek")
 TEXT = "Hi café 日本語 🙂 <think>x</think>"
 SCRIPTED = f"[[sim-output]]{TEXT}[[/sim-output]]"

@@ -24,6 +24,8 @@ from sim.stack import SimStack
 
 from .support import TIMEOUTS, app_for, asgi_client, in_flight, serving, wait_until
 
+pytestmark = pytest.mark.e2e
+
 MODEL = "sim-model"
 TEXT = "naïve 日本語 🙂 done"
 CHAT = {
