@@ -34,6 +34,12 @@ from tests.support.classify_fixtures import (
 )
 from tests.support.deployment import directive, gateway_config, latency_section
 from tests.support.gateway import GatewayProcess
+from tests.support.legs import (
+    nixl_prefill_body,
+    pull_decode_params,
+    push_decode_params,
+    tilert_prefill_body,
+)
 
 PULL = "sim-pull"
 PUSH = "sim-push"
@@ -42,14 +48,6 @@ HEX32 = re.compile(r"^[0-9a-f]{32}$")
 RULES = {
     "default": {"name": "native", "path": "throughput"},
     "rules": [{"name": "fast", "match": {"headers": {"x-workload": "fast"}}, "path": "latency"}],
-}
-PULL_PREFILL_PARAMS = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
 }
 # A client may not choose where KV state goes: this must never reach an upstream.
 HOSTILE = {"kv_transfer_params": {"tilert_host": "10.6.6.6", "tilert_ctrl_port": 1}}
@@ -143,20 +141,8 @@ async def test_one_prefill_server_serves_both_paths_at_once(
     node = stack.nodes[0]
     legs = {leg["kv_mode"]: leg for leg in await sims.requests(stack.prefills[0].url)}
     assert sorted(legs) == ["nixl_producer", "tilert"]
-    assert legs["tilert"]["body"] == {
-        **body,
-        "max_tokens": 1,
-        "stream": False,
-        "logprobs": True,
-        "top_logprobs": 1,
-        "kv_transfer_params": {"tilert_host": node.host, "tilert_ctrl_port": node.ctrl_port},
-    }
-    assert legs["nixl_producer"]["body"] == {
-        **body,
-        "max_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": PULL_PREFILL_PARAMS,
-    }
+    assert legs["tilert"]["body"] == tilert_prefill_body(body, node)
+    assert legs["nixl_producer"]["body"] == nixl_prefill_body(body)
     transfers = (await sims.http.get(stack.prefills[0].url + "/sim/requests")).json()["transfers"]
     assert [(t["ctrl_port"], t["outcome"]) for t in transfers] == [(node.ctrl_port, "complete")]
     (decode,) = await sims.requests(stack.decodes[0].url)
@@ -227,12 +213,9 @@ async def test_pull_legs_carry_the_protocols_parameters_and_one_request_id(
     rid = prefill["headers"]["x-request-id"]
     assert HEX32.match(rid) and decode["headers"]["x-request-id"] == rid
     assert prefill["kv_mode"] == "nixl_producer"
-    assert prefill["body"] == {
-        **{k: v for k, v in body.items() if k != "stream_options"},
-        "max_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": PULL_PREFILL_PARAMS,
-    }
+    assert prefill["body"] == nixl_prefill_body(
+        {k: v for k, v in body.items() if k != "stream_options"}
+    )
     # The decode leg carries exactly what the prefill answered: the simulated producer's
     # parameters for this prompt (one block per 16 tokens), naming the request id.
     assert decode["kv_mode"] == "nixl_consumer_pull"
@@ -240,16 +223,7 @@ async def test_pull_legs_carry_the_protocols_parameters_and_one_request_id(
     assert decode["body"] == {
         **body,
         "min_tokens": 2,
-        "kv_transfer_params": {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_engine_id": server.engine_id,
-            "remote_block_ids": list(range(1, blocks + 1)),
-            "remote_host": server.side_channel_host,
-            "remote_port": server.side_channel_port,
-            "remote_request_id": rid,
-            "tp_size": 1,
-        },
+        "kv_transfer_params": pull_decode_params(server, rid, blocks),
     }
 
 
@@ -268,26 +242,9 @@ async def test_push_legs_run_concurrently_and_name_the_prefill_engine(
     (decode,) = await sims.requests(stack.decodes[0].url)
     rid = prefill["headers"]["x-request-id"]
     assert HEX32.match(rid) and decode["headers"]["x-request-id"] == rid
-    assert prefill["body"] == {
-        **body,
-        "max_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": PULL_PREFILL_PARAMS,
-    }
+    assert prefill["body"] == nixl_prefill_body(body)
     assert decode["kv_mode"] == "nixl_consumer_push"
-    assert decode["body"] == {
-        **body,
-        "kv_transfer_params": {
-            "do_remote_decode": False,
-            "do_remote_prefill": True,
-            "remote_engine_id": server.engine_id,
-            "remote_host": server.side_channel_host,
-            "remote_port": server.side_channel_port,
-            "tp_size": 1,
-            "pp_size": 1,
-            "remote_request_id": rid,
-        },
-    }
+    assert decode["body"] == {**body, "kv_transfer_params": push_decode_params(server, rid)}
     assert decode["received"] < prefill["finished"], "the decode leg waited for the prefill"
 
 
