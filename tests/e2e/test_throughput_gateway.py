@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -26,14 +26,11 @@ from tests.support.classify_fixtures import (
     ROUTE,
     RULE,
     Sims,
-    observed,
-    openai_client,
     proxy_throughput,
-    running_gateways,
     say,
 )
-from tests.support.deployment import directive, gateway_config, latency_section
-from tests.support.gateway import GatewayProcess
+from tests.support.deployment import directive, latency_model
+from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.legs import (
     nixl_prefill_body,
     pull_decode_params,
@@ -81,32 +78,19 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     }
     models = [
         {"name": MODEL, "tokenizer": "deepseek", "throughput": proxy_throughput(stack)},
-        {
-            "name": PULL,
-            "tokenizer": "deepseek",
-            "latency": latency_section(stack),
-            "throughput": {"mode": "pull", "prefill": [prefill.url], "decode": [decode.url]},
-        },
+        latency_model(
+            stack,
+            PULL,
+            throughput={"mode": "pull", "prefill": [prefill.url], "decode": [decode.url]},
+        ),
         {
             "name": PUSH,
             "tokenizer": "deepseek",
             "throughput": {"mode": "push", "prefill": [engine], "decode": [decode.url]},
         },
     ]
-    config = gateway_config(models, classification={"rules": RULES})
-    with running_gateways({"throughput": config}, tmp_path_factory.mktemp("tp")) as gateways:
-        yield gateways["throughput"]
-
-
-@pytest.fixture
-async def sims(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
-    async with observed(stack, gateway) as watching:
-        yield watching
-
-
-@pytest.fixture
-def client(gateway: GatewayProcess, sims: Sims) -> openai.AsyncOpenAI:
-    return openai_client(gateway, sims.http)
+    with start_gateway(tmp_path_factory, models, classification={"rules": RULES}) as running:
+        yield running
 
 
 def masked(content: bytes) -> bytes:
@@ -124,14 +108,14 @@ def streamed_text(content: bytes) -> str:
 
 
 async def test_one_prefill_server_serves_both_paths_at_once(
-    sims: Sims, client: openai.AsyncOpenAI
+    sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
     body = {**say(TEXT), "model": PULL}
     fast, native = await asyncio.gather(
-        client.chat.completions.with_raw_response.create(
+        aclient.chat.completions.with_raw_response.create(
             **body, extra_headers={"x-workload": "fast"}
         ),
-        client.chat.completions.with_raw_response.create(**body),
+        aclient.chat.completions.with_raw_response.create(**body),
     )
     assert (fast.headers[ROUTE], fast.headers[RULE]) == ("latency", "fast")
     assert (native.headers[ROUTE], native.headers[RULE]) == ("throughput", "native")
@@ -167,7 +151,7 @@ STREAM = {"stream": True, "stream_options": {"include_usage": True}}
 )
 async def test_proxy_answer_is_byte_for_byte_the_native_proxys_own(
     sims: Sims,
-    client: openai.AsyncOpenAI,
+    aclient: openai.AsyncOpenAI,
     endpoint: str,
     body: dict[str, Any],
     fault: dict[str, Any] | None,
@@ -176,7 +160,7 @@ async def test_proxy_answer_is_byte_for_byte_the_native_proxys_own(
     assert proxy is not None
     if fault is not None:
         await sims.arm(proxy.url, {**fault, "count": 2})  # one for the gateway, one direct
-    answer, content = await call(client, endpoint, body)
+    answer, content = await call(aclient, endpoint, body)
     (seen,) = await sims.requests(proxy.url)
     rid = seen["headers"]["x-request-id"]
     assert HEX32.match(rid), "the gateway sets its own request id"
@@ -192,11 +176,11 @@ async def test_proxy_answer_is_byte_for_byte_the_native_proxys_own(
 
 
 async def test_pull_legs_carry_the_protocols_parameters_and_one_request_id(
-    sims: Sims, client: openai.AsyncOpenAI
+    sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
     body = {**say(TEXT, **STREAM), "model": PULL}
     answer, content = await call(
-        client,
+        aclient,
         "chat",
         body,
         vllm={"min_tokens": 2},
@@ -228,12 +212,12 @@ async def test_pull_legs_carry_the_protocols_parameters_and_one_request_id(
 
 
 async def test_push_legs_run_concurrently_and_name_the_prefill_engine(
-    sims: Sims, client: openai.AsyncOpenAI
+    sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
     # About 400 prompt tokens at 1 ms each: the decode leg arrives while the prefill computes.
     prompt = " ".join(["filler"] * 400) + directive(TEXT)
     body = {"model": PUSH, "prompt": prompt, "max_tokens": 40}
-    raw = await client.completions.with_raw_response.create(**body, extra_body=HOSTILE)
+    raw = await aclient.completions.with_raw_response.create(**body, extra_body=HOSTILE)
     assert raw.parse().choices[0].text == TEXT
     assert (raw.headers[ROUTE], raw.headers[RULE]) == ("throughput", "native")
     stack = sims.stack

@@ -1,4 +1,8 @@
-"""Runs the gateway as a real process (`pd-gateway serve`) on a free port, for end-to-end tests."""
+"""Runs the gateway as a real process (`pd-gateway serve`) on a free port, for end-to-end tests.
+
+`start_gateway` and `running_gateways` are what fixtures use: each gateway gets its own
+directory (its router.yaml and gateway.log) and is stopped when the block ends.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from router.server import READY_PREFIX
+from tests.support.deployment import gateway_config
 
 
 class GatewayProcess:
@@ -125,3 +133,33 @@ class GatewayProcess:
 def _pump(stream: Any, out: queue.Queue[str]) -> None:
     for line in stream:
         out.put(line)
+
+
+@contextmanager
+def running_gateways(
+    tmp_path_factory: pytest.TempPathFactory, configs: Mapping[str, dict[str, Any]]
+) -> Iterator[dict[str, GatewayProcess]]:
+    """Start one gateway per config in parallel (each takes ~2 s to load its tokenizers)."""
+    root = tmp_path_factory.mktemp("gateways")
+    gateways: dict[str, GatewayProcess] = {}
+    for name, config in configs.items():
+        workdir = root / name
+        workdir.mkdir()
+        gateways[name] = GatewayProcess(config, workdir)
+    try:
+        with ThreadPoolExecutor(max_workers=len(gateways)) as pool:
+            for started in [pool.submit(g.start) for g in gateways.values()]:
+                started.result()
+        yield gateways
+    finally:
+        for gateway in gateways.values():
+            gateway.stop()
+
+
+@contextmanager
+def start_gateway(
+    tmp_path_factory: pytest.TempPathFactory, models: list[dict[str, Any]], **options: Any
+) -> Iterator[GatewayProcess]:
+    """One gateway serving `models`; `options` as `gateway_config` takes them."""
+    with running_gateways(tmp_path_factory, {"gateway": gateway_config(models, **options)}) as one:
+        yield one["gateway"]
