@@ -2,7 +2,7 @@
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -11,7 +11,7 @@ import pytest
 from sim.stack import ServerInfo, SimStack
 from tests.support.legs import nixl_prefill_body, push_decode_params
 
-from .sim_support import new_rid, reset_stack, wait_until
+from .sim_support import new_rid, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -35,13 +35,6 @@ def stack() -> Iterator[SimStack]:
         instance_args={"prefill-1": ["--kv-expiry-s", "0"]},
     ) as running:
         yield running
-
-
-@pytest.fixture
-async def client(stack: SimStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30) as http:
-        await reset_stack(http, stack)
-        yield http
 
 
 async def _prefill(

@@ -1,6 +1,6 @@
 """Node and connector options end to end: several sender ranks, no data plane, checks."""
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -37,13 +37,6 @@ def stack() -> Iterator[SimStack]:
         },
     ) as running:
         yield running
-
-
-@pytest.fixture
-async def client(stack: SimStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30) as http:
-        await reset_stack(http, stack)
-        yield http
 
 
 async def test_every_sender_rank_transfers(client: httpx.AsyncClient, stack: SimStack) -> None:
