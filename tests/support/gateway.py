@@ -41,24 +41,15 @@ class GatewayProcess:
         self.url = ""
 
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
-        self._proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "router.cli",
-                "serve",
-                "--config",
-                str(self.config_path),
-                "--port",
-                "0",
-                "--log-level",
-                self._log_level,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=self.log_path.open("w"),
-            text=True,
-            start_new_session=True,
-        )
+        argv = ["serve", "--config", str(self.config_path), "--port", "0"]
+        with self.log_path.open("w") as log:  # the process keeps its own copy
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "router.cli", *argv, "--log-level", self._log_level],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,
+            )
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=_pump, args=(self._proc.stdout, lines), daemon=True).start()
         deadline = time.monotonic() + timeout_s
@@ -131,8 +122,9 @@ class GatewayProcess:
 
 
 def _pump(stream: Any, out: queue.Queue[str]) -> None:
-    for line in stream:
-        out.put(line)
+    with stream:  # closed at the end of the output, once the process has gone
+        for line in stream:
+            out.put(line)
 
 
 @contextmanager
