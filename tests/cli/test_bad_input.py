@@ -116,6 +116,7 @@ def test_demo_refuses_remote_backends(
     assert err.startswith(f"error: {where}: {host!r} is not a loopback address")
 
 
+@pytest.mark.e2e  # runs the CLI as a process
 def test_no_traceback_from_the_real_command(tmp_path: Path) -> None:
     request = write(tmp_path, "body.json", "{")
     config = write(tmp_path, "router.yaml", GOOD_CONFIG)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -21,14 +21,12 @@ from tests.support.classify_fixtures import (
     ROUTE,
     RULE,
     Sims,
-    observed,
     openai_client,
     proxy_throughput,
-    running_gateways,
     say,
 )
-from tests.support.deployment import directive, gateway_config, latency_section
-from tests.support.gateway import GatewayProcess
+from tests.support.deployment import directive, latency_model
+from tests.support.gateway import GatewayProcess, start_gateway
 
 LONG_PROMPT_TOKENS = 200_000
 MAX_GAP_S = 0.25
@@ -60,23 +58,9 @@ def stack() -> Iterator[SimStack]:
 
 @pytest.fixture(scope="module")
 def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    models = [
-        {
-            "name": MODEL,
-            "tokenizer": "deepseek",
-            "latency": latency_section(stack),
-            "throughput": proxy_throughput(stack),
-        }
-    ]
-    config = gateway_config(models, classification={"rules": RULES})
-    with running_gateways({"loop": config}, tmp_path_factory.mktemp("loop")) as gateways:
-        yield gateways["loop"]
-
-
-@pytest.fixture
-async def sims(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
-    async with observed(stack, gateway) as watching:
-        yield watching
+    models = [latency_model(stack, MODEL, throughput=proxy_throughput(stack))]
+    with start_gateway(tmp_path_factory, models, classification={"rules": RULES}) as running:
+        yield running
 
 
 async def test_counting_a_long_prompt_does_not_stall_a_concurrent_stream(
