@@ -96,6 +96,11 @@ class GatewayProcess:
                 raise AssertionError(f"slots still held after {timeout_s} s: {state}")
             time.sleep(0.05)
 
+    def proc_status(self) -> str:
+        """The process's /proc status (memory figures among others)."""
+        assert self._proc is not None
+        return Path(f"/proc/{self._proc.pid}/status").read_text()
+
     def signal(self, sig: int) -> None:
         assert self._proc is not None
         self._proc.send_signal(sig)
