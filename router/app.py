@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router import __version__
-from router.config import GatewayConfig
+from router.config import ConfigError, GatewayConfig
 from router.dispatch import Dispatcher
 from router.endpoints import ENDPOINTS, EndpointSpec
 from router.errors import GatewayError, InvalidRequest, NotFound
@@ -47,10 +47,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        state.client_auth.key_name(request.headers)
+        current = state.generation
+        current.client_auth.key_name(request.headers)
         data = [
             {"id": m.name, "object": "model", "created": 0, "owned_by": "pd-gateway"}
-            for m in config.models
+            for m in current.config.models
         ]
         return json_response({"object": "list", "data": data})
 
@@ -77,7 +78,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.get("/admin/pool")
     async def pool(request: Request) -> Response:
-        state.admin_auth.check(request.headers)
+        state.generation.admin_auth.check(request.headers)
         snapshots = await state.pool_snapshots()
         return json_response(
             {
@@ -85,6 +86,17 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 "background_tasks": state.background_tasks,
             }
         )
+
+    @app.post("/admin/reload")
+    async def reload(request: Request) -> Response:
+        state.generation.admin_auth.check(request.headers)
+        try:
+            models = await state.reload()
+        except ConfigError as exc:
+            raise InvalidRequest(
+                f"the configuration was not reloaded: {exc}", code="config_invalid"
+            ) from None
+        return json_response({"reloaded": True, "source": state.config.source, "models": models})
 
     @app.post("/admin/nodes/{node_id}/drain")
     async def drain(request: Request, node_id: str) -> Response:
@@ -124,7 +136,7 @@ async def _set_drained(
 ) -> Response:
     """Drain (finish the current request, take no more) or undrain a node, in every pool."""
     state: AppState = request.app.state.gateway
-    state.admin_auth.check(request.headers)
+    state.generation.admin_auth.check(request.headers)
     models = [
         model
         for model, gate in state.gates.items()

@@ -26,20 +26,21 @@ class Dispatcher:
 
     async def handle(self, request: Request, endpoint: EndpointSpec) -> Response:
         state = self._state
-        key_name = state.client_auth.key_name(request.headers)
+        current = state.generation  # one configuration for the whole request
+        key_name = current.client_auth.key_name(request.headers)
         _check_content_type(request.headers.get("content-type"))
-        raw = await _read_body(request, state.config.server.max_body_bytes)
+        raw = await _read_body(request, current.config.server.max_body_bytes)
         body = parse_body(raw)
-        check_limits(body, state.config.limits)
+        check_limits(body, current.config.limits)
         strip_transfer_params(body)
         parsed = validate(endpoint.request, body)
-        model = state.models.get(parsed.model)
+        model = current.models.get(parsed.model)
         if model is None:
             raise ModelNotFound(f"the model '{parsed.model}' does not exist", param="model")
         check_token_ids(body, model.vocab_size)
         access: AccessRecord = request.state.access
         access.model = parsed.model
-        decision = await state.classifier.decide(
+        decision = await current.classifier.decide(
             body, endpoint=endpoint.name, headers=request.headers, api_key_name=key_name
         )
         headers = decision.response_headers()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 from types import FrameType
 
@@ -14,7 +15,7 @@ from fastapi import FastAPI
 
 from router import logs
 from router.app import create_app
-from router.config import GatewayConfig
+from router.config import ConfigError, GatewayConfig
 from router.serving.live import LiveResponses
 from router.state import AppState
 
@@ -88,8 +89,21 @@ class _AnnouncingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
+        state: AppState | None = getattr(self._app.state, "gateway", None)
+        if state is not None:
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGHUP, lambda: asyncio.ensure_future(_reload(state))
+            )
         if self.started:
             print(READY_PREFIX + self._url, flush=True)
+
+
+async def _reload(state: AppState) -> None:
+    """SIGHUP: read the configuration file again; a bad one is logged and ignored."""
+    try:
+        await state.reload()
+    except ConfigError as exc:
+        log.error("SIGHUP: the configuration was not reloaded: %s", exc)
 
 
 def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:

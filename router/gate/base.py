@@ -96,6 +96,12 @@ class PoolAdmin(Protocol):
 
     async def undrain(self, node_id: str) -> bool: ...
 
+    async def set_nodes(self, nodes: list[NodeConfig]) -> None:
+        """A reload: nodes new to the pool join at once; nodes no longer in it finish their
+        current request, take no more, and leave; a node whose settings changed keeps its
+        state."""
+        ...
+
     async def close(self) -> None:
         """Reject every waiter; leases still held may be released afterwards."""
         ...

@@ -78,6 +78,7 @@ class MemoryGate:
         self._arrivals = itertools.count()
         self._hold_times = HoldTimeEstimator()
         self._held_since: dict[str, float] = {}  # node id -> when its holder got it
+        self._leaving: set[str] = set()  # removed by a reload, still held
 
     async def acquire(self, *, priority: int, wait_s: float, holder: str) -> MemoryLease:
         if self._free and self._waiting == 0:
@@ -137,14 +138,14 @@ class MemoryGate:
         return list(self._nodes)
 
     async def take_out(self, node_id: str, reason: str) -> None:
-        if self._holders[node_id] is not None:
-            return  # held or reserved: its release will judge it
+        if self._holders.get(node_id, "gone") is not None:
+            return  # held or reserved (its release will judge it), or no longer in the pool
         self._health.record(node_id, NodeFailure(reason, hard=True))
         self._free = deque(n for n in self._free if n.id != node_id)
         self._fail_waiters_if_no_node()
 
     async def readmit(self, node_id: str) -> None:
-        if self._health.readmit(node_id):
+        if node_id in self._holders and self._health.readmit(node_id):
             self._back_in_service(node_id)
 
     async def drain(self, node_id: str) -> bool:
@@ -161,6 +162,38 @@ class MemoryGate:
         if self._health.undrain(node_id):
             self._back_in_service(node_id)
         return True
+
+    async def set_nodes(self, nodes: list[NodeConfig]) -> None:
+        wanted = {n.id: n for n in nodes}
+        for node in nodes:
+            known = next((i for i, n in enumerate(self._nodes) if n.id == node.id), None)
+            if known is None:
+                self._nodes.append(node)
+                self._holders[node.id] = None
+                self._health.add(node.id)
+                self._hand_over(node)
+                continue
+            self._nodes[known] = node  # settings (ports) as configured now
+            self._free = deque(node if n.id == node.id else n for n in self._free)
+            if node.id in self._leaving:  # removed, then back before its request ended
+                self._leaving.discard(node.id)
+                self._health.undrain(node.id)
+        for node in list(self._nodes):
+            if node.id not in wanted and node.id not in self._leaving:
+                self._health.drain(node.id)
+                self._free = deque(n for n in self._free if n.id != node.id)
+                if self._holders[node.id] is None:
+                    self._forget(node.id)
+                else:
+                    self._leaving.add(node.id)
+        self._fail_waiters_if_no_node()
+
+    def _forget(self, node_id: str) -> None:
+        self._leaving.discard(node_id)
+        self._nodes = [n for n in self._nodes if n.id != node_id]
+        self._holders.pop(node_id, None)
+        self._held_since.pop(node_id, None)
+        self._health.remove(node_id)
 
     def _back_in_service(self, node_id: str) -> None:
         if self._health.usable(node_id) and self._holders[node_id] is None:
@@ -211,7 +244,10 @@ class MemoryGate:
 
     def _pass_on(self, node: NodeConfig) -> None:
         """A node just let go: to the next waiter if it is in service."""
-        if self._health.usable(node.id):
+        if node.id in self._leaving:
+            self._forget(node.id)
+            self._fail_waiters_if_no_node()
+        elif self._health.usable(node.id):
             self._hand_over(node)
         else:
             self._fail_waiters_if_no_node()
