@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -341,7 +342,9 @@ def compile_rules(config: GatewayConfig) -> RuleSet:
     return RuleSet(default=Action(name="default", path="latency"))
 
 
-def load_config(path: str | Path) -> GatewayConfig:
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+    """The file at `path`, with `PDGW_...` overrides from `environ` (the process's own by
+    default) applied before validation."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -349,7 +352,54 @@ def load_config(path: str | Path) -> GatewayConfig:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if isinstance(data, dict):
+        data = apply_environment(data, os.environ if environ is None else environ)
     return parse_config(data, base_dir=path.resolve().parent, source=str(path))
+
+
+ENV_PREFIX = "PDGW_"
+
+
+def apply_environment(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Environment overrides of any setting: `PDGW_SERVER__PORT=9000` sets `server.port`
+    (`__` between levels, list entries by index: `PDGW_MODELS__0__OUTPUT_PARSER`); values
+    are read as YAML scalars or lists. `PDGW_..._FILE=/path` sets the same setting to the
+    file's contents, for secrets mounted as files."""
+    for name in sorted(k for k in environ if k.startswith(ENV_PREFIX)):
+        value: Any = environ[name]
+        key = name[len(ENV_PREFIX) :]
+        if key.endswith("_FILE"):
+            key = key[: -len("_FILE")]
+            try:
+                value = Path(value).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(f"{name}: cannot read {value}: {exc.strerror}") from None
+        else:
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                pass  # a plain string after all
+        _set_path(data, key.lower().split("__"), value, name)
+    return data
+
+
+def _set_path(data: Any, path: list[str], value: Any, name: str) -> None:
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(data, list):
+            if not part.isdigit() or int(part) >= len(data):
+                raise ConfigError(f"{name}: no entry {part} in the list at that level")
+            if last:
+                data[int(part)] = value
+            else:
+                data = data[int(part)]
+        elif isinstance(data, dict):
+            if last:
+                data[part] = value
+            else:
+                data = data.setdefault(part, {})
+        else:
+            raise ConfigError(f"{name}: the setting above '{part}' is not a section")
 
 
 def _describe(exc: ValidationError, source: str) -> str:
