@@ -72,6 +72,21 @@ class ClientAuth:
         return name
 
 
+def upstream_credentials(config: GatewayConfig) -> dict[str, str]:
+    """Base URL -> the API key that backend expects; ConfigError if one cannot be read."""
+    keys = {}
+    for i, entry in enumerate(config.upstreams.credentials):
+        try:
+            key = read_secret(
+                value=None, env=entry.api_key_env, file=entry.api_key_file, base_dir=config.base_dir
+            )
+        except ValueError as exc:
+            raise ConfigError(f"{config.source}: upstreams.credentials.{i}: {exc}") from None
+        if key is not None:
+            keys[entry.url] = key
+    return keys
+
+
 class AdminAuth:
     def __init__(self, config: GatewayConfig) -> None:
         admin = config.admin

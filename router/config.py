@@ -147,8 +147,30 @@ class LimitsConfig(_Strict):
     max_stop_chars: Annotated[int, Field(ge=1)] = 512
 
 
+class UpstreamCredential(_Strict):
+    """The API key a backend expects (vLLM's `--api-key`), sent as `Authorization: Bearer`
+    on every call to `url`; never the client's own."""
+
+    url: str
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return _check_url(url)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> UpstreamCredential:
+        if (self.api_key_env is None) == (self.api_key_file is None):
+            raise ValueError(f"{self.url}: give exactly one of api_key_env, api_key_file")
+        return self
+
+
 class UpstreamsConfig(_Strict):
     """Connection pools, one per upstream server (each vLLM URL, each TileRT node)."""
+
+    credentials: list[UpstreamCredential] = []
 
     max_connections: Annotated[int, Field(ge=1)] = 1024
     max_keepalive_connections: Annotated[int, Field(ge=0)] = 256

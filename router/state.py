@@ -13,7 +13,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from router import logs
-from router.auth import AdminAuth, ClientAuth
+from router.auth import AdminAuth, ClientAuth, upstream_credentials
 from router.config import GatewayConfig, load_config
 from router.gate import Gate, GateSnapshot
 from router.gate.prober import admit_ready_nodes, probe_forever
@@ -36,7 +36,9 @@ class AppState:
         AdminAuth(config)
         self._config = config
         self.generation: Generation  # built by start()
-        self.upstreams = Upstreams(config.upstreams, config.timeouts)
+        self.upstreams = Upstreams(
+            config.upstreams, config.timeouts, credentials=upstream_credentials(config)
+        )
         self.metrics = Metrics()
         self.deps = LatencyDeps(
             upstreams=self.upstreams,

@@ -88,3 +88,46 @@ def test_the_admin_key_needs_the_bearer_scheme(tmp_path: Path) -> None:
     for headers in [{}, {"authorization": "s3cret"}, {"authorization": "Bearer s3cre"}]:
         with pytest.raises(AuthenticationFailed):
             admin.check(headers)
+
+
+async def test_backends_get_their_own_key_never_the_clients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+
+    from router.auth import upstream_credentials
+    from router.upstream import Upstreams
+    from router.upstream.vllm import PREFILL
+
+    monkeypatch.setenv("VLLM_KEY", "sk-vllm")
+    c = config(
+        tmp_path,
+        upstreams={"credentials": [{"url": "http://prefill:8000", "api_key_env": "VLLM_KEY"}]},
+    )
+    seen: dict[str, str | None] = {}
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        seen[request.url.host] = request.headers.get("authorization")
+        return httpx.Response(200, json={})
+
+    upstreams = Upstreams(
+        c.upstreams,
+        c.timeouts,
+        credentials=upstream_credentials(c),
+        transport=httpx.MockTransport(handle),
+    )
+    for base in ("http://prefill:8000", "http://other:8000"):
+        await upstreams.call(PREFILL, "POST", base, "/v1/completions", body={}, read_s=1)
+    await upstreams.aclose()
+    assert seen == {"prefill": "Bearer sk-vllm", "other": None}
+
+
+def test_an_unreadable_backend_key_is_named(tmp_path: Path) -> None:
+    from router.auth import upstream_credentials
+
+    c = config(
+        tmp_path,
+        upstreams={"credentials": [{"url": "http://p:1", "api_key_file": "missing.key"}]},
+    )
+    with pytest.raises(ConfigError, match=r"upstreams\.credentials\.0: cannot read"):
+        upstream_credentials(c)
