@@ -162,8 +162,7 @@ class UpstreamCredential(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> UpstreamCredential:
-        if (self.api_key_env is None) == (self.api_key_file is None):
-            raise ValueError(f"{self.url}: give exactly one of api_key_env, api_key_file")
+        _exactly_one(self.url, api_key_env=self.api_key_env, api_key_file=self.api_key_file)
         return self
 
 
@@ -278,8 +277,9 @@ class ApiKeyConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> ApiKeyConfig:
-        if sum(v is not None for v in (self.sha256, self.key_env, self.key_file)) != 1:
-            raise ValueError(f"key {self.name!r}: give exactly one of sha256, key_env, key_file")
+        _exactly_one(
+            f"key {self.name!r}", sha256=self.sha256, key_env=self.key_env, key_file=self.key_file
+        )
         return self
 
 
@@ -327,6 +327,11 @@ class GatewayConfig(_Strict):
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
+
+
+def _exactly_one(what: str, **sources: str | None) -> None:
+    if sum(v is not None for v in sources.values()) != 1:
+        raise ValueError(f"{what}: give exactly one of {', '.join(sources)}")
 
 
 def _check_url(url: str) -> str:

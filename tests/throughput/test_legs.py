@@ -5,6 +5,7 @@ from __future__ import annotations
 from router.config import PrefillEngineConfig
 from router.upstream.vllm import nixl_prefill_params, pull_decode_body, push_decode_body
 from router.upstream.vllm import prefill_body as vllm_prefill_body
+from tests.support.legs import NIXL_PREFILL_PARAMS
 
 
 def prefill_body(body: dict) -> dict:
@@ -24,14 +25,7 @@ CLIENT = {
     "chat_template_kwargs": {"enable_thinking": False},
 }
 
-PULL_PREFILL_PARAMS = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
+PULL_PREFILL_PARAMS = NIXL_PREFILL_PARAMS
 
 
 def test_prefill_body_is_one_token_without_stream_or_minimum() -> None:

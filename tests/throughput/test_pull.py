@@ -8,6 +8,7 @@ import pytest
 
 from router.config import PullConfig
 from router.throughput.pull import PullPath
+from tests.support.legs import NIXL_PREFILL_PARAMS
 
 from .support import RID, Upstreams, answer, asgi_client, events, failing, sse
 
@@ -72,14 +73,7 @@ async def test_legs_carry_the_protocol_bodies_and_one_request_id() -> None:
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 1,
         "stream": False,
-        "kv_transfer_params": {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_host": None,
-            "remote_port": None,
-        },
+        "kv_transfer_params": NIXL_PREFILL_PARAMS,
     }
     assert decode.body == {**CHAT, "kv_transfer_params": OPAQUE}
 
