@@ -12,6 +12,8 @@ class AccessRecord:
     """What one request's access line says; the paths fill in what they know."""
 
     request_id: str
+    upstream_request_id: str | None = None
+    """The X-Request-Id the backends saw (dash-free, as vLLM and TileRT need it)."""
     model: str | None = None
     path: str | None = None
     rule: str | None = None

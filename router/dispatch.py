@@ -51,7 +51,10 @@ class Dispatcher:
             error = _unavailable(decision)
             error.headers = {**headers, **error.headers}
             raise error
-        routed = RoutedRequest(endpoint, parsed, body, decision, new_request_id(), headers, access)
+        access.upstream_request_id = new_request_id()
+        routed = RoutedRequest(
+            endpoint, parsed, body, decision, access.upstream_request_id, headers, access
+        )
         return PathResponse(path, routed, state.live)
 
 

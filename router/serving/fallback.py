@@ -27,7 +27,7 @@ class Fallback:
         self._metrics.reroute(request.model, reason)
         request.headers.update({ROUTE_HEADER: "throughput", REROUTE_HEADER: reason})
         # The failed attempt's id may still be running upstream (a prefill that timed out).
-        request.request_id = new_request_id()
+        request.request_id = request.access.upstream_request_id = new_request_id()
         return await self._secondary.open(request, stack)
 
 

@@ -76,6 +76,7 @@ def test_in_flight_stream_finishes_after_sigterm(
         lines = stream_after_sigterm(gw)
         assert lines[-1] == "data: [DONE]"
         assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
+        assert "Traceback" not in gw.log_path.read_text()
     (decode,) = sim_get(stack.nodes[0].url, "/sim/records")["decodes"]
     assert decode["finish_reason"] == "stop"
     assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"
@@ -92,6 +93,7 @@ def test_stream_past_the_grace_period_is_cut_and_the_node_cancelled(
         error = json.loads(lines[-2].removeprefix("data: "))["error"]
         assert (error["code"], error["type"]) == ("shutting_down", "service_unavailable")
         assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
+        assert "Traceback" not in gw.log_path.read_text()
     (decode,) = sim_get(stack.nodes[0].url, "/sim/records")["decodes"]
     assert decode["finish_reason"] == "cancelled"
     assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"

@@ -49,6 +49,7 @@ def gateway_config(
     timeouts: dict[str, Any] | None = None,
     classification: dict[str, Any] | None = None,
     admin: dict[str, Any] | None = None,
+    auth: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A router.yaml document listening on a free port, with short test timeouts."""
     config: dict[str, Any] = {
@@ -74,6 +75,8 @@ def gateway_config(
         config["classification"] = classification
     if admin is not None:
         config["admin"] = admin
+    if auth is not None:
+        config["auth"] = auth
     return config
 
 
