@@ -4,36 +4,45 @@ times, how long the current holders have held their slots, and the queue ahead."
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
 
 class HoldTimeEstimator:
-    """Exponentially weighted mean of slot hold times (seconds)."""
+    """Recent slot hold times (seconds). A slot's typical hold is their upper quartile, not
+    their mean: holds mix short answers and long ones, and a client told to come back too
+    early only comes back to another 429."""
 
-    __slots__ = ("_alpha", "_mean")
+    __slots__ = ("_initial_s", "_recent")
 
-    def __init__(self, initial_s: float = 5.0, alpha: float = 0.2) -> None:
-        self._mean = initial_s
-        self._alpha = alpha
+    QUANTILE = 0.75
+    MIN_SAMPLES = 4
+
+    def __init__(self, initial_s: float = 5.0, window: int = 128) -> None:
+        self._initial_s = initial_s
+        self._recent: deque[float] = deque(maxlen=window)
 
     @property
-    def mean_s(self) -> float:
-        return self._mean
+    def typical_s(self) -> float:
+        if len(self._recent) < self.MIN_SAMPLES:
+            return self._initial_s
+        ordered = sorted(self._recent)  # only when a client is refused: ~128 items
+        return ordered[min(len(ordered) - 1, int(self.QUANTILE * len(ordered)))]
 
     def observe(self, held_s: float) -> None:
-        self._mean += self._alpha * (held_s - self._mean)
+        self._recent.append(held_s)
 
     def retry_after_s(self, *, waiting: int, nodes: int, held_for: Sequence[float] = ()) -> int:
         """Seconds until a slot is likely free for a newcomer: whole, 1..600.
 
         `nodes` are in service, `held_for` says how long each held one has been held,
-        `waiting` how many are queued ahead. A holder is expected to need the mean hold
+        `waiting` how many are queued ahead. A holder is expected to need the typical hold
         time in all (at least a tenth of it more, however long it has run); a free slot is
-        free now; past the first slot of each node, every turn takes the mean again.
+        free now; past the first slot of each node, every turn takes the typical time again.
         """
         if nodes <= 0:
             return 60
-        mean = self._mean
+        mean = self.typical_s
         remaining = sorted(max(mean - elapsed, mean / 10) for elapsed in held_for[:nodes])
         free_at = [0.0] * (nodes - len(remaining)) + remaining
         turns, slot = divmod(waiting, nodes)

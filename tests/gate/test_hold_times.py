@@ -7,9 +7,10 @@ import pytest
 from router.gate.hold_times import HoldTimeEstimator
 
 
-def estimator(mean_s: float) -> HoldTimeEstimator:
-    hold = HoldTimeEstimator(initial_s=mean_s, alpha=1.0)
-    hold.observe(mean_s)
+def estimator(typical_s: float) -> HoldTimeEstimator:
+    hold = HoldTimeEstimator()
+    for _ in range(8):
+        hold.observe(typical_s)
     return hold
 
 
@@ -35,3 +36,14 @@ def test_the_wait_follows_the_holders_and_the_queue(
 def test_bounds() -> None:
     assert estimator(10.0).retry_after_s(waiting=0, nodes=0) == 60
     assert estimator(100.0).retry_after_s(waiting=1000, nodes=1, held_for=[0.0]) == 600
+
+
+def test_the_typical_hold_is_the_upper_quartile_of_recent_holds() -> None:
+    hold = HoldTimeEstimator(initial_s=5.0)
+    assert hold.typical_s == 5.0, "too few holds seen: the initial guess"
+    for held_s in [0.1] * 6 + [4.0, 4.0]:  # short answers and long ones
+        hold.observe(held_s)
+    assert hold.typical_s == 4.0, "not dragged down to the mean (about 1.1 s)"
+    for _ in range(200):
+        hold.observe(2.0)
+    assert hold.typical_s == 2.0, "old holds age out"
