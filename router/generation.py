@@ -54,7 +54,9 @@ async def build_generation(
     client_auth, admin_auth = ClientAuth(config), AdminAuth(config)
     rules = compile_rules(config)
     old = previous.models if previous is not None else {}
-    loaded = await asyncio.gather(*(_tokenizer(m, config, old.get(m.name)) for m in config.models))
+    # One model at a time: transformers' lazy imports are not safe from two threads at once
+    # (a chat template's tokenizer class may fail to import).
+    loaded = [await _tokenizer(m, config, old.get(m.name)) for m in config.models]
 
     changes = Changes()
     models: dict[str, ModelRuntime] = {}
