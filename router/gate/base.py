@@ -12,11 +12,13 @@ from typing import Literal, Protocol
 from router.config import NodeConfig
 from router.gate.health import NodeFailure
 
-RejectReason = Literal["queue_full", "wait_timeout", "no_node"]
+# gate_unavailable: the pool's shared state (a backend's store) could not be reached.
+RejectReason = Literal["queue_full", "wait_timeout", "no_node", "gate_unavailable"]
 
 
 class GateRejected(Exception):
-    """No slot could be had: the queue was full, the wait budget ran out, or no node is usable."""
+    """No slot could be had: the queue was full, the wait budget ran out, no node is usable,
+    or the gate's shared state could not be reached."""
 
     def __init__(self, reason: RejectReason, retry_after_s: int) -> None:
         super().__init__(reason)

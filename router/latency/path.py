@@ -34,6 +34,7 @@ _REJECTED = {
     "queue_full": "all TileRT decode nodes are busy and the queue is full; retry later",
     "wait_timeout": "no TileRT decode node became free within the wait budget; retry later",
     "no_node": "no TileRT decode node is available; retry later",
+    "gate_unavailable": "the TileRT pool's shared state cannot be reached; retry later",
 }
 
 
