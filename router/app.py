@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -13,11 +12,12 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from router.config import GatewayConfig
+from router import __version__
+from router.config import ConfigError, GatewayConfig
 from router.dispatch import Dispatcher
 from router.endpoints import ENDPOINTS, EndpointSpec
-from router.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound
-from router.request_metrics import RequestMetrics
+from router.errors import GatewayError, InvalidRequest, NotFound
+from router.request_context import RequestContext
 from router.responses import error_response, json_response
 from router.state import AppState
 
@@ -25,9 +25,12 @@ log = logging.getLogger("pd_gateway")
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
+    """The app for `config`. Raises ConfigError (before anything is served) for secrets that
+    cannot be read or an admin API that would be open to the network."""
+    state = AppState(config)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = AppState(config)
         await state.start()
         app.state.gateway = state
         app.state.dispatcher = Dispatcher(state)
@@ -37,18 +40,24 @@ def create_app(config: GatewayConfig) -> FastAPI:
             await state.aclose()
 
     app = FastAPI(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_middleware(RequestMetrics)
+    app.add_middleware(RequestContext, access_log=config.logging.access_log)
 
     for endpoint in ENDPOINTS.values():
         app.add_api_route(endpoint.path, _generate(endpoint), methods=["POST"])
 
     @app.get("/v1/models")
-    async def models() -> Response:
+    async def models(request: Request) -> Response:
+        current = state.generation
+        current.client_auth.key_name(request.headers)
         data = [
             {"id": m.name, "object": "model", "created": 0, "owned_by": "pd-gateway"}
-            for m in config.models
+            for m in current.config.models
         ]
         return json_response({"object": "list", "data": data})
+
+    @app.get("/version")
+    async def version() -> Response:
+        return json_response({"name": "pd-gateway", "version": __version__})
 
     @app.get("/health")
     async def health() -> Response:
@@ -69,8 +78,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.get("/admin/pool")
     async def pool(request: Request) -> Response:
-        _check_admin(request, config)
-        state: AppState = request.app.state.gateway
+        state.generation.admin_auth.check(request.headers)
         snapshots = await state.pool_snapshots()
         return json_response(
             {
@@ -78,6 +86,17 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 "background_tasks": state.background_tasks,
             }
         )
+
+    @app.post("/admin/reload")
+    async def reload(request: Request) -> Response:
+        state.generation.admin_auth.check(request.headers)
+        try:
+            models = await state.reload()
+        except ConfigError as exc:
+            raise InvalidRequest(
+                f"the configuration was not reloaded: {exc}", code="config_invalid"
+            ) from None
+        return json_response({"reloaded": True, "source": state.config.source, "models": models})
 
     @app.post("/admin/nodes/{node_id}/drain")
     async def drain(request: Request, node_id: str) -> Response:
@@ -112,21 +131,12 @@ def _generate(endpoint: EndpointSpec) -> Callable[[Request], Awaitable[Response]
     return handle
 
 
-def _check_admin(request: Request, config: GatewayConfig) -> None:
-    key = config.admin.api_key
-    if key is None:
-        return
-    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), key.encode()):
-        raise AuthenticationFailed("a valid admin key is required")
-
-
 async def _set_drained(
     request: Request, config: GatewayConfig, node_id: str, *, drained: bool
 ) -> Response:
     """Drain (finish the current request, take no more) or undrain a node, in every pool."""
-    _check_admin(request, config)
     state: AppState = request.app.state.gateway
+    state.generation.admin_auth.check(request.headers)
     models = [
         model
         for model, gate in state.gates.items()

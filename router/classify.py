@@ -3,6 +3,7 @@ rule or the guard needs them, in a thread."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +16,8 @@ from policies import (
     features_from_request,
     needs_prompt_tokens,
 )
-from router.config import GatewayConfig
+from policies.types import Endpoint
+from router.config import GatewayConfig, ModelConfig
 from router.prompt_tokens import PromptCounter
 
 
@@ -32,6 +34,24 @@ def capabilities(config: GatewayConfig) -> Capabilities:
     )
 
 
+COUNTS_AT_ONCE = 2
+
+
+def count_cap(rules: RuleSet, model: ModelConfig) -> int | None:
+    """A count past which nothing changes a decision: above every rule's prompt_tokens
+    bound and the model's max_seq_len (None when no bound exists: count it all)."""
+    bounds = [
+        bound
+        for rule in rules.rules
+        if rule.prompt_tokens is not None
+        for bound in (rule.prompt_tokens.range.min, rule.prompt_tokens.range.max)
+        if bound is not None
+    ]
+    if model.latency is not None:
+        bounds.append(model.latency.max_seq_len)
+    return max(bounds) + 1 if bounds else None
+
+
 class Classifier:
     def __init__(
         self, config: GatewayConfig, rules: RuleSet, counters: Mapping[str, PromptCounter]
@@ -39,18 +59,26 @@ class Classifier:
         self._rules = rules
         self._capabilities = capabilities(config)
         self._counters = counters
-        self._api_key_header = config.classification.api_key_name_header.lower()
+        self._caps = {m.name: count_cap(rules, m) for m in config.models}
+        # Each count holds a tokenizer's working memory: a few at a time, whatever the load.
+        self._counting = asyncio.Semaphore(COUNTS_AT_ONCE)
 
     async def decide(
-        self, body: dict[str, Any], *, endpoint: str, headers: Mapping[str, str]
+        self,
+        body: dict[str, Any],
+        *,
+        endpoint: Endpoint,
+        headers: Mapping[str, str],
+        api_key_name: str | None,
     ) -> Decision:
+        """`api_key_name` is the caller's verified key name (see `router.auth`)."""
         features = features_from_request(
-            body,
-            endpoint=endpoint,  # type: ignore[arg-type]
-            headers=headers,
-            api_key_name=headers.get(self._api_key_header),
+            body, endpoint=endpoint, headers=headers, api_key_name=api_key_name
         )
         if needs_prompt_tokens(features, self._rules, self._capabilities):
             counter = self._counters[features.model]
-            features.prompt_tokens = await counter.count(endpoint, body)
+            async with self._counting:
+                features.prompt_tokens = await counter.count(
+                    endpoint, body, cap=self._caps[features.model]
+                )
         return classify(features, self._rules, self._capabilities)

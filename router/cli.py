@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from policies.types import ENDPOINTS as POLICY_ENDPOINTS
 from policies.types import Endpoint
+from router import __version__
 from router.config import ConfigError, GatewayConfig, compile_rules, load_config
+from router.logs import LEVELS
 
 if TYPE_CHECKING:
     from router.prompt_tokens import PromptCounter
@@ -37,13 +39,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pd-gateway", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"pd-gateway {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", default="router.yaml", type=Path)
     serve.add_argument("--host", help="override server.host")
-    serve.add_argument("--port", type=int, help="override server.port (0 = any free port)")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--port", type=_port, help="override server.port (0 = any free port)")
+    serve.add_argument("--log-level", choices=LEVELS, help="override logging.level (default: info)")
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check", help="validate a configuration and exit")
@@ -76,7 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     ports = demo.add_mutually_exclusive_group()
     ports.add_argument("--port-offset", type=int, default=0, help="add N to every configured port")
     ports.add_argument("--free-ports", action="store_true", help="let the OS choose every port")
-    demo.add_argument("--log-level", default="warning", help="the gateway's log level")
+    demo.add_argument(
+        "--log-level", choices=LEVELS, default="warning", help="the gateway's log level"
+    )
     demo.set_defaults(run=_demo)
     return parser
 
@@ -88,6 +93,16 @@ def _header(text: str) -> tuple[str, str]:
     return name.strip().lower(), value.strip()
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number (0 to 65535): {text!r}")
+    return port
+
+
 def _serve(args: argparse.Namespace) -> int:
     from router.server import serve
 
@@ -96,13 +111,47 @@ def _serve(args: argparse.Namespace) -> int:
     if overrides:
         server = config.server.model_copy(update=overrides)
         config = config.model_copy(update={"server": server})
-    serve(config, log_level=args.log_level)
+    _check_tokenizer_files(config)
+    try:
+        serve(config, log_level=args.log_level)
+    except OSError as exc:  # binding the listener
+        where = f"{config.server.host}:{config.server.port}"
+        raise UsageError(f"cannot listen on {where}: {exc.strerror or exc}") from None
     return 0
+
+
+def _check_tokenizer_files(config: GatewayConfig) -> None:
+    from router.tokenizer import tokenizer_path
+
+    for i, model in enumerate(config.models):
+        try:
+            path = tokenizer_path(model.tokenizer, base_dir=config.base_dir)
+        except (ImportError, FileNotFoundError) as exc:
+            raise ConfigError(f"{config.source}: models.{i}.tokenizer: {exc}") from None
+        if not path.is_file():
+            raise ConfigError(f"{config.source}: models.{i}.tokenizer: no tokenizer.json at {path}")
+
+
+def _load_tokenizers(config: GatewayConfig) -> None:
+    """Load every tokenizer and chat template, as `serve` will."""
+    from router.prompt_tokens import PromptCounter
+    from router.tokenizer import load_tokenizer, tokenizer_path
+
+    _check_tokenizer_files(config)
+    for i, model in enumerate(config.models):
+        try:
+            tokenizer = load_tokenizer(model.tokenizer, base_dir=config.base_dir)
+            PromptCounter(tokenizer, tokenizer_path(model.tokenizer, base_dir=config.base_dir))
+        except Exception as exc:  # any failure of a third-party loader is the file's fault
+            raise ConfigError(
+                f"{config.source}: models.{i}.tokenizer: cannot load it: {exc}"
+            ) from None
 
 
 def _check(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    print(f"{args.config}: ok ({len(config.models)} model(s))")
+    _load_tokenizers(config)
+    print(f"{args.config}: ok ({len(config.models)} model(s), tokenizers loaded)")
     return 0
 
 
@@ -147,7 +196,11 @@ def _classify(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.request}: unknown model {body['model']!r} (known: {known})")
     classifier = Classifier(config, compile_rules(config), _Counters(config))
     headers = dict(args.header)
-    decision = asyncio.run(classifier.decide(body, endpoint=endpoint, headers=headers))
+    # Offline, the key-name header stands for the name of a verified client key.
+    key_name = headers.get(config.classification.api_key_name_header.lower())
+    decision = asyncio.run(
+        classifier.decide(body, endpoint=endpoint, headers=headers, api_key_name=key_name)
+    )
     print(decision.explain())
     print("response headers:")
     for name, value in decision.response_headers().items():

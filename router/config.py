@@ -6,8 +6,11 @@ operator can fix the file without reading code.
 
 from __future__ import annotations
 
+import difflib
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -123,9 +126,11 @@ class RedisGateConfig(_Strict):
     """The shared gate state of `gate.backend: redis`: several gateway replicas, one pool."""
 
     url: str
-    # A mounted secret holding the password; otherwise the URL's password, otherwise the
-    # environment variable PDGW_REDIS_PASSWORD.
+    # The password, one way at most: a mounted secret (`password_file`, an absolute path),
+    # the URL's own (redis://:PASSWORD@host), or `password`, best given in the environment
+    # as PDGW_GATE__REDIS__PASSWORD (or PDGW_GATE__REDIS__PASSWORD_FILE).
     password_file: str | None = None
+    password: str | None = None
     # Every key and channel starts with this: one prefix per deployment sharing a Redis.
     key_prefix: str = "pdgw"
     socket_timeout_s: Annotated[float, Field(gt=0)] = 1.0
@@ -135,12 +140,17 @@ class RedisGateConfig(_Strict):
     # Waiters wake on a published release; this bounded poll covers a lost message.
     poll_s: Annotated[float, Field(gt=0)] = 1.0
 
+    @property
+    def url_has_password(self) -> bool:
+        userinfo = self.url.partition("://")[2].split("/")[0].rpartition("@")[0]
+        return bool(userinfo.partition(":")[2])
+
     @field_validator("url")
     @classmethod
     def _redis_url(cls, url: str) -> str:
         scheme, _, rest = url.partition("://")
         if scheme not in ("redis", "rediss") or not rest.split("/")[0].rpartition("@")[2]:
-            raise ValueError(f"not a redis:// or rediss:// URL with a host: {url!r}")
+            raise ValueError("not a redis:// or rediss:// URL with a host")
         return url
 
     @field_validator("key_prefix")
@@ -151,7 +161,15 @@ class RedisGateConfig(_Strict):
         return prefix
 
     @model_validator(mode="after")
-    def _renewal(self) -> RedisGateConfig:
+    def _settings(self) -> RedisGateConfig:
+        ways = [
+            ("password_file", self.password_file is not None),
+            ("the url's password", self.url_has_password),
+            ("password", self.password is not None),
+        ]
+        if sum(given for _, given in ways) > 1:
+            given = " and ".join(name for name, set_ in ways if set_)
+            raise ValueError(f"give the Redis password one way only, not {given}")
         if self.renew_every_s * 2 > self.lease_ttl_s:
             raise ValueError(
                 f"renew_every_s ({self.renew_every_s}) must be at most half of lease_ttl_s"
@@ -180,8 +198,42 @@ class GateConfig(_Strict):
         return self
 
 
+class LimitsConfig(_Strict):
+    """What one request may carry, checked before any work; an excess is a 400 naming it."""
+
+    # orjson re-encodes at most 254 levels: the ceiling keeps every accepted body sendable.
+    max_json_depth: Annotated[int, Field(ge=8, le=200)] = 64
+    max_messages: Annotated[int, Field(ge=1)] = 4096
+    max_tools: Annotated[int, Field(ge=0)] = 256
+    max_prompts: Annotated[int, Field(ge=1)] = 256
+    max_stop_strings: Annotated[int, Field(ge=0)] = 32
+    max_stop_chars: Annotated[int, Field(ge=1)] = 512
+
+
+class UpstreamCredential(_Strict):
+    """The API key a backend expects (vLLM's `--api-key`), sent as `Authorization: Bearer`
+    on every call to `url`; never the client's own."""
+
+    url: str
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return _check_url(url)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> UpstreamCredential:
+        if (self.api_key_env is None) == (self.api_key_file is None):
+            raise ValueError(f"{self.url}: give exactly one of api_key_env, api_key_file")
+        return self
+
+
 class UpstreamsConfig(_Strict):
     """Connection pools, one per upstream server (each vLLM URL, each TileRT node)."""
+
+    credentials: list[UpstreamCredential] = []
 
     max_connections: Annotated[int, Field(ge=1)] = 1024
     max_keepalive_connections: Annotated[int, Field(ge=0)] = 256
@@ -245,21 +297,88 @@ class ClassificationConfig(_Strict):
         return self
 
 
+class LoggingConfig(_Strict):
+    """Log lines on stderr; `serve --log-level` overrides `level`."""
+
+    level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    format: Literal["text", "json"] = "text"
+    access_log: bool = True
+    """One line per API request: id, model, path, rule, node, waits, tokens, status."""
+
+
+def read_secret(
+    *, value: str | None, env: str | None, file: str | None, base_dir: Path
+) -> str | None:
+    """A secret given directly, through an environment variable, or in a mounted file
+    (relative to the configuration file); at most one way. Raises ValueError."""
+    if sum(v is not None for v in (value, env, file)) > 1:
+        raise ValueError("give the secret one way only")
+    if env is not None:
+        secret = os.environ.get(env)
+        if not secret:
+            raise ValueError(f"the environment variable {env} is not set")
+        return secret
+    if file is not None:
+        path = Path(file) if Path(file).is_absolute() else base_dir / file
+        try:
+            secret = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        if not secret:
+            raise ValueError(f"{path} is empty")
+        return secret
+    return value
+
+
+class ApiKeyConfig(_Strict):
+    """One client API key, known by `name` (what rules match as `api_key_name`): the key's
+    SHA-256 in hex, or the key itself from an environment variable or a file."""
+
+    name: Annotated[str, Field(min_length=1)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    key_env: str | None = None
+    key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiKeyConfig:
+        if sum(v is not None for v in (self.sha256, self.key_env, self.key_file)) != 1:
+            raise ValueError(f"key {self.name!r}: give exactly one of sha256, key_env, key_file")
+        return self
+
+
+class AuthConfig(_Strict):
+    """Client authentication. With `api_keys`, every API request needs
+    `Authorization: Bearer <key>` and its key's name is what rules see as `api_key_name`."""
+
+    api_keys: list[ApiKeyConfig] = []
+    trust_key_name_header: bool = False
+    """Without api_keys: take `classification.api_key_name_header` from the request even
+    when listening beyond loopback (an authenticating proxy in front sets it)."""
+
+
 class AdminConfig(_Strict):
-    """`/admin/*` endpoints; with an api_key set they require `Authorization: Bearer <key>`."""
+    """`/admin/*` endpoints; with a key they require `Authorization: Bearer <key>`. The key
+    is given as `api_key`, or better through `api_key_env` or `api_key_file`."""
 
     api_key: str | None = None
+    api_key_env: str | None = None
+    api_key_file: str | None = None
 
 
 class GatewayConfig(_Strict):
     server: ServerConfig = ServerConfig()
     admin: AdminConfig = AdminConfig()
+    auth: AuthConfig = AuthConfig()
     classification: ClassificationConfig = ClassificationConfig()
     gate: GateConfig = GateConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
     upstreams: UpstreamsConfig = UpstreamsConfig()
+    limits: LimitsConfig = LimitsConfig()
+    logging: LoggingConfig = LoggingConfig()
     models: Annotated[list[ModelConfig], Field(min_length=1)]
     base_dir: Path = Path(".")
+    source: str = "router.yaml"
+    """The file it came from, for messages."""
 
     @model_validator(mode="after")
     def _unique_models(self) -> GatewayConfig:
@@ -279,14 +398,17 @@ def _check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def parse_config(data: Any, *, base_dir: Path = Path(".")) -> GatewayConfig:
-    """Validate an already-parsed router.yaml document, its rules included."""
+def parse_config(
+    data: Any, *, base_dir: Path = Path("."), source: str = "router.yaml"
+) -> GatewayConfig:
+    """Validate an already-parsed router.yaml document, its rules included; `source` names
+    the file in messages."""
     if not isinstance(data, dict):
-        raise ConfigError("router.yaml: the top level must be a mapping")
+        raise ConfigError(f"{source}: the top level must be a mapping")
     try:
-        config = GatewayConfig.model_validate({**data, "base_dir": base_dir})
+        config = GatewayConfig.model_validate({**data, "base_dir": base_dir, "source": source})
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
+        raise ConfigError(_describe(exc, source)) from None
     compile_rules(config)
     return config
 
@@ -301,11 +423,13 @@ def compile_rules(config: GatewayConfig) -> RuleSet:
         if source.rules is not None:
             return parse_rules(source.rules, source="classification.rules")
     except RulesError as exc:
-        raise ConfigError(f"router.yaml: classification: {exc}") from None
+        raise ConfigError(f"{config.source}: classification: {exc}") from None
     return RuleSet(default=Action(name="default", path="latency"))
 
 
-def load_config(path: str | Path) -> GatewayConfig:
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+    """The file at `path`, with `PDGW_...` overrides from `environ` (the process's own by
+    default) applied before validation."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -313,14 +437,86 @@ def load_config(path: str | Path) -> GatewayConfig:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_config(data, base_dir=path.resolve().parent)
+    if isinstance(data, dict):
+        data = apply_environment(data, os.environ if environ is None else environ)
+    return parse_config(data, base_dir=path.resolve().parent, source=str(path))
 
 
-def _describe(exc: ValidationError) -> str:
+ENV_PREFIX = "PDGW_"
+
+
+def apply_environment(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Environment overrides of any setting: `PDGW_SERVER__PORT=9000` sets `server.port`
+    (`__` between levels, list entries by index: `PDGW_MODELS__0__OUTPUT_PARSER`); values
+    are read as YAML scalars or lists. `PDGW_..._FILE=/path` sets the same setting to the
+    file's contents, for secrets mounted as files."""
+    for name in sorted(k for k in environ if k.startswith(ENV_PREFIX)):
+        value: Any = environ[name]
+        key = name[len(ENV_PREFIX) :]
+        if key.endswith("_FILE"):
+            key = key[: -len("_FILE")]
+            try:
+                value = Path(value).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(f"{name}: cannot read {value}: {exc.strerror}") from None
+        else:
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                pass  # a plain string after all
+        _set_path(data, key.lower().split("__"), value, name)
+    return data
+
+
+def _set_path(data: Any, path: list[str], value: Any, name: str) -> None:
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(data, list):
+            if not part.isdigit() or int(part) >= len(data):
+                raise ConfigError(f"{name}: no entry {part} in the list at that level")
+            if last:
+                data[int(part)] = value
+            else:
+                data = data[int(part)]
+        elif isinstance(data, dict):
+            if last:
+                data[part] = value
+            else:
+                data = data.setdefault(part, {})
+        else:
+            raise ConfigError(f"{name}: the setting above '{part}' is not a section")
+
+
+def _describe(exc: ValidationError, source: str) -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         value = err.get("input")
         shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
-        lines.append(f"{where}: {err['msg']}{shown}")
-    return "router.yaml is invalid:\n  " + "\n  ".join(lines)
+        hint = ""
+        if err["type"] == "extra_forbidden" and err["loc"]:
+            close = difflib.get_close_matches(str(err["loc"][-1]), _field_names(), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+        lines.append(f"{where}: {err['msg']}{shown}{hint}")
+    return f"{source} is invalid:\n  " + "\n  ".join(lines)
+
+
+def _field_names() -> set[str]:
+    """Every field name of every section, for suggestions."""
+    models: list[type[BaseModel]] = [GatewayConfig]
+    names: set[str] = set()
+    while models:
+        model = models.pop()
+        for name, info in model.model_fields.items():
+            if name not in ("base_dir", "source"):
+                names.add(name)
+            for arg in _nested(info.annotation):
+                if arg not in models:
+                    models.append(arg)
+    return names
+
+
+def _nested(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, _Strict):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _nested(arg)]

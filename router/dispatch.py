@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from policies import Decision
+from router.access import AccessRecord
 from router.endpoints import EndpointSpec
-from router.errors import GatewayError, InvalidRequest, ModelNotFound
+from router.errors import ClientGone, GatewayError, InvalidRequest, ModelNotFound
+from router.openai.limits import check_limits, check_token_ids, strip_transfer_params
 from router.openai.requests import parse_body, validate
 from router.serving import PathResponse, RoutedRequest, new_request_id
 from router.state import AppState
@@ -23,17 +26,22 @@ class Dispatcher:
 
     async def handle(self, request: Request, endpoint: EndpointSpec) -> Response:
         state = self._state
-        raw = await _read_body(request, state.config.server.max_body_bytes)
+        current = state.generation  # one configuration for the whole request
+        key_name = current.client_auth.key_name(request.headers)
+        _check_content_type(request.headers.get("content-type"))
+        raw = await _read_body(request, current.config.server.max_body_bytes)
         body = parse_body(raw)
+        check_limits(body, current.config.limits)
+        strip_transfer_params(body)
         parsed = validate(endpoint.request, body)
-        # kv_transfer_params decides where KV state is written by RDMA: never the client's.
-        body.pop("kv_transfer_params", None)
-        model = state.models.get(parsed.model)
+        model = current.models.get(parsed.model)
         if model is None:
             raise ModelNotFound(f"the model '{parsed.model}' does not exist", param="model")
-        request.state.model = parsed.model
-        decision = await state.classifier.decide(
-            body, endpoint=endpoint.name, headers=request.headers
+        check_token_ids(body, model.vocab_size)
+        access: AccessRecord = request.state.access
+        access.model = parsed.model
+        decision = await current.classifier.decide(
+            body, endpoint=endpoint.name, headers=request.headers, api_key_name=key_name
         )
         headers = decision.response_headers()
         if decision.reroute_reason is not None:
@@ -43,8 +51,8 @@ class Dispatcher:
             error = _unavailable(decision)
             error.headers = {**headers, **error.headers}
             raise error
-        routed = RoutedRequest(endpoint, parsed, body, decision, new_request_id(), headers)
-        return PathResponse(path, routed)
+        routed = RoutedRequest(endpoint, parsed, body, decision, new_request_id(), headers, access)
+        return PathResponse(path, routed, state.live)
 
 
 def _unavailable(decision: Decision) -> GatewayError:
@@ -56,12 +64,28 @@ def _unavailable(decision: Decision) -> GatewayError:
     )
 
 
+def _check_content_type(value: str | None) -> None:
+    """JSON or nothing (clients that send no type mean JSON, as FastAPI assumes)."""
+    if value is None:
+        return
+    media = value.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise InvalidRequest(
+            f"the request body must be JSON (Content-Type: application/json), not {media!r}",
+            status=415,
+            code="unsupported_media_type",
+        )
+
+
 async def _read_body(request: Request, limit: int) -> bytes:
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise InvalidRequest(f"the request body exceeds {limit} bytes", status=413)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise InvalidRequest(f"the request body exceeds {limit} bytes", status=413)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone("the client left before sending its whole request") from None
     return b"".join(chunks)

@@ -5,6 +5,7 @@
      ├── AuthenticationFailed      401 authentication_error
      ├── NotFound / ModelNotFound  404 (an admin object / model_not_found)
      ├── Overloaded                429 (with Retry-After)      (the gate shed the request)
+     ├── Unavailable               503 (the gateway is shutting down)
      ├── ClientGone                499 (never read: the client left before the answer)
      └── UpstreamError             502/503/504, or an upstream 4xx passed through
           ├── PrefillError         the vLLM prefill failed
@@ -89,6 +90,13 @@ class Overloaded(GatewayError):
         self.retry_after_s = retry_after_s
 
 
+class Unavailable(GatewayError):
+    """The gateway itself cannot serve now (it is shutting down)."""
+
+    status = 503
+    error_type = "service_unavailable"
+
+
 class ClientGone(GatewayError):
     """The client left before its answer started; nobody reads this (nginx's 499)."""
 
@@ -103,9 +111,18 @@ class UpstreamError(GatewayError):
     status = 502
     error_type = "upstream_error"
 
-    def __init__(self, message: str, *, in_doubt: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        in_doubt: bool = False,
+        passthrough: bytes | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(message, **kwargs)
         self.in_doubt = in_doubt
+        self.passthrough = passthrough
+        """The upstream's own OpenAI-shaped error body, sent to the client as it came."""
 
 
 class PrefillError(UpstreamError):
@@ -117,4 +134,5 @@ class DecodeError(UpstreamError):
 
 
 def error_json(error: GatewayError) -> bytes:
-    return orjson.dumps(error.body())
+    passthrough = getattr(error, "passthrough", None)
+    return passthrough if passthrough is not None else orjson.dumps(error.body())

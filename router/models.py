@@ -29,6 +29,12 @@ class ModelRuntime:
     latency: LatencyPath | None
 
     @property
+    def vocab_size(self) -> int:
+        """Token ids a request may name: 0 to vocab_size - 1."""
+        size: int = self.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+        return size
+
+    @property
     def gate(self) -> Gate | None:
         return self.latency.gate if self.latency is not None else None
 
@@ -40,7 +46,9 @@ def build_model(
     counter: PromptCounter,
     gate_config: GateConfig,
     deps: LatencyDeps,
+    gate: Gate | None = None,
 ) -> ModelRuntime:
+    """`gate`: the model's pool from before a reload, to keep (a new one otherwise)."""
     paths: dict[Path, ServePath] = {}
     throughput = None
     if config.throughput is not None:
@@ -53,7 +61,7 @@ def build_model(
             config.name,
             config.latency,
             output_parser=config.output_parser,
-            gate=make_gate(gate_config, config.latency.nodes),
+            gate=gate or make_gate(gate_config, config.latency.nodes),
             tokenizer=tokenizer,
             deps=deps,
             default_wait_ms=gate_config.max_queue_wait_ms,

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,34 +30,70 @@ class PromptCounter:
         self._tokenizer = tokenizer.tokenizer
         self._template = _load_template(tokenizer_file)
 
-    async def count(self, endpoint: str, body: dict[str, Any]) -> int:
-        """The prompt's token count. Encoding a long prompt takes hundreds of ms: a thread."""
-        return await asyncio.to_thread(self.count_now, endpoint, body)
+    async def count(self, endpoint: str, body: dict[str, Any], *, cap: int | None = None) -> int:
+        """The prompt's token count, or a count of at least `cap` once it is known to reach
+        it (nothing above `cap` changes a decision). Encoding a long prompt takes hundreds
+        of ms: a thread."""
+        return await asyncio.to_thread(self.count_now, endpoint, body, cap)
 
-    def count_now(self, endpoint: str, body: dict[str, Any]) -> int:
+    def count_now(self, endpoint: str, body: dict[str, Any], cap: int | None = None) -> int:
         if endpoint == "completions":
-            return self._count_completion(body.get("prompt"))
+            return self._count_completion(body.get("prompt"), cap)
         if self._template is not None:
             try:
-                return int(self._template(body))
+                return int(self._template(body, cap))
             except Exception:  # a template refusing the request (raise_exception, bad kwargs)
                 log.debug("chat template failed; counting the approximate rendering")
-        return _count(self._tokenizer, render_chat(body))
+        return _count(self._tokenizer, render_chat(body), cap)
 
-    def _count_completion(self, prompt: Any) -> int:
+    def _count_completion(self, prompt: Any, cap: int | None) -> int:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             return len(prompt)
         if isinstance(prompt, list):
             prompt = prompt[0] if prompt else ""
         if isinstance(prompt, list):  # a list of token-id lists
             return len(prompt)
-        return _count(self._tokenizer, str(prompt))
+        return _count(self._tokenizer, str(prompt), cap)
 
 
-def _count(tokenizer: tokenizers.Tokenizer, text: str) -> int:
+# Long texts are encoded a slice at a time, a few slices per call: the tokenizer's memory
+# stays bounded (a whole 8 MB prompt took over 2 GB), and counting stops at the cap. Slices
+# end at whitespace where they can, so a slice boundary splits a token rarely (by at most
+# one token per slice when it does).
+SLICE_CHARS = 64 * 1024
+SLICES_PER_CALL = 4
+
+
+def _count(tokenizer: tokenizers.Tokenizer, text: str, cap: int | None = None) -> int:
+    if len(text) <= SLICE_CHARS:
+        return _encoded_lengths(tokenizer, [text])
+    total = 0
+    batch: list[str] = []
+    for piece in _slices(text):
+        batch.append(piece)
+        if len(batch) == SLICES_PER_CALL:
+            total += _encoded_lengths(tokenizer, batch)
+            batch = []
+            if cap is not None and total >= cap:
+                return total
+    return total + (_encoded_lengths(tokenizer, batch) if batch else 0)
+
+
+def _slices(text: str) -> Iterator[str]:
+    start, end = 0, len(text)
+    while start < end:
+        stop = min(start + SLICE_CHARS, end)
+        if stop < end:
+            space = text.rfind(" ", start + SLICE_CHARS // 2, stop)
+            stop = space if space > start else stop
+        yield text[start:stop]
+        start = stop
+
+
+def _encoded_lengths(tokenizer: tokenizers.Tokenizer, texts: list[str]) -> int:
     # encode_batch releases the GIL while it works; encode holds it for the whole prompt
     # (half a second for 200k tokens), which would stall the event loop despite the thread.
-    return len(tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
+    return sum(len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False))
 
 
 def render_chat(body: dict[str, Any]) -> str:
@@ -124,7 +161,7 @@ def _load_template(tokenizer_file: Path) -> Any:
         tokenizer_file=str(tokenizer_file), chat_template=config["chat_template"]
     )
 
-    def render(body: dict[str, Any]) -> int:
+    def render(body: dict[str, Any], cap: int | None) -> int:
         text = hf.apply_chat_template(
             body.get("messages") or [],
             tools=body.get("tools"),
@@ -132,6 +169,6 @@ def _load_template(tokenizer_file: Path) -> Any:
             tokenize=False,
             **_template_kwargs(body.get("chat_template_kwargs")),
         )
-        return _count(hf.backend_tokenizer, str(text))
+        return _count(hf.backend_tokenizer, str(text), cap)
 
     return render

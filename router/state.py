@@ -1,8 +1,8 @@
 """The application's state: every shared object, built once at startup and closed at shutdown.
 
-Grouped by lifetime: configuration (immutable), transports (the upstream clients), one
-runtime per served model (tokenizer, pool, paths), and background tasks (cleanups that
-outlive the request that started them, and the node probers).
+Grouped by lifetime: the process (upstream clients, metrics, the answers in flight,
+background tasks: cleanups that outlive their request, and the node probers) and the
+configuration (`generation`: rules, keys and models, swapped whole on a reload).
 """
 
 from __future__ import annotations
@@ -12,67 +12,94 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from router.classify import Classifier
-from router.config import GatewayConfig, compile_rules
+from router import logs
+from router.auth import AdminAuth, ClientAuth, upstream_credentials
+from router.config import GatewayConfig, load_config
 from router.gate import Gate, GateSnapshot
 from router.gate.prober import admit_ready_nodes, probe_forever
+from router.generation import Generation, build_generation
 from router.latency.protocol import LatencyDeps
 from router.metrics import Metrics
-from router.models import ModelRuntime, build_model
-from router.prompt_tokens import PromptCounter
-from router.tokenizer import load_tokenizer, tokenizer_path
+from router.serving.live import LiveResponses
 from router.upstream import Upstreams
 
 log = logging.getLogger("pd_gateway")
 
+# Sections read once at start-up: a reload that changes them says so and leaves them.
+RESTART_ONLY = ("server", "timeouts", "upstreams")
+
 
 class AppState:
     def __init__(self, config: GatewayConfig) -> None:
-        self.config = config
-        self.upstreams = Upstreams(config.upstreams, config.timeouts)
+        # Fail before anything is served: unreadable keys, an admin API open to the network.
+        ClientAuth(config)
+        AdminAuth(config)
+        self._config = config
+        self.generation: Generation  # built by start()
+        self.upstreams = Upstreams(
+            config.upstreams, config.timeouts, credentials=upstream_credentials(config)
+        )
         self.metrics = Metrics()
-        self.models: dict[str, ModelRuntime] = {}
-        self.classifier: Classifier
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._probers: list[asyncio.Task[None]] = []
-        self.draining = False  # set on SIGTERM: /ready fails, in-flight requests finish
-
-    @property
-    def gates(self) -> dict[str, Gate]:
-        """Each model's TileRT pool, for the models that have one."""
-        return {name: m.gate for name, m in self.models.items() if m.gate is not None}
-
-    async def start(self) -> None:
-        """Load tokenizers (off the event loop) and build each model's paths."""
-        config = self.config
-        deps = LatencyDeps(
+        self.deps = LatencyDeps(
             upstreams=self.upstreams,
             timeouts=config.timeouts,
             spawn=self.spawn,
             metrics=self.metrics,
         )
-        loaded = await asyncio.gather(
-            *(
-                asyncio.to_thread(load_tokenizer, m.tokenizer, base_dir=config.base_dir)
-                for m in config.models
-            )
-        )
-        for model, tokenizer in zip(config.models, loaded, strict=True):
-            counter = await asyncio.to_thread(
-                PromptCounter, tokenizer, tokenizer_path(model.tokenizer, base_dir=config.base_dir)
-            )
-            self.models[model.name] = build_model(
-                model, tokenizer=tokenizer, counter=counter, gate_config=config.gate, deps=deps
-            )
-        counters = {name: m.counter for name, m in self.models.items()}
-        self.classifier = Classifier(config, compile_rules(config), counters)
-        gates = list(self.gates.values())
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._probers: dict[Gate, asyncio.Task[None]] = {}
+        self._reloading = asyncio.Lock()
+        self.draining = False  # set on SIGTERM: /ready fails, in-flight requests finish
+        self.live = LiveResponses()  # answers being sent, for shutdown to wait for
+
+    @property
+    def config(self) -> GatewayConfig:
+        generation = getattr(self, "generation", None)
+        return generation.config if generation is not None else self._config
+
+    @property
+    def gates(self) -> dict[str, Gate]:
+        return self.generation.gates
+
+    async def start(self) -> None:
+        """Load tokenizers (off the event loop), build each model's paths, probe the nodes."""
+        self.generation, changes = await build_generation(self._config, self.deps)
+        await self._watch(changes.new_gates.values())
+
+    async def reload(self, config: GatewayConfig | None = None) -> dict[str, str]:
+        """Swap in `config` (by default the configuration file read again). Raises
+        ConfigError, leaving everything as it was, if it cannot be used; else returns what
+        changed per model."""
+        async with self._reloading:
+            if config is None:
+                config = await asyncio.to_thread(load_config, self.config.source)
+            current = self.generation
+            for section in RESTART_ONLY:
+                if getattr(config, section) != getattr(current.config, section):
+                    log.warning("reload: '%s' changes only on a restart; kept as it was", section)
+            kept = {section: getattr(current.config, section) for section in RESTART_ONLY}
+            config = config.model_copy(update=kept)
+            generation, changes = await build_generation(config, self.deps, current)
+            self.generation = generation
+            if config.logging != current.config.logging:
+                logs.configure(config.logging.level, config.logging.format)
+            await self._watch(changes.new_gates.values())
+            for gate in changes.dropped_gates.values():
+                prober = self._probers.pop(gate, None)
+                if prober is not None:
+                    prober.cancel()
+                await gate.close()
+            log.info("configuration reloaded from %s: %s", config.source, changes.models or "same")
+            return changes.models
+
+    async def _watch(self, gates: Any) -> None:
+        """Probe new pools: nodes not ready start out of service, then are probed back."""
+        gates = list(gates)
         await asyncio.gather(*(admit_ready_nodes(gate, self.upstreams) for gate in gates))
+        interval_s = self.config.gate.probe_interval_s
         for gate in gates:
-            self._probers.append(
-                asyncio.create_task(
-                    probe_forever(gate, self.upstreams, interval_s=config.gate.probe_interval_s)
-                )
+            self._probers[gate] = asyncio.create_task(
+                probe_forever(gate, self.upstreams, interval_s=interval_s)
             )
 
     async def pool_snapshots(self) -> dict[str, GateSnapshot]:
@@ -95,9 +122,9 @@ class AppState:
         return len(self._tasks)
 
     async def aclose(self) -> None:
-        for prober in self._probers:
+        for prober in self._probers.values():
             prober.cancel()
-        for model in self.models.values():
+        for model in self.generation.models.values():
             if model.latency is not None:
                 model.latency.close_all()
         if self._tasks:

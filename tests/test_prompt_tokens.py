@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from router import prompt_tokens
 from router.prompt_tokens import PromptCounter, render_chat
 from router.tokenizer import load_tokenizer, tokenizer_path
 
@@ -52,3 +53,22 @@ def test_completion_prompts_given_as_token_ids(prompt: object, expected: int) ->
 
 async def test_count_runs_in_a_thread_and_agrees() -> None:
     assert await DEEPSEEK.count("chat", CHAT) == DEEPSEEK.count_now("chat", CHAT)
+
+
+SENTENCE = "Prefill and decode run apart; 预填充和解码分离以后 🙂 the KV cache moves over RDMA. "
+
+
+def test_a_long_text_counted_in_slices_agrees_with_one_encoding() -> None:
+    tokenizer = load_tokenizer("deepseek", base_dir=Path(".")).tokenizer
+    text = SENTENCE * 3000  # about 250k characters: four slices and more
+    whole = len(tokenizer.encode(text, add_special_tokens=False).ids)
+    slices = -(-len(text) // (prompt_tokens.SLICE_CHARS // 2))
+    assert abs(prompt_tokens._count(tokenizer, text) - whole) <= slices
+
+
+def test_counting_stops_at_the_cap() -> None:
+    tokenizer = load_tokenizer("deepseek", base_dir=Path(".")).tokenizer
+    text = SENTENCE * 20_000
+    whole = prompt_tokens._count(tokenizer, text)
+    capped = prompt_tokens._count(tokenizer, text, cap=10_000)
+    assert 10_000 <= capped < whole / 4, "past the cap nothing more is encoded"

@@ -12,8 +12,11 @@ from typing import Literal, Protocol
 from router.config import NodeConfig
 from router.gate.health import NodeFailure
 
-# gate_unavailable: the pool's shared state (a backend's store) could not be reached.
-RejectReason = Literal["queue_full", "wait_timeout", "no_node", "gate_unavailable"]
+RejectReason = Literal[
+    "queue_full", "wait_timeout", "pool_saturated", "no_node", "gate_unavailable"
+]
+"""`pool_saturated`: no slot free and no wait allowed (a `reject` rule).
+`gate_unavailable`: the pool's shared state (a backend's store) could not be reached."""
 
 
 class GateRejected(Exception):
@@ -96,6 +99,12 @@ class PoolAdmin(Protocol):
         ...
 
     async def undrain(self, node_id: str) -> bool: ...
+
+    async def set_nodes(self, nodes: list[NodeConfig]) -> None:
+        """A reload: nodes new to the pool join at once; nodes no longer in it finish their
+        current request, take no more, and leave; a node whose settings changed keeps its
+        state."""
+        ...
 
     async def close(self) -> None:
         """Reject every waiter; leases still held may be released afterwards."""

@@ -67,6 +67,12 @@ class NodeHealth:
         self._cooldown_s = cooldown_s
         self._clock = clock
 
+    def add(self, node_id: str) -> None:
+        self._states.setdefault(node_id, _State())
+
+    def remove(self, node_id: str) -> None:
+        self._states.pop(node_id, None)
+
     def record(self, node_id: str, failure: NodeFailure | None) -> bool:
         """Count one outcome; True if the node has just been taken out."""
         state = self._states[node_id]

@@ -77,6 +77,8 @@ class MemoryGate:
         self._max_queue = max_queue
         self._arrivals = itertools.count()
         self._hold_times = HoldTimeEstimator()
+        self._held_since: dict[str, float] = {}  # node id -> when its holder got it
+        self._leaving: set[str] = set()  # removed by a reload, still held
 
     async def acquire(self, *, priority: int, wait_s: float, holder: str) -> MemoryLease:
         if self._free and self._waiting == 0:
@@ -86,7 +88,7 @@ class MemoryGate:
         if self._waiting >= self._max_queue:
             raise GateRejected("queue_full", self._retry_after_s())
         if wait_s <= 0:
-            raise GateRejected("wait_timeout", self._retry_after_s())
+            raise GateRejected("pool_saturated", self._retry_after_s())
         waiter = _Waiter(
             (-priority, next(self._arrivals)), asyncio.get_running_loop().create_future(), holder
         )
@@ -109,7 +111,15 @@ class MemoryGate:
     def _retry_after_s(self) -> int:
         if self._health.in_service == 0:
             return max(1, math.ceil(self._health.seconds_until_probe()) + 1)
-        return self._hold_times.retry_after_s(waiting=self._waiting, nodes=self._health.in_service)
+        now = time.monotonic()
+        held_for = [
+            now - since
+            for node_id, since in self._held_since.items()
+            if self._health.usable(node_id)
+        ]
+        return self._hold_times.retry_after_s(
+            waiting=self._waiting, nodes=self._health.in_service, held_for=held_for
+        )
 
     async def snapshot(self) -> GateSnapshot:
         return GateSnapshot(
@@ -128,14 +138,14 @@ class MemoryGate:
         return list(self._nodes)
 
     async def take_out(self, node_id: str, reason: str) -> None:
-        if self._holders[node_id] is not None:
-            return  # held or reserved: its release will judge it
+        if self._holders.get(node_id, "gone") is not None:
+            return  # held or reserved (its release will judge it), or no longer in the pool
         self._health.record(node_id, NodeFailure(reason, hard=True))
         self._free = deque(n for n in self._free if n.id != node_id)
         self._fail_waiters_if_no_node()
 
     async def readmit(self, node_id: str) -> None:
-        if self._health.readmit(node_id):
+        if node_id in self._holders and self._health.readmit(node_id):
             self._back_in_service(node_id)
 
     async def drain(self, node_id: str) -> bool:
@@ -153,6 +163,38 @@ class MemoryGate:
             self._back_in_service(node_id)
         return True
 
+    async def set_nodes(self, nodes: list[NodeConfig]) -> None:
+        wanted = {n.id: n for n in nodes}
+        for node in nodes:
+            known = next((i for i, n in enumerate(self._nodes) if n.id == node.id), None)
+            if known is None:
+                self._nodes.append(node)
+                self._holders[node.id] = None
+                self._health.add(node.id)
+                self._hand_over(node)
+                continue
+            self._nodes[known] = node  # settings (ports) as configured now
+            self._free = deque(node if n.id == node.id else n for n in self._free)
+            if node.id in self._leaving:  # removed, then back before its request ended
+                self._leaving.discard(node.id)
+                self._health.undrain(node.id)
+        for node in list(self._nodes):
+            if node.id not in wanted and node.id not in self._leaving:
+                self._health.drain(node.id)
+                self._free = deque(n for n in self._free if n.id != node.id)
+                if self._holders[node.id] is None:
+                    self._forget(node.id)
+                else:
+                    self._leaving.add(node.id)
+        self._fail_waiters_if_no_node()
+
+    def _forget(self, node_id: str) -> None:
+        self._leaving.discard(node_id)
+        self._nodes = [n for n in self._nodes if n.id != node_id]
+        self._holders.pop(node_id, None)
+        self._held_since.pop(node_id, None)
+        self._health.remove(node_id)
+
     def _back_in_service(self, node_id: str) -> None:
         if self._health.usable(node_id) and self._holders[node_id] is None:
             self._hand_over(next(n for n in self._nodes if n.id == node_id))
@@ -166,6 +208,7 @@ class MemoryGate:
 
     def _grant(self, node: NodeConfig, holder: str) -> MemoryLease:
         self._holders[node.id] = holder
+        self._held_since[node.id] = time.monotonic()
         return MemoryLease(self, node, holder)
 
     def _abandon(self, waiter: _Waiter) -> None:
@@ -194,13 +237,17 @@ class MemoryGate:
     ) -> None:
         self._hold_times.observe(held_s)
         self._holders[node.id] = None
+        self._held_since.pop(node.id, None)
         if judged:
             self._health.record(node.id, failure)
         self._pass_on(node)
 
     def _pass_on(self, node: NodeConfig) -> None:
         """A node just let go: to the next waiter if it is in service."""
-        if self._health.usable(node.id):
+        if node.id in self._leaving:
+            self._forget(node.id)
+            self._fail_waiters_if_no_node()
+        elif self._health.usable(node.id):
             self._hand_over(node)
         else:
             self._fail_waiters_if_no_node()

@@ -33,6 +33,7 @@ SSE_HEADERS = [
 _REJECTED = {
     "queue_full": "all TileRT decode nodes are busy and the queue is full; retry later",
     "wait_timeout": "no TileRT decode node became free within the wait budget; retry later",
+    "pool_saturated": "every TileRT decode node is busy; retry later",
     "no_node": "no TileRT decode node is available; retry later",
     "gate_unavailable": "the TileRT pool's shared state cannot be reached; retry later",
 }
@@ -71,6 +72,8 @@ class LatencyPath:
         started = time.monotonic()
         lease = await self._acquire(request, started)
         url = self._prefill.pick()
+        access = request.access
+        access.node, access.prefill = lease.node.id, url
         session = NodeSession(
             self._deps, lease, model=self._model, prefill_url=url, on_released=self._live.discard
         )
@@ -116,7 +119,9 @@ class LatencyPath:
             raise Overloaded(
                 _REJECTED[exc.reason], retry_after_s=exc.retry_after_s, code=exc.reason
             ) from None
-        metrics.queue_wait(self._model, time.monotonic() - started, granted=True)
+        waited_s = time.monotonic() - started
+        metrics.queue_wait(self._model, waited_s, granted=True)
+        request.access.queue_wait_ms = round(waited_s * 1e3, 3)
         return lease
 
     async def _stream(

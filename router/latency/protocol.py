@@ -26,6 +26,9 @@ from router.upstream import Upstreams, tilert, vllm
 from router.upstream.tilert import DecodeStream, NodeLine
 from router.upstream.vllm import Prefilled
 
+# How long a 429 from a node we hold may last before it counts as the node being taken.
+BUSY_GRACE_S = 1.0
+
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
@@ -89,18 +92,24 @@ class NodeSession:
         prefilled = self._prefilled = vllm.parse_prefilled(data, request.endpoint.name)
         if self._abandoned:
             return prefilled
-        self._stream = await tilert.open_decode(
-            deps.upstreams,
-            node,
-            tilert.decode_body(
-                rid=self._rid,
-                first_token_id=prefilled.first_token_id,
-                max_tokens=_node_max_tokens(prefilled, request, max_seq_len),
-                sampling=request.parsed.sampling,
-                timeout_s=deps.timeouts.kv_transfer_s,
-            ),
-            stall_s=deps.timeouts.decode_stall_s,
+        body = tilert.decode_body(
+            rid=self._rid,
+            first_token_id=prefilled.first_token_id,
+            max_tokens=_node_max_tokens(prefilled, request, max_seq_len),
+            sampling=request.parsed.sampling,
+            timeout_s=deps.timeouts.kv_transfer_s,
         )
+        stall_s = deps.timeouts.decode_stall_s
+        try:
+            self._stream = await tilert.open_decode(deps.upstreams, node, body, stall_s=stall_s)
+        except DecodeError as exc:
+            # The node we hold may answer its previous response's last bytes a moment before
+            # it frees its lock: a 429 then is a race, not a node taken by someone else.
+            if exc.code != "node_busy" or self._abandoned:
+                raise
+            if not await tilert.wait_idle(deps.upstreams, node, limit_s=BUSY_GRACE_S):
+                raise
+            self._stream = await tilert.open_decode(deps.upstreams, node, body, stall_s=stall_s)
         return prefilled
 
     async def next_line(self) -> NodeLine | None:
@@ -145,12 +154,16 @@ class NodeSession:
                     failure = NodeFailure("decode_unfinished", hard=True)
                 elif error.code == "node_busy":  # our transfer landed; the lock is another's
                     limit_s = self._deps.timeouts.kv_transfer_s
-                    if await tilert.wait_idle(
-                        self._deps.upstreams, self._lease.node, limit_s=limit_s
+                    if (
+                        await tilert.wait_idle(
+                            self._deps.upstreams, self._lease.node, limit_s=limit_s
+                        )
+                        and not await self._consume()
                     ):
-                        await self._consume()
-            elif self._transfer_claimed(error):
-                await self._consume()
+                        failure = NodeFailure("decode_unfinished", hard=True)
+            elif self._transfer_claimed(error) and not await self._consume():
+                judged = True
+                failure = NodeFailure("decode_unfinished", hard=True)
         finally:
             await self._lease.release(failure, judged=judged)
             self._on_released(self)
@@ -165,15 +178,19 @@ class NodeSession:
     async def _cancel(self) -> bool:
         return await tilert.cancel(self._deps.upstreams, self._lease.node, self._rid)
 
-    async def _consume(self) -> None:
+    async def _consume(self) -> bool:
+        """Consume a claimed transfer with a one-token decode; True once the node is idle
+        again (it frees its lock a moment after its answer, so that is waited for too)."""
         prefilled = self._prefilled
+        deps, node = self._deps, self._lease.node
         await tilert.consume_transfer(
-            self._deps.upstreams,
-            self._lease.node,
+            deps.upstreams,
+            node,
             rid=self._rid,
             first_token_id=prefilled.first_token_id if prefilled is not None else 0,
-            timeout_s=self._deps.timeouts.kv_transfer_s,
+            timeout_s=deps.timeouts.kv_transfer_s,
         )
+        return await tilert.wait_idle(deps.upstreams, node, limit_s=deps.timeouts.decode_stall_s)
 
     def _start_error(self) -> BaseException | None:
         task = self._start_task

@@ -76,6 +76,7 @@ class DecodeRelay:
                 if step.delta:
                     if first_output:
                         metrics.first_token(model, now - self._started)
+                        self._request.access.ttft_ms = round((now - self._started) * 1e3, 3)
                         first_output = False
                     yield step.delta
                 if step.stopped:
@@ -93,7 +94,10 @@ class DecodeRelay:
             tool_choice=self._request.parsed.requested_tool_choice,
         )
         metrics.finished(model, time.monotonic() - self._started, finish)
-        yield RelayEnd(finish, max(pipeline.completion_tokens, 1))
+        end = RelayEnd(finish, max(pipeline.completion_tokens, 1))
+        access = self._request.access
+        access.finish_reason, access.completion_tokens = end.finish_reason, end.completion_tokens
+        yield end
 
     def message(self) -> ParsedMessage:
         """The whole message, once events() has ended (non-streaming answers)."""

@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from router.errors import InvalidRequest
 
@@ -44,6 +51,9 @@ class Tool(_Open):
 
 
 TokenBudget = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+# vLLM's default --max-logprobs; OpenAI allows up to 20 top logprobs too.
+MAX_LOGPROBS = 20
 
 
 class _Generation(_Open):
@@ -59,6 +69,14 @@ class _Generation(_Open):
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     user: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Not the gateway's to apply, but typed here so a malformed one never reaches a backend.
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT)] | None = None
+    ignore_eos: bool | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -96,6 +114,15 @@ class ChatRequest(_Generation):
     max_completion_tokens: TokenBudget | None = None
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("needs 'logprobs': true")
+        return value
 
     @property
     def token_budget(self) -> int | None:
@@ -115,6 +142,10 @@ class ChatRequest(_Generation):
 
 class CompletionRequest(_Generation):
     prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: Annotated[int, Field(ge=1, le=128)] | None = None
 
     @property
     def token_budget(self) -> int | None:

@@ -36,9 +36,9 @@ class StopMatcher:
         # Empty stop strings are ignored, as vLLM does.
         self._stops = tuple(dict.fromkeys(s for s in stops if s))
         self._longest = max((len(s) for s in self._stops), default=0)
-        self._by_first_char: dict[str, tuple[str, ...]] = {}
+        self._by_first_char: dict[str, list[str]] = {}
         for s in self._stops:
-            self._by_first_char[s[0]] = (*self._by_first_char.get(s[0], ()), s)
+            self._by_first_char.setdefault(s[0], []).append(s)
         self._held = ""
         self.stopped = False
         self.matched: str | None = None

@@ -7,10 +7,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from policies import Decision
+from router.access import AccessRecord
 from router.endpoints import EndpointSpec
 from router.errors import GatewayError, error_json
 from router.openai.requests import ChatRequest, CompletionRequest
@@ -29,6 +30,8 @@ class RoutedRequest:
     """Carried by every upstream call as X-Request-Id."""
     headers: dict[str, str]
     """Added to the answer, error answers included; a path may change them (a spill)."""
+    access: AccessRecord = field(default_factory=lambda: AccessRecord("-"))
+    """The request's access line, for the paths to fill in."""
 
     @property
     def model(self) -> str:

@@ -18,8 +18,10 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from router.errors import ClientGone, GatewayError
+from router.errors import ClientGone, GatewayError, Unavailable
+from router.openai.sse import DONE_EVENT, EVENT_END, error_event
 from router.serving.base import Answer, RoutedRequest, ServePath, error_answer, raw_headers
+from router.serving.live import LiveResponses
 
 log = logging.getLogger("pd_gateway")
 
@@ -27,7 +29,9 @@ log = logging.getLogger("pd_gateway")
 class PathResponse(Response):
     """Sends what `path` answers for `request`, with `request.headers` added."""
 
-    def __init__(self, path: ServePath, request: RoutedRequest) -> None:
+    def __init__(
+        self, path: ServePath, request: RoutedRequest, live: LiveResponses | None = None
+    ) -> None:
         # Status and content type are only known once the path has answered.
         self.status_code = 200
         self.background = None
@@ -35,11 +39,31 @@ class PathResponse(Response):
         self.raw_headers = []
         self._path = path
         self._request = request
+        self._live = live
         self._started = False
+        self._streaming = False  # an event stream has started
+        self._tail = EVENT_END  # the end of the last chunk sent
+        self._exchange_task: asyncio.Future[None] | None = None
+        self._cut = False
+
+    def cut(self) -> None:
+        """Shutdown's grace period is over: end this answer properly (see `__call__`)."""
+        self._cut = True
+        if self._exchange_task is not None:
+            self._exchange_task.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._live is not None:
+            self._live.add(self)
+        try:
+            await self._serve(receive, send)
+        finally:
+            if self._live is not None:
+                self._live.discard(self)
+
+    async def _serve(self, receive: Receive, send: Send) -> None:
         stack = AsyncExitStack()
-        exchange = asyncio.ensure_future(self._exchange(stack, send))
+        exchange = self._exchange_task = asyncio.ensure_future(self._exchange(stack, send))
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait((exchange, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -49,6 +73,10 @@ class PathResponse(Response):
             with anyio.CancelScope(shield=True):
                 await asyncio.wait((exchange, watch))
                 await stack.aclose()
+        if self._cut and exchange.cancelled():
+            with contextlib.suppress(OSError):
+                await self._end_cut(send)
+            return
         if not watch.cancelled() and watch.exception() is None:
             log.debug("client went away; its request was stopped")
             if not self._started:
@@ -72,6 +100,22 @@ class PathResponse(Response):
         async with aclosing(answer.chunks) as chunks:
             async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if chunk:
+                    self._tail = chunk[-2:]
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _end_cut(self, send: Send) -> None:
+        """The gateway is shutting down and this answer could not finish in time."""
+        error = Unavailable("the gateway is shutting down; retry", code="shutting_down")
+        if not self._started:
+            answer = error_answer(error)
+            await self._start(send, answer)
+            async for chunk in answer.chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        elif self._streaming:
+            gap = b"" if self._tail.endswith(EVENT_END) else EVENT_END
+            last = gap + error_event(error) + DONE_EVENT
+            await send({"type": "http.response.body", "body": last, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _start(self, send: Send, answer: Answer) -> None:
@@ -79,6 +123,9 @@ class PathResponse(Response):
         names = {name for name, _ in ours}
         headers = [(k, v) for k, v in answer.headers if k not in names] + ours
         self._started = True
+        self._streaming = any(
+            k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
+        )
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
 
 

@@ -129,8 +129,10 @@ class Upstreams:
         pools: UpstreamsConfig,
         timeouts: TimeoutsConfig,
         *,
+        credentials: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        """`credentials`: base URL -> the API key that backend expects."""
         self.timeouts = timeouts
         self._limits = httpx.Limits(
             max_connections=pools.max_connections,
@@ -138,13 +140,18 @@ class Upstreams:
             keepalive_expiry=pools.keepalive_expiry_s,
         )
         self._transport = transport
+        self._credentials = dict(credentials or {})
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._closed = False
 
     def _client(self, base: str) -> httpx.AsyncClient:
         client = self._clients.get(base)
         if client is None:
-            client = httpx.AsyncClient(limits=self._limits, transport=self._transport)
+            key = self._credentials.get(base)
+            headers = {"authorization": f"Bearer {key}"} if key is not None else None
+            client = httpx.AsyncClient(
+                limits=self._limits, transport=self._transport, headers=headers
+            )
             self._clients[base] = client
         return client
 

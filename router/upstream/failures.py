@@ -80,11 +80,30 @@ def upstream_status(status: int) -> int:
 
 
 def status_failure(target: Target, status: int, content: bytes) -> UpstreamError:
-    """The error for an upstream that answered with an error status."""
-    return target.failure(
+    """The error for an upstream that answered with an error status.
+
+    A 4xx is the client's own request refused: when its body is OpenAI's error shape, the
+    client gets that body as it came; anything else is wrapped in a message naming the
+    upstream."""
+    error = target.failure(
         "failed",
         f"answered {status}: {error_message(content)}",
         status=upstream_status(status),
+    )
+    if 400 <= status < 500 and _openai_shaped(content):
+        error.passthrough = content
+    return error
+
+
+def _openai_shaped(content: bytes) -> bool:
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return False
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("error"), dict)
+        and isinstance(data["error"].get("message"), str)
     )
 
 

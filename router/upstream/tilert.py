@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ from router.config import NodeConfig
 from router.errors import DecodeError, UpstreamError
 from router.upstream.client import Reply, Upstreams
 from router.upstream.failures import Target
+
+log = logging.getLogger("pd_gateway.upstream")
 
 NODE = Target(
     "node",
@@ -209,11 +212,16 @@ async def consume_transfer(
         timeout_s=timeout_s,
         stream=False,
     )
-    with contextlib.suppress(UpstreamError):
-        # Nothing more can be done on failure: the node drops the stale transfer itself.
-        await upstreams.call(
+    try:
+        reply = await upstreams.call(
             NODE, "POST", node.url, "/pd/decode", body=body, read_s=timeout_s + 5.0
         )
+    except UpstreamError as exc:
+        log.warning("consuming transfer %s on node %s failed: %s", rid, node.id, exc.message)
+        return
+    if reply.status != 200:
+        # The transfer may never have arrived (a prefill that failed before pushing it).
+        log.info("consuming transfer %s on node %s: %s", rid, node.id, reply.status)
 
 
 async def cancel(upstreams: Upstreams, node: NodeConfig, rid: str) -> bool:

@@ -116,6 +116,7 @@ def test_demo_refuses_remote_backends(
     assert err.startswith(f"error: {where}: {host!r} is not a loopback address")
 
 
+@pytest.mark.e2e  # runs the CLI as a process
 def test_no_traceback_from_the_real_command(tmp_path: Path) -> None:
     request = write(tmp_path, "body.json", "{")
     config = write(tmp_path, "router.yaml", GOOD_CONFIG)
@@ -135,4 +136,64 @@ def test_no_traceback_from_the_real_command(tmp_path: Path) -> None:
 
 def test_check_accepts_the_default_configuration(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--config", str(PROJECT_ROOT / "router.yaml")]) == 0
-    assert capsys.readouterr().out.endswith(": ok (2 model(s))\n")
+    assert capsys.readouterr().out.endswith(": ok (2 model(s), tokenizers loaded)\n")
+
+
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_a_missing_tokenizer_names_its_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    config = write(tmp_path, "gateway.yaml", GOOD_CONFIG)
+    assert main([command, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {config}: models.0.tokenizer: no tokenizer.json at /nonexistent/tokenizer.json\n"
+    )
+
+
+def test_errors_name_the_file_given_and_suggest_the_closest_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write(tmp_path, "prod.yaml", GOOD_CONFIG + "timeout: {connect_s: 1}\n")
+    assert main(["check", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {config} is invalid:")
+    assert "timeout: Extra inputs are not permitted; did you mean 'timeouts'?" in err
+
+
+def test_serve_on_a_taken_port_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = PROJECT_ROOT / "router.yaml"
+        assert main(["serve", "--config", str(config), "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--log-level", "loud"], "invalid choice: 'loud'"),
+        (["serve", "--port", "70000"], "not a port number"),
+        (["serve", "--port", "http"], "not a port number"),
+    ],
+)
+def test_bad_flags_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("pd-gateway ")

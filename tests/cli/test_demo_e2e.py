@@ -22,6 +22,8 @@ from openai import OpenAI
 from router.config import load_config
 from router.server import READY_PREFIX
 
+pytestmark = pytest.mark.e2e
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_PREFIX = "Gateway configuration: "
 USAGE_END = "Ctrl-C stops the gateway and every simulator."
@@ -32,15 +34,16 @@ class Demo:
     """The demo process, its stdout as lines, and what it announced."""
 
     def __init__(self, stderr: Path) -> None:
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "router.cli", "demo", "--free-ports"],
-            cwd=PROJECT_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr.open("w"),
-            text=True,
-            start_new_session=True,
-        )
+        with stderr.open("w") as log:  # the process keeps its own copy
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "router.cli", "demo", "--free-ports"],
+                cwd=PROJECT_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,
+            )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.output: list[str] = []
         self.children: set[int] = set()
@@ -48,8 +51,9 @@ class Demo:
 
     def _pump(self) -> None:
         assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.lines.put(line.rstrip("\n"))
+        with self.popen.stdout:  # closed once the demo has gone
+            for line in self.popen.stdout:
+                self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
     def read_until(self, last: str, timeout_s: float) -> list[str]:

@@ -44,6 +44,20 @@ def test_gateway_configmap_holds_a_valid_configuration() -> None:
     assert config.gate.backend == "memory"
 
 
+def test_gateway_keys_come_from_a_mounted_secret() -> None:
+    docs = documents("gateway.yaml")
+    configmap = find(docs, "ConfigMap", "pd-gateway-config")
+    config = parse_config(yaml.safe_load(configmap["data"]["router.yaml"]))
+    files = [config.admin.api_key_file, *(k.key_file for k in config.auth.api_keys)]
+    assert config.auth.api_keys, "clients authenticate in the shipped manifests"
+    pod = find(docs, "Deployment", "pd-gateway")["spec"]["template"]["spec"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "keys"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "keys"]
+    assert volume["secret"]["secretName"] == "pd-gateway-keys"
+    assert all(f is not None and f.startswith(mount["mountPath"] + "/") for f in files)
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+
+
 def test_gateway_deployment() -> None:
     docs = documents("gateway.yaml")
     deployment = find(docs, "Deployment", "pd-gateway")

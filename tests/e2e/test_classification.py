@@ -27,11 +27,10 @@ from tests.support.classify_fixtures import (
     observed,
     openai_client,
     proxy_throughput,
-    running_gateways,
     say,
 )
-from tests.support.deployment import gateway_config, latency_section
-from tests.support.gateway import GatewayProcess
+from tests.support.deployment import gateway_config, latency_model
+from tests.support.gateway import GatewayProcess, running_gateways
 
 LATENCY_ONLY = "sim-latency-only"  # no throughput path; its node is never reached
 TEXT = "classified: 好的 ✓"
@@ -72,12 +71,7 @@ def gateways(
     stack: SimStack, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, GatewayProcess]]:
     models = [
-        {
-            "name": MODEL,
-            "tokenizer": "deepseek",
-            "latency": latency_section(stack),
-            "throughput": proxy_throughput(stack),
-        },
+        latency_model(stack, MODEL, throughput=proxy_throughput(stack)),
         {
             "name": LATENCY_ONLY,
             "tokenizer": "deepseek",
@@ -88,12 +82,13 @@ def gateways(
         name: gateway_config(models, classification={"rules_file": str(EXAMPLES / f"{name}.yaml")})
         for name in ("interactive", "api-key-tiers", "latency-first")
     }
-    with running_gateways(configs, tmp_path_factory.mktemp("classify")) as running:
+    with running_gateways(tmp_path_factory, configs) as running:
         yield running
 
 
 @pytest.fixture
 async def sims(stack: SimStack, gateways: dict[str, GatewayProcess]) -> AsyncIterator[Sims]:
+    """As the shared `sims`, watching all three gateways."""
     async with observed(stack, *gateways.values()) as watching:
         yield watching
 

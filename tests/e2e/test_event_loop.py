@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
+import openai
 import pytest
 
 from sim.stack import SimStack
@@ -21,14 +22,12 @@ from tests.support.classify_fixtures import (
     ROUTE,
     RULE,
     Sims,
-    observed,
     openai_client,
     proxy_throughput,
-    running_gateways,
     say,
 )
-from tests.support.deployment import directive, gateway_config, latency_section
-from tests.support.gateway import GatewayProcess
+from tests.support.deployment import directive, latency_model
+from tests.support.gateway import GatewayProcess, start_gateway
 
 LONG_PROMPT_TOKENS = 200_000
 MAX_GAP_S = 0.25
@@ -60,23 +59,9 @@ def stack() -> Iterator[SimStack]:
 
 @pytest.fixture(scope="module")
 def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    models = [
-        {
-            "name": MODEL,
-            "tokenizer": "deepseek",
-            "latency": latency_section(stack),
-            "throughput": proxy_throughput(stack),
-        }
-    ]
-    config = gateway_config(models, classification={"rules": RULES})
-    with running_gateways({"loop": config}, tmp_path_factory.mktemp("loop")) as gateways:
-        yield gateways["loop"]
-
-
-@pytest.fixture
-async def sims(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
-    async with observed(stack, gateway) as watching:
-        yield watching
+    models = [latency_model(stack, MODEL, throughput=proxy_throughput(stack))]
+    with start_gateway(tmp_path_factory, models, classification={"rules": RULES}) as running:
+        yield running
 
 
 async def test_counting_a_long_prompt_does_not_stall_a_concurrent_stream(
@@ -117,4 +102,49 @@ async def test_counting_a_long_prompt_does_not_stall_a_concurrent_stream(
     assert arrivals[-1] > forwarded["received"], "the stream outlasted the classification"
     gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
     worst = max(gaps)
+    assert worst < MAX_GAP_S, f"a {worst * 1000:.0f} ms gap between chunks"
+
+
+def peak_rss_mb(gateway: GatewayProcess) -> float:
+    """The gateway process's peak resident memory so far (VmHWM), in MB."""
+    status = gateway.proc_status()
+    (line,) = [entry for entry in status.splitlines() if entry.startswith("VmHWM:")]
+    return int(line.split()[1]) / 1024
+
+
+async def test_an_8_mb_prompt_is_counted_in_bounded_memory_without_stalling(
+    gateway: GatewayProcess, sims: Sims
+) -> None:
+    """Counting stops once nothing above the count changes the decision, and is done a slice
+    at a time: the peak memory barely moves, and a concurrent stream keeps flowing."""
+    client = openai_client(gateway, sims.http)
+    before_mb = peak_rss_mb(gateway)
+    arrivals: list[float] = []
+    first_chunk = asyncio.Event()
+
+    async def stream() -> None:
+        raw = await client.chat.completions.with_raw_response.create(
+            **say("hello" + " hello" * 499, stream=True, max_tokens=1000)
+        )
+        async for chunk in raw.parse():
+            if chunk.choices and chunk.choices[0].delta.content:
+                arrivals.append(time.monotonic())
+                first_chunk.set()
+
+    streaming = asyncio.create_task(stream())
+    await first_chunk.wait()
+    huge = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello " * (8 * 1024 * 1024 // 6)}],
+        "max_tokens": 5,
+    }
+    with pytest.raises(openai.BadRequestError) as refused:  # too long for the native path too
+        await client.chat.completions.create(**huge)
+    await streaming
+    # Past every bound of the rules: not long-context, and too long for the TileRT pool.
+    headers = refused.value.response.headers
+    assert (headers[ROUTE], headers["x-pd-reroute-reason"]) == ("throughput", "context_length")
+    grown_mb = peak_rss_mb(gateway) - before_mb
+    assert grown_mb < 200, f"the gateway's peak memory grew by {grown_mb:.0f} MB"
+    worst = max(later - earlier for earlier, later in itertools.pairwise(arrivals))
     assert worst < MAX_GAP_S, f"a {worst * 1000:.0f} ms gap between chunks"

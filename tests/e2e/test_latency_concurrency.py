@@ -10,21 +10,18 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
 from sim.stack import SimStack
-from tests.support.deployment import (
-    directive,
-    gateway_config,
-    latency_section,
-    reset,
-    sim_get,
-    sim_post,
-)
-from tests.support.gateway import GatewayProcess
+from tests.support.deployment import directive, latency_model, sim_get, sim_post
+from tests.support.gateway import GatewayProcess, start_gateway
+
+pytestmark = pytest.mark.usefixtures("fresh_sims")
 
 PRIORITY = {"high": 10, "mid": 5, "low": 0}
 RULES = {
@@ -59,35 +56,28 @@ def stack() -> Iterator[SimStack]:
         yield running
 
 
-def start_gateway(
-    stack: SimStack, nodes: list, tmp: pytest.TempPathFactory, **gate
-) -> GatewayProcess:
-    config = gateway_config(
-        [{"name": "ds", "tokenizer": "deepseek", "latency": latency_section(stack, nodes=nodes)}],
+def pool_gateway(
+    stack: SimStack, nodes: list, tmp: pytest.TempPathFactory, **gate: Any
+) -> AbstractContextManager[GatewayProcess]:
+    return start_gateway(
+        tmp,
+        [latency_model(stack, "ds", nodes=nodes)],
         gate={"max_queue_wait_ms": 60_000, **gate},
         timeouts={"decode_stall_s": 15},  # the blockers below start slowly on purpose
         classification={"rules": RULES},
     )
-    return GatewayProcess(config, tmp.mktemp("gw")).start()
 
 
 @pytest.fixture(scope="module")
 def pool4(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    gateway = start_gateway(stack, stack.nodes[:4], tmp_path_factory, max_queue=64)
-    yield gateway
-    gateway.stop()
+    with pool_gateway(stack, stack.nodes[:4], tmp_path_factory, max_queue=64) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="module")
 def pool1(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    gateway = start_gateway(stack, stack.nodes[4:], tmp_path_factory, max_queue=12)
-    yield gateway
-    gateway.stop()
-
-
-@pytest.fixture(autouse=True)
-def clean(stack: SimStack) -> None:
-    reset(stack)
+    with pool_gateway(stack, stack.nodes[4:], tmp_path_factory, max_queue=12) as gateway:
+        yield gateway
 
 
 def received_order(stack: SimStack) -> list[tuple[float, str]]:
@@ -132,8 +122,8 @@ async def test_forty_clients_four_nodes_no_double_booking(
         )
         return text, reply.choices[0].message.content
 
-    results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tiers)))
-    await client.close()
+    async with client:
+        results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tiers)))
     assert all(expected == got for expected, got in results)
     decodes = 0
     for node in stack.nodes[:4]:

@@ -18,16 +18,10 @@ import openai
 import pytest
 
 from sim.stack import SimStack
-from tests.support.deployment import (
-    directive,
-    gateway_config,
-    latency_section,
-    node_entry,
-    reset,
-    sim_get,
-    sim_post,
-)
-from tests.support.gateway import GatewayProcess
+from tests.support.deployment import directive, latency_model, node_entry, sim_get, sim_post
+from tests.support.gateway import GatewayProcess, start_gateway
+
+pytestmark = pytest.mark.usefixtures("fresh_sims", "all_slots_free")
 
 SCRIPTED = "Hello, wörld! 你好世界 🌍🚀 — naïve café. Done."
 MESSAGES = b'{"model": "ds", "messages": [{"role": "user", "content": "x"}]}'
@@ -49,17 +43,8 @@ def stack() -> Iterator[SimStack]:
 @pytest.fixture(scope="module")
 def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     models = [
-        {
-            "name": "ds",
-            "tokenizer": "deepseek",
-            "output_parser": "deepseek_v32",
-            "latency": latency_section(stack, nodes=stack.nodes[:2]),
-        },
-        {
-            "name": "solo",
-            "tokenizer": "deepseek",
-            "latency": latency_section(stack, nodes=stack.nodes[2:3]),
-        },
+        latency_model(stack, "ds", nodes=stack.nodes[:2], output_parser="deepseek_v32"),
+        latency_model(stack, "solo", nodes=stack.nodes[2:3]),
         {
             "name": "deadprefill",
             "tokenizer": "deepseek",
@@ -69,21 +54,8 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             },
         },
     ]
-    config = gateway_config(models, gate={"max_queue_wait_ms": 5000})
-    with GatewayProcess(config, tmp_path_factory.mktemp("gw")) as running:
+    with start_gateway(tmp_path_factory, models, gate={"max_queue_wait_ms": 5000}) as running:
         yield running
-
-
-@pytest.fixture(autouse=True)
-def clean(stack: SimStack, gateway: GatewayProcess) -> Iterator[None]:
-    reset(stack)
-    yield
-    gateway.wait_all_free()
-
-
-@pytest.fixture
-def client(gateway: GatewayProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
 
 
 def user(text: str) -> list[dict[str, str]]:
@@ -144,17 +116,15 @@ def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
     assert len(chunks) > 3, "streamed as the node's lines arrived, not in one piece"
 
 
-async def test_async_client_completions_stream_and_not(gateway: GatewayProcess) -> None:
-    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+async def test_async_client_completions_stream_and_not(aclient: openai.AsyncOpenAI) -> None:
     prompt = directive(SCRIPTED)
     full, stream = await asyncio.gather(
-        client.completions.create(model="ds", prompt=prompt, max_tokens=200),
-        client.completions.create(model="ds", prompt=prompt, max_tokens=200, stream=True),
+        aclient.completions.create(model="ds", prompt=prompt, max_tokens=200),
+        aclient.completions.create(model="ds", prompt=prompt, max_tokens=200, stream=True),
     )
     assert full.object == "text_completion"
     assert full.choices[0].text == SCRIPTED
     assert "".join([c.choices[0].text async for c in stream]) == SCRIPTED
-    await client.close()
 
 
 def test_completions_default_to_sixteen_tokens(client: openai.OpenAI) -> None:
@@ -278,7 +248,15 @@ def test_prefill_error_status_is_mapped(
     response = post_chat(gateway, {"model": "ds", "messages": user("hi")})
     assert response.status_code == expected
     error = error_of(response)
-    assert f"answered {status}" in error["message"]
+    if status < 500:  # the client's own request refused: vLLM's error body as it sent it
+        assert error == {
+            "message": f"simulated failure (HTTP {status})",
+            "type": "BadRequestError" if status == 400 else "UnprocessableEntityError",
+            "param": None,
+            "code": status,
+        }
+    else:
+        assert f"answered {status}" in error["message"]
     assert response.headers["x-pd-route"] == "latency"
     gateway.wait_all_free()
     assert all_decodes(stack) == [], "nothing reaches a node after a failed prefill"

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from sim.stack import SimStack
-from tests.support.deployment import directive, gateway_config, latency_section, sim_post
-from tests.support.gateway import GatewayProcess
+from tests.support.deployment import directive, latency_model, sim_post
+from tests.support.gateway import GatewayProcess, start_gateway
 
 COOLDOWN_S = 1.5
 
@@ -28,23 +28,16 @@ def stack() -> Iterator[SimStack]:
 
 @pytest.fixture(scope="module")
 def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    config = gateway_config(
-        [
-            {
-                "name": "ds",
-                "tokenizer": "deepseek",
-                "latency": latency_section(stack, nodes=stack.nodes[:2]),
-            },
-            {
-                "name": "pair",
-                "tokenizer": "deepseek",
-                "latency": latency_section(stack, nodes=stack.nodes[2:]),
-            },
-        ],
+    models = [
+        latency_model(stack, "ds", nodes=stack.nodes[:2]),
+        latency_model(stack, "pair", nodes=stack.nodes[2:]),
+    ]
+    with start_gateway(
+        tmp_path_factory,
+        models,
         gate={"failure_threshold": 2, "node_cooldown_s": COOLDOWN_S, "probe_interval_s": 0.05},
-    )
-    config["admin"] = {"api_key": "operator-secret"}
-    with GatewayProcess(config, tmp_path_factory.mktemp("gw")) as running:
+        admin={"api_key": "operator-secret"},
+    ) as running:
         yield running
 
 

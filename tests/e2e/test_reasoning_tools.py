@@ -20,8 +20,8 @@ import tokenizers
 from openai.types.chat import ChatCompletion
 
 from sim.stack import SimStack
-from tests.support.deployment import directive, gateway_config, latency_section
-from tests.support.gateway import GatewayProcess
+from tests.support.deployment import directive, latency_model
+from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.parser_fixtures import (
     CASES,
     DEEPSEEK,
@@ -51,6 +51,8 @@ from tests.support.parser_fixtures import (
     load_tokenizer,
     node_args,
 )
+
+pytestmark = pytest.mark.usefixtures("all_slots_free")
 
 # (reasoning, content, [(name, arguments)]): a message as the client reads it, ids aside.
 View = tuple[str | None, str | None, list[tuple[str, str]]]
@@ -87,37 +89,18 @@ def gateway(
     models = [
         *family_models(deepseek_stack, base=DEEPSEEK, tokenizer="deepseek", parser="deepseek_v32"),
         *family_models(glm_stack, base=GLM5, tokenizer=glm, parser="glm47"),
-        {
-            "name": GLM45,
-            "tokenizer": glm,
-            "output_parser": "glm45",
-            "latency": latency_section(glm_stack, nodes=[glm_stack.nodes[3]]),
-        },
+        latency_model(
+            glm_stack, GLM45, nodes=[glm_stack.nodes[3]], tokenizer=glm, output_parser="glm45"
+        ),
     ]
-    with GatewayProcess(gateway_config(models), tmp_path_factory.mktemp("gw")) as running:
+    with start_gateway(tmp_path_factory, models) as running:
         yield running
-
-
-@pytest.fixture(autouse=True)
-def all_slots_free(gateway: GatewayProcess) -> Iterator[None]:
-    yield
-    gateway.wait_all_free()
 
 
 @pytest.fixture(scope="module")
 def family_tokenizers() -> dict[str, tokenizers.Tokenizer]:
     """The served models' tokenizers, by model family."""
     return {DEEPSEEK: load_tokenizer("deepseek"), GLM5: load_tokenizer(str(GLM_TOKENIZER))}
-
-
-@pytest.fixture
-def client(gateway: GatewayProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
-
-
-@pytest.fixture
-def aclient(gateway: GatewayProcess) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
 
 
 def request(

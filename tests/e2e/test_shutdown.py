@@ -3,22 +3,21 @@ and either way every node ends idle (cancelled, never left decoding) before the 
 
 from __future__ import annotations
 
+import json
 import signal
+import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 import httpx
 import pytest
 
 from sim.stack import SimStack
-from tests.support.deployment import (
-    directive,
-    gateway_config,
-    latency_section,
-    reset,
-    sim_get,
-    sim_post,
-)
-from tests.support.gateway import GatewayProcess
+from tests.support.deployment import directive, latency_model, sim_get, sim_post
+from tests.support.gateway import GatewayProcess, start_gateway
+
+pytestmark = pytest.mark.usefixtures("fresh_sims")
 
 TEXT = " ".join(f"word{i}" for i in range(60))
 
@@ -31,18 +30,21 @@ def stack() -> Iterator[SimStack]:
         yield running
 
 
-@pytest.fixture(autouse=True)
-def clean(stack: SimStack) -> None:
-    reset(stack)
+def gateway(
+    stack: SimStack, tmp: pytest.TempPathFactory, **server: Any
+) -> AbstractContextManager[GatewayProcess]:
+    models = [latency_model(stack, "ds")]
+    return start_gateway(tmp, models, server=server, timeouts={"decode_stall_s": 60})
 
 
-def gateway(stack: SimStack, tmp: pytest.TempPathFactory, **server) -> GatewayProcess:
-    config = gateway_config(
-        [{"name": "ds", "tokenizer": "deepseek", "latency": latency_section(stack)}],
-        timeouts={"decode_stall_s": 60},
-    )
-    config["server"].update(server)
-    return GatewayProcess(config, tmp.mktemp("gw")).start()
+def wait_for_draining(gw: GatewayProcess) -> httpx.Response:
+    """/ready once the signal has been handled (it arrives asynchronously)."""
+    deadline = time.monotonic() + 10
+    while True:
+        ready = httpx.get(gw.url + "/ready", timeout=5)
+        if ready.status_code == 503 or time.monotonic() > deadline:
+            return ready
+        time.sleep(0.02)
 
 
 def stream_after_sigterm(gw: GatewayProcess) -> list[str]:
@@ -57,6 +59,9 @@ def stream_after_sigterm(gw: GatewayProcess) -> list[str]:
         lines.append(next(events))
         assert httpx.get(gw.url + "/ready", timeout=5).json() == {"status": "ready"}
         gw.signal(signal.SIGTERM)
+        # The listener stays open while the answer runs: readiness answers, and says no.
+        ready = wait_for_draining(gw)
+        assert (ready.status_code, ready.json()) == (503, {"status": "draining"})
         try:
             lines.extend(events)
         except httpx.HTTPError:
@@ -67,10 +72,10 @@ def stream_after_sigterm(gw: GatewayProcess) -> list[str]:
 def test_in_flight_stream_finishes_after_sigterm(
     stack: SimStack, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    gw = gateway(stack, tmp_path_factory, shutdown_grace_s=30)
-    lines = stream_after_sigterm(gw)
-    assert lines[-1] == "data: [DONE]"
-    assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
+    with gateway(stack, tmp_path_factory, shutdown_grace_s=30) as gw:
+        lines = stream_after_sigterm(gw)
+        assert lines[-1] == "data: [DONE]"
+        assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
     (decode,) = sim_get(stack.nodes[0].url, "/sim/records")["decodes"]
     assert decode["finish_reason"] == "stop"
     assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"
@@ -80,10 +85,33 @@ def test_stream_past_the_grace_period_is_cut_and_the_node_cancelled(
     stack: SimStack, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     sim_post(stack.nodes[0].url, "/sim/faults", {"stall_after": 4, "count": 1})
-    gw = gateway(stack, tmp_path_factory, shutdown_grace_s=0.5)
-    lines = stream_after_sigterm(gw)
-    assert lines[-1] != "data: [DONE]"
-    assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
+    with gateway(stack, tmp_path_factory, shutdown_grace_s=0.5) as gw:
+        lines = stream_after_sigterm(gw)
+        # Cut, but properly: an error event, then the end of the stream.
+        assert lines[-1] == "data: [DONE]"
+        error = json.loads(lines[-2].removeprefix("data: "))["error"]
+        assert (error["code"], error["type"]) == ("shutting_down", "service_unavailable")
+        assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
     (decode,) = sim_get(stack.nodes[0].url, "/sim/records")["decodes"]
     assert decode["finish_reason"] == "cancelled"
     assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"
+
+
+def test_a_second_signal_ends_the_wait(
+    stack: SimStack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    sim_post(stack.nodes[0].url, "/sim/faults", {"stall_after": 4, "count": 1})
+    body = {"model": "ds", "messages": [{"role": "user", "content": directive(TEXT)}]}
+    body["stream"] = True
+    with (
+        gateway(stack, tmp_path_factory, shutdown_grace_s=120) as gw,
+        httpx.stream("POST", gw.base_url + "/chat/completions", json=body, timeout=60) as r,
+    ):
+        events = r.iter_lines()  # kept: a discarded iterator closes the stream
+        next(events)
+        gw.signal(signal.SIGTERM)
+        wait_for_draining(gw)
+        started = time.monotonic()
+        gw.signal(signal.SIGTERM)
+        gw.wait_exit()
+    assert time.monotonic() - started < 30, "not the 120 s grace period"

@@ -11,7 +11,7 @@ each slot is free and no node ever ran two decodes at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -27,15 +27,12 @@ from tests.support.classify_fixtures import (
     closed_node,
     closed_port,
     held_nodes,
-    observed,
-    openai_client,
     proxy_throughput,
-    running_gateways,
     say,
     wait_until,
 )
-from tests.support.deployment import gateway_config, latency_section, node_entry
-from tests.support.gateway import GatewayProcess
+from tests.support.deployment import latency_model, node_entry
+from tests.support.gateway import GatewayProcess, start_gateway
 
 DEAD_NODE = "sim-dead-node"  # its only node entry points at closed ports
 NO_PREFILL = "sim-no-prefill"  # its prefill URL points at a closed port
@@ -90,12 +87,7 @@ def stack() -> Iterator[SimStack]:
 def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     throughput = proxy_throughput(stack)
     models = [
-        {
-            "name": MODEL,
-            "tokenizer": "deepseek",
-            "latency": latency_section(stack),
-            "throughput": throughput,
-        },
+        latency_model(stack, MODEL, throughput=throughput),
         {
             "name": DEAD_NODE,
             "tokenizer": "deepseek",
@@ -114,27 +106,16 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "throughput": throughput,
         },
     ]
-    config = gateway_config(
+    with start_gateway(
+        tmp_path_factory,
         models,
         gate={"max_queue": 1},
         # A short transfer timeout keeps the 504 case quick; a long stall timeout lets the
         # streams that hold the nodes stay silent for as long as a test needs them.
         timeouts={"kv_transfer_s": 1, "decode_stall_s": 20},
         classification={"rules": RULES},
-    )
-    with running_gateways({"spill": config}, tmp_path_factory.mktemp("spill")) as gateways:
-        yield gateways["spill"]
-
-
-@pytest.fixture
-async def sims(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
-    async with observed(stack, gateway) as watching:
-        yield watching
-
-
-@pytest.fixture
-def client(gateway: GatewayProcess, sims: Sims) -> openai.AsyncOpenAI:
-    return openai_client(gateway, sims.http)
+    ) as running:
+        yield running
 
 
 async def answer(client: openai.AsyncOpenAI, *, stream: bool, **extra: Any) -> tuple[Any, str]:
@@ -158,26 +139,26 @@ async def assert_spilled(sims: Sims, raw: Any, text: str, *, reason: str) -> Non
 
 
 async def test_spills_when_every_node_is_held_and_the_wait_budget_is_spent(
-    gateway: GatewayProcess, sims: Sims, client: openai.AsyncOpenAI
+    gateway: GatewayProcess, sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
     async with held_nodes(gateway, sims):
-        raw, text = await answer(client, stream=False)
+        raw, text = await answer(aclient, stream=False)
     await assert_spilled(sims, raw, text, reason="wait_timeout")
 
 
 async def test_spills_when_the_queue_is_full_and_the_waiter_gets_the_next_slot(
-    gateway: GatewayProcess, sims: Sims, client: openai.AsyncOpenAI
+    gateway: GatewayProcess, sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
     async with held_nodes(gateway, sims) as holders:
         waiter = asyncio.create_task(
-            answer(client, stream=False, extra_headers={"x-saturation": "patient"})
+            answer(aclient, stream=False, extra_headers={"x-saturation": "patient"})
         )
 
         async def queued() -> bool:
             return (await sims.pool(gateway))["waiting"] == 1
 
         await wait_until(queued, what="the patient request to wait in the queue")
-        raw, text = await answer(client, stream=True)
+        raw, text = await answer(aclient, stream=True)
         await assert_spilled(sims, raw, text, reason="queue_full")
         await holders[0].aclose()  # frees one node: it goes straight to the waiter
         waited, waited_text = await waiter
@@ -202,7 +183,7 @@ FAILURES = [
 @pytest.mark.parametrize(("model", "target", "fault", "reason"), FAILURES)
 async def test_spills_on_each_failure_before_the_first_byte(
     sims: Sims,
-    client: openai.AsyncOpenAI,
+    aclient: openai.AsyncOpenAI,
     model: str,
     target: str | None,
     fault: dict[str, Any] | None,
@@ -213,7 +194,7 @@ async def test_spills_on_each_failure_before_the_first_byte(
     targets = {"prefill": [stack.prefills[0].url], "nodes": [n.url for n in stack.nodes]}
     for url in targets.get(target or "", []):
         await sims.arm(url, {**(fault or {}), "count": 1})
-    raw, text = await answer(client, stream=stream, model=model)
+    raw, text = await answer(aclient, stream=stream, model=model)
     await assert_spilled(sims, raw, text, reason=reason)
     if model != NO_PREFILL:
         (prefill,) = await sims.requests(stack.prefills[0].url)
@@ -221,23 +202,23 @@ async def test_spills_on_each_failure_before_the_first_byte(
 
 
 async def test_a_node_down_at_start_up_is_out_of_service_and_spills_at_once(
-    sims: Sims, client: openai.AsyncOpenAI
+    sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
     """The gateway probed the node at start-up and found nothing listening: requests spill
     at once (`no_node`), with no prefill for a node that cannot decode."""
     for stream in (False, True):
         await sims.reset()
-        raw, text = await answer(client, stream=stream, model=DEAD_NODE)
+        raw, text = await answer(aclient, stream=stream, model=DEAD_NODE)
         await assert_spilled(sims, raw, text, reason="no_node")
         assert await sims.requests(sims.stack.prefills[0].url) == []
 
 
 async def test_a_prefill_4xx_is_the_clients_error_and_is_not_spilled(
-    sims: Sims, client: openai.AsyncOpenAI
+    sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
     await sims.arm(sims.stack.prefills[0].url, {"http_status": 400, "count": 1})
     with pytest.raises(openai.BadRequestError) as caught:
-        await answer(client, stream=False)
+        await answer(aclient, stream=False)
     headers = caught.value.response.headers
     assert (headers[ROUTE], headers[RULE]) == ("latency", "spill")
     assert REROUTE not in headers
@@ -247,17 +228,18 @@ async def test_a_prefill_4xx_is_the_clients_error_and_is_not_spilled(
 
 @pytest.mark.parametrize("saturation", ["reject", "queue"])
 async def test_saturation_answers_429_with_retry_after(
-    gateway: GatewayProcess, sims: Sims, client: openai.AsyncOpenAI, saturation: str
+    gateway: GatewayProcess, sims: Sims, aclient: openai.AsyncOpenAI, saturation: str
 ) -> None:
     """`reject` at once, `queue` once its 200 ms budget is spent; the pool is never bypassed."""
     async with held_nodes(gateway, sims):
         with pytest.raises(openai.RateLimitError) as caught:
-            await answer(client, stream=True, extra_headers={"x-saturation": saturation})
+            await answer(aclient, stream=True, extra_headers={"x-saturation": saturation})
     response = caught.value.response
     assert response.status_code == 429
     assert int(response.headers["retry-after"]) >= 1
     assert (response.headers[ROUTE], response.headers[RULE]) == ("latency", saturation)
     assert REROUTE not in response.headers
-    assert response.json()["error"]["code"] == "wait_timeout"
+    expected = {"reject": "pool_saturated", "queue": "wait_timeout"}[saturation]
+    assert response.json()["error"]["code"] == expected
     assert sims.stack.proxy is not None
     assert await sims.requests(sims.stack.proxy.url) == []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -26,14 +26,17 @@ from tests.support.classify_fixtures import (
     ROUTE,
     RULE,
     Sims,
-    observed,
-    openai_client,
     proxy_throughput,
-    running_gateways,
     say,
 )
-from tests.support.deployment import directive, gateway_config, latency_section
-from tests.support.gateway import GatewayProcess
+from tests.support.deployment import directive, latency_model
+from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.legs import (
+    nixl_prefill_body,
+    pull_decode_params,
+    push_decode_params,
+    tilert_prefill_body,
+)
 
 PULL = "sim-pull"
 PUSH = "sim-push"
@@ -42,14 +45,6 @@ HEX32 = re.compile(r"^[0-9a-f]{32}$")
 RULES = {
     "default": {"name": "native", "path": "throughput"},
     "rules": [{"name": "fast", "match": {"headers": {"x-workload": "fast"}}, "path": "latency"}],
-}
-PULL_PREFILL_PARAMS = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
 }
 # A client may not choose where KV state goes: this must never reach an upstream.
 HOSTILE = {"kv_transfer_params": {"tilert_host": "10.6.6.6", "tilert_ctrl_port": 1}}
@@ -83,32 +78,19 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     }
     models = [
         {"name": MODEL, "tokenizer": "deepseek", "throughput": proxy_throughput(stack)},
-        {
-            "name": PULL,
-            "tokenizer": "deepseek",
-            "latency": latency_section(stack),
-            "throughput": {"mode": "pull", "prefill": [prefill.url], "decode": [decode.url]},
-        },
+        latency_model(
+            stack,
+            PULL,
+            throughput={"mode": "pull", "prefill": [prefill.url], "decode": [decode.url]},
+        ),
         {
             "name": PUSH,
             "tokenizer": "deepseek",
             "throughput": {"mode": "push", "prefill": [engine], "decode": [decode.url]},
         },
     ]
-    config = gateway_config(models, classification={"rules": RULES})
-    with running_gateways({"throughput": config}, tmp_path_factory.mktemp("tp")) as gateways:
-        yield gateways["throughput"]
-
-
-@pytest.fixture
-async def sims(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
-    async with observed(stack, gateway) as watching:
-        yield watching
-
-
-@pytest.fixture
-def client(gateway: GatewayProcess, sims: Sims) -> openai.AsyncOpenAI:
-    return openai_client(gateway, sims.http)
+    with start_gateway(tmp_path_factory, models, classification={"rules": RULES}) as running:
+        yield running
 
 
 def masked(content: bytes) -> bytes:
@@ -126,14 +108,14 @@ def streamed_text(content: bytes) -> str:
 
 
 async def test_one_prefill_server_serves_both_paths_at_once(
-    sims: Sims, client: openai.AsyncOpenAI
+    sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
     body = {**say(TEXT), "model": PULL}
     fast, native = await asyncio.gather(
-        client.chat.completions.with_raw_response.create(
+        aclient.chat.completions.with_raw_response.create(
             **body, extra_headers={"x-workload": "fast"}
         ),
-        client.chat.completions.with_raw_response.create(**body),
+        aclient.chat.completions.with_raw_response.create(**body),
     )
     assert (fast.headers[ROUTE], fast.headers[RULE]) == ("latency", "fast")
     assert (native.headers[ROUTE], native.headers[RULE]) == ("throughput", "native")
@@ -143,20 +125,8 @@ async def test_one_prefill_server_serves_both_paths_at_once(
     node = stack.nodes[0]
     legs = {leg["kv_mode"]: leg for leg in await sims.requests(stack.prefills[0].url)}
     assert sorted(legs) == ["nixl_producer", "tilert"]
-    assert legs["tilert"]["body"] == {
-        **body,
-        "max_tokens": 1,
-        "stream": False,
-        "logprobs": True,
-        "top_logprobs": 1,
-        "kv_transfer_params": {"tilert_host": node.host, "tilert_ctrl_port": node.ctrl_port},
-    }
-    assert legs["nixl_producer"]["body"] == {
-        **body,
-        "max_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": PULL_PREFILL_PARAMS,
-    }
+    assert legs["tilert"]["body"] == tilert_prefill_body(body, node)
+    assert legs["nixl_producer"]["body"] == nixl_prefill_body(body)
     transfers = (await sims.http.get(stack.prefills[0].url + "/sim/requests")).json()["transfers"]
     assert [(t["ctrl_port"], t["outcome"]) for t in transfers] == [(node.ctrl_port, "complete")]
     (decode,) = await sims.requests(stack.decodes[0].url)
@@ -181,7 +151,7 @@ STREAM = {"stream": True, "stream_options": {"include_usage": True}}
 )
 async def test_proxy_answer_is_byte_for_byte_the_native_proxys_own(
     sims: Sims,
-    client: openai.AsyncOpenAI,
+    aclient: openai.AsyncOpenAI,
     endpoint: str,
     body: dict[str, Any],
     fault: dict[str, Any] | None,
@@ -190,7 +160,7 @@ async def test_proxy_answer_is_byte_for_byte_the_native_proxys_own(
     assert proxy is not None
     if fault is not None:
         await sims.arm(proxy.url, {**fault, "count": 2})  # one for the gateway, one direct
-    answer, content = await call(client, endpoint, body)
+    answer, content = await call(aclient, endpoint, body)
     (seen,) = await sims.requests(proxy.url)
     rid = seen["headers"]["x-request-id"]
     assert HEX32.match(rid), "the gateway sets its own request id"
@@ -206,11 +176,11 @@ async def test_proxy_answer_is_byte_for_byte_the_native_proxys_own(
 
 
 async def test_pull_legs_carry_the_protocols_parameters_and_one_request_id(
-    sims: Sims, client: openai.AsyncOpenAI
+    sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
     body = {**say(TEXT, **STREAM), "model": PULL}
     answer, content = await call(
-        client,
+        aclient,
         "chat",
         body,
         vllm={"min_tokens": 2},
@@ -227,12 +197,9 @@ async def test_pull_legs_carry_the_protocols_parameters_and_one_request_id(
     rid = prefill["headers"]["x-request-id"]
     assert HEX32.match(rid) and decode["headers"]["x-request-id"] == rid
     assert prefill["kv_mode"] == "nixl_producer"
-    assert prefill["body"] == {
-        **{k: v for k, v in body.items() if k != "stream_options"},
-        "max_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": PULL_PREFILL_PARAMS,
-    }
+    assert prefill["body"] == nixl_prefill_body(
+        {k: v for k, v in body.items() if k != "stream_options"}
+    )
     # The decode leg carries exactly what the prefill answered: the simulated producer's
     # parameters for this prompt (one block per 16 tokens), naming the request id.
     assert decode["kv_mode"] == "nixl_consumer_pull"
@@ -240,26 +207,17 @@ async def test_pull_legs_carry_the_protocols_parameters_and_one_request_id(
     assert decode["body"] == {
         **body,
         "min_tokens": 2,
-        "kv_transfer_params": {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_engine_id": server.engine_id,
-            "remote_block_ids": list(range(1, blocks + 1)),
-            "remote_host": server.side_channel_host,
-            "remote_port": server.side_channel_port,
-            "remote_request_id": rid,
-            "tp_size": 1,
-        },
+        "kv_transfer_params": pull_decode_params(server, rid, blocks),
     }
 
 
 async def test_push_legs_run_concurrently_and_name_the_prefill_engine(
-    sims: Sims, client: openai.AsyncOpenAI
+    sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
     # About 400 prompt tokens at 1 ms each: the decode leg arrives while the prefill computes.
     prompt = " ".join(["filler"] * 400) + directive(TEXT)
     body = {"model": PUSH, "prompt": prompt, "max_tokens": 40}
-    raw = await client.completions.with_raw_response.create(**body, extra_body=HOSTILE)
+    raw = await aclient.completions.with_raw_response.create(**body, extra_body=HOSTILE)
     assert raw.parse().choices[0].text == TEXT
     assert (raw.headers[ROUTE], raw.headers[RULE]) == ("throughput", "native")
     stack = sims.stack
@@ -268,26 +226,9 @@ async def test_push_legs_run_concurrently_and_name_the_prefill_engine(
     (decode,) = await sims.requests(stack.decodes[0].url)
     rid = prefill["headers"]["x-request-id"]
     assert HEX32.match(rid) and decode["headers"]["x-request-id"] == rid
-    assert prefill["body"] == {
-        **body,
-        "max_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": PULL_PREFILL_PARAMS,
-    }
+    assert prefill["body"] == nixl_prefill_body(body)
     assert decode["kv_mode"] == "nixl_consumer_push"
-    assert decode["body"] == {
-        **body,
-        "kv_transfer_params": {
-            "do_remote_decode": False,
-            "do_remote_prefill": True,
-            "remote_engine_id": server.engine_id,
-            "remote_host": server.side_channel_host,
-            "remote_port": server.side_channel_port,
-            "tp_size": 1,
-            "pp_size": 1,
-            "remote_request_id": rid,
-        },
-    }
+    assert decode["body"] == {**body, "kv_transfer_params": push_decode_params(server, rid)}
     assert decode["received"] < prefill["finished"], "the decode leg waited for the prefill"
 
 

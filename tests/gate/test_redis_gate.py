@@ -15,11 +15,13 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from router.config import ConfigError, GateConfig, NodeConfig, RedisGateConfig, parse_config
+from router.config import GateConfig, NodeConfig, RedisGateConfig
 from router.gate import GateRejected, make_gate
-from router.gate.redis import GateUnavailable, RedisGate, RedisLease, redis_password
+from router.gate.redis import GateUnavailable, RedisGate, RedisLease
 from tests.gate.conftest import eventually, nodes, waiting
 from tests.gate.redis_server import RedisServer
+
+pytestmark = pytest.mark.e2e  # every test here runs a redis-server
 
 # Short enough that expiry-based recovery takes well under a second.
 FAST = {"lease_ttl_s": 0.6, "renew_every_s": 0.2, "poll_s": 0.1, "socket_timeout_s": 0.5}
@@ -49,6 +51,21 @@ async def replica(redis_server: RedisServer, key_prefix: str) -> AsyncIterator[R
     yield replicas_on(redis_server.url, key_prefix, built)
     for gate in built:
         await gate.close()
+
+
+@pytest.fixture
+def own_server() -> Iterator[Callable[..., RedisServer]]:
+    """`own_server(*redis_server_args)`: a server of the test's own, to stop or to lock."""
+    servers: list[RedisServer] = []
+
+    def start(*args: str) -> RedisServer:
+        servers.append(RedisServer(extra_args=list(args)))
+        servers[-1].start()
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
 
 
 @pytest.fixture
@@ -231,10 +248,9 @@ async def test_closing_a_replica_withdraws_its_waiters(replica: Replica) -> None
 
 
 async def test_redis_down_means_gate_unavailable_and_the_gate_recovers(
-    key_prefix: str,
+    key_prefix: str, own_server: Callable[..., RedisServer]
 ) -> None:
-    server = RedisServer()
-    server.start()
+    server = own_server()
     built: list[RedisGate] = []
     try:
         gate = replicas_on(server.url, key_prefix, built)(nodes(1), **FAST)
@@ -265,72 +281,12 @@ async def test_redis_down_means_gate_unavailable_and_the_gate_recovers(
     finally:
         for gate in built:
             await gate.close()
-        server.close()
-
-
-# -- configuration ------------------------------------------------------------------------
-
-
-def gate_section(**redis: Any) -> dict[str, Any]:
-    return {
-        "gate": {"backend": "redis", "redis": redis},
-        "models": [
-            {"name": "m", "tokenizer": "t", "throughput": {"mode": "proxy", "urls": ["http://x"]}}
-        ],
-    }
-
-
-@pytest.mark.parametrize(
-    ("redis", "field"),
-    [
-        ({"url": "http://cache:6379"}, "gate.redis.url"),
-        ({"url": "redis://cache:6379", "key_prefix": "a b"}, "gate.redis.key_prefix"),
-        ({"url": "redis://cache:6379", "lease_ttl_s": 0}, "gate.redis.lease_ttl_s"),
-        ({"url": "redis://cache:6379", "renew_every_s": 6}, "renew_every_s"),
-        ({"url": "redis://cache:6379", "poll_s": -1}, "gate.redis.poll_s"),
-        ({}, "gate.redis.url"),
-    ],
-)
-def test_invalid_redis_settings_name_the_field(redis: dict[str, Any], field: str) -> None:
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        parse_config(gate_section(**redis))
-
-
-def test_the_redis_backend_needs_its_settings() -> None:
-    with pytest.raises(ConfigError, match=r"gate\.redis"):
-        parse_config({**gate_section(), "gate": {"backend": "redis"}})
-    config = parse_config(gate_section(url="rediss://:pw@cache:6380/2"))
-    assert config.gate.redis is not None and config.gate.redis.key_prefix == "pdgw"
-
-
-@pytest.fixture
-def no_password_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    monkeypatch.delenv("PDGW_REDIS_PASSWORD", raising=False)
-    yield monkeypatch
-
-
-def test_the_password_comes_from_the_file_then_the_url_then_the_environment(
-    tmp_path: Path, no_password_env: pytest.MonkeyPatch
-) -> None:
-    secret = tmp_path / "password"
-    secret.write_text("from-file\n")
-    no_password_env.setenv("PDGW_REDIS_PASSWORD", "from-env")
-    assert redis_password(RedisGateConfig(url="redis://h", password_file=str(secret))) == (
-        "from-file"
-    )
-    assert redis_password(RedisGateConfig(url="redis://:in-url@h")) is None  # the URL's own
-    assert redis_password(RedisGateConfig(url="redis://h")) == "from-env"
-    with pytest.raises(ConfigError, match="password_file"):
-        redis_password(RedisGateConfig(url="redis://h", password_file=str(tmp_path / "none")))
-    with pytest.raises(ConfigError, match="not both"):
-        redis_password(RedisGateConfig(url="redis://:x@h", password_file=str(secret)))
 
 
 async def test_a_password_protected_server_is_reached_with_the_secret(
-    tmp_path: Path, key_prefix: str, no_password_env: pytest.MonkeyPatch
+    tmp_path: Path, key_prefix: str, own_server: Callable[..., RedisServer]
 ) -> None:
-    server = RedisServer(extra_args=["--requirepass", "s3cret"])
-    server.start()
+    server = own_server("--requirepass", "s3cret")
     secret = tmp_path / "password"
     secret.write_text("s3cret\n")
     config = GateConfig(
@@ -344,4 +300,3 @@ async def test_a_password_protected_server_is_reached_with_the_secret(
         await lease.release()
     finally:
         await gate.close()
-        server.close()

@@ -217,7 +217,8 @@ async def test_a_failed_prefill_consumes_a_transfer_it_may_have_pushed(
         await r.session.start(request(), max_seq_len=100)
     assert (failed.value.code, failed.value.status) == (code, status)
     assert await r.finished() == (None, False), "a prefill failure says nothing of the node"
-    expected = ["/v1/chat/completions", "consume"] if consumed else ["/v1/chat/completions"]
+    consume = ["consume", "/decode_status"]  # then idle again before the slot is freed
+    expected = ["/v1/chat/completions", *(consume if consumed else [])]
     assert node.paths() == expected
 
 
@@ -256,7 +257,40 @@ async def test_a_busy_node_still_gets_our_transfer_consumed_once_idle() -> None:
         await r.session.start(request(), max_seq_len=100)
     assert (failed.value.code, failed.value.status) == ("node_busy", 503)
     assert await r.finished() == (NodeFailure("node_busy", hard=True), True)
-    assert node.paths() == ["/v1/chat/completions", "/pd/decode", "/decode_status", "consume"]
+    assert node.paths() == [
+        "/v1/chat/completions",
+        "/pd/decode",  # 429
+        "/decode_status",  # idle: a race with the previous response's end?
+        "/pd/decode",  # 429 again: taken
+        "/decode_status",  # the cleanup waits for the node to be idle,
+        "consume",  # consumes our transfer,
+        "/decode_status",  # and sees the node idle before it frees the slot
+    ]
+
+
+async def test_a_429_from_a_node_finishing_its_previous_response_is_retried() -> None:
+    answers = iter([json_reply({"error": "busy"}, 429), streaming({"t": [1]}, DONE)])
+
+    async def busy_then_free(request: httpx.Request) -> httpx.Response:
+        return await next(answers)(request)
+
+    node = Node(decode=busy_then_free)
+    r = run(node)
+    await r.session.start(request(), max_seq_len=100)
+    assert await read_all(r.session) == [TokenLine([1]), DoneLine(3, "stop")]
+    r.session.close()
+    assert await r.finished() == (None, True)
+    assert node.paths() == ["/v1/chat/completions", "/pd/decode", "/decode_status", "/pd/decode"]
+
+
+async def test_a_node_still_busy_after_a_consume_is_taken_out() -> None:
+    node = Node(
+        prefill=failing(httpx.ReadTimeout("slow")), status=json_reply({"status": "decoding"})
+    )
+    r = run(node)
+    with pytest.raises(PrefillError):
+        await r.session.start(request(), max_seq_len=100)
+    assert await r.finished() == (NodeFailure("decode_unfinished", hard=True), True)
 
 
 @pytest.mark.parametrize(("cancel_status", "hard"), [(200, False), (404, True)])
@@ -329,7 +363,7 @@ async def test_a_client_gone_during_the_prefill_still_has_the_transfer_consumed(
     assert not r.lease.released, "the prefill is still running: the slot is not yet free"
     answer.set()
     assert await r.finished() == (None, False)
-    assert node.paths() == ["/v1/chat/completions", "consume"], "no decode, one consume"
+    assert node.paths() == ["/v1/chat/completions", "consume", "/decode_status"], "no decode"
     assert node.calls[1][1]["first_token_id"] == 42
 
 

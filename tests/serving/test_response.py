@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -11,6 +11,7 @@ import orjson
 
 from router.errors import Overloaded, UpstreamError
 from router.serving import Answer, PathResponse, RoutedRequest, once
+from router.serving.live import LiveResponses
 from tests.throughput.support import routed
 
 OpenFn = Callable[[RoutedRequest, AsyncExitStack], Awaitable[Answer]]
@@ -132,3 +133,54 @@ async def test_client_gone_on_send_is_not_an_application_error() -> None:
     client = Client()
     await respond(open_upstream, {})(SCOPE, client.receive, broken_send)
     assert closed == ["leg"], "the upstream is closed all the same"
+
+
+async def test_a_cut_stream_ends_with_an_error_event_and_done() -> None:
+    live = LiveResponses()
+    sent_one = asyncio.Event()
+
+    async def open_upstream(request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        async def chunks() -> AsyncGenerator[bytes, None]:
+            yield b"data: {}\n\n"
+            sent_one.set()
+            await asyncio.Event().wait()  # a stream that would run on past the grace period
+            yield b"never"
+
+        return Answer(200, [(b"content-type", b"text/event-stream")], chunks())
+
+    client = Client()
+    request = routed({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    served = asyncio.ensure_future(
+        PathResponse(FnPath(open_upstream), request, live)(SCOPE, client.receive, client.send)
+    )
+    await sent_one.wait()
+    assert len(live) == 1
+    live.cut_all()
+    await asyncio.wait_for(served, timeout=5)
+    events = client.body.split(b"\n\n")
+    assert events[0] == b"data: {}"
+    assert orjson.loads(events[1].removeprefix(b"data: "))["error"]["code"] == "shutting_down"
+    assert events[2:] == [b"data: [DONE]", b""]
+    assert client.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert len(live) == 0
+
+
+async def test_a_request_cut_before_its_answer_gets_a_503() -> None:
+    live = LiveResponses()
+    waiting = asyncio.Event()
+
+    async def open_upstream(request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        waiting.set()
+        await asyncio.Event().wait()  # queued for a slot
+        raise AssertionError("unreachable")
+
+    client = Client()
+    request = routed({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    served = asyncio.ensure_future(
+        PathResponse(FnPath(open_upstream), request, live)(SCOPE, client.receive, client.send)
+    )
+    await waiting.wait()
+    live.cut_all()
+    await asyncio.wait_for(served, timeout=5)
+    assert client.status == 503
+    assert orjson.loads(client.body)["error"]["code"] == "shutting_down"

@@ -21,6 +21,8 @@ from .sim_support import (
     wait_until,
 )
 
+pytestmark = pytest.mark.e2e
+
 FAST = ["--itl-ms", "0", "--prefill-ms-per-token", "0"]
 NODE = ["--step-ms", "1"]
 TEXTS = {

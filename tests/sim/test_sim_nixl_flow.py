@@ -2,15 +2,18 @@
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from sim.stack import ServerInfo, SimStack
+from tests.support.legs import nixl_prefill_body, push_decode_params
 
-from .sim_support import new_rid, reset_stack, wait_until
+from .sim_support import new_rid, wait_until
+
+pytestmark = pytest.mark.e2e
 
 FAST = ["--itl-ms", "0", "--prefill-ms-per-token", "0"]
 TEXT = "naïve 日本語 🙂 <think>x</think> done"
@@ -18,14 +21,6 @@ BODY = {
     "model": "sim-model",
     "messages": [{"role": "user", "content": f"[[sim-output]]{TEXT}[[/sim-output]]"}],
     "max_tokens": 100,
-}
-PREFILL_PARAMS = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
 }
 
 
@@ -42,19 +37,13 @@ def stack() -> Iterator[SimStack]:
         yield running
 
 
-@pytest.fixture
-async def client(stack: SimStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30) as http:
-        await reset_stack(http, stack)
-        yield http
-
-
 async def _prefill(
     client: httpx.AsyncClient, prefill: ServerInfo, request_id: str
 ) -> httpx.Response:
-    body = {**BODY, "max_tokens": 1, "stream": False, "kv_transfer_params": PREFILL_PARAMS}
     return await client.post(
-        f"{prefill.url}/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
+        f"{prefill.url}/v1/chat/completions",
+        json=nixl_prefill_body(BODY),
+        headers={"X-Request-Id": request_id},
     )
 
 
@@ -65,19 +54,6 @@ async def _decode(
     return await client.post(
         f"{decode.url}/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
     )
-
-
-def _push_params(prefill: ServerInfo, request_id: str) -> dict[str, Any]:
-    return {
-        "do_remote_decode": False,
-        "do_remote_prefill": True,
-        "remote_engine_id": prefill.engine_id,
-        "remote_host": prefill.side_channel_host,
-        "remote_port": prefill.side_channel_port,
-        "tp_size": 1,
-        "pp_size": 1,
-        "remote_request_id": request_id,
-    }
 
 
 async def test_pull(client: httpx.AsyncClient, stack: SimStack) -> None:
@@ -131,7 +107,7 @@ async def test_pull_with_a_streaming_decode_leg(client: httpx.AsyncClient, stack
 async def test_push(client: httpx.AsyncClient, stack: SimStack, order: str) -> None:
     prefill, decode = stack.prefills[0], stack.decodes[0]
     request_id = new_rid()
-    params = _push_params(prefill, request_id)
+    params = push_decode_params(prefill, request_id)
     if order == "prefill-first":
         await _prefill(client, prefill, request_id)
         answer = await _decode(client, decode, request_id, params)

@@ -1,6 +1,6 @@
 """Node and connector options end to end: several sender ranks, no data plane, checks."""
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -15,6 +15,8 @@ from .sim_support import (
     settled_transfers,
     transfer_open,
 )
+
+pytestmark = pytest.mark.e2e
 
 FAST = ["--itl-ms", "0", "--prefill-ms-per-token", "0"]
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}]}
@@ -35,13 +37,6 @@ def stack() -> Iterator[SimStack]:
         },
     ) as running:
         yield running
-
-
-@pytest.fixture
-async def client(stack: SimStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30) as http:
-        await reset_stack(http, stack)
-        yield http
 
 
 async def test_every_sender_rank_transfers(client: httpx.AsyncClient, stack: SimStack) -> None:

@@ -9,6 +9,8 @@ import pytest
 
 from sim.stack import SimStack, StackError
 
+pytestmark = pytest.mark.e2e
+
 
 def _alive(pid: int) -> bool:
     try:

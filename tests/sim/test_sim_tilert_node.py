@@ -2,7 +2,7 @@
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -13,11 +13,12 @@ from sim.tokenizers import load_vocab
 from .sim_support import (
     decode_stream,
     new_rid,
-    reset_stack,
     transfer,
     transfer_open,
     wait_until,
 )
+
+pytestmark = pytest.mark.e2e
 
 EOS = load_vocab("deepseek").eos_ids[0]
 
@@ -26,13 +27,6 @@ EOS = load_vocab("deepseek").eos_ids[0]
 def stack() -> Iterator[SimStack]:
     with SimStack(nodes=1, prefills=0, node_args=["--step-ms", "1"]) as running:
         yield running
-
-
-@pytest.fixture
-async def client(stack: SimStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30) as http:
-        await reset_stack(http, stack)
-        yield http
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -14,7 +14,9 @@ from sim.script import render_chat
 from sim.stack import ServerInfo, SimStack
 from sim.tokenizers import load_vocab
 
-from .sim_support import new_rid, reset_stack, wait_until
+from .sim_support import new_rid, wait_until
+
+pytestmark = pytest.mark.e2e
 
 VOCAB = load_vocab("deepseek")
 TEXT = "Hi café 日本語 🙂 <think>x</think>"
@@ -36,13 +38,6 @@ def stack() -> Iterator[SimStack]:
 def server(stack: SimStack) -> ServerInfo:
     assert stack.proxy is not None
     return stack.proxy
-
-
-@pytest.fixture
-async def client(stack: SimStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30) as http:
-        await reset_stack(http, stack)
-        yield http
 
 
 def _path(endpoint: str) -> str:

@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import httpx
 from openai import AsyncOpenAI
 
 from sim.stack import NodeInfo, SimStack
-from tests.support.deployment import directive
+from tests.support.deployment import directive, simulator_urls
 from tests.support.gateway import GatewayProcess
 
 MODEL = "sim-model"
@@ -45,26 +44,6 @@ def closed_node() -> dict[str, Any]:
 def proxy_throughput(stack: SimStack) -> dict[str, Any]:
     assert stack.proxy is not None
     return {"mode": "proxy", "urls": [stack.proxy.url]}
-
-
-@contextmanager
-def running_gateways(
-    configs: Mapping[str, dict[str, Any]], root: Path
-) -> Iterator[dict[str, GatewayProcess]]:
-    """Start one gateway per config in parallel (each takes ~2 s to load its tokenizers)."""
-    gateways: dict[str, GatewayProcess] = {}
-    for name, config in configs.items():
-        workdir = root / name
-        workdir.mkdir(parents=True, exist_ok=True)
-        gateways[name] = GatewayProcess(config, workdir)
-    try:
-        with ThreadPoolExecutor(max_workers=len(gateways)) as pool:
-            for started in [pool.submit(g.start) for g in gateways.values()]:
-                started.result()
-        yield gateways
-    finally:
-        for gateway in gateways.values():
-            gateway.stop()
 
 
 def openai_client(gateway: GatewayProcess, http: httpx.AsyncClient) -> AsyncOpenAI:
@@ -96,10 +75,7 @@ class Sims:
 
     async def reset(self) -> None:
         """Clear faults and records on every simulator (`deployment.reset`, without blocking)."""
-        stack = self.stack
-        urls = [n.url for n in stack.nodes] + [s.url for s in (*stack.prefills, *stack.decodes)]
-        urls += [stack.proxy.url] if stack.proxy is not None else []
-        for url in urls:
+        for url in simulator_urls(self.stack):
             (await self.http.delete(url + "/sim/faults")).raise_for_status()
             (await self.http.post(url + "/sim/reset", json={})).raise_for_status()
 

@@ -23,16 +23,36 @@ def latency_section(
     }
 
 
+def latency_model(
+    stack: SimStack,
+    name: str,
+    *,
+    nodes: list[NodeInfo] | None = None,
+    tokenizer: str = "deepseek",
+    **entry: Any,
+) -> dict[str, Any]:
+    """A model entry served on the latency path by `nodes` (all of `stack`'s by default);
+    `entry` adds to it (`output_parser`, `throughput`)."""
+    return {
+        "name": name,
+        "tokenizer": tokenizer,
+        "latency": latency_section(stack, nodes=nodes),
+        **entry,
+    }
+
+
 def gateway_config(
     models: list[dict[str, Any]],
     *,
+    server: dict[str, Any] | None = None,
     gate: dict[str, Any] | None = None,
     timeouts: dict[str, Any] | None = None,
     classification: dict[str, Any] | None = None,
+    admin: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A router.yaml document listening on a free port, with short test timeouts."""
     config: dict[str, Any] = {
-        "server": {"host": "127.0.0.1", "port": 0},
+        "server": {"host": "127.0.0.1", "port": 0, **(server or {})},
         # Nodes a test trips out of service come back as soon as they are idle again.
         "gate": {
             "max_queue": 64,
@@ -52,6 +72,8 @@ def gateway_config(
     }
     if classification is not None:
         config["classification"] = classification
+    if admin is not None:
+        config["admin"] = admin
     return config
 
 
@@ -67,12 +89,15 @@ def sim_get(url: str, path: str) -> Any:
     return response.json()
 
 
+def simulator_urls(stack: SimStack) -> list[str]:
+    """Every simulator of the stack: nodes, prefill and decode servers, the proxy stand-in."""
+    urls = [n.url for n in stack.nodes] + [s.url for s in (*stack.prefills, *stack.decodes)]
+    return urls + ([stack.proxy.url] if stack.proxy is not None else [])
+
+
 def reset(stack: SimStack) -> None:
     """Clear faults and records on every simulator of the stack."""
-    servers = [n.url for n in stack.nodes] + [s.url for s in (*stack.prefills, *stack.decodes)]
-    if stack.proxy is not None:
-        servers.append(stack.proxy.url)
-    for url in servers:
+    for url in simulator_urls(stack):
         httpx.delete(url + "/sim/faults", timeout=10).raise_for_status()
         sim_post(url, "/sim/reset")
 

@@ -1,4 +1,8 @@
-"""Runs the gateway as a real process (`pd-gateway serve`) on a free port, for end-to-end tests."""
+"""Runs the gateway as a real process (`pd-gateway serve`) on a free port, for end-to-end tests.
+
+`start_gateway` and `running_gateways` are what fixtures use: each gateway gets its own
+directory (its router.yaml and gateway.log) and is stopped when the block ends.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from router.server import READY_PREFIX
+from tests.support.deployment import gateway_config
 
 
 class GatewayProcess:
@@ -33,24 +41,15 @@ class GatewayProcess:
         self.url = ""
 
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
-        self._proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "router.cli",
-                "serve",
-                "--config",
-                str(self.config_path),
-                "--port",
-                "0",
-                "--log-level",
-                self._log_level,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=self.log_path.open("w"),
-            text=True,
-            start_new_session=True,
-        )
+        argv = ["serve", "--config", str(self.config_path), "--port", "0"]
+        with self.log_path.open("w") as log:  # the process keeps its own copy
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "router.cli", *argv, "--log-level", self._log_level],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,
+            )
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=_pump, args=(self._proc.stdout, lines), daemon=True).start()
         deadline = time.monotonic() + timeout_s
@@ -97,6 +96,11 @@ class GatewayProcess:
                 raise AssertionError(f"slots still held after {timeout_s} s: {state}")
             time.sleep(0.05)
 
+    def proc_status(self) -> str:
+        """The process's /proc status (memory figures among others)."""
+        assert self._proc is not None
+        return Path(f"/proc/{self._proc.pid}/status").read_text()
+
     def signal(self, sig: int) -> None:
         assert self._proc is not None
         self._proc.send_signal(sig)
@@ -123,5 +127,36 @@ class GatewayProcess:
 
 
 def _pump(stream: Any, out: queue.Queue[str]) -> None:
-    for line in stream:
-        out.put(line)
+    with stream:  # closed at the end of the output, once the process has gone
+        for line in stream:
+            out.put(line)
+
+
+@contextmanager
+def running_gateways(
+    tmp_path_factory: pytest.TempPathFactory, configs: Mapping[str, dict[str, Any]]
+) -> Iterator[dict[str, GatewayProcess]]:
+    """Start one gateway per config in parallel (each takes ~2 s to load its tokenizers)."""
+    root = tmp_path_factory.mktemp("gateways")
+    gateways: dict[str, GatewayProcess] = {}
+    for name, config in configs.items():
+        workdir = root / name
+        workdir.mkdir()
+        gateways[name] = GatewayProcess(config, workdir)
+    try:
+        with ThreadPoolExecutor(max_workers=len(gateways)) as pool:
+            for started in [pool.submit(g.start) for g in gateways.values()]:
+                started.result()
+        yield gateways
+    finally:
+        for gateway in gateways.values():
+            gateway.stop()
+
+
+@contextmanager
+def start_gateway(
+    tmp_path_factory: pytest.TempPathFactory, models: list[dict[str, Any]], **options: Any
+) -> Iterator[GatewayProcess]:
+    """One gateway serving `models`; `options` as `gateway_config` takes them."""
+    with running_gateways(tmp_path_factory, {"gateway": gateway_config(models, **options)}) as one:
+        yield one["gateway"]

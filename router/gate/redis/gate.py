@@ -64,7 +64,9 @@ class RedisGate:
         failure_threshold: int = 3,
         cooldown_s: float = 5.0,
     ) -> None:
-        self._nodes = {n.id: n for n in nodes}
+        self._nodes = {n.id: n for n in nodes}  # the pool, in grant order
+        self._leaving: dict[str, NodeConfig] = {}  # removed by a reload, maybe still held
+        self._known = dict(self._nodes)  # every node this gate may still hold a lease on
         self._config = config
         self._max_queue = max_queue
         self._threshold = failure_threshold
@@ -176,6 +178,22 @@ class RedisGate:
     async def undrain(self, node_id: str) -> bool:
         return await self._change(node_id, "undrain", strict=True)
 
+    async def set_nodes(self, nodes: list[NodeConfig]) -> None:
+        """This replica's pool changes (other replicas change theirs on their own reload):
+        a new node serves the queue at once; a removed one is no longer granted and leaves
+        the snapshot once free. A node's shared state (lease, health) is kept throughout."""
+        wanted = {n.id: n for n in nodes}
+        self._leaving.update((i, n) for i, n in self._nodes.items() if i not in wanted)
+        for node_id in wanted:
+            self._leaving.pop(node_id, None)
+        self._nodes = wanted
+        self._known.update(wanted)
+        self._common[3] = "\n".join(self._nodes)
+        try:
+            await self._run("admin", "pool", "", "")
+        except UNAVAILABLE as exc:
+            log.warning("gate state unreachable: new nodes serve from the next grant: %s", exc)
+
     async def close(self) -> None:
         """Reject this replica's waiters, take its entries out of the shared queue, stop the
         renewer and the listener, close the connections. Held leases may still be released
@@ -254,7 +272,7 @@ class RedisGate:
         return True
 
     def _lease(self, owner: str, holder: str, reply: list[Any]) -> RedisLease:
-        node = self._nodes[reply[1]]
+        node = self._known[reply[1]]
         lease = RedisLease(
             Grant(node, owner, holder, int(reply[2])),
             valid_until=time.monotonic() + self._config.lease_ttl_s - self._config.socket_timeout_s,
@@ -378,12 +396,18 @@ class RedisGate:
         return True
 
     async def _picture(self) -> Picture:
-        return Picture.read(
-            await self._run("state"),
+        leaving = list(self._leaving)
+        picture = Picture.read(
+            await self._run("state", *leaving),
             list(self._nodes),
+            leaving,
             threshold=self._threshold,
             cooldown_s=self._cooldown_s,
         )
+        for node_id in leaving:
+            if node_id not in picture.holders:  # its last request has ended: gone
+                self._leaving.pop(node_id, None)
+        return picture
 
     def _unavailable_retry_after_s(self) -> int:
         return max(1, math.ceil(self._config.lease_ttl_s))
@@ -397,6 +421,7 @@ def _reason(reply: str) -> RejectReason:
     reasons: dict[str, RejectReason] = {
         "queue_full": "queue_full",
         "wait_timeout": "wait_timeout",
+        "pool_saturated": "pool_saturated",
         "no_node": "no_node",
     }
     return reasons.get(reply, "gate_unavailable")  # `gone`: the waiter had been withdrawn

@@ -149,7 +149,7 @@ if redis.call("ZCARD", QUEUE) == 0 then
 end
 if in_service() == 0 then return finish({"no_node"}) end
 if redis.call("ZCARD", QUEUE) >= max_queue then return finish({"queue_full"}) end
-if wait_ms <= 0 then return finish({"wait_timeout"}) end
+if wait_ms <= 0 then return finish({"pool_saturated"}) end
 local arrival = redis.call("INCR", QUEUE .. ":seq")
 local score = string.format("%.17g", -priority * 2^40 + arrival)
 enqueue(owner, holder, score, wait_ms)
@@ -238,7 +238,8 @@ end
 return held
 """
 
-# ARGV: action, node id, reason. An operator's or the prober's change of a node's service.
+# ARGV: action, node id, reason. An operator's or the prober's change of a node's service,
+# or (`pool`) a new node list: a node new to the pool serves the queue at once.
 ADMIN = """
 local action, id = ARGV[6], ARGV[7]
 local key = node_key(id)
@@ -259,19 +260,23 @@ end
 return finish(1)
 """
 
-# The pool as every replica sees it: {now ms, waiting, hold times, per node {holder,
-# out_ms, reason, drained}} (a missing value is nil).
+# ARGV: the ids of nodes leaving the pool (each may still be held).
+# The pool as every replica sees it: {now ms, waiting, hold times, per node {holder, since,
+# out_ms, reason, drained}, per leaving node its holder} (a missing value is nil).
 STATE = """
 prune()
 fill()
-local nodes = {}
+local nodes, leaving = {}, {}
 for _, id in ipairs(NODES) do
+  local lease = redis.call("HMGET", lease_key(id), "holder", "since")
   local state = redis.call("HMGET", node_key(id), "out_ms", "reason", "drained")
-  nodes[#nodes + 1] = {redis.call("HGET", lease_key(id), "holder"), state[1], state[2],
-                       state[3]}
+  nodes[#nodes + 1] = {lease[1], lease[2], state[1], state[2], state[3]}
+end
+for i = 6, #ARGV do
+  leaving[#leaving + 1] = redis.call("HGET", lease_key(ARGV[i]), "holder")
 end
 return finish({NOW, redis.call("ZCARD", QUEUE), redis.call("LRANGE", QUEUE .. ":held", 0, -1),
-               nodes})
+               nodes, leaving})
 """
 
 # The caller's replica closes: its queue entries and unclaimed grants go, its heartbeat too.

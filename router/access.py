@@ -1,0 +1,27 @@
+"""The access record of one API request: one structured log line, filled in along the way
+(the decision by the dispatcher, the node, waits and tokens by the latency path) and
+written by `RequestContext` when the response ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class AccessRecord:
+    """What one request's access line says; the paths fill in what they know."""
+
+    request_id: str
+    model: str | None = None
+    path: str | None = None
+    rule: str | None = None
+    reroute_reason: str | None = None
+    node: str | None = None
+    prefill: str | None = None
+    queue_wait_ms: float | None = None
+    ttft_ms: float | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    status: int | None = None
+    duration_ms: float | None = None
+    client_gone: bool = False

@@ -1,0 +1,104 @@
+"""Everything a configuration decides, built as one `Generation` and swapped whole: at
+start-up, and on a reload (SIGHUP or `POST /admin/reload`).
+
+A reload builds everything that can fail first (keys, rules, tokenizers): a configuration
+that does not load leaves the running generation untouched. Only then does it touch the
+pools, which live on across generations: a kept model keeps its runtime, a changed one
+keeps its pool (its node list updated: new nodes join, removed ones finish their request
+and leave). Requests in flight hold their own generation's objects and are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from router.auth import AdminAuth, ClientAuth
+from router.classify import Classifier
+from router.config import GatewayConfig, ModelConfig, compile_rules
+from router.gate import Gate
+from router.latency.protocol import LatencyDeps
+from router.models import ModelRuntime, build_model
+from router.prompt_tokens import PromptCounter
+from router.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_path
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    config: GatewayConfig
+    classifier: Classifier
+    client_auth: ClientAuth
+    admin_auth: AdminAuth
+    models: Mapping[str, ModelRuntime]
+
+    @property
+    def gates(self) -> dict[str, Gate]:
+        """Each model's TileRT pool, for the models that have one."""
+        return {name: m.gate for name, m in self.models.items() if m.gate is not None}
+
+
+@dataclass(slots=True)
+class Changes:
+    """What a new generation did to the pools, for the caller to start or stop probers."""
+
+    new_gates: dict[str, Gate] = field(default_factory=dict)
+    dropped_gates: dict[str, Gate] = field(default_factory=dict)
+    models: dict[str, str] = field(default_factory=dict)  # name -> added/changed/removed
+
+
+async def build_generation(
+    config: GatewayConfig, deps: LatencyDeps, previous: Generation | None = None
+) -> tuple[Generation, Changes]:
+    """Raises ConfigError (before any pool is touched) when `config` cannot be used."""
+    client_auth, admin_auth = ClientAuth(config), AdminAuth(config)
+    rules = compile_rules(config)
+    old = previous.models if previous is not None else {}
+    loaded = await asyncio.gather(*(_tokenizer(m, config, old.get(m.name)) for m in config.models))
+
+    changes = Changes()
+    models: dict[str, ModelRuntime] = {}
+    for model, (tokenizer, counter) in zip(config.models, loaded, strict=True):
+        before = old.get(model.name)
+        if before is not None and before.config == model and previous is not None:
+            if previous.config.gate == config.gate:
+                models[model.name] = before
+                continue
+        gate = before.gate if before is not None and model.latency is not None else None
+        if gate is not None and model.latency is not None:
+            await gate.set_nodes(model.latency.nodes)
+        runtime = build_model(
+            model,
+            tokenizer=tokenizer,
+            counter=counter,
+            gate_config=config.gate,
+            deps=deps,
+            gate=gate,
+        )
+        models[model.name] = runtime
+        changes.models[model.name] = "changed" if before is not None else "added"
+        if runtime.gate is not None and runtime.gate is not gate:
+            changes.new_gates[model.name] = runtime.gate
+        if before is not None and before.gate is not None and runtime.gate is not before.gate:
+            changes.dropped_gates[model.name] = before.gate
+    for name, before in old.items():
+        if name not in models:
+            changes.models[name] = "removed"
+            if before.gate is not None:
+                changes.dropped_gates[name] = before.gate
+    counters = {name: m.counter for name, m in models.items()}
+    classifier = Classifier(config, rules, counters)
+    return Generation(config, classifier, client_auth, admin_auth, models), changes
+
+
+async def _tokenizer(
+    model: ModelConfig, config: GatewayConfig, before: ModelRuntime | None
+) -> tuple[LoadedTokenizer, PromptCounter]:
+    """The model's tokenizer and prompt counter: the running ones if the tokenizer is the
+    same, else loaded off the event loop (about a second each)."""
+    if before is not None and before.config.tokenizer == model.tokenizer:
+        return before.tokenizer, before.counter
+    tokenizer = await asyncio.to_thread(load_tokenizer, model.tokenizer, base_dir=config.base_dir)
+    path = tokenizer_path(model.tokenizer, base_dir=config.base_dir)
+    counter = await asyncio.to_thread(PromptCounter, tokenizer, path)
+    return tokenizer, counter

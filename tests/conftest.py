@@ -1,0 +1,101 @@
+"""Suite-wide test set-up: the `e2e` marker, and the fixtures end-to-end modules share.
+
+A test is `e2e` when it starts real processes (simulators, the gateway, the CLI): every
+test under tests/e2e/ is marked here, other modules mark themselves (`pytestmark`).
+`pytest -m "not e2e"` is then the fast in-process loop, and a test that starts a process
+without the marker fails at once, so nothing slow slips into that loop unnoticed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import AsyncIterator, Generator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from sim.stack import SimStack
+from tests.support.classify_fixtures import Sims, observed
+from tests.support.deployment import reset
+from tests.support.gateway import GatewayProcess
+
+E2E_DIR = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(E2E_DIR):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Outside `e2e` tests (their fixtures included), starting a process is an error."""
+    if item.get_closest_marker("e2e") is not None:
+        return (yield)
+    with processes_refused(item.nodeid):
+        return (yield)
+
+
+class UnmarkedProcessError(AssertionError):
+    """A test without the `e2e` marker tried to start a process."""
+
+
+@contextmanager
+def processes_refused(nodeid: str) -> Iterator[None]:
+    original = subprocess.Popen.__init__
+
+    def refuse(popen: subprocess.Popen[Any], args: Any, *more: Any, **options: Any) -> None:
+        raise UnmarkedProcessError(
+            f"{nodeid} starts a process ({args!r}) without the e2e marker: "
+            "mark it (or its module: `pytestmark = pytest.mark.e2e`)"
+        )
+
+    subprocess.Popen.__init__ = refuse  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = original  # type: ignore[method-assign]
+
+
+# End-to-end fixtures. They work over two fixtures each module defines: `stack`, its
+# SimStack, and `gateway`, its GatewayProcess (from tests.support.gateway.start_gateway).
+
+
+@pytest.fixture
+def fresh_sims(stack: SimStack) -> None:
+    """Before the test: faults cleared and records emptied on every simulator of `stack`."""
+    reset(stack)
+
+
+@pytest.fixture
+def all_slots_free(gateway: GatewayProcess) -> Iterator[None]:
+    """After the test: the gateway holds no slot, runs no cleanup, has every node in service."""
+    yield
+    gateway.wait_all_free()
+
+
+@pytest.fixture
+async def sims(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
+    """Clean simulators before the test; after it, every slot free and no node double-booked."""
+    async with observed(stack, gateway) as watching:
+        yield watching
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
+    """The OpenAI SDK pointed at the gateway, without retries (every status as sent)."""
+    with openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0) as sdk:
+        yield sdk
+
+
+@pytest.fixture
+async def aclient(gateway: GatewayProcess) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The async OpenAI SDK pointed at the gateway, without retries."""
+    async with openai.AsyncOpenAI(
+        base_url=gateway.base_url, api_key="unused", max_retries=0
+    ) as sdk:
+        yield sdk

@@ -1,0 +1,146 @@
+"""Reloading the configuration while a stream runs: the stream is untouched, new requests
+follow the new rules and nodes, a configuration that does not load changes nothing, and
+SIGHUP does what `POST /admin/reload` does."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from sim.stack import SimStack
+from tests.support.classify_fixtures import proxy_throughput
+from tests.support.deployment import directive, gateway_config, latency_model, sim_get
+from tests.support.gateway import GatewayProcess, start_gateway
+
+pytestmark = pytest.mark.usefixtures("fresh_sims")
+
+ADMIN = {"authorization": "Bearer operator-key"}
+BATCH_RULE = {
+    "default": {"name": "interactive", "path": "latency"},
+    "rules": [
+        {"name": "batch", "match": {"headers": {"x-workload": "batch"}}, "path": "throughput"}
+    ],
+}
+LONG_TEXT = " ".join(f"word{i}" for i in range(80))
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[SimStack]:
+    with SimStack(
+        nodes=2, prefills=1, proxy=True, model="ds", node_args=["--step-ms", "20"]
+    ) as running:
+        yield running
+
+
+def config(stack: SimStack, *, node: int, rules: dict[str, Any] | None) -> dict[str, Any]:
+    model = latency_model(
+        stack, "ds", nodes=[stack.nodes[node]], throughput=proxy_throughput(stack)
+    )
+    classification = {"rules": rules} if rules is not None else {}
+    return gateway_config([model], classification=classification, admin={"api_key": "operator-key"})
+
+
+@pytest.fixture
+def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    first = config(stack, node=0, rules=None)
+    with start_gateway(
+        tmp_path_factory,
+        first["models"],
+        classification=first["classification"],
+        admin=first["admin"],
+    ) as running:
+        yield running
+
+
+def rewrite(gateway: GatewayProcess, document: dict[str, Any]) -> None:
+    # Keep the port the gateway was started with (a reload keeps `server` anyway).
+    gateway.config_path.write_text(yaml.safe_dump(document), encoding="utf-8")
+
+
+def chat(gateway: GatewayProcess, text: str, **headers: str) -> httpx.Response:
+    body = {"model": "ds", "messages": [{"role": "user", "content": directive(text)}]}
+    return httpx.post(
+        gateway.base_url + "/chat/completions", json=body, headers=headers, timeout=30
+    )
+
+
+def decodes(stack: SimStack, node: int) -> int:
+    return len(sim_get(stack.nodes[node].url, "/sim/records")["decodes"])
+
+
+def test_a_reload_leaves_the_running_stream_alone_and_changes_what_comes_next(
+    gateway: GatewayProcess, stack: SimStack
+) -> None:
+    lines: list[str] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        body = {
+            "model": "ds",
+            "messages": [{"role": "user", "content": directive(LONG_TEXT)}],
+            "stream": True,
+        }
+        with httpx.stream(
+            "POST", gateway.base_url + "/chat/completions", json=body, timeout=60
+        ) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                started.set()
+
+    running = threading.Thread(target=stream)
+    running.start()
+    assert started.wait(10)
+
+    rewrite(gateway, config(stack, node=1, rules=BATCH_RULE))  # node 0 leaves, node 1 joins
+    answer = httpx.post(gateway.url + "/admin/reload", headers=ADMIN, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["models"] == {"ds": "changed"}
+
+    batch = chat(gateway, "ok", **{"x-workload": "batch"})
+    assert (batch.headers["x-pd-route"], batch.headers["x-pd-rule"]) == ("throughput", "batch")
+    served_by_node0 = decodes(stack, 0)
+    assert chat(gateway, "ok").headers["x-pd-route"] == "latency"
+    assert decodes(stack, 1) == 1, "the node added by the reload serves new requests"
+
+    running.join(30)
+    events = [line for line in lines if line]
+    text = "".join(events)
+    assert events[-1] == "data: [DONE]"
+    assert "word79" in text, "the stream that started before the reload ran to its end"
+    assert decodes(stack, 0) == served_by_node0 == 1, "the removed node took nothing new"
+
+
+def test_a_configuration_that_does_not_load_changes_nothing(
+    gateway: GatewayProcess, stack: SimStack
+) -> None:
+    rewrite(gateway, config(stack, node=0, rules=BATCH_RULE))
+    assert httpx.post(gateway.url + "/admin/reload", headers=ADMIN, timeout=30).status_code == 200
+    broken = config(stack, node=0, rules=None)
+    broken["classificaton"] = {}  # a typo
+    rewrite(gateway, broken)
+    refused = httpx.post(gateway.url + "/admin/reload", headers=ADMIN, timeout=30)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "config_invalid" and "did you mean 'classification'" in error["message"]
+    batch = chat(gateway, "ok", **{"x-workload": "batch"})
+    assert batch.headers["x-pd-rule"] == "batch", "the last good configuration still serves"
+
+
+def test_reloading_needs_the_admin_key(gateway: GatewayProcess) -> None:
+    assert httpx.post(gateway.url + "/admin/reload", timeout=30).status_code == 401
+
+
+def test_sighup_reloads(gateway: GatewayProcess, stack: SimStack) -> None:
+    rewrite(gateway, config(stack, node=0, rules=BATCH_RULE))
+    gateway.signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while chat(gateway, "ok", **{"x-workload": "batch"}).headers["x-pd-rule"] != "batch":
+        assert time.monotonic() < deadline, "SIGHUP did not reload the configuration"
+        time.sleep(0.05)

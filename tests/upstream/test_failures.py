@@ -1,0 +1,59 @@
+"""The one status map and error translation of upstream failures."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+import pytest
+
+from router.errors import PrefillError, error_json
+from router.upstream import status_failure, transport_failure, upstream_status
+from router.upstream.vllm import PREFILL
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"), [(400, 400), (404, 404), (429, 429), (500, 502), (503, 503), (504, 504)]
+)
+def test_status_map(status: int, expected: int) -> None:
+    assert upstream_status(status) == expected
+
+
+def test_an_openai_shaped_4xx_reaches_the_client_as_it_came() -> None:
+    body = orjson.dumps({"error": {"message": "too long", "type": "BadRequestError", "code": 400}})
+    error = status_failure(PREFILL, 400, body)
+    assert isinstance(error, PrefillError) and error.status == 400
+    assert error_json(error) == body
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (400, b'{"object": "error", "message": "old vLLM shape"}'),
+        (400, b"not json"),
+        (500, b'{"error": {"message": "x"}}'),
+    ],
+)
+def test_anything_else_is_wrapped_naming_the_upstream(status: int, body: bytes) -> None:
+    error = status_failure(PREFILL, status, body)
+    rendered = orjson.loads(error_json(error))["error"]
+    assert rendered["message"].startswith(f"the prefill server answered {status}")
+    assert rendered["code"] == "prefill_failed"
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "code", "in_doubt"),
+    [
+        (httpx.ConnectError("refused"), 502, "prefill_unreachable", False),
+        (httpx.ConnectTimeout("slow"), 502, "prefill_unreachable", False),
+        (httpx.PoolTimeout("full"), 502, "prefill_unreachable", False),
+        (httpx.ReadTimeout("slow"), 504, "prefill_timeout", True),
+        (httpx.WriteTimeout("slow"), 504, "prefill_timeout", True),
+        (httpx.RemoteProtocolError("cut"), 502, "prefill_failed", True),
+        (httpx.ReadError("reset"), 502, "prefill_failed", True),
+    ],
+)
+def test_transport_failures_by_how_far_the_request_got(
+    exc: httpx.HTTPError, status: int, code: str, in_doubt: bool
+) -> None:
+    error = transport_failure(PREFILL, exc)
+    assert (error.status, error.code, error.in_doubt) == (status, code, in_doubt)
