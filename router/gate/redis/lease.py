@@ -51,10 +51,6 @@ class RedisLease:
     def released(self) -> bool:
         return self._released
 
-    @property
-    def lost(self) -> bool:
-        return self._lost
-
     def renewed(self, *, sent_at: float, ttl_s: float, held: bool) -> None:
         """The server answered a renewal sent at `sent_at` (monotonic)."""
         if held:
