@@ -3,8 +3,8 @@
 A node is held through a lease (owner, fencing token, TTL) that the replica renews while
 its request runs; the waiting queue is one sorted set for all replicas, served in priority
 then arrival order by the scripts in `scripts.py`, which hand a freed node straight to the
-head of the queue. A waiter learns of its grant from a message on the pool's channel, or
-failing that from its own bounded poll. If Redis cannot be reached, `acquire` refuses with
+head of the queue. A waiter learns of its grant from a message on the deployment's channel,
+or failing that from its own bounded poll. If Redis cannot be reached, `acquire` refuses with
 `gate_unavailable`: no node is ever handed out on a guess.
 """
 

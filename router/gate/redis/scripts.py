@@ -18,6 +18,9 @@ Keys (P = the deployment's key prefix, Q = KEYS[1] = P:pool:<pool id>:queue):
     Q:gone:<member>  string a waiter that gave up: a late ACQUIRE or CLAIM of it is void
     Q:held           list   recent hold times (seconds), newest first
 
+The queue is per pool (its id hashes the node ids the gate was built with); leases and
+health are per node, so two pools that name one node never both hold it.
+
 A node is free when it is in service and has no lease; `fill` hands every free node to the
 live head of the queue (a waiter whose replica's heartbeat is gone, or whose deadline has
 passed, is dropped on the way), records the grant and names the grantees on P:wake.
