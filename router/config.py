@@ -122,10 +122,67 @@ class PushConfig(_Strict):
 ThroughputConfig = Annotated[ProxyConfig | PullConfig | PushConfig, Field(discriminator="mode")]
 
 
+class RedisGateConfig(_Strict):
+    """The shared gate state of `gate.backend: redis`: several gateway replicas, one pool."""
+
+    url: str
+    # The password, one way at most: a mounted secret (`password_file`, an absolute path),
+    # the URL's own (redis://:PASSWORD@host), or `password`, best given in the environment
+    # as PDGW_GATE__REDIS__PASSWORD (or PDGW_GATE__REDIS__PASSWORD_FILE).
+    password_file: str | None = None
+    password: str | None = None
+    # Every key and channel starts with this: one prefix per deployment sharing a Redis.
+    key_prefix: str = "pdgw"
+    socket_timeout_s: Annotated[float, Field(gt=0)] = 1.0
+    # A held node's lease lives this long unless renewed; it is renewed every renew_every_s.
+    lease_ttl_s: Annotated[float, Field(gt=0)] = 10.0
+    renew_every_s: Annotated[float, Field(gt=0)] = 3.0
+    # Waiters wake on a published release; this bounded poll covers a lost message.
+    poll_s: Annotated[float, Field(gt=0)] = 1.0
+
+    @property
+    def url_has_password(self) -> bool:
+        userinfo = self.url.partition("://")[2].split("/")[0].rpartition("@")[0]
+        return bool(userinfo.partition(":")[2])
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        scheme, _, rest = url.partition("://")
+        if scheme not in ("redis", "rediss") or not rest.split("/")[0].rpartition("@")[2]:
+            raise ValueError("not a redis:// or rediss:// URL with a host")
+        return url
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix(cls, prefix: str) -> str:
+        if not prefix or any(c.isspace() or c in "{}|" for c in prefix):
+            raise ValueError("key_prefix must be non-empty, without spaces, braces or '|'")
+        return prefix
+
+    @model_validator(mode="after")
+    def _settings(self) -> RedisGateConfig:
+        ways = [
+            ("password_file", self.password_file is not None),
+            ("the url's password", self.url_has_password),
+            ("password", self.password is not None),
+        ]
+        if sum(given for _, given in ways) > 1:
+            given = " and ".join(name for name, set_ in ways if set_)
+            raise ValueError(f"give the Redis password one way only, not {given}")
+        if self.renew_every_s * 2 > self.lease_ttl_s:
+            raise ValueError(
+                f"renew_every_s ({self.renew_every_s}) must be at most half of lease_ttl_s"
+                f" ({self.lease_ttl_s}), so that one missed renewal does not lose a node"
+            )
+        return self
+
+
 class GateConfig(_Strict):
     """How requests wait for a TileRT slot."""
 
-    backend: Literal["memory"] = "memory"
+    backend: Literal["memory", "redis"] = "memory"
+    redis: RedisGateConfig | None = None
     max_queue: Annotated[int, Field(ge=0)] = 256
     max_queue_wait_ms: Annotated[int, Field(ge=0)] = 30_000
     # Node health: soft failures in a row that take a node out (hard ones do at once),
@@ -133,6 +190,12 @@ class GateConfig(_Strict):
     failure_threshold: Annotated[int, Field(ge=1)] = 3
     node_cooldown_s: Annotated[float, Field(ge=0)] = 5.0
     probe_interval_s: Annotated[float, Field(gt=0)] = 1.0
+
+    @model_validator(mode="after")
+    def _backend_settings(self) -> GateConfig:
+        if self.backend == "redis" and self.redis is None:
+            raise ValueError("gate.redis (at least its url) is required with backend: redis")
+        return self
 
 
 class LimitsConfig(_Strict):

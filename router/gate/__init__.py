@@ -6,6 +6,7 @@ from router.config import GateConfig, NodeConfig
 from router.gate.base import Gate, GateRejected, GateSnapshot, Lease, PoolAdmin, SlotGate
 from router.gate.health import NodeFailure, failure_for
 from router.gate.memory import MemoryGate
+from router.gate.redis import make_redis_gate
 
 __all__ = [
     "Gate",
@@ -28,4 +29,6 @@ def make_gate(config: GateConfig, nodes: list[NodeConfig]) -> Gate:
             failure_threshold=config.failure_threshold,
             cooldown_s=config.node_cooldown_s,
         )
+    if config.backend == "redis":
+        return make_redis_gate(config, nodes)
     raise ValueError(f"unknown gate backend {config.backend!r}")

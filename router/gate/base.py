@@ -12,12 +12,16 @@ from typing import Literal, Protocol
 from router.config import NodeConfig
 from router.gate.health import NodeFailure
 
-RejectReason = Literal["queue_full", "wait_timeout", "pool_saturated", "no_node"]
-"""`pool_saturated`: no slot free and no wait allowed (a `reject` rule)."""
+RejectReason = Literal[
+    "queue_full", "wait_timeout", "pool_saturated", "no_node", "gate_unavailable"
+]
+"""`pool_saturated`: no slot free and no wait allowed (a `reject` rule).
+`gate_unavailable`: the pool's shared state (a backend's store) could not be reached."""
 
 
 class GateRejected(Exception):
-    """No slot could be had: the queue was full, the wait budget ran out, or no node is usable."""
+    """No slot could be had: the queue was full, the wait budget ran out, no node is usable,
+    or the gate's shared state could not be reached."""
 
     def __init__(self, reason: RejectReason, retry_after_s: int) -> None:
         super().__init__(reason)

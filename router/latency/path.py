@@ -35,6 +35,7 @@ _REJECTED = {
     "wait_timeout": "no TileRT decode node became free within the wait budget; retry later",
     "pool_saturated": "every TileRT decode node is busy; retry later",
     "no_node": "no TileRT decode node is available; retry later",
+    "gate_unavailable": "the TileRT pool's shared state cannot be reached; retry later",
 }
 
 

