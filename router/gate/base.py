@@ -48,6 +48,11 @@ class Lease(Protocol):
         then finish its node protocol and start nothing new on the node)."""
         ...
 
+    def valid(self) -> bool:
+        """Held for sure, as far as this process knows without asking anyone: cheap enough
+        to check for every line of a decode."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class GateSnapshot:

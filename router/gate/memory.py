@@ -52,6 +52,9 @@ class MemoryLease:
             held_s = time.monotonic() - self._acquired_at
             self._gate._release(self._node, held_s, failure, judged=judged)
 
+    def valid(self) -> bool:
+        return not self._released
+
     async def renew(self) -> bool:
         return not self._released  # one process: a held slot cannot be lost
 

@@ -100,6 +100,8 @@ class NodeSession:
             timeout_s=deps.timeouts.kv_transfer_s,
         )
         stall_s = deps.timeouts.decode_stall_s
+        if not await self._lease.renew():  # never start a decode on a node no longer ours
+            raise _lease_lost()
         try:
             self._stream = await tilert.open_decode(deps.upstreams, node, body, stall_s=stall_s)
         except DecodeError as exc:
@@ -116,6 +118,8 @@ class NodeSession:
         """The node's next line; None once its response has ended. Raises DecodeError."""
         assert self._stream is not None, "start() first"
         try:
+            if not self._lease.valid():
+                raise _lease_lost()
             return await self._stream.next_line()
         except DecodeError as exc:
             self._node_error = exc.code
@@ -203,6 +207,12 @@ class NodeSession:
         if isinstance(error, PrefillError):
             return error.in_doubt
         return error is None and self._prefilled is not None
+
+
+def _lease_lost() -> DecodeError:
+    """The slot's lease ran out unrenewed (the gate's state was unreachable too long): the
+    node may be another request's by now; stop, finish the protocol, release."""
+    return DecodeError("the TileRT slot's lease was lost", status=503, code="lease_lost")
 
 
 def _node_max_tokens(prefilled: Prefilled, request: RoutedRequest, max_seq_len: int) -> int:

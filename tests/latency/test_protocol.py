@@ -111,6 +111,7 @@ class RecordingLease:
 
     def __init__(self) -> None:
         self.released = False
+        self.lost = False  # the gate's state was unreachable past the lease's TTL
         self.outcomes: list[tuple[NodeFailure | None, bool]] = []
 
     async def release(self, failure: NodeFailure | None = None, *, judged: bool = True) -> None:
@@ -118,7 +119,10 @@ class RecordingLease:
         self.outcomes.append((failure, judged))
 
     async def renew(self) -> bool:
-        return not self.released
+        return self.valid()
+
+    def valid(self) -> bool:
+        return not self.released and not self.lost
 
 
 @dataclass
@@ -375,3 +379,30 @@ def release_on_cancel(hold: asyncio.Event) -> Handler:
         return httpx.Response(200, content=b"{}")
 
     return handle
+
+
+async def test_a_lease_lost_before_the_decode_starts_no_work_on_the_node() -> None:
+    node = Node()
+    r = run(node)
+    r.lease.lost = True
+    with pytest.raises(DecodeError) as failed:
+        await r.session.start(request(), max_seq_len=100)
+    assert failed.value.code == "lease_lost"
+    await r.finished()
+    assert node.paths() == ["/v1/chat/completions"], "no decode on a node no longer ours"
+
+
+async def test_a_lease_lost_mid_stream_stops_and_cancels_the_decode() -> None:
+    hold = asyncio.Event()
+    node = Node(decode=streaming({"t": [1]}, hold=hold))
+    node.cancel = release_on_cancel(hold)
+    r = run(node)
+    await r.session.start(request(), max_seq_len=100)
+    assert await r.session.next_line() == TokenLine([1])
+    r.lease.lost = True
+    with pytest.raises(DecodeError) as failed:
+        await r.session.next_line()
+    assert failed.value.code == "lease_lost"
+    r.session.close()
+    await r.finished()
+    assert node.paths()[-1] == "/pd/cancel"
