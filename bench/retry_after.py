@@ -17,23 +17,14 @@ import asyncio
 import math
 import os
 import random
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import uvloop
-import yaml
+from harness import latency_model, running_gateways
 
-from router.server import READY_PREFIX
 from sim.stack import SimStack
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MODEL = "ds"
 NODE_ARGS = ["--step-ms", "10", "--tokens-per-step", "1"]  # 100 tokens/s per stream
 RULES = {
@@ -47,55 +38,6 @@ RULES = {
         }
     ],
 }
-
-
-@contextmanager
-def gateway(stack: SimStack) -> Iterator[str]:
-    config = {
-        "server": {"host": "127.0.0.1", "port": 0},
-        "logging": {"access_log": False},
-        "gate": {"max_queue_wait_ms": 120_000},
-        "classification": {"rules": RULES},
-        "models": [
-            {
-                "name": MODEL,
-                "tokenizer": "deepseek",
-                "latency": {
-                    "prefill": [p.url for p in stack.prefills],
-                    "nodes": [
-                        {"host": n.host, "ctrl_port": n.ctrl_port, "http_port": n.http_port}
-                        for n in stack.nodes
-                    ],
-                },
-            }
-        ],
-    }
-    with tempfile.TemporaryDirectory(prefix="pd-gateway-retry-after-") as workdir:
-        path = Path(workdir) / "router.yaml"
-        path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT), TRANSFORMERS_VERBOSITY="error")
-        argv = ["serve", "--config", str(path), "--port", "0", "--log-level", "error"]
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "router.cli", *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            assert popen.stdout is not None
-            for line in popen.stdout:
-                if line.startswith(READY_PREFIX):
-                    yield line[len(READY_PREFIX) :].strip()
-                    break
-            else:
-                raise SystemExit("the gateway did not start")
-        finally:
-            os.killpg(popen.pid, signal.SIGTERM)
-            popen.wait(30)
-            if popen.stdout is not None:
-                popen.stdout.close()
 
 
 def body(tokens: int) -> dict[str, object]:
@@ -152,7 +94,14 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=40)
     args = parser.parse_args()
     with SimStack(nodes=2, prefills=1, model=MODEL, node_args=NODE_ARGS) as stack:
-        with gateway(stack) as base_url:
+        config = {
+            "logging": {"access_log": False},
+            "gate": {"max_queue_wait_ms": 120_000},
+            "classification": {"rules": RULES},
+            "models": [latency_model(stack, MODEL)],
+        }
+        with running_gateways(config) as gateways:
+            base_url = gateways["gateway"].wait_ready()
             results = uvloop.run(measure(base_url, args.probes))
     errors = sorted(waited - estimate for estimate, waited in results)
     within = sum(1 for estimate, waited in results if waited <= estimate)
