@@ -36,7 +36,8 @@ class Dispatcher:
         parsed = validate(endpoint.request, body)
         model = current.models.get(parsed.model)
         if model is None:
-            raise ModelNotFound(f"the model '{parsed.model}' does not exist", param="model")
+            shown = parsed.model if len(parsed.model) <= 100 else parsed.model[:100] + "…"
+            raise ModelNotFound(f"the model '{shown}' does not exist", param="model")
         check_token_ids(body, model.vocab_size)
         access: AccessRecord = request.state.access
         access.model = parsed.model
@@ -74,7 +75,7 @@ def _check_content_type(value: str | None) -> None:
     media = value.split(";", 1)[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
         raise InvalidRequest(
-            f"the request body must be JSON (Content-Type: application/json), not {media!r}",
+            f"the request body must be JSON (Content-Type: application/json), not {media[:100]!r}",
             status=415,
             code="unsupported_media_type",
         )

@@ -147,6 +147,7 @@ def test_hostile_shapes_are_refused_without_touching_a_backend(
     if code is not None:
         assert error["code"] == code
     assert "x-request-id" in response.headers
+    assert len(response.content) < 4096, "an error does not echo a hostile input back whole"
     assert backend_calls(stack) == 0
 
 
