@@ -16,7 +16,7 @@ from router import __version__
 from router.config import ConfigError, GatewayConfig
 from router.dispatch import Dispatcher
 from router.endpoints import ENDPOINTS, EndpointSpec
-from router.errors import GatewayError, InvalidRequest, NotFound
+from router.errors import GatewayError, InvalidRequest, ModelNotFound, NotFound
 from router.request_context import RequestContext
 from router.responses import error_response, json_response
 from router.state import AppState
@@ -54,6 +54,26 @@ def create_app(config: GatewayConfig) -> FastAPI:
             for m in current.config.models
         ]
         return json_response({"object": "list", "data": data})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> Response:
+        current = state.generation
+        current.client_auth.key_name(request.headers)
+        if current.config.model(model_id) is None:
+            raise ModelNotFound(f"the model '{model_id[:100]}' does not exist", param="model")
+        return json_response(
+            {"id": model_id, "object": "model", "created": 0, "owned_by": "pd-gateway"}
+        )
+
+    @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def unsupported(request: Request, rest: str) -> Response:
+        """An OpenAI endpoint the gateway does not serve: said so, and counted."""
+        endpoint = rest.split("/", 1)[0]
+        state.metrics.unsupported(endpoint if endpoint in KNOWN_UNSUPPORTED else "other")
+        raise NotFound(
+            f"pd-gateway does not serve {request.method} /v1/{rest[:100]}",
+            code="unsupported_endpoint",
+        )
 
     @app.get("/version")
     async def version() -> Response:
@@ -120,6 +140,26 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return error_response(GatewayError("internal error in the gateway"))
 
     return app
+
+
+# OpenAI API families a client may try; anything else is counted as `other`.
+KNOWN_UNSUPPORTED = frozenset(
+    {
+        "responses",
+        "embeddings",
+        "audio",
+        "images",
+        "moderations",
+        "files",
+        "batches",
+        "assistants",
+        "threads",
+        "vector_stores",
+        "fine_tuning",
+        "uploads",
+        "realtime",
+    }
+)
 
 
 def _generate(endpoint: EndpointSpec) -> Callable[[Request], Awaitable[Response]]:

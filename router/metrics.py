@@ -38,6 +38,12 @@ class Metrics:
             ["model", "path", "rule", "status"],
             registry=r,
         )
+        self._unsupported = Counter(
+            "pd_gateway_unsupported_requests",
+            "Requests for OpenAI endpoints the gateway does not serve, by endpoint family.",
+            ["endpoint"],
+            registry=r,
+        )
         self._reroutes = Counter(
             "pd_gateway_reroutes",
             "Requests moved to the throughput path, by reason.",
@@ -90,6 +96,9 @@ class Metrics:
 
     def request(self, model: str, path: str, rule: str, status: int) -> None:
         self._requests.labels(model, path, rule, str(status)).inc()
+
+    def unsupported(self, endpoint: str) -> None:
+        self._unsupported.labels(endpoint).inc()
 
     def reroute(self, model: str, reason: str) -> None:
         self._reroutes.labels(model, reason).inc()

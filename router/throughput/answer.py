@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from router.errors import UpstreamError
-from router.openai.sse import EVENT_END, error_event
+from router.openai.sse import DONE_EVENT, EVENT_END, error_event
 from router.serving import Answer, whole_answer
 from router.upstream import Reply
 
@@ -61,4 +61,6 @@ async def _stream(reply: Reply, rewrite: ChunkFilter | None) -> AsyncGenerator[b
         log.warning("%s (mid-stream): %s", reply.target.label, exc.message)
         error = reply.target.failure("failed", f"failed mid-stream: {exc.message}", status=502)
         gap = b"" if last.endswith(EVENT_END) else b"\n" if last.endswith(b"\n") else EVENT_END
-        yield gap + error_event(error)
+        # As the latency path ends a failed stream: the error, then the end marker clients
+        # wait for.
+        yield gap + error_event(error) + DONE_EVENT

@@ -230,3 +230,25 @@ def test_no_request_body_gets_a_5xx(
         error = response.json()["error"]
         if error.get("type") in GATEWAY_ERROR_TYPES:
             assert backend_calls(stack) == before, "a refused request reached a backend"
+
+
+def test_a_model_is_described_and_an_unsupported_endpoint_is_named_and_counted(
+    gateway: GatewayProcess,
+) -> None:
+    described = httpx.get(gateway.base_url + "/models/" + MODEL, timeout=10)
+    assert described.json() == {
+        "id": MODEL,
+        "object": "model",
+        "created": 0,
+        "owned_by": "pd-gateway",
+    }
+    missing = httpx.get(gateway.base_url + "/models/nope", timeout=10)
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "model_not_found")
+    for _ in range(2):
+        refused = httpx.post(gateway.base_url + "/responses", json={"model": MODEL}, timeout=10)
+        assert refused.status_code == 404
+        error = refused.json()["error"]
+        assert error["code"] == "unsupported_endpoint"
+        assert "POST /v1/responses" in error["message"]
+    metrics = httpx.get(gateway.url + "/metrics", timeout=10).text
+    assert 'pd_gateway_unsupported_requests_total{endpoint="responses"} 2.0' in metrics

@@ -257,8 +257,8 @@ async def test_upstream_death_mid_stream_is_an_error_event(
         answer = await gateway.post("/v1/chat/completions", json=body)
     assert answer.status_code == 200
     events = answer.content.split(b"\n\n")
-    assert events[-1] == b"", "the stream ends on an event boundary"
-    assert len(events) == 5
+    assert events[-2:] == [b"data: [DONE]", b""], "an error event, then the end marker"
+    assert len(events) == 6
     assert all(orjson.loads(e[6:])["object"] == "chat.completion.chunk" for e in events[:3])
     error = orjson.loads(events[3][len(b"data: ") :])["error"]
     assert error["code"] == f"{'proxy' if mode == 'proxy' else 'decode'}_failed"

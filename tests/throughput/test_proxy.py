@@ -119,8 +119,9 @@ async def test_failure_mid_stream_ends_with_an_error_event_on_an_event_boundary(
     head, tail = response.content.split(b'data: {"trunc')
     assert head == sse({"a": 1})
     assert tail.startswith(b"\n\ndata: ")
-    assert tail.endswith(b"\n\n")
-    error = orjson.loads(tail.strip()[len(b"data: ") :])["error"]
+    error_event, done = tail.strip().split(b"\n\n")
+    assert done == b"data: [DONE]", "the stream still ends as OpenAI streams end"
+    error = orjson.loads(error_event[len(b"data: ") :])["error"]
     assert error["code"] == "proxy_failed"
     assert "mid-stream" in error["message"]
 

@@ -203,7 +203,7 @@ async def test_decode_failure_mid_stream_is_an_error_event() -> None:
     up.on("d", events(sse({"choices": []}), then=httpx.RemoteProtocolError("closed")))
     async with asgi_client(pull(up)) as client:
         response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
-    first, second, end = response.content.split(b"\n\n")
+    first, second, done, end = response.content.split(b"\n\n")
     assert first + b"\n\n" == sse({"choices": []})
     assert orjson.loads(second[len(b"data: ") :])["error"]["code"] == "decode_failed"
-    assert end == b""
+    assert (done, end) == (b"data: [DONE]", b"")
