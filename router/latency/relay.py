@@ -7,13 +7,14 @@ reasoning and tool-call parser); the relay counts completion tokens as vLLM does
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from router.latency.protocol import NodeSession
 from router.metrics import Metrics
-from router.parsers import ParsedDelta, ParsedMessage, finish_reason
+from router.parsers import ParsedDelta, ParsedMessage, ToolCallDelta, finish_reason
 from router.relay.pipeline import RelayPipeline
 from router.serving import RoutedRequest
 from router.tokenizer import LoadedTokenizer
@@ -43,6 +44,7 @@ class DecodeRelay:
         self._metrics = metrics
         self._started = started  # monotonic time the request arrived
         self._eos_first = prefilled.finish_reason == "stop"
+        self._max_calls = parsed.max_tool_calls
         self._pipeline = RelayPipeline(
             tokenizer.tokenizer,
             vocab=tokenizer.vocab,
@@ -73,6 +75,8 @@ class DecodeRelay:
                     pipeline.count(line.ids)
                     continue
                 step = pipeline.feed(line.ids)
+                if self._max_calls is not None and step.delta.tool_calls:
+                    step.delta.tool_calls = self._kept(step.delta.tool_calls)
                 if step.delta:
                     if first_output:
                         metrics.first_token(model, now - self._started)
@@ -82,6 +86,8 @@ class DecodeRelay:
                 if step.stopped:
                     break
             tail = pipeline.finish()
+            if self._max_calls is not None and tail.tool_calls:
+                tail.tool_calls = self._kept(tail.tool_calls)
             if tail:
                 yield tail
         finally:
@@ -101,4 +107,11 @@ class DecodeRelay:
 
     def message(self) -> ParsedMessage:
         """The whole message, once events() has ended (non-streaming answers)."""
-        return self._pipeline.parser.message()
+        message = self._pipeline.parser.message()
+        if self._max_calls is not None and len(message.tool_calls) > self._max_calls:
+            message = dataclasses.replace(message, tool_calls=message.tool_calls[: self._max_calls])
+        return message
+
+    def _kept(self, calls: list[ToolCallDelta]) -> list[ToolCallDelta]:
+        assert self._max_calls is not None
+        return [call for call in calls if call.index < self._max_calls]

@@ -108,6 +108,11 @@ class _Generation(_Open):
     def requested_tool_choice(self) -> str | dict[str, Any] | None:
         return None
 
+    @property
+    def max_tool_calls(self) -> int | None:
+        """At most this many tool calls reach the client (None: no limit)."""
+        return None
+
 
 class ChatRequest(_Generation):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -116,6 +121,7 @@ class ChatRequest(_Generation):
     tool_choice: str | dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    parallel_tool_calls: bool | None = None
 
     @field_validator("top_logprobs")
     @classmethod
@@ -138,6 +144,11 @@ class ChatRequest(_Generation):
     @property
     def requested_tool_choice(self) -> str | dict[str, Any] | None:
         return self.tool_choice
+
+    @property
+    def max_tool_calls(self) -> int | None:
+        # As vLLM: with parallel_tool_calls false only the first call is kept.
+        return 1 if self.parallel_tool_calls is False else None
 
 
 class CompletionRequest(_Generation):

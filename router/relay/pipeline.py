@@ -52,16 +52,23 @@ class RelayPipeline:
         """Process the next ids from the node. After a stop, further ids are ignored."""
         if self._finished:
             return RelayStep(ParsedDelta(), self.stopped)
-        if self._stop_ids:
-            for i, token in enumerate(ids):
-                if token in self._stop_ids:
-                    # vLLM counts the stop token as generated but never shows it.
-                    self.completion_tokens += i + 1
-                    self.stopped = True
-                    text = self._detok.push(ids[:i]) + self._detok.flush()
-                    return RelayStep(self._text(text, final=True), True)
-        self.completion_tokens += len(ids)
-        return RelayStep(self._text(self._detok.push(ids), final=False), self.stopped)
+        if not self._stop_ids and self._stops is None:
+            self.completion_tokens += len(ids)
+            return RelayStep(self._text(self._detok.push(ids), final=False), False)
+        # With stops, a node's batch is taken a token at a time: vLLM counts the tokens up
+        # to the one that ends the output, not the rest of the batch.
+        delta = ParsedDelta()
+        for token in ids:
+            self.completion_tokens += 1
+            if token in self._stop_ids:
+                # Counted as generated but never shown, as vLLM does.
+                self.stopped = True
+                _merge(delta, self._text(self._detok.flush(), final=True))
+                return RelayStep(delta, True)
+            _merge(delta, self._text(self._detok.push([token]), final=False))
+            if self.stopped:  # this token's text completed a stop string
+                return RelayStep(delta, True)
+        return RelayStep(delta, False)
 
     def count(self, ids: Sequence[int]) -> None:
         """Count ids the client is not shown (the node's output after an EOS first token)."""

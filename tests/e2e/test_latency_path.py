@@ -422,7 +422,7 @@ def test_client_disconnect_mid_stream_cancels_the_node(
             404,
             "'nope' does not exist",
         ),
-        ("/nowhere", b"{}", 404, "Not Found"),
+        ("/nowhere", b"{}", 404, "does not serve POST /v1/nowhere"),
     ],
 )
 def test_bad_input(

@@ -534,3 +534,28 @@ async def test_non_ascii_arguments_are_not_escaped(
     body = json.loads(raw.http_response.content)
     arguments = body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
     assert json.dumps(arguments, ensure_ascii=False).encode() in raw.http_response.content
+
+
+@pytest.mark.parametrize("model", [GLM5, DEEPSEEK])
+def test_parallel_tool_calls_false_keeps_only_the_first_call(
+    client: openai.OpenAI, model: str
+) -> None:
+    """As vLLM: two calls in the output, one reaches the client, streamed or not."""
+    output = GLM_TWO_CALLS if model == GLM5 else DSML_EXAMPLE
+    template = None if model == GLM5 else DS_THINK
+    body = {**request(model, output, template=template), "parallel_tool_calls": False}
+    both = view(
+        client.chat.completions.create(**request(model, output, template=template))
+        .choices[0]
+        .message
+    )[2]
+    whole = client.chat.completions.create(**body).choices[0]
+    assert view(whole.message)[2] == both[:1]
+    assert whole.finish_reason == "tool_calls"
+    streamed_indexes = {
+        piece.index
+        for chunk in client.chat.completions.create(**body, stream=True)
+        for choice in chunk.choices
+        for piece in choice.delta.tool_calls or []
+    }
+    assert streamed_indexes == {0}

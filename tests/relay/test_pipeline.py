@@ -111,3 +111,21 @@ def test_special_tokens_are_dropped_for_plain_text() -> None:
     # `</think>` is an added but not a special token in DeepSeek's vocabulary: it stays.
     out, _ = run("a<｜begin▁of▁sentence｜></think>b", parser_name="none")
     assert out.content == "a</think>b"
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_tokens_after_the_one_completing_a_stop_string_are_not_counted(batch: int) -> None:
+    """vLLM's count stops at the token that completes the stop string, whatever the batch."""
+    text = "one two three STOP four five six"
+    before_stop = len(ids("one two three STOP"))
+    out, relay = run(text, batch=batch, stop=[" STOP"])
+    assert out.content == "one two three"
+    assert relay.completion_tokens == before_stop
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_stop_token_id_inside_a_batch_ends_the_count_there(batch: int) -> None:
+    tokens = ids("alpha beta gamma delta")
+    out, relay = run("alpha beta gamma delta", batch=batch, stop_token_ids=[tokens[2]])
+    assert out.content == TOKENIZER.decode(tokens[:2])
+    assert relay.completion_tokens == 3, "the stop token id counts, what follows does not"
