@@ -93,13 +93,18 @@ class LatencyPath:
             response_id=prefilled.response_id, created=prefilled.created, model=self._model
         )
         if request.parsed.stream:
-            chunks = self._stream(session, relay, renderer, prefilled, request.parsed.include_usage)
+            parsed = request.parsed
+            chunks = self._stream(
+                session, relay, renderer, prefilled, parsed.include_usage, parsed.continuous_usage
+            )
             return Answer(200, list(SSE_HEADERS), chunks)
         end = RelayEnd("stop", 0)
         async for event in relay.events(session):
             if isinstance(event, RelayEnd):
                 end = event
-        body = renderer.response(relay.message(), end.finish_reason, _usage(prefilled, end))
+        body = renderer.response(
+            relay.message(), end.finish_reason, end.stop_reason, _usage(prefilled, end)
+        )
         return json_answer(orjson.dumps(body))
 
     async def _acquire(self, request: RoutedRequest, started: float) -> Lease:
@@ -131,6 +136,7 @@ class LatencyPath:
         renderer: Renderer,
         prefilled: Prefilled,
         include_usage: bool,
+        continuous: bool,
     ) -> AsyncGenerator[bytes, None]:
         first = renderer.start()
         if first:
@@ -138,10 +144,17 @@ class LatencyPath:
         try:
             async for event in relay.events(session):
                 if isinstance(event, RelayEnd):
-                    yield renderer.finish(event.finish_reason)
+                    running = _usage(prefilled, event) if continuous else None
+                    yield renderer.finish(event.finish_reason, event.stop_reason, running)
                     if include_usage:
                         yield renderer.usage(_usage(prefilled, event))
-                elif chunk := renderer.delta(event):
+                    continue
+                running = None
+                if continuous:
+                    running = Usage(
+                        prefilled.prompt_tokens, relay.completion_tokens, prefilled.cached_tokens
+                    )
+                if chunk := renderer.delta(event, running):
                     yield chunk
         except GatewayError as exc:
             self._deps.metrics.upstream_error(self._model, str(exc.code))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from router.latency.protocol import NodeSession
 from router.metrics import Metrics
+from router.openai.render import StopReason
 from router.parsers import ParsedDelta, ParsedMessage, ToolCallDelta, finish_reason
 from router.relay.pipeline import RelayPipeline
 from router.serving import RoutedRequest
@@ -26,6 +27,7 @@ from router.upstream.vllm import Prefilled
 class RelayEnd:
     finish_reason: str
     completion_tokens: int
+    stop_reason: StopReason = None
 
 
 class DecodeRelay:
@@ -100,10 +102,15 @@ class DecodeRelay:
             tool_choice=self._request.parsed.requested_tool_choice,
         )
         metrics.finished(model, time.monotonic() - self._started, finish)
-        end = RelayEnd(finish, max(pipeline.completion_tokens, 1))
+        end = RelayEnd(finish, max(pipeline.completion_tokens, 1), pipeline.stop_reason)
         access = self._request.access
         access.finish_reason, access.completion_tokens = end.finish_reason, end.completion_tokens
         yield end
+
+    @property
+    def completion_tokens(self) -> int:
+        """Generated so far."""
+        return self._pipeline.completion_tokens
 
     def message(self) -> ParsedMessage:
         """The whole message, once events() has ended (non-streaming answers)."""

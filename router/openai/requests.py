@@ -33,6 +33,7 @@ class _Open(BaseModel):
 
 class StreamOptions(_Open):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class ChatMessage(_Open):
@@ -87,6 +88,12 @@ class _Generation(_Open):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk (vLLM's `stream_options.continuous_usage_stats`)."""
+        options = self.stream_options
+        return bool(self.stream and options and options.continuous_usage_stats)
 
     @property
     def sampling(self) -> dict[str, Any] | None:

@@ -46,6 +46,7 @@ class RelayPipeline:
         self._stop_ids = frozenset(stop_token_ids)
         self.completion_tokens = 0
         self.stopped = False
+        self.stop_reason: str | int | None = None  # the stop string or token id that matched
         self._finished = False
 
     def feed(self, ids: Sequence[int]) -> RelayStep:
@@ -63,6 +64,7 @@ class RelayPipeline:
             if token in self._stop_ids:
                 # Counted as generated but never shown, as vLLM does.
                 self.stopped = True
+                self.stop_reason = token
                 _merge(delta, self._text(self._detok.flush(), final=True))
                 return RelayStep(delta, True)
             _merge(delta, self._text(self._detok.push([token]), final=False))
@@ -90,11 +92,13 @@ class RelayPipeline:
             text = result.emit
             if result.stopped:
                 self.stopped = True
+                self.stop_reason = result.matched
                 final = True
             elif final:
                 text += self._stops.flush()
                 # flushing may settle a match a longer candidate stop kept undecided
                 self.stopped = self._stops.stopped
+                self.stop_reason = self._stops.matched
         delta = self.parser.feed(text) if text else ParsedDelta()
         if final:
             self._finished = True

@@ -549,3 +549,35 @@ def test_client_leaving_the_queue_is_never_served(gateway: GatewayProcess, stack
     gateway.wait_all_free()
     prompts = [r["body"]["messages"][0]["content"] for r in prefill_requests(stack)]
     assert prompts == [directive(SCRIPTED)], "the request that left was never prefilled"
+
+
+def test_stop_reason_and_vllms_fields_as_vllm_sends_them(gateway: GatewayProcess) -> None:
+    text = "one two three STOP four five"
+    body = {"model": "ds", "messages": user(directive(text)), "stop": [" STOP"]}
+    answer = post_chat(gateway, body).json()
+    choice = answer["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("one two three", "stop")
+    assert choice["stop_reason"] == " STOP"
+    assert answer["system_fingerprint"] is None and answer["service_tier"] is None
+    plain = post_chat(gateway, {"model": "ds", "messages": user(directive("hi"))}).json()
+    assert plain["choices"][0]["stop_reason"] is None, "EOS: no stop string or id"
+
+
+def test_continuous_usage_stats_puts_the_running_count_on_every_chunk(
+    gateway: GatewayProcess,
+) -> None:
+    body = {
+        "model": "ds",
+        "messages": user(directive(" ".join(f"w{i}" for i in range(20)))),
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    chunks = []
+    with httpx.stream("POST", gateway.base_url + "/chat/completions", json=body, timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line.removeprefix("data: ")))
+    counted = [c["usage"]["completion_tokens"] for c in chunks if c["choices"] and "usage" in c]
+    content_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert content_chunks and all("usage" in c for c in content_chunks)
+    assert counted == sorted(counted) and counted[-1] == chunks[-1]["usage"]["completion_tokens"]
