@@ -65,7 +65,7 @@ class RelayPipeline:
                 # Counted as generated but never shown, as vLLM does.
                 self.stopped = True
                 self.stop_reason = token
-                _merge(delta, self._text(self._detok.flush(), final=True))
+                _merge(delta, self._text(self._last_text(), final=True))
                 return RelayStep(delta, True)
             _merge(delta, self._text(self._detok.push([token]), final=False))
             if self.stopped:  # this token's text completed a stop string
@@ -84,7 +84,13 @@ class RelayPipeline:
         """End of output (node done, or after a stop): flush everything held back."""
         if self._finished:
             return ParsedDelta()
-        return self._text(self._detok.flush(), final=True)
+        return self._text(self._last_text(), final=True)
+
+    def _last_text(self) -> str:
+        """What the detokenizer still holds, at the end of the output. An output cut inside
+        a character (by max_tokens) ends before it: vLLM never emits the U+FFFD a whole
+        decode would show there."""
+        return self._detok.flush().removesuffix("\ufffd")
 
     def _text(self, text: str, *, final: bool) -> ParsedDelta:
         if self._stops is not None:

@@ -129,3 +129,21 @@ def test_a_stop_token_id_inside_a_batch_ends_the_count_there(batch: int) -> None
     out, relay = run("alpha beta gamma delta", batch=batch, stop_token_ids=[tokens[2]])
     assert out.content == TOKENIZER.decode(tokens[:2])
     assert relay.completion_tokens == 3, "the stop token id counts, what follows does not"
+
+
+@pytest.mark.parametrize("vocab", [True, False], ids=["table", "stream"])
+def test_an_output_cut_inside_a_character_ends_before_it(vocab: bool) -> None:
+    tokens = ids("ok 😀")
+    relay = RelayPipeline(
+        TOKENIZER,
+        vocab=VOCAB if vocab else None,
+        parser_name="none",
+        tools=None,
+        chat_template_kwargs=None,
+        stop=[],
+        stop_token_ids=[],
+    )
+    cut = tokens[:-1]  # max_tokens ends between the emoji's two tokens
+    assert TOKENIZER.decode(cut).endswith("\ufffd")
+    text = relay.feed(cut).delta.content + relay.finish().content
+    assert text == "ok "
