@@ -44,12 +44,7 @@ class ClientAuth:
     def __init__(self, config: GatewayConfig) -> None:
         self._names: dict[str, str] = {}  # sha256 hex of a key -> its name
         for i, entry in enumerate(config.auth.api_keys):
-            try:
-                key = read_secret(
-                    value=None, env=entry.key_env, file=entry.key_file, base_dir=config.base_dir
-                )
-            except ValueError as exc:
-                raise ConfigError(f"{config.source}: auth.api_keys.{i}: {exc}") from None
+            key = _secret(config, f"auth.api_keys.{i}", env=entry.key_env, file=entry.key_file)
             self._names[entry.sha256 or digest(key or "")] = entry.name
         trusted = config.auth.trust_key_name_header or is_loopback(config.server.host)
         self._name_header = config.classification.api_key_name_header.lower() if trusted else None
@@ -76,12 +71,8 @@ def upstream_credentials(config: GatewayConfig) -> dict[str, str]:
     """Base URL -> the API key that backend expects; ConfigError if one cannot be read."""
     keys = {}
     for i, entry in enumerate(config.upstreams.credentials):
-        try:
-            key = read_secret(
-                value=None, env=entry.api_key_env, file=entry.api_key_file, base_dir=config.base_dir
-            )
-        except ValueError as exc:
-            raise ConfigError(f"{config.source}: upstreams.credentials.{i}: {exc}") from None
+        where = f"upstreams.credentials.{i}"
+        key = _secret(config, where, env=entry.api_key_env, file=entry.api_key_file)
         if key is not None:
             keys[entry.url] = key
     return keys
@@ -90,15 +81,9 @@ def upstream_credentials(config: GatewayConfig) -> dict[str, str]:
 class AdminAuth:
     def __init__(self, config: GatewayConfig) -> None:
         admin = config.admin
-        try:
-            self._key = read_secret(
-                value=admin.api_key,
-                env=admin.api_key_env,
-                file=admin.api_key_file,
-                base_dir=config.base_dir,
-            )
-        except ValueError as exc:
-            raise ConfigError(f"{config.source}: admin: {exc}") from None
+        self._key = _secret(
+            config, "admin", value=admin.api_key, env=admin.api_key_env, file=admin.api_key_file
+        )
         if self._key is None and not is_loopback(config.server.host):
             raise ConfigError(
                 f"{config.source}: admin: /admin/* would be open to anyone who can reach "
@@ -113,3 +98,18 @@ class AdminAuth:
             raise AuthenticationFailed(
                 "a valid admin key is required: 'Authorization: Bearer <key>'"
             )
+
+
+def _secret(
+    config: GatewayConfig,
+    where: str,
+    *,
+    value: str | None = None,
+    env: str | None = None,
+    file: str | None = None,
+) -> str | None:
+    """`read_secret`, its failure named by file and field."""
+    try:
+        return read_secret(value=value, env=env, file=file, base_dir=config.base_dir)
+    except ValueError as exc:
+        raise ConfigError(f"{config.source}: {where}: {exc}") from None
