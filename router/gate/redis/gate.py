@@ -23,7 +23,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -44,6 +44,8 @@ UNAVAILABLE = (RedisError, OSError)
 # Scores are doubles: priority times 2^40 plus an arrival count must stay exact.
 _MAX_PRIORITY = 2047
 _MAX_ORPHANS = 1024
+# Connections to Redis per replica (the wake-up listener holds one of them).
+_MAX_CONNECTIONS = 32
 
 
 class GateUnavailable(GatewayError):
@@ -82,14 +84,20 @@ class RedisGate:
             "\n".join(self._nodes),
             self.replica,
         ]
-        self._redis = Redis.from_url(
+        # A bounded pool that makes a call wait for a connection (at most a socket timeout)
+        # rather than fail: redis-py's default pool refuses past 100 connections in use, which
+        # a replica with that many waiters polling at once would reach with Redis up.
+        connections = BlockingConnectionPool.from_url(
             config.url,
+            max_connections=_MAX_CONNECTIONS,
+            timeout=config.socket_timeout_s,
             password=password,
             socket_timeout=config.socket_timeout_s,
             socket_connect_timeout=config.socket_timeout_s,
             retry=Retry(NoBackoff(), 0),  # a script is not retried blindly: it may have run
             decode_responses=True,
         )
+        self._redis = Redis.from_pool(connections)
         self._scripts: dict[str, AsyncScript] = {
             name: self._redis.register_script(source) for name, source in SCRIPTS.items()
         }
