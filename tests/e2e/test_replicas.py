@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sim.stack import NodeInfo, SimStack
 from tests.gate.redis_server import RedisServer
@@ -170,6 +171,18 @@ def chat(gateway: GatewayProcess, model: str, tier: str, text: str) -> httpx.Res
     )
 
 
+def gate_counters(replicas: list[GatewayProcess]) -> dict[str, float]:
+    """The lease counters of `/metrics`, summed over the replicas."""
+    totals: dict[str, float] = {}
+    for gateway in replicas:
+        text = httpx.get(gateway.url + "/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.startswith("pd_gateway_gate_lease_"):
+                    totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
 def words(count: int) -> str:
     return " ".join(f"w{i % 10}" for i in range(count))
 
@@ -221,6 +234,7 @@ async def test_many_clients_across_replicas_never_double_book(
 ) -> None:
     for index, fault in FAULTS:
         sim_post(stack.nodes[index].url, "/sim/faults", {**fault, "count": 1})
+    before = gate_counters(replicas)
     rng = random.Random(20261201)
     limits = httpx.Limits(max_connections=CLIENTS + 10, max_keepalive_connections=CLIENTS + 10)
     async with httpx.AsyncClient(timeout=60, limits=limits) as http:
@@ -235,7 +249,15 @@ async def test_many_clients_across_replicas_never_double_book(
     for index, _ in FAULTS:  # every fault was met by some request
         assert sim_get(stack.nodes[index].url, "/sim/faults")["faults"] == {}
     await asyncio.to_thread(all_quiet, stack, replicas)
-    assert assert_no_overlap(stack.nodes) >= CLIENTS - 2 * len(FAULTS)
+    decodes = assert_no_overlap(stack.nodes)
+    assert decodes >= CLIENTS - 2 * len(FAULTS)
+    # Every decode held a lease; none was lost under load, no release was stale.
+    after = gate_counters(replicas)
+    grants = "pd_gateway_gate_lease_grants_total"
+    assert after[grants] - before.get(grants, 0) >= decodes
+    for lost in ("expiries", "fencing_rejections", "renewal_failures"):
+        name = f"pd_gateway_gate_lease_{lost}_total"
+        assert after[name] == before.get(name, 0), name
 
 
 # -- priority then arrival -----------------------------------------------------------------
