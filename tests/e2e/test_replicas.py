@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("fresh_sims")
 
 LEASE_TTL_S = 2.0
 RENEW_EVERY_S = 0.5
-DECODE_WORDS = 250  # about half a second of decoding on these nodes
+DECODE_WORDS = 150  # under half a second of decoding left after the first text
 PRIORITY = {"high": 10, "mid": 5, "low": 0}
 RULES = {
     "rules": [
@@ -202,7 +202,7 @@ async def one_client(
 ) -> tuple[int, bool, str]:
     """(status, failed after the status was sent, how it went)."""
     stream = i % 2 == 0
-    leave_after = rng.randint(1, 6) if stream and rng.random() < 0.15 else None
+    leave_after = rng.randint(1, 6) if stream and rng.random() < 0.3 else None  # 15 % of all
     body = {
         "model": "ds",
         "messages": [{"role": "user", "content": directive(words(rng.randint(8, 40)))}],
@@ -245,7 +245,7 @@ async def test_many_clients_across_replicas_never_double_book(
     failed = [r for r in results if r[0] != 200 or r[1]]
     assert all(status in (502, 504) for status, _, _ in failed if status != 200), failed
     assert len(failed) <= len(FAULTS), failed
-    assert sum(how == "left" for _, _, how in results) >= CLIENTS // 20
+    assert sum(how == "left" for _, _, how in results) >= CLIENTS // 10
     for index, _ in FAULTS:  # every fault was met by some request
         assert sim_get(stack.nodes[index].url, "/sim/faults")["faults"] == {}
     await asyncio.to_thread(all_quiet, stack, replicas)
