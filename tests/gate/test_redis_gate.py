@@ -300,3 +300,21 @@ async def test_a_password_protected_server_is_reached_with_the_secret(
         await lease.release()
     finally:
         await gate.close()
+
+
+async def test_more_concurrent_waiters_than_connections_all_queue(replica: Replica) -> None:
+    """Hundreds of requests waiting on one replica at once share a bounded set of Redis
+    connections: none is refused as `gate_unavailable` while Redis is up."""
+    gate = replica(nodes(1), max_queue=400)
+    held = await gate.acquire(priority=0, wait_s=1, holder="blocker")
+    tasks = [
+        asyncio.create_task(gate.acquire(priority=0, wait_s=30, holder=f"w{i}")) for i in range(300)
+    ]
+    await eventually(lambda: any(t.done() for t in tasks) or len(gate._waiters) == 300)
+    assert [t.exception() for t in tasks if t.done()] == []
+    await waiting(gate, 300)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await held.release()
+    await waiting(gate, 0)

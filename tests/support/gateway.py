@@ -109,6 +109,12 @@ class GatewayProcess:
         assert self._proc is not None
         return self._proc.wait(timeout=timeout_s)
 
+    def kill(self) -> None:
+        """SIGKILL the gateway's process group: it dies without any clean-up."""
+        assert self._proc is not None
+        os.killpg(self._proc.pid, signal.SIGKILL)
+        self._proc.wait()
+
     def stop(self) -> None:
         if self._proc is None or self._proc.poll() is not None:
             return

@@ -23,7 +23,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -37,6 +37,7 @@ from router.gate.redis.lease import Grant, RedisLease
 from router.gate.redis.picture import Picture
 from router.gate.redis.scripts import SCRIPTS
 from router.gate.redis.wakeups import WakeUps
+from router.metrics import GATE_METRICS
 
 log = logging.getLogger("pd_gateway.gate")
 
@@ -44,6 +45,8 @@ UNAVAILABLE = (RedisError, OSError)
 # Scores are doubles: priority times 2^40 plus an arrival count must stay exact.
 _MAX_PRIORITY = 2047
 _MAX_ORPHANS = 1024
+# Connections to Redis per replica (the wake-up listener holds one of them).
+_MAX_CONNECTIONS = 32
 
 
 class GateUnavailable(GatewayError):
@@ -82,14 +85,20 @@ class RedisGate:
             "\n".join(self._nodes),
             self.replica,
         ]
-        self._redis = Redis.from_url(
+        # A bounded pool that makes a call wait for a connection (at most a socket timeout)
+        # rather than fail: redis-py's default pool refuses past 100 connections in use, which
+        # a replica with that many waiters polling at once would reach with Redis up.
+        connections = BlockingConnectionPool.from_url(
             config.url,
+            max_connections=_MAX_CONNECTIONS,
+            timeout=config.socket_timeout_s,
             password=password,
             socket_timeout=config.socket_timeout_s,
             socket_connect_timeout=config.socket_timeout_s,
             retry=Retry(NoBackoff(), 0),  # a script is not retried blindly: it may have run
             decode_responses=True,
         )
+        self._redis = Redis.from_pool(connections)
         self._scripts: dict[str, AsyncScript] = {
             name: self._redis.register_script(source) for name, source in SCRIPTS.items()
         }
@@ -280,6 +289,7 @@ class RedisGate:
             release=self._release,
         )
         self._leases.add(lease)
+        GATE_METRICS.granted("redis")
         return lease
 
     # -- leases -------------------------------------------------------------------------
@@ -306,6 +316,7 @@ class RedisGate:
             )
             return
         if not released:
+            GATE_METRICS.fencing_rejected()
             log.warning("node %s: the lease of %s had been lost", grant.node.id, grant.holder)
 
     async def _renew(self, leases: list[RedisLease]) -> None:
@@ -316,11 +327,14 @@ class RedisGate:
         try:
             held = await self._run("renew", *args)
         except UNAVAILABLE as exc:
+            GATE_METRICS.renewal_failed(len(leases))
             log.warning("could not renew %d node lease(s): %s", len(leases), exc)
             return
+        GATE_METRICS.renewed(sum(1 for ok in held if ok))
         for lease, ok in zip(leases, held, strict=True):
             lease.renewed(sent_at=sent_at, ttl_s=self._config.lease_ttl_s, held=bool(ok))
             if not ok:
+                GATE_METRICS.expired()
                 self._leases.discard(lease)
                 log.warning("node %s: lease of %s lost", lease.node.id, lease.holder)
 
@@ -360,7 +374,10 @@ class RedisGate:
         return self._closed
 
     async def _run(self, script: str, *args: str | int) -> Any:
-        return await self._scripts[script](keys=[self._queue_key], args=[*self._common, *args])
+        sent_at = time.perf_counter()
+        reply = await self._scripts[script](keys=[self._queue_key], args=[*self._common, *args])
+        GATE_METRICS.round_trip(script, time.perf_counter() - sent_at)
+        return reply
 
     async def _run_for(self, cancellations: int, script: str, *args: str | int) -> Any:
         """`_run` for a waiting request: a cancellation that arrived meanwhile is raised even

@@ -1,0 +1,390 @@
+"""Several gateway replicas sharing one TileRT pool through one real Redis (`gate.backend:
+redis`): no node is ever double-booked whatever the clients do, the shared queue serves by
+priority then arrival across replicas, a replica killed with SIGKILL gives its node back
+within the lease TTL, and a Redis outage refuses (or spills) instead of guessing.
+
+Model `ds` is served by all four nodes; model `one` by the last node alone, so that a single
+held node makes every `one` request wait in the shared queue. The nodes' own records
+(`/sim/records`) are the judge of overlap, not the gateways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sim.stack import NodeInfo, SimStack
+from tests.gate.redis_server import RedisServer
+from tests.support.classify_fixtures import proxy_throughput
+from tests.support.deployment import directive, gateway_config, latency_model, sim_get, sim_post
+from tests.support.gateway import GatewayProcess, running_gateways, start_gateway
+
+pytestmark = pytest.mark.usefixtures("fresh_sims")
+
+LEASE_TTL_S = 2.0
+RENEW_EVERY_S = 0.5
+DECODE_WORDS = 150  # under half a second of decoding left after the first text
+PRIORITY = {"high": 10, "mid": 5, "low": 0}
+RULES = {
+    "rules": [
+        {
+            "name": "high",
+            "path": "latency",
+            "priority": 10,
+            "match": {"headers": {"x-tier": "high"}},
+        },
+        {"name": "mid", "path": "latency", "priority": 5, "match": {"headers": {"x-tier": "mid"}}},
+        {
+            "name": "spill",
+            "path": "latency",
+            "on_saturation": "spill",
+            "max_queue_wait_ms": 1000,
+            "match": {"headers": {"x-tier": "spill"}},
+        },
+    ],
+    "default": {"name": "low", "path": "latency", "priority": 0},
+}
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    server = RedisServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[SimStack]:
+    with SimStack(
+        nodes=4,
+        prefills=1,
+        proxy=True,
+        model=["ds", "one"],
+        node_args=["--step-ms", "3", "--tokens-per-step", "2"],
+        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0"],
+        proxy_args=["--itl-ms", "0"],
+    ) as running:
+        yield running
+
+
+def replica_config(stack: SimStack, redis: RedisServer, prefix: str) -> dict[str, Any]:
+    throughput = {"throughput": proxy_throughput(stack)}
+    return gateway_config(
+        [
+            latency_model(stack, "ds", **throughput),
+            latency_model(stack, "one", nodes=stack.nodes[3:], **throughput),
+        ],
+        gate={
+            "backend": "redis",
+            "redis": {
+                "url": redis.url,
+                "key_prefix": prefix,
+                "lease_ttl_s": LEASE_TTL_S,
+                "renew_every_s": RENEW_EVERY_S,
+                "poll_s": 0.2,
+            },
+            "max_queue": 400,
+            "max_queue_wait_ms": 60_000,
+        },
+        timeouts={"decode_stall_s": 15},  # the blockers below start slowly on purpose
+        classification={"rules": RULES},
+    )
+
+
+@pytest.fixture(scope="module")
+def config(stack: SimStack, redis: RedisServer) -> dict[str, Any]:
+    return replica_config(stack, redis, f"replicas-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    config: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[GatewayProcess]]:
+    names = [f"replica-{i}" for i in range(3)]
+    with running_gateways(tmp_path_factory, dict.fromkeys(names, config)) as running:
+        yield [running[name] for name in names]
+
+
+# -- checks --------------------------------------------------------------------------------
+
+
+def assert_no_overlap(nodes: list[NodeInfo]) -> int:
+    """Every node's own records: never two decodes at once. Returns the number of decodes."""
+    decodes = 0
+    for node in nodes:
+        records = sim_get(node.url, "/sim/records")
+        assert records["max_overlap"] <= 1, f"node {node.url} served two requests at once"
+        decodes += len(records["decodes"])
+        intervals = sorted((d["start"], d["end"]) for d in records["decodes"])
+        for (_, end), (start, _) in itertools.pairwise(intervals):
+            assert end is not None and end <= start, f"node {node.url}: decodes overlap"
+    return decodes
+
+
+def wait_until(condition: Callable[[], bool], *, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.02)
+
+
+def idle(node: NodeInfo) -> bool:
+    return bool(sim_get(node.url, "/decode_status")["status"] == "idle")
+
+
+def all_quiet(stack: SimStack, replicas: list[GatewayProcess]) -> None:
+    """Every node idle, and every replica sees the shared pool with no holder, nobody waiting
+    and every node in service."""
+    wait_until(lambda: all(idle(n) for n in stack.nodes), what="every node to be idle")
+    for gateway in replicas:
+        gateway.wait_all_free()
+        wait_until(
+            lambda g=gateway: all(m["waiting"] == 0 for m in g.pool()["models"].values()),
+            what="an empty shared queue",
+        )
+
+
+def waiting(gateway: GatewayProcess, model: str) -> int:
+    return int(gateway.pool()["models"][model]["waiting"])
+
+
+def chat(gateway: GatewayProcess, model: str, tier: str, text: str) -> httpx.Response:
+    return httpx.post(
+        gateway.base_url + "/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": text}]},
+        headers={"x-tier": tier},
+        timeout=60,
+    )
+
+
+def gate_counters(replicas: list[GatewayProcess]) -> dict[str, float]:
+    """The lease counters of `/metrics`, summed over the replicas."""
+    totals: dict[str, float] = {}
+    for gateway in replicas:
+        text = httpx.get(gateway.url + "/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.startswith("pd_gateway_gate_lease_"):
+                    totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def words(count: int) -> str:
+    return " ".join(f"w{i % 10}" for i in range(count))
+
+
+# -- many clients ----------------------------------------------------------------------------
+
+CLIENTS = 300
+FAULTS: list[tuple[int, dict[str, Any]]] = [
+    (0, {"decode_500": True}),  # before the first byte: 502 for that request
+    (1, {"die_after": 4}),  # mid-decode: an error event in a stream, a 502 otherwise
+    (2, {"decode_500": True}),
+]
+
+
+async def one_client(
+    http: httpx.AsyncClient, gateway: GatewayProcess, i: int, rng: random.Random
+) -> tuple[int, bool, str]:
+    """(status, failed after the status was sent, how it went)."""
+    stream = i % 2 == 0
+    leave_after = rng.randint(1, 6) if stream and rng.random() < 0.3 else None  # 15 % of all
+    body = {
+        "model": "ds",
+        "messages": [{"role": "user", "content": directive(words(rng.randint(8, 40)))}],
+        "max_tokens": 100,
+        "stream": stream,
+    }
+    tier = ("high", "mid", "low")[i % 3]
+    url = gateway.base_url + "/chat/completions"
+    async with http.stream("POST", url, json=body, headers={"x-tier": tier}) as response:
+        if response.status_code != 200:
+            return response.status_code, False, (await response.aread()).decode()
+        if not stream:
+            await response.aread()
+            return 200, False, "ok"
+        lines = 0
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            if "error" in json.loads(line[len("data: ") :]):
+                return 200, True, line
+            lines += 1
+            if leave_after is not None and lines >= leave_after:
+                return 200, False, "left"  # closing the response disconnects mid-stream
+        return 200, False, "ok"
+
+
+async def test_many_clients_across_replicas_never_double_book(
+    stack: SimStack, replicas: list[GatewayProcess]
+) -> None:
+    for index, fault in FAULTS:
+        sim_post(stack.nodes[index].url, "/sim/faults", {**fault, "count": 1})
+    before = gate_counters(replicas)
+    rng = random.Random(20261201)
+    limits = httpx.Limits(max_connections=CLIENTS + 10, max_keepalive_connections=CLIENTS + 10)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+        results = await asyncio.gather(
+            *(one_client(http, replicas[i % 3], i, rng) for i in range(CLIENTS))
+        )
+
+    failed = [r for r in results if r[0] != 200 or r[1]]
+    assert all(status in (502, 504) for status, _, _ in failed if status != 200), failed
+    assert len(failed) <= len(FAULTS), failed
+    assert sum(how == "left" for _, _, how in results) >= CLIENTS // 10
+    for index, _ in FAULTS:  # every fault was met by some request
+        assert sim_get(stack.nodes[index].url, "/sim/faults")["faults"] == {}
+    await asyncio.to_thread(all_quiet, stack, replicas)
+    decodes = assert_no_overlap(stack.nodes)
+    assert decodes >= CLIENTS - 2 * len(FAULTS)
+    # Every decode held a lease; none was lost under load, no release was stale.
+    after = gate_counters(replicas)
+    grants = "pd_gateway_gate_lease_grants_total"
+    assert after[grants] - before.get(grants, 0) >= decodes
+    for lost in ("expiries", "fencing_rejections", "renewal_failures"):
+        name = f"pd_gateway_gate_lease_{lost}_total"
+        assert after[name] == before.get(name, 0), name
+
+
+# -- priority then arrival -----------------------------------------------------------------
+
+
+def received_order(stack: SimStack) -> list[str]:
+    """The prompts in the order the prefill server received them: a slot is taken just
+    before the prefill is sent, so this is the order of service."""
+    requests = sim_get(stack.prefills[0].url, "/sim/requests")["requests"]
+    return [
+        r["body"]["messages"][0]["content"] for r in sorted(requests, key=lambda r: r["received"])
+    ]
+
+
+def test_shared_queue_serves_priority_then_arrival_across_replicas(
+    stack: SimStack, replicas: list[GatewayProcess]
+) -> None:
+    node = stack.nodes[3]
+    sim_post(node.url, "/sim/faults", {"slow_start_ms": 5000, "count": 1})
+    replies: list[httpx.Response] = []
+    threads: list[threading.Thread] = []
+
+    def send(gateway: GatewayProcess, tier: str, text: str) -> None:
+        thread = threading.Thread(target=lambda: replies.append(chat(gateway, "one", tier, text)))
+        thread.start()
+        threads.append(thread)
+
+    send(replicas[0], "low", "blocker")
+    wait_until(lambda: not idle(node), what="the blocker to hold the node")
+    order = ["low", "high", "mid", "low", "high", "mid", "high", "low", "mid"]
+    for i, tier in enumerate(order):
+        send(replicas[i % 3], tier, f"{tier}-{i}")
+        wait_until(lambda n=i + 1: waiting(replicas[0], "one") == n, what=f"{i + 1} waiters")
+    for thread in threads:
+        thread.join()
+
+    assert [r.status_code for r in replies] == [200] * (len(order) + 1)
+    expected = sorted(
+        (f"{tier}-{i}" for i, tier in enumerate(order)),
+        key=lambda name: (-PRIORITY[name.split("-")[0]], int(name.split("-")[1])),
+    )
+    assert received_order(stack) == ["blocker", *expected]
+    all_quiet(stack, replicas)
+    assert_no_overlap([node])
+
+
+# -- a replica killed mid-stream -----------------------------------------------------------
+
+
+def test_killed_replica_frees_its_node_within_the_lease_ttl(
+    stack: SimStack,
+    replicas: list[GatewayProcess],
+    config: dict[str, Any],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    node = stack.nodes[3]
+    with start_gateway(tmp_path_factory, config["models"], **_options(config)) as victim:
+        body = {
+            "model": "one",
+            "messages": [{"role": "user", "content": directive(words(DECODE_WORDS))}],
+            "max_tokens": 2000,
+            "stream": True,
+        }
+        with (
+            httpx.Client(timeout=30) as http,
+            http.stream("POST", victim.base_url + "/chat/completions", json=body) as response,
+        ):
+            assert response.status_code == 200
+            lines = response.iter_lines()  # kept open: leaving the loop must not close it
+            for line in lines:
+                if line.startswith("data: ") and '"content":"w' in line:
+                    break  # the node is decoding for the victim (for under a second more)
+            else:
+                raise AssertionError("the victim's stream ended before its node decoded")
+            assert victim.pool()["models"]["one"]["busy"][_node_id(node)] is not None
+            victim.kill()
+            killed_at = time.time()
+            reply = chat(replicas[1], "one", "low", directive("after the kill"))
+
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] == "after the kill"
+    victims, after = sim_get(node.url, "/sim/records")["decodes"]
+    # The victim's decode ended on its own well before its lease could expire, so only the
+    # lease kept the node: the next decode began once the lease had expired (it was renewed
+    # at most renew_every_s before the kill), and not much later.
+    assert victims["end"] - killed_at < LEASE_TTL_S - RENEW_EVERY_S - 0.3, victims
+    took = after["start"] - killed_at
+    assert LEASE_TTL_S - RENEW_EVERY_S - 0.2 <= took <= LEASE_TTL_S + 1.0, took
+    all_quiet(stack, replicas)
+    assert_no_overlap(stack.nodes)
+
+
+def _options(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: config[k] for k in ("gate", "timeouts", "classification")}
+
+
+def _node_id(node: NodeInfo) -> str:
+    return f"{node.host}:{node.http_port}"
+
+
+# -- Redis outage ------------------------------------------------------------------------------
+
+
+def test_redis_outage_refuses_or_spills_then_recovers(
+    stack: SimStack, replicas: list[GatewayProcess], redis: RedisServer
+) -> None:
+    """Runs last in the module: the restarted server has lost every key."""
+    redis.stop()
+    try:
+        for gateway in replicas:
+            refused = chat(gateway, "ds", "low", directive("no gate"))
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == "gate_unavailable"
+            assert int(refused.headers["retry-after"]) >= 1
+            spilled = chat(gateway, "ds", "spill", directive("spilled"))
+            assert spilled.status_code == 200, spilled.text
+            assert spilled.headers["x-pd-route"] == "throughput"
+            assert spilled.headers["x-pd-reroute-reason"] == "gate_unavailable"
+    finally:
+        redis.start()
+    restarted_at = time.monotonic()
+    for gateway in replicas:
+        wait_until(
+            lambda g=gateway: chat(g, "ds", "low", directive("back")).status_code == 200,
+            what="a request served after the restart",
+            timeout_s=5.0,
+        )
+    assert time.monotonic() - restarted_at < 5.0
+    all_quiet(stack, replicas)
+    assert assert_no_overlap(stack.nodes) >= len(replicas)
