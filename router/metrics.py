@@ -4,14 +4,14 @@ from the pools at scrape time (so the hot path never updates them).
 Names are layered `pd_gateway_<area>_<what>`; label values come from bounded sets (model
 and rule names from the configuration, paths, status codes, error codes).
 
-The shared gate's lease metrics (`GATE_METRICS`) are process-wide: the gate backends record
-into them without a reference to the application's `Metrics`, which exposes them.
+The gate's lease metrics (`GateMetrics`) are handed to the gate backends when a pool is
+built (`Metrics.gate`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -20,103 +20,15 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:  # the gate backends import this module
-    from router.gate import GateSnapshot
+from router.gate import GateSnapshot
+from router.gate.metrics import GateMetrics
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-ROUND_TRIP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
-
-
-class GateMetrics:
-    """The shared gate's leases and its store's round trips: plain in-process counters,
-    recorded where the gate already talks to its store (nothing per token)."""
-
-    def __init__(self) -> None:
-        self._grants = Counter(
-            "pd_gateway_gate_lease_grants",
-            "Node leases granted by the gate, by backend.",
-            ["backend"],
-            registry=None,
-        )
-        self._renewals = Counter(
-            "pd_gateway_gate_lease_renewals",
-            "Node leases renewed in the shared store.",
-            registry=None,
-        )
-        self._renewal_failures = Counter(
-            "pd_gateway_gate_lease_renewal_failures",
-            "Node lease renewals that could not reach the shared store.",
-            registry=None,
-        )
-        self._expiries = Counter(
-            "pd_gateway_gate_lease_expiries",
-            "Node leases found expired (or granted again) when renewed.",
-            registry=None,
-        )
-        self._fencing = Counter(
-            "pd_gateway_gate_lease_fencing_rejections",
-            "Releases refused because the lease had been lost (a stale owner or token).",
-            registry=None,
-        )
-        self._round_trip = Histogram(
-            "pd_gateway_gate_redis_round_trip_seconds",
-            "Round trips of the gate's Redis scripts, by script.",
-            ["script"],
-            buckets=ROUND_TRIP_BUCKETS,
-            registry=None,
-        )
-        self._round_trip_children: dict[str, Any] = {}
-        self.families = (
-            self._grants,
-            self._renewals,
-            self._renewal_failures,
-            self._expiries,
-            self._fencing,
-            self._round_trip,
-        )
-
-    def granted(self, backend: str) -> None:
-        self._grants.labels(backend).inc()
-
-    def renewed(self, leases: int) -> None:
-        if leases:
-            self._renewals.inc(leases)
-
-    def renewal_failed(self, leases: int) -> None:
-        if leases:
-            self._renewal_failures.inc(leases)
-
-    def expired(self) -> None:
-        self._expiries.inc()
-
-    def fencing_rejected(self) -> None:
-        self._fencing.inc()
-
-    def round_trip(self, script: str, seconds: float) -> None:
-        """`script` is one of the gate's fixed script names."""
-        child = self._round_trip_children.get(script)
-        if child is None:
-            child = self._round_trip_children[script] = self._round_trip.labels(script)
-        child.observe(seconds)
-
-
-GATE_METRICS = GateMetrics()
-
-
-class _Collected(Collector):
-    """Metrics kept outside any registry, exposed by each registry this is registered with."""
-
-    def __init__(self, metrics: Iterable[Counter | Histogram]) -> None:
-        self._metrics = list(metrics)
-
-    def collect(self) -> Iterator[Metric]:
-        for metric in self._metrics:
-            yield from metric.collect()
 
 
 class Metrics:
@@ -185,7 +97,7 @@ class Metrics:
         self._token_gap_children: dict[str, Any] = {}
         self._pools = _PoolCollector()
         r.register(self._pools)
-        r.register(_Collected(GATE_METRICS.families))
+        self.gate = GateMetrics(r)
 
     def request(self, model: str, path: str, rule: str, status: int) -> None:
         self._requests.labels(model, path, rule, str(status)).inc()

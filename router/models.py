@@ -61,7 +61,7 @@ def build_model(
             config.name,
             config.latency,
             output_parser=config.output_parser,
-            gate=gate or make_gate(gate_config, config.latency.nodes),
+            gate=gate or make_gate(gate_config, config.latency.nodes, deps.metrics.gate),
             tokenizer=tokenizer,
             deps=deps,
             default_wait_ms=gate_config.max_queue_wait_ms,

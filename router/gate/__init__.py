@@ -6,6 +6,7 @@ from router.config import GateConfig, NodeConfig
 from router.gate.base import Gate, GateRejected, GateSnapshot, Lease, PoolAdmin, SlotGate
 from router.gate.health import NodeFailure, failure_for
 from router.gate.memory import MemoryGate
+from router.gate.metrics import GateMetrics
 from router.gate.redis import make_redis_gate
 
 __all__ = [
@@ -21,14 +22,19 @@ __all__ = [
 ]
 
 
-def make_gate(config: GateConfig, nodes: list[NodeConfig]) -> Gate:
+def make_gate(
+    config: GateConfig, nodes: list[NodeConfig], metrics: GateMetrics | None = None
+) -> Gate:
+    """The pool of `nodes` on the configured backend; `metrics` records its leases."""
+    metrics = metrics or GateMetrics()
     if config.backend == "memory":
         return MemoryGate(
             nodes,
             max_queue=config.max_queue,
             failure_threshold=config.failure_threshold,
             cooldown_s=config.node_cooldown_s,
+            metrics=metrics,
         )
     if config.backend == "redis":
-        return make_redis_gate(config, nodes)
+        return make_redis_gate(config, nodes, metrics)
     raise ValueError(f"unknown gate backend {config.backend!r}")

@@ -18,6 +18,7 @@ from router.config import NodeConfig
 from router.gate.base import GateRejected, GateSnapshot
 from router.gate.health import NodeFailure, NodeHealth
 from router.gate.hold_times import HoldTimeEstimator
+from router.gate.metrics import GateMetrics
 
 
 @dataclass(order=True, slots=True)
@@ -67,7 +68,9 @@ class MemoryGate:
         max_queue: int,
         failure_threshold: int = 3,
         cooldown_s: float = 5.0,
+        metrics: GateMetrics | None = None,
     ) -> None:
+        self._metrics = metrics or GateMetrics()
         self._nodes = list(nodes)
         self._health = NodeHealth(
             (n.id for n in nodes), threshold=failure_threshold, cooldown_s=cooldown_s
@@ -210,6 +213,7 @@ class MemoryGate:
                 waiter.future.cancel()
 
     def _grant(self, node: NodeConfig, holder: str) -> MemoryLease:
+        self._metrics.granted("memory")
         self._holders[node.id] = holder
         self._held_since[node.id] = time.monotonic()
         return MemoryLease(self, node, holder)

@@ -22,12 +22,16 @@ Sample = Callable[..., float]
 
 
 @pytest.fixture
-def sample() -> Sample:
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+def sample(metrics: Metrics) -> Sample:
     """`sample(name, **labels)`: the value `/metrics` would show now (0 if absent)."""
-    registry = Metrics().registry
 
     def value(name: str, **labels: str) -> float:
-        return registry.get_sample_value(name, labels) or 0.0
+        return metrics.registry.get_sample_value(name, labels) or 0.0
 
     return value
 
@@ -41,7 +45,9 @@ def own_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-async def gate(own_server: RedisServer, key_prefix: str) -> AsyncIterator[RedisGate]:
+async def gate(
+    own_server: RedisServer, key_prefix: str, metrics: Metrics
+) -> AsyncIterator[RedisGate]:
     """A gate whose own renewer stays out of the way: the test renews by hand."""
     config = GateConfig(
         backend="redis",
@@ -54,7 +60,7 @@ async def gate(own_server: RedisServer, key_prefix: str) -> AsyncIterator[RedisG
         ),
         max_queue=8,
     )
-    built = make_gate(config, nodes(1))
+    built = make_gate(config, nodes(1), metrics.gate)
     assert isinstance(built, RedisGate)
     yield built
     await built.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from router.config import ConfigError, GateConfig, NodeConfig, RedisGateConfig, read_secret
+from router.gate.metrics import GateMetrics
 from router.gate.redis.gate import GateUnavailable, RedisGate
 from router.gate.redis.lease import RedisLease
 
@@ -22,7 +23,9 @@ def redis_password(config: RedisGateConfig) -> str | None:
         raise ConfigError(f"gate.redis.password_file: {exc}") from None
 
 
-def make_redis_gate(config: GateConfig, nodes: list[NodeConfig]) -> RedisGate:
+def make_redis_gate(
+    config: GateConfig, nodes: list[NodeConfig], metrics: GateMetrics | None = None
+) -> RedisGate:
     if config.redis is None:
         raise ConfigError("gate.redis: required with backend: redis")
     return RedisGate(
@@ -32,4 +35,5 @@ def make_redis_gate(config: GateConfig, nodes: list[NodeConfig]) -> RedisGate:
         max_queue=config.max_queue,
         failure_threshold=config.failure_threshold,
         cooldown_s=config.node_cooldown_s,
+        metrics=metrics,
     )

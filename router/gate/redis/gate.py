@@ -33,11 +33,11 @@ from router.config import NodeConfig, RedisGateConfig
 from router.errors import GatewayError
 from router.gate.base import GateRejected, GateSnapshot, RejectReason
 from router.gate.health import NodeFailure
+from router.gate.metrics import GateMetrics
 from router.gate.redis.lease import Grant, RedisLease
 from router.gate.redis.picture import Picture
 from router.gate.redis.scripts import SCRIPTS
 from router.gate.redis.wakeups import WakeUps
-from router.metrics import GATE_METRICS
 
 log = logging.getLogger("pd_gateway.gate")
 
@@ -66,7 +66,9 @@ class RedisGate:
         max_queue: int,
         failure_threshold: int = 3,
         cooldown_s: float = 5.0,
+        metrics: GateMetrics | None = None,
     ) -> None:
+        self._metrics = metrics or GateMetrics()
         self._nodes = {n.id: n for n in nodes}  # the pool, in grant order
         self._leaving: dict[str, NodeConfig] = {}  # removed by a reload, maybe still held
         self._known = dict(self._nodes)  # every node this gate may still hold a lease on
@@ -289,7 +291,7 @@ class RedisGate:
             release=self._release,
         )
         self._leases.add(lease)
-        GATE_METRICS.granted("redis")
+        self._metrics.granted("redis")
         return lease
 
     # -- leases -------------------------------------------------------------------------
@@ -316,7 +318,7 @@ class RedisGate:
             )
             return
         if not released:
-            GATE_METRICS.fencing_rejected()
+            self._metrics.fencing_rejected()
             log.warning("node %s: the lease of %s had been lost", grant.node.id, grant.holder)
 
     async def _renew(self, leases: list[RedisLease]) -> None:
@@ -327,14 +329,14 @@ class RedisGate:
         try:
             held = await self._run("renew", *args)
         except UNAVAILABLE as exc:
-            GATE_METRICS.renewal_failed(len(leases))
+            self._metrics.renewal_failed(len(leases))
             log.warning("could not renew %d node lease(s): %s", len(leases), exc)
             return
-        GATE_METRICS.renewed(sum(1 for ok in held if ok))
+        self._metrics.renewed(sum(1 for ok in held if ok))
         for lease, ok in zip(leases, held, strict=True):
             lease.renewed(sent_at=sent_at, ttl_s=self._config.lease_ttl_s, held=bool(ok))
             if not ok:
-                GATE_METRICS.expired()
+                self._metrics.expired()
                 self._leases.discard(lease)
                 log.warning("node %s: lease of %s lost", lease.node.id, lease.holder)
 
@@ -376,7 +378,7 @@ class RedisGate:
     async def _run(self, script: str, *args: str | int) -> Any:
         sent_at = time.perf_counter()
         reply = await self._scripts[script](keys=[self._queue_key], args=[*self._common, *args])
-        GATE_METRICS.round_trip(script, time.perf_counter() - sent_at)
+        self._metrics.round_trip(script, time.perf_counter() - sent_at)
         return reply
 
     async def _run_for(self, cancellations: int, script: str, *args: str | int) -> Any:
