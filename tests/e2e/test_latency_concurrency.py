@@ -18,30 +18,26 @@ import openai
 import pytest
 
 from sim.stack import SimStack
-from tests.support.deployment import directive, latency_model, sim_get, sim_post
+from tests.support.deployment import (
+    PRIORITY,
+    directive,
+    latency_model,
+    sim_get,
+    sim_post,
+    tier_rules,
+)
 from tests.support.gateway import GatewayProcess, start_gateway
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
 
-PRIORITY = {"high": 10, "mid": 5, "low": 0}
-RULES = {
-    "rules": [
-        {
-            "name": "high",
-            "path": "latency",
-            "priority": 10,
-            "match": {"headers": {"x-tier": "high"}},
-        },
-        {"name": "mid", "path": "latency", "priority": 5, "match": {"headers": {"x-tier": "mid"}}},
-        {
-            "name": "impatient",
-            "path": "latency",
-            "max_queue_wait_ms": 300,
-            "match": {"headers": {"x-tier": "impatient"}},
-        },
-    ],
-    "default": {"name": "low", "path": "latency", "priority": 0},
-}
+RULES = tier_rules(
+    {
+        "name": "impatient",
+        "path": "latency",
+        "max_queue_wait_ms": 300,
+        "match": {"headers": {"x-tier": "impatient"}},
+    },
+)
 
 
 @pytest.fixture(scope="module")

@@ -108,3 +108,24 @@ def reset(stack: SimStack) -> None:
 def directive(text: str) -> str:
     """A prompt making the simulated model generate exactly `text`."""
     return f"[[sim-output]]{text}[[/sim-output]]"
+
+
+# Priority tiers chosen by the `x-tier` header, as the concurrency tests use them.
+PRIORITY = {"high": 10, "mid": 5, "low": 0}
+
+
+def tier_rules(*more: dict[str, Any]) -> dict[str, Any]:
+    """Rules giving `x-tier: high` and `mid` their priority (low by default), then `more`."""
+    tiers = [
+        {
+            "name": tier,
+            "path": "latency",
+            "priority": PRIORITY[tier],
+            "match": {"headers": {"x-tier": tier}},
+        }
+        for tier in ("high", "mid")
+    ]
+    return {
+        "rules": [*tiers, *more],
+        "default": {"name": "low", "path": "latency", "priority": PRIORITY["low"]},
+    }
