@@ -25,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sim.stack import NodeInfo, SimStack
-from tests.gate.redis_server import RedisServer
+from tests.gate.redis_server import RedisServer, running_redis
 from tests.support.classify_fixtures import proxy_throughput
 from tests.support.deployment import (
     PRIORITY,
@@ -56,12 +56,8 @@ RULES = tier_rules(
 
 @pytest.fixture(scope="module")
 def redis() -> Iterator[RedisServer]:
-    server = RedisServer()
-    try:
-        server.start()
+    with running_redis() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 
 from router.config import GateConfig, NodeConfig, RedisGateConfig
 from router.gate import Gate, make_gate
-from tests.gate.redis_server import RedisServer
+from tests.gate.redis_server import RedisServer, running_redis
 
 MakeGate = Callable[..., Gate]
 # The Redis backend runs a redis-server process: its cases are `e2e` (tests/conftest.py).
@@ -61,12 +61,8 @@ def redis_config(url: str, prefix: str, **redis: float) -> RedisGateConfig:
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    try:
-        server.start()
+    with running_redis() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -80,3 +82,14 @@ class RedisServer:
                 return conn.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up, maybe locked
         except OSError:
             return False
+
+
+@contextmanager
+def running_redis() -> Iterator[RedisServer]:
+    """A redis-server on a free port for the duration of the block."""
+    server = RedisServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
