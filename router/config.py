@@ -27,6 +27,11 @@ class ConfigError(Exception):
     """router.yaml could not be loaded; the message names the field and value."""
 
 
+TileRTVersion = Literal["0.1.5", "0.1.6"]
+"""The TileRT release of a pool's nodes and of its prefill servers' connector: the two
+speak incompatible control planes, so each pool holds one version (docs/protocols.md §1.6)."""
+
+
 class NodeConfig(_Strict):
     """One TileRT decode node: one slot."""
 
@@ -34,6 +39,8 @@ class NodeConfig(_Strict):
     ctrl_port: Annotated[int, Field(ge=1, le=65535)] = 5556
     http_port: Annotated[int, Field(ge=1, le=65535)] = 5557
     name: str | None = None
+    tilert: TileRTVersion | None = None
+    """The TileRT release the node must run: its pool's (set from the pool)."""
 
     @property
     def id(self) -> str:
@@ -44,12 +51,14 @@ class NodeConfig(_Strict):
         return f"http://{self.host}:{self.http_port}"
 
 
-class LatencyConfig(_Strict):
-    """The latency path of one model: vLLM prefill servers and the TileRT node pool."""
+class LatencyPoolConfig(_Strict):
+    """TileRT decode nodes and the vLLM prefill servers that push KV state to them: a
+    request's prefill is always sent to a prefill server of its node's pool."""
 
+    name: str = "default"
+    tilert: TileRTVersion = "0.1.6"
     prefill: Annotated[list[str], Field(min_length=1)]
     nodes: Annotated[list[NodeConfig], Field(min_length=1)]
-    max_seq_len: Annotated[int, Field(ge=2)] = 131072
 
     @field_validator("prefill")
     @classmethod
@@ -57,12 +66,69 @@ class LatencyConfig(_Strict):
         return [_check_url(u) for u in urls]
 
     @model_validator(mode="after")
-    def _unique_nodes(self) -> LatencyConfig:
+    def _nodes_of_this_version(self) -> LatencyPoolConfig:
+        for node in self.nodes:
+            if node.tilert not in (None, self.tilert):
+                raise ValueError(
+                    f"node {node.id} says TileRT {node.tilert} in a pool of TileRT {self.tilert}"
+                )
+        nodes = [n.model_copy(update={"tilert": self.tilert}) for n in self.nodes]
+        object.__setattr__(self, "nodes", nodes)
+        return self
+
+
+class LatencyConfig(_Strict):
+    """The latency path of one model: pools of TileRT nodes, each with its prefill servers.
+
+    One pool may be written inline (`prefill`, `nodes` and optionally `tilert` directly
+    under `latency`); several (a 0.1.5 and a 0.1.6 pool during an upgrade) under `pools`.
+    """
+
+    pools: Annotated[list[LatencyPoolConfig], Field(min_length=1)]
+    max_seq_len: Annotated[int, Field(ge=2)] = 131072
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inline_pool(cls, data: Any) -> Any:
+        inline = ("name", "tilert", "prefill", "nodes")
+        if isinstance(data, dict) and any(key in data for key in inline):
+            if "pools" in data:
+                raise ValueError("give either `pools` or one inline pool (prefill, nodes)")
+            pool = {key: data[key] for key in inline if key in data}
+            data = {k: v for k, v in data.items() if k not in inline} | {"pools": [pool]}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent_pools(self) -> LatencyConfig:
         ids = [n.id for n in self.nodes]
         dup = {i for i in ids if ids.count(i) > 1}
         if dup:
             raise ValueError(f"node listed twice: {sorted(dup)}")
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool names must be unique: {names}")
+        versions: dict[str, str] = {}
+        for pool in self.pools:
+            for url in pool.prefill:
+                if versions.setdefault(url, pool.tilert) != pool.tilert:
+                    raise ValueError(
+                        f"prefill server {url} is in pools of TileRT {versions[url]} and "
+                        f"{pool.tilert}: a prefill server's connector speaks one version"
+                    )
         return self
+
+    @property
+    def nodes(self) -> list[NodeConfig]:
+        """Every node of every pool."""
+        return [node for pool in self.pools for node in pool.nodes]
+
+    @property
+    def prefill(self) -> list[str]:
+        """Every prefill server of every pool, each once."""
+        return list(dict.fromkeys(url for pool in self.pools for url in pool.prefill))
+
+    def pool_of(self, node_id: str) -> LatencyPoolConfig:
+        return next(p for p in self.pools if any(n.id == node_id for n in p.nodes))
 
 
 class ProxyConfig(_Strict):
@@ -190,6 +256,8 @@ class GateConfig(_Strict):
     failure_threshold: Annotated[int, Field(ge=1)] = 3
     node_cooldown_s: Annotated[float, Field(ge=0)] = 5.0
     probe_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    # How often every node is asked for its TileRT release and features (/capabilities).
+    capabilities_interval_s: Annotated[float, Field(gt=0)] = 30.0
 
     @model_validator(mode="after")
     def _backend_settings(self) -> GateConfig:
@@ -253,6 +321,9 @@ class ModelConfig(_Strict):
     name: str
     tokenizer: str
     output_parser: str = "none"
+    generation_config: str | None = None
+    """The model's generation_config.json (or its directory): sampling defaults for what a
+    latency request leaves unset, as vLLM applies them (else vLLM's own defaults)."""
     latency: LatencyConfig | None = None
     throughput: ThroughputConfig | None = None
 

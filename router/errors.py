@@ -10,6 +10,8 @@
      └── UpstreamError             502/503/504, or an upstream 4xx passed through
           ├── PrefillError         the vLLM prefill failed
           └── DecodeError          the TileRT node failed before anything reached the client
+               └── NodeRefused     the node refused the request itself (400 about the request,
+                                   or a feature its engine lacks): not a node failure
 
 Third-party exceptions are translated into these at the boundary where they occur (httpx in
 `router.upstream`, pydantic in `router.openai.requests`), so nothing above ever sees them.
@@ -131,6 +133,18 @@ class PrefillError(UpstreamError):
 
 class DecodeError(UpstreamError):
     pass
+
+
+class NodeRefused(DecodeError):
+    """A TileRT 0.1.6 node's typed refusal (docs/protocols.md §1.6): an answer about the
+    request, never held against the node. `unsupported`: the node's engine lacks a feature
+    the request uses (`code` names it); another path may serve the request. Otherwise the
+    request itself is invalid there (a bad parameter or grammar): the client's 400."""
+
+    def __init__(self, message: str, *, code: str, unsupported: bool) -> None:
+        super().__init__(message, status=400, code=code)
+        self.unsupported = unsupported
+        self.error_type = "invalid_request_error"
 
 
 def error_json(error: GatewayError) -> bytes:

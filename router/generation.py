@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from router.auth import AdminAuth, ClientAuth
 from router.classify import Classifier
-from router.config import GatewayConfig, ModelConfig, compile_rules
+from router.config import ConfigError, GatewayConfig, ModelConfig, compile_rules
 from router.gate import Gate
 from router.latency.protocol import LatencyDeps
+from router.latency.sampling import SamplingDefaults
 from router.models import ModelRuntime, build_model
 from router.prompt_tokens import PromptCounter
 from router.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_path
@@ -57,6 +59,9 @@ async def build_generation(
     # One model at a time: transformers' lazy imports are not safe from two threads at once
     # (a chat template's tokenizer class may fail to import).
     loaded = [await _tokenizer(m, config, old.get(m.name)) for m in config.models]
+    sampling = {
+        m.name: await asyncio.to_thread(_sampling_defaults, m, config) for m in config.models
+    }
 
     changes = Changes()
     models: dict[str, ModelRuntime] = {}
@@ -76,6 +81,7 @@ async def build_generation(
             gate_config=config.gate,
             deps=deps,
             gate=gate,
+            sampling_defaults=sampling[model.name],
         )
         models[model.name] = runtime
         changes.models[model.name] = "changed" if before is not None else "added"
@@ -91,6 +97,18 @@ async def build_generation(
     counters = {name: m.counter for name, m in models.items()}
     classifier = Classifier(config, rules, counters)
     return Generation(config, classifier, client_auth, admin_auth, models), changes
+
+
+def _sampling_defaults(model: ModelConfig, config: GatewayConfig) -> SamplingDefaults:
+    if model.generation_config is None:
+        return SamplingDefaults()
+    path = Path(model.generation_config)
+    try:
+        return SamplingDefaults.from_generation_config(
+            path if path.is_absolute() else config.base_dir / path
+        )
+    except ValueError as exc:
+        raise ConfigError(f"models[{model.name}].generation_config: {exc}") from None
 
 
 async def _tokenizer(

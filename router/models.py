@@ -13,6 +13,7 @@ from router.config import GateConfig, ModelConfig
 from router.gate import Gate, make_gate
 from router.latency.path import LatencyPath
 from router.latency.protocol import LatencyDeps
+from router.latency.sampling import SamplingDefaults
 from router.prompt_tokens import PromptCounter
 from router.serving import Fallback, ServePath
 from router.throughput import make_throughput_path
@@ -47,6 +48,7 @@ def build_model(
     gate_config: GateConfig,
     deps: LatencyDeps,
     gate: Gate | None = None,
+    sampling_defaults: SamplingDefaults | None = None,
 ) -> ModelRuntime:
     """`gate`: the model's pool from before a reload, to keep (a new one otherwise)."""
     paths: dict[Path, ServePath] = {}
@@ -56,6 +58,7 @@ def build_model(
             config.throughput, upstreams=deps.upstreams
         )
     latency = None
+    sampling_defaults = sampling_defaults or SamplingDefaults()
     if config.latency is not None:
         latency = LatencyPath(
             config.name,
@@ -65,6 +68,7 @@ def build_model(
             tokenizer=tokenizer,
             deps=deps,
             default_wait_ms=gate_config.max_queue_wait_ms,
+            sampling_defaults=sampling_defaults,
         )
         paths["latency"] = (
             latency if throughput is None else Fallback(latency, throughput, metrics=deps.metrics)

@@ -16,6 +16,7 @@ from router import logs
 from router.auth import AdminAuth, ClientAuth, upstream_credentials
 from router.config import GatewayConfig, load_config
 from router.gate import Gate, GateSnapshot
+from router.gate.facts import NodeFactsBook
 from router.gate.prober import admit_ready_nodes, probe_forever
 from router.generation import Generation, build_generation
 from router.latency.protocol import LatencyDeps
@@ -45,6 +46,7 @@ class AppState:
             timeouts=config.timeouts,
             spawn=self.spawn,
             metrics=self.metrics,
+            facts=NodeFactsBook(),
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._probers: dict[Gate, asyncio.Task[None]] = {}
@@ -94,12 +96,20 @@ class AppState:
 
     async def _watch(self, gates: Any) -> None:
         """Probe new pools: nodes not ready start out of service, then are probed back."""
-        gates = list(gates)
-        await asyncio.gather(*(admit_ready_nodes(gate, self.upstreams) for gate in gates))
-        interval_s = self.config.gate.probe_interval_s
+        gates, config, facts = list(gates), self.config.gate, self.deps.facts
+        sole_user = config.backend == "memory"
+        await asyncio.gather(
+            *(admit_ready_nodes(g, self.upstreams, facts, sole_user=sole_user) for g in gates)
+        )
         for gate in gates:
             self._probers[gate] = asyncio.create_task(
-                probe_forever(gate, self.upstreams, interval_s=interval_s)
+                probe_forever(
+                    gate,
+                    self.upstreams,
+                    facts,
+                    interval_s=config.probe_interval_s,
+                    facts_every_s=config.capabilities_interval_s,
+                )
             )
 
     async def pool_snapshots(self) -> dict[str, GateSnapshot]:

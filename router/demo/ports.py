@@ -77,9 +77,11 @@ def rewrite(config: GatewayConfig, endpoints: Endpoints, *, port: int) -> dict[s
     for model in doc["models"]:
         if model["tokenizer"] not in BUILTIN:
             model["tokenizer"] = str(absolute(model["tokenizer"], config.base_dir))
-        if (latency := model["latency"]) is not None:
-            latency["prefill"] = [endpoints.urls[url] for url in latency["prefill"]]
-            for node in latency["nodes"]:
+        if model["generation_config"] is not None:
+            model["generation_config"] = str(absolute(model["generation_config"], config.base_dir))
+        for pool in model["latency"]["pools"] if model["latency"] is not None else ():
+            pool["prefill"] = [endpoints.urls[url] for url in pool["prefill"]]
+            for node in pool["nodes"]:
                 key = (node["host"], node["ctrl_port"], node["http_port"])
                 node["ctrl_port"], node["http_port"] = endpoints.nodes[key]
         if (throughput := model["throughput"]) is not None:

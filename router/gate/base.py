@@ -90,8 +90,14 @@ class PoolAdmin(Protocol):
         """Nodes out of service long enough to be probed."""
         ...
 
+    async def claim_for_probe(self, node_id: str, *, for_s: float) -> bool:
+        """The node is out of service and, for `for_s`, only the caller may flush it and
+        readmit it (so no replica's late flush can reach a node already back in service)."""
+        ...
+
     async def readmit(self, node_id: str) -> None:
-        """A probed node is healthy and idle: back in service."""
+        """A probed node is healthy and idle: back in service (unless another replica has
+        claimed it meanwhile)."""
         ...
 
     async def take_out(self, node_id: str, reason: str) -> None:

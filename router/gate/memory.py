@@ -150,6 +150,10 @@ class MemoryGate:
         self._free = deque(n for n in self._free if n.id != node_id)
         self._fail_waiters_if_no_node()
 
+    async def claim_for_probe(self, node_id: str, *, for_s: float) -> bool:
+        # One prober per pool in this process: nobody else flushes or readmits.
+        return self._health.out().get(node_id, "drained") != "drained"
+
     async def readmit(self, node_id: str) -> None:
         if node_id in self._holders and self._health.readmit(node_id):
             self._back_in_service(node_id)

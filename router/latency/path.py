@@ -16,6 +16,7 @@ from router.errors import GatewayError, Overloaded, UpstreamError
 from router.gate import Gate, GateRejected, Lease
 from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.relay import DecodeRelay, RelayEnd
+from router.latency.sampling import SamplingDefaults, decode_options
 from router.openai.render import Renderer, Usage
 from router.openai.sse import DONE_EVENT, error_event
 from router.serving import Answer, RoutedRequest, json_answer
@@ -50,6 +51,7 @@ class LatencyPath:
         tokenizer: LoadedTokenizer,
         deps: LatencyDeps,
         default_wait_ms: int,
+        sampling_defaults: SamplingDefaults,
     ) -> None:
         self._model = model
         self._config = config
@@ -58,7 +60,12 @@ class LatencyPath:
         self._tokenizer = tokenizer
         self._deps = deps
         self._default_wait_ms = default_wait_ms
-        self._prefill = LeastOutstanding(config.prefill)
+        self._sampling_defaults = sampling_defaults
+        # A node's transfer must come from a prefill server of its own pool (its release).
+        balancers = {pool.name: LeastOutstanding(pool.prefill) for pool in config.pools}
+        self._prefill_for = {
+            node.id: balancers[pool.name] for pool in config.pools for node in pool.nodes
+        }
         self._live: set[NodeSession] = set()  # sessions whose slot is not yet released
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
@@ -70,8 +77,10 @@ class LatencyPath:
 
     async def _open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         started = time.monotonic()
+        options = decode_options(request.parsed, request.body, self._sampling_defaults)
         lease = await self._acquire(request, started)
-        url = self._prefill.pick()
+        prefill = self._prefill_for[lease.node.id]
+        url = prefill.pick()
         access = request.access
         access.node, access.prefill = lease.node.id, url
         session = NodeSession(
@@ -79,8 +88,8 @@ class LatencyPath:
         )
         self._live.add(session)
         stack.callback(session.close)
-        with self._prefill.hold(url):
-            prefilled = await session.start(request, max_seq_len=self._config.max_seq_len)
+        with prefill.hold(url):
+            prefilled = await session.start(request, options, max_seq_len=self._config.max_seq_len)
         relay = DecodeRelay(
             request,
             prefilled,

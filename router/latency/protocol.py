@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.config import TimeoutsConfig
-from router.errors import DecodeError, PrefillError
+from router.errors import DecodeError, NodeRefused, PrefillError
 from router.gate import Lease, NodeFailure, failure_for
+from router.gate.facts import NodeFactsBook
+from router.latency.sampling import DecodeOptions
 from router.metrics import Metrics
 from router.serving import RoutedRequest
 from router.upstream import Upstreams, tilert, vllm
@@ -41,6 +43,8 @@ class LatencyDeps:
     spawn: Spawn
     """Runs a cleanup in the background; shutdown waits for it."""
     metrics: Metrics
+    facts: NodeFactsBook
+    """What each node reported about itself; typed refusals correct it."""
 
 
 class NodeSession:
@@ -69,21 +73,29 @@ class NodeSession:
         self._node_error: str | None = None  # what the node did wrong, for its health
         self._cancel_reason = "client_gone"
 
-    async def start(self, request: RoutedRequest, *, max_seq_len: int) -> Prefilled:
+    async def start(
+        self, request: RoutedRequest, options: DecodeOptions, *, max_seq_len: int
+    ) -> Prefilled:
         """Prefill, then open the node's decode stream. Raises GatewayError before any output;
         the slot is then released (in the background if the protocol needs finishing)."""
         self._rid = request.request_id  # dash-free: vLLM and the node reduce it to itself
-        self._start_task = asyncio.create_task(self._start(request, max_seq_len))
+        self._start_task = asyncio.create_task(self._start(request, options, max_seq_len))
         try:
             return await asyncio.shield(self._start_task)
         except BaseException:
             self.close()
             raise
 
-    async def _start(self, request: RoutedRequest, max_seq_len: int) -> Prefilled:
+    async def _start(
+        self, request: RoutedRequest, options: DecodeOptions, max_seq_len: int
+    ) -> Prefilled:
         deps, node = self._deps, self._lease.node
         body = vllm.prefill_body(
-            request.body, vllm.tilert_params(node), first_token_of=request.endpoint.name
+            request.body,
+            vllm.tilert_params(node),
+            first_token_of=request.endpoint.name,
+            top_logprobs=options.top_logprobs or 1,
+            sampling=options.sampling.for_prefill(),
         )
         data = await vllm.prefill(
             deps.upstreams, self._prefill_url, request.endpoint.path, body, request_id=self._rid
@@ -96,8 +108,10 @@ class NodeSession:
             rid=self._rid,
             first_token_id=prefilled.first_token_id,
             max_tokens=_node_max_tokens(prefilled, request, max_seq_len),
-            sampling=request.parsed.sampling,
+            sampling=options.node_sampling,
             timeout_s=deps.timeouts.kv_transfer_s,
+            top_logprobs=options.top_logprobs,
+            grammar_spec=options.grammar_spec,
         )
         stall_s = deps.timeouts.decode_stall_s
         if not await self._lease.renew():  # never start a decode on a node no longer ours
@@ -143,7 +157,13 @@ class NodeSession:
             if self._start_task is not None and not self._start_task.done():
                 await asyncio.wait([self._start_task])
             error = self._start_error()
-            if self._stream is not None:
+            if isinstance(error, NodeRefused):
+                # An answer about the request; a 0.1.6 node drained the request's own transfer
+                # before giving it. Only a node that then stays busy is judged.
+                self._learn_from(error)
+                if not await self._idle_again():
+                    judged, failure = True, NodeFailure("decode_unfinished", hard=True)
+            elif self._stream is not None:
                 judged = True
                 failure = failure_for(self._node_error)
                 if not await self._end_stream(self._stream):
@@ -179,6 +199,17 @@ class NodeSession:
             await self._cancel()
         return await tilert.drain(stream, limit_s=self._deps.timeouts.decode_stall_s)
 
+    def _learn_from(self, refusal: NodeRefused) -> None:
+        feature = _FEATURE_REFUSED.get(refusal.code or "")
+        if feature is not None:
+            self._deps.facts.lacks(self._lease.node.id, feature)
+
+    async def _idle_again(self) -> bool:
+        deps = self._deps
+        return await tilert.wait_idle(
+            deps.upstreams, self._lease.node, limit_s=deps.timeouts.decode_stall_s
+        )
+
     async def _cancel(self) -> bool:
         return await tilert.cancel(self._deps.upstreams, self._lease.node, self._rid)
 
@@ -194,7 +225,7 @@ class NodeSession:
             first_token_id=prefilled.first_token_id if prefilled is not None else 0,
             timeout_s=deps.timeouts.kv_transfer_s,
         )
-        return await tilert.wait_idle(deps.upstreams, node, limit_s=deps.timeouts.decode_stall_s)
+        return await self._idle_again()
 
     def _start_error(self) -> BaseException | None:
         task = self._start_task
@@ -207,6 +238,10 @@ class NodeSession:
         if isinstance(error, PrefillError):
             return error.in_doubt
         return error is None and self._prefilled is not None
+
+
+# A typed refusal's error type -> the feature the node showed it lacks.
+_FEATURE_REFUSED = {"logprobs_unavailable": "logprobs", "grammar_unsupported": "grammar"}
 
 
 def _lease_lost() -> DecodeError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from policies.decision import REROUTE_HEADER, ROUTE_HEADER
-from router.errors import GatewayError, Overloaded, PrefillError, UpstreamError
+from router.errors import GatewayError, NodeRefused, Overloaded, PrefillError, UpstreamError
 from router.metrics import Metrics
 from router.serving.base import Answer, RoutedRequest, ServePath, new_request_id
 
@@ -23,7 +23,7 @@ class Fallback:
         except GatewayError as exc:
             if request.decision.on_saturation != "spill" or not spillable(exc):
                 raise
-            reason = str(exc.code)
+            reason = NODE_CAPABILITY if isinstance(exc, NodeRefused) else str(exc.code)
         self._metrics.reroute(request.model, reason)
         request.headers.update({ROUTE_HEADER: "throughput", REROUTE_HEADER: reason})
         # The failed attempt's id may still be running upstream (a prefill that timed out).
@@ -31,9 +31,16 @@ class Fallback:
         return await self._secondary.open(request, stack)
 
 
+NODE_CAPABILITY = "node_capability"
+"""The reroute reason when a TileRT node refused a feature its engine lacks."""
+
+
 def spillable(exc: GatewayError) -> bool:
-    """Saturation and upstream failures before the first byte, but not the client's own
-    mistakes (a 4xx from the prefill server would fail on the throughput path too)."""
+    """Saturation and upstream failures before the first byte, and features the TileRT node
+    lacks, but not the client's own mistakes (a 4xx from the prefill server or the node's
+    400 about a parameter would fail on the throughput path too)."""
+    if isinstance(exc, NodeRefused):
+        return exc.unsupported
     if isinstance(exc, PrefillError):
         return exc.status >= 500
     return isinstance(exc, Overloaded | UpstreamError)

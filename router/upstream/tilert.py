@@ -1,9 +1,10 @@
-"""The TileRT decode node's HTTP API (PROTOCOLS.md §1.4) as the gateway uses it.
+"""The TileRT decode node's HTTP API (docs/protocols.md §1.4–1.6) as the gateway uses it.
 
 `open_decode` returns once the node has answered 200 (the transfer arrived); its lines are
-then read one at a time with a stall timeout. Every node failure becomes a DecodeError.
-The other calls (`cancel`, `consume_transfer`, `drain`, `wait_idle`, `is_ready`) are
-cleanups and probes: they never raise.
+then read one at a time with a stall timeout. Every node failure becomes a DecodeError; a
+0.1.6 node's typed refusal (an answer about the request) becomes a NodeRefused.
+The other calls (`cancel`, `consume_transfer`, `drain`, `flush`, `wait_idle`, `is_ready`,
+`node_facts`) are cleanups and probes: they never raise.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from router.config import NodeConfig
-from router.errors import DecodeError, UpstreamError
+from router.config import NodeConfig, TileRTVersion
+from router.errors import DecodeError, NodeRefused, UpstreamError
 from router.upstream.client import Reply, Upstreams
 from router.upstream.failures import Target
 
@@ -35,6 +37,10 @@ NODE = Target(
 @dataclass(frozen=True, slots=True)
 class TokenLine:
     ids: list[int]
+    lp: list[float] | None = None
+    """With `top_logprobs` (0.1.6): each token's logprob."""
+    tp: list[list[list[Any]]] | None = None
+    """With `top_logprobs` (0.1.6): each token's top candidates, `[token_id, logprob]` pairs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +60,12 @@ def decode_body(
     sampling: dict[str, Any] | None,
     timeout_s: float,
     stream: bool = True,
+    top_logprobs: int | None = None,
+    grammar_spec: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    """`top_logprobs` and `grammar_spec` exist on 0.1.6 nodes only; they are sent only when
+    set (the guard sends such requests only to nodes that report the feature)."""
+    body: dict[str, Any] = {
         "rid": rid,
         "first_token_id": first_token_id,
         "max_tokens": max_tokens,
@@ -63,6 +73,11 @@ def decode_body(
         "timeout_s": timeout_s,
         "stream": stream,
     }
+    if top_logprobs is not None:
+        body["top_logprobs"] = top_logprobs
+    if grammar_spec is not None:
+        body["grammar_spec"] = grammar_spec
+    return body
 
 
 class DecodeStream:
@@ -142,16 +157,29 @@ class DecodeStream:
             ids = line["t"]
             if not isinstance(ids, list) or not all(type(i) is int for i in ids):
                 raise _bad_line(raw)
-            return TokenLine(ids)
+            lp, tp = line.get("lp"), line.get("tp")
+            if lp is None:
+                return TokenLine(ids)
+            if not (
+                isinstance(lp, list)
+                and isinstance(tp, list)
+                and len(lp) == len(ids) == len(tp)
+                and all(isinstance(x, int | float) for x in lp)
+                and all(isinstance(x, list) for x in tp)
+            ):
+                raise _bad_line(raw)
+            return TokenLine(ids, lp, tp)
         if line.get("done") is True:
             n, finish = line.get("n", 0), line.get("finish_reason", "stop")
             if type(n) is not int or not isinstance(finish, str):
                 raise _bad_line(raw)
             self.ended = True
             return DoneLine(n, finish)
-        raise DecodeError(
-            f"the decode node failed: {line.get('error', 'unknown error')}", code="decode_failed"
-        )
+        error_type = line.get("error_type")
+        message = f"the decode node failed: {line.get('error', 'unknown error')}"
+        if error_type in _ABOUT_THE_REQUEST:  # e.g. the output broke the request's grammar
+            raise NodeRefused(message, code=str(error_type), unsupported=False)
+        raise DecodeError(message, code="decode_failed")
 
     async def aclose(self) -> None:
         if not self._reader.done():
@@ -185,8 +213,31 @@ async def open_decode(
     return DecodeStream(reply, stall_s=stall_s)
 
 
+# A 0.1.6 node's typed refusals (docs/protocols.md §1.6): the request is wrong there (400) or
+# needs what the node's engine lacks (501). Neither says anything about the node's health.
+_ABOUT_THE_REQUEST = frozenset({"invalid_parameter", "invalid_grammar", "grammar_violation"})
+_UNSUPPORTED = frozenset(
+    {"capability_unavailable", "logprobs_unavailable", "grammar_unsupported", "invalid_logprobs"}
+)
+
+
 def _refusal(status: int, detail: dict[str, Any]) -> DecodeError:
     error = detail.get("error", "unknown error")
+    error_type = detail.get("error_type")
+    if error_type in _ABOUT_THE_REQUEST:
+        return NodeRefused(
+            f"the TileRT decode node refused the request: {error}",
+            code=str(error_type),
+            unsupported=False,
+        )
+    if error_type in _UNSUPPORTED or status == 501:
+        return NodeRefused(
+            f"the TileRT decode node cannot serve this request: {error}",
+            code=str(error_type or "capability_unavailable"),
+            unsupported=True,
+        )
+    if status == 499:  # 0.1.6: our own /pd/cancel during the KV wait
+        return DecodeError("the decode was cancelled", status=499, code="decode_cancelled")
     if status == 429:
         return DecodeError(
             "the decode node is busy with another request", status=503, code="node_busy"
@@ -257,6 +308,72 @@ async def drain(stream: DecodeStream, *, limit_s: float) -> bool:
     finally:
         await stream.aclose()
     return stream.eof
+
+
+FLUSH_WAIT_S = 1.0
+"""How long a flush's decode waits for a transfer that is not coming."""
+
+
+async def flush(upstreams: Upstreams, node: NodeConfig, *, idle_within_s: float) -> bool:
+    """Clear any transfer the node holds that no request will consume (an orphan: a gateway
+    that died between prefill and decode, a consume that never arrived), then True once
+    the node is idle. Only while nobody may use the node (it is held or out of service).
+
+    One decode for a rid that has no transfer does it on both releases: it drops every
+    completed transfer of another rid, and when it ends (504 after `FLUSH_WAIT_S`) a 0.1.5
+    node also frees its receive slot of whatever it holds (docs/protocols.md §1.5, §1.6).
+    """
+    body = decode_body(
+        rid=f"pdgwflush{secrets.token_hex(8)}",
+        first_token_id=0,
+        max_tokens=1,
+        sampling=None,
+        timeout_s=FLUSH_WAIT_S,
+        stream=False,
+    )
+    try:
+        reply = await upstreams.call(
+            NODE, "POST", node.url, "/pd/decode", body=body, read_s=FLUSH_WAIT_S + 35.0
+        )
+    except UpstreamError as exc:
+        log.info("flushing node %s failed: %s", node.id, exc.message)
+        return False
+    if reply.status == 429:  # a decode is running: not ours to disturb
+        return False
+    return await wait_idle(upstreams, node, limit_s=idle_within_s)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What a node says about itself: its TileRT release and what its engine can do."""
+
+    version: TileRTVersion
+    features: frozenset[str] = frozenset()
+    engine: str | None = None
+
+
+FEATURES = ("penalties", "ignore_eos", "logprobs", "grammar")
+"""`/capabilities` flags the gateway reads; `grammar` is absent on TileRT's own engines,
+which refuse grammars (absent means unsupported)."""
+
+
+async def node_facts(upstreams: Upstreams, node: NodeConfig) -> NodeFacts | None:
+    """`GET /capabilities`: 0.1.6 with its features, 404 means 0.1.5; None if unreachable."""
+    reply = await _probe(upstreams, node, "/capabilities")
+    if reply is None:
+        return None
+    if reply.status == 404:
+        return NodeFacts("0.1.5")
+    if reply.status != 200:
+        return None
+    data = await reply.json()
+    caps = data.get("capabilities") if isinstance(data, dict) else None
+    if not isinstance(caps, dict):
+        return NodeFacts("0.1.6")
+    features = frozenset(name for name in FEATURES if caps.get(name) is True)
+    assert isinstance(data, dict)
+    engine = data.get("engine")
+    return NodeFacts("0.1.6", features, engine if isinstance(engine, str) else None)
 
 
 async def _probe(upstreams: Upstreams, node: NodeConfig, path: str) -> Reply | None:

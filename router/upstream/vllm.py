@@ -31,11 +31,27 @@ TOKEN_ID_PREFIX = "token_id:"
 # it could not honour, and transfer parameters that are the gateway's to set.
 _NOT_IN_PREFILL = ("stream_options", "min_tokens", "min_completion_tokens", "kv_transfer_params")
 
-# How each endpoint asks for the first token's logprob, and where its answer puts it.
-_FIRST_TOKEN: Mapping[Endpoint, tuple[dict[str, Any], Callable[[Any], Any]]] = MappingProxyType(
+
+def _chat_first(logprobs: Any) -> tuple[Any, Any, list[tuple[Any, Any]]]:
+    entry = logprobs["content"][0]
+    top = [(t["token"], t["logprob"]) for t in entry.get("top_logprobs") or ()]
+    return entry["token"], entry.get("logprob"), top
+
+
+def _completion_first(logprobs: Any) -> tuple[Any, Any, list[tuple[Any, Any]]]:
+    top = (logprobs.get("top_logprobs") or [None])[0] or {}
+    return logprobs["tokens"][0], (logprobs.get("token_logprobs") or [None])[0], [*top.items()]
+
+
+# How each endpoint asks for the first token's logprob (and `n` top candidates), and where
+# its answer puts the token, its logprob and the candidates.
+_FIRST_TOKEN: Mapping[
+    Endpoint,
+    tuple[Callable[[int], dict[str, Any]], Callable[[Any], tuple[Any, Any, list[tuple[Any, Any]]]]],
+] = MappingProxyType(
     {
-        "chat": ({"logprobs": True, "top_logprobs": 1}, lambda lp: lp["content"][0]["token"]),
-        "completions": ({"logprobs": 1}, lambda lp: lp["tokens"][0]),
+        "chat": (lambda n: {"logprobs": True, "top_logprobs": n}, _chat_first),
+        "completions": (lambda n: {"logprobs": n}, _completion_first),
     }
 )
 
@@ -45,16 +61,21 @@ def prefill_body(
     kv_transfer_params: dict[str, Any],
     *,
     first_token_of: Endpoint | None = None,
+    top_logprobs: int = 1,
+    sampling: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One token, not streamed, with the gateway's `kv_transfer_params`; with `first_token_of`,
-    the first token's logprob is asked for in that endpoint's shape (the latency path)."""
+    the first token's logprob (and `top_logprobs` candidates) is asked for in that
+    endpoint's shape (the latency path), and `sampling` replaces the client's settings."""
     out = {k: v for k, v in body.items() if k not in _NOT_IN_PREFILL}
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
     out["stream"] = False
     if first_token_of is not None:
-        out.update(_FIRST_TOKEN[first_token_of][0])
+        out.update(_FIRST_TOKEN[first_token_of][0](max(1, top_logprobs)))
+    if sampling is not None:
+        out.update(sampling)
     out["kv_transfer_params"] = kv_transfer_params
     return out
 
@@ -137,6 +158,9 @@ class Prefilled:
     prompt_tokens: int
     finish_reason: str | None
     cached_tokens: int | None
+    first_logprob: float | None = None
+    first_top: tuple[tuple[int, float], ...] = ()
+    """The first token's top candidates (token id, logprob), best first."""
 
 
 def unusable_prefill(message: str) -> PrefillError:
@@ -149,34 +173,39 @@ def parse_prefilled(data: Any, endpoint: Endpoint) -> Prefilled:
     """The first token id (as `token_id:N`), the prompt length and the response id."""
     try:
         choice = data["choices"][0]
-        token = _FIRST_TOKEN[endpoint][1](choice["logprobs"])
+        token, logprob, top = _FIRST_TOKEN[endpoint][1](choice["logprobs"])
         usage = data["usage"]
         prompt_tokens = int(usage["prompt_tokens"])
         details = usage.get("prompt_tokens_details") or {}
         response_id = str(data["id"])
-    except (KeyError, IndexError, TypeError, ValueError):
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         raise unusable_prefill(
             "the prefill server's answer lacks the first token's logprobs or usage"
         ) from None
+    return Prefilled(
+        response_id=response_id,
+        created=int(data.get("created") or 0),
+        first_token_id=_token_id(token),
+        prompt_tokens=prompt_tokens,
+        finish_reason=choice.get("finish_reason"),
+        cached_tokens=details.get("cached_tokens"),
+        first_logprob=float(logprob) if isinstance(logprob, int | float) else None,
+        first_top=tuple((_token_id(t), float(lp)) for t, lp in top if isinstance(lp, int | float)),
+    )
+
+
+def _token_id(token: Any) -> int:
     if not isinstance(token, str) or not token.startswith(TOKEN_ID_PREFIX):
         raise unusable_prefill(
             "the prefill server returned the first token as text, not 'token_id:N': "
             "run vLLM with --return-tokens-as-token-ids"
         )
     try:
-        first_token_id = int(token[len(TOKEN_ID_PREFIX) :])
+        return int(token[len(TOKEN_ID_PREFIX) :])
     except ValueError:
         raise unusable_prefill(
             f"the prefill server returned a malformed token id {token!r}"
         ) from None
-    return Prefilled(
-        response_id=response_id,
-        created=int(data.get("created") or 0),
-        first_token_id=first_token_id,
-        prompt_tokens=prompt_tokens,
-        finish_reason=choice.get("finish_reason"),
-        cached_tokens=details.get("cached_tokens"),
-    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -195,11 +195,12 @@ def test_rules_file_path_made_absolute(tmp_path: Path) -> None:
     config = load_config(tmp_path / "router.yaml")
     doc = rewrite(config, shifted(plan_stacks(config), 1), port=0)
     assert doc["classification"]["rules_file"] == str(tmp_path / "rules.yaml")
-    assert doc["models"][0]["latency"]["nodes"][0] == {
+    assert doc["models"][0]["latency"]["pools"][0]["nodes"][0] == {
         "host": "127.0.0.1",
         "ctrl_port": 5557,
         "http_port": 5558,
         "name": None,
+        "tilert": "0.1.6",
     }
 
 

@@ -14,13 +14,16 @@ import orjson
 import pytest
 
 from router.config import NodeConfig, TimeoutsConfig, UpstreamsConfig
-from router.errors import DecodeError, PrefillError
+from router.errors import DecodeError, NodeRefused, PrefillError
 from router.gate import NodeFailure
+from router.gate.facts import NodeFactsBook
 from router.latency.protocol import LatencyDeps, NodeSession
+from router.latency.sampling import SamplingDefaults, decode_options
 from router.metrics import Metrics
 from router.serving import RoutedRequest
 from router.upstream import Upstreams
-from router.upstream.tilert import DoneLine, TokenLine
+from router.upstream.tilert import DoneLine, NodeFacts, TokenLine
+from router.upstream.vllm import Prefilled
 from tests.throughput.support import routed
 
 NODE = NodeConfig(host="node", ctrl_port=5556, http_port=5557)
@@ -140,6 +143,10 @@ class Run:
         (outcome,) = self.lease.outcomes
         return outcome
 
+    async def start(self, req: RoutedRequest, *, max_seq_len: int) -> Prefilled:
+        options = decode_options(req.parsed, req.body, SamplingDefaults())
+        return await self.session.start(req, options, max_seq_len=max_seq_len)
+
     def cancellations(self, reason: str) -> float:
         value = self.metrics.registry.get_sample_value(
             "pd_gateway_cancellations_total", {"model": "m", "reason": reason}
@@ -157,7 +164,13 @@ def run(node: Node) -> Run:
 
     upstreams = Upstreams(UpstreamsConfig(), TIMEOUTS, transport=httpx.MockTransport(node))
     metrics = Metrics()
-    deps = LatencyDeps(upstreams=upstreams, timeouts=TIMEOUTS, spawn=spawn, metrics=metrics)
+    deps = LatencyDeps(
+        upstreams=upstreams,
+        timeouts=TIMEOUTS,
+        spawn=spawn,
+        metrics=metrics,
+        facts=NodeFactsBook(),
+    )
     lease = RecordingLease()
     session = NodeSession(
         deps, lease, model="m", prefill_url=PREFILL_URL, on_released=lambda _: None
@@ -179,7 +192,7 @@ async def read_all(session: NodeSession) -> list[Any]:
 async def test_a_whole_decode_is_read_and_the_node_judged_healthy() -> None:
     node = Node()
     r = run(node)
-    prefilled = await r.session.start(request(max_tokens=5), max_seq_len=100)
+    prefilled = await r.start(request(max_tokens=5), max_seq_len=100)
     assert prefilled.first_token_id == 42
     assert await read_all(r.session) == [TokenLine([1, 2]), DoneLine(3, "stop")]
     r.session.close()
@@ -194,7 +207,7 @@ async def test_a_whole_decode_is_read_and_the_node_judged_healthy() -> None:
 async def test_the_node_budget_is_the_room_left_in_its_sequence() -> None:
     node = Node()
     r = run(node)
-    await r.session.start(request(), max_seq_len=20)
+    await r.start(request(), max_seq_len=20)
     await read_all(r.session)
     r.session.close()
     await r.finished()
@@ -218,7 +231,7 @@ async def test_a_failed_prefill_consumes_a_transfer_it_may_have_pushed(
     node = Node(prefill=handler)
     r = run(node)
     with pytest.raises(PrefillError) as failed:
-        await r.session.start(request(), max_seq_len=100)
+        await r.start(request(), max_seq_len=100)
     assert (failed.value.code, failed.value.status) == (code, status)
     assert await r.finished() == (None, False), "a prefill failure says nothing of the node"
     consume = ["consume", "/decode_status"]  # then idle again before the slot is freed
@@ -249,7 +262,7 @@ async def test_a_failed_prefill_consumes_a_transfer_it_may_have_pushed(
 async def test_a_node_refusal_is_judged(handler: Handler, code: str, failure: NodeFailure) -> None:
     r = run(Node(decode=handler))
     with pytest.raises(DecodeError) as failed:
-        await r.session.start(request(), max_seq_len=100)
+        await r.start(request(), max_seq_len=100)
     assert failed.value.code == code
     assert await r.finished() == (failure, True)
 
@@ -258,7 +271,7 @@ async def test_a_busy_node_still_gets_our_transfer_consumed_once_idle() -> None:
     node = Node(decode=json_reply({"error": "busy"}, 429))
     r = run(node)
     with pytest.raises(DecodeError) as failed:
-        await r.session.start(request(), max_seq_len=100)
+        await r.start(request(), max_seq_len=100)
     assert (failed.value.code, failed.value.status) == ("node_busy", 503)
     assert await r.finished() == (NodeFailure("node_busy", hard=True), True)
     assert node.paths() == [
@@ -280,7 +293,7 @@ async def test_a_429_from_a_node_finishing_its_previous_response_is_retried() ->
 
     node = Node(decode=busy_then_free)
     r = run(node)
-    await r.session.start(request(), max_seq_len=100)
+    await r.start(request(), max_seq_len=100)
     assert await read_all(r.session) == [TokenLine([1]), DoneLine(3, "stop")]
     r.session.close()
     assert await r.finished() == (None, True)
@@ -293,7 +306,7 @@ async def test_a_node_still_busy_after_a_consume_is_taken_out() -> None:
     )
     r = run(node)
     with pytest.raises(PrefillError):
-        await r.session.start(request(), max_seq_len=100)
+        await r.start(request(), max_seq_len=100)
     assert await r.finished() == (NodeFailure("decode_unfinished", hard=True), True)
 
 
@@ -302,7 +315,7 @@ async def test_a_decode_that_never_answers_is_cancelled(cancel_status: int, hard
     node = Node(decode=failing(httpx.ReadTimeout("slow")), cancel=json_reply({}, cancel_status))
     r = run(node)
     with pytest.raises(DecodeError) as failed:
-        await r.session.start(request(), max_seq_len=100)
+        await r.start(request(), max_seq_len=100)
     assert failed.value.code == "decode_timeout"
     failure, judged = await r.finished()
     assert judged and failure is not None and failure.hard is hard
@@ -312,7 +325,7 @@ async def test_a_decode_that_never_answers_is_cancelled(cancel_status: int, hard
 async def test_an_error_line_mid_stream_cancels_and_drains_the_node() -> None:
     node = Node(decode=streaming({"t": [1]}, {"error": "decode stalled"}))
     r = run(node)
-    await r.session.start(request(), max_seq_len=100)
+    await r.start(request(), max_seq_len=100)
     assert await r.session.next_line() == TokenLine([1])
     with pytest.raises(DecodeError) as failed:
         await r.session.next_line()
@@ -332,7 +345,7 @@ async def test_ending_mid_stream_cancels_the_node_and_frees_the_slot(
     node = Node(decode=streaming({"t": [1]}, hold=hold))
     node.cancel = release_on_cancel(hold)
     r = run(node)
-    await r.session.start(request(), max_seq_len=100)
+    await r.start(request(), max_seq_len=100)
     assert await r.session.next_line() == TokenLine([1])
     r.session.close(stopped=stopped)
     assert await r.finished() == (None, True)
@@ -343,7 +356,7 @@ async def test_ending_mid_stream_cancels_the_node_and_frees_the_slot(
 async def test_a_node_that_never_ends_its_response_is_taken_out() -> None:
     hold = asyncio.Event()  # never set: the body never ends, even after the cancel
     r = run(Node(decode=streaming({"t": [1]}, hold=hold)))
-    await r.session.start(request(), max_seq_len=100)
+    await r.start(request(), max_seq_len=100)
     await r.session.next_line()
     r.session.close()
     assert await r.finished() == (NodeFailure("decode_unfinished", hard=True), True)
@@ -359,7 +372,7 @@ async def test_a_client_gone_during_the_prefill_still_has_the_transfer_consumed(
 
     node = Node(prefill=slow_prefill)
     r = run(node)
-    start = asyncio.ensure_future(r.session.start(request(), max_seq_len=100))
+    start = asyncio.ensure_future(r.start(request(), max_seq_len=100))
     await arrived.wait()
     start.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -386,7 +399,7 @@ async def test_a_lease_lost_before_the_decode_starts_no_work_on_the_node() -> No
     r = run(node)
     r.lease.lost = True
     with pytest.raises(DecodeError) as failed:
-        await r.session.start(request(), max_seq_len=100)
+        await r.start(request(), max_seq_len=100)
     assert failed.value.code == "lease_lost"
     await r.finished()
     assert node.paths() == ["/v1/chat/completions"], "no decode on a node no longer ours"
@@ -397,7 +410,7 @@ async def test_a_lease_lost_mid_stream_stops_and_cancels_the_decode() -> None:
     node = Node(decode=streaming({"t": [1]}, hold=hold))
     node.cancel = release_on_cancel(hold)
     r = run(node)
-    await r.session.start(request(), max_seq_len=100)
+    await r.start(request(), max_seq_len=100)
     assert await r.session.next_line() == TokenLine([1])
     r.lease.lost = True
     with pytest.raises(DecodeError) as failed:
@@ -406,3 +419,78 @@ async def test_a_lease_lost_mid_stream_stops_and_cancels_the_decode() -> None:
     r.session.close()
     await r.finished()
     assert node.paths()[-1] == "/pd/cancel"
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type", "unsupported"),
+    [
+        (400, "invalid_parameter", False),
+        (400, "invalid_grammar", False),
+        (501, "capability_unavailable", True),
+        (501, "logprobs_unavailable", True),
+        (501, "grammar_unsupported", True),
+    ],
+)
+async def test_a_typed_refusal_is_an_answer_about_the_request(
+    status: int, error_type: str, unsupported: bool
+) -> None:
+    """0.1.6 (docs/protocols.md §1.6): the node drained our transfer before refusing, so
+    nothing is consumed; the node is not judged; a lacking feature is believed at once."""
+    node = Node(decode=json_reply({"error": "no", "error_type": error_type}, status))
+    r = run(node)
+    r.session._deps.facts.learn(NODE.id, NodeFacts("0.1.6", frozenset({"logprobs", "grammar"})))
+    with pytest.raises(NodeRefused) as refused:
+        await r.start(request(), max_seq_len=100)
+    assert (refused.value.status, refused.value.code) == (400, error_type)
+    assert refused.value.unsupported is unsupported
+    assert await r.finished() == (None, False)
+    assert node.paths() == ["/v1/chat/completions", "/pd/decode", "/decode_status"]
+    lacking = {"logprobs_unavailable": "logprobs", "grammar_unsupported": "grammar"}
+    expected = {"logprobs", "grammar"} - {lacking.get(error_type)}
+    assert r.session._deps.facts.features([NODE.id]) == expected
+
+
+async def test_a_refused_node_that_stays_busy_is_taken_out() -> None:
+    node = Node(
+        decode=json_reply({"error": "no", "error_type": "invalid_parameter"}, 400),
+        status=json_reply({"status": "busy"}),
+    )
+    r = run(node)
+    with pytest.raises(NodeRefused):
+        await r.start(request(), max_seq_len=100)
+    assert await r.finished() == (NodeFailure("decode_unfinished", hard=True), True)
+
+
+async def test_both_legs_get_the_same_explicit_sampling() -> None:
+    node = Node()
+    r = run(node)
+    await r.start(request(temperature=0.3, top_k=-1), max_seq_len=100)
+    await read_all(r.session)
+    r.session.close()
+    await r.finished()
+    prefill_body, decode_body = (body for _, body in node.calls)
+    assert {k: prefill_body[k] for k in ("temperature", "top_p", "top_k")} == {
+        "temperature": 0.3,
+        "top_p": 1.0,
+        "top_k": -1,
+    }
+    assert decode_body["sampling"] == {"temperature": 0.3, "top_p": 1.0, "top_k": 256}
+    assert "top_logprobs" not in decode_body and "grammar_spec" not in decode_body
+
+
+async def test_logprobs_and_a_json_format_reach_the_node() -> None:
+    node = Node()
+    r = run(node)
+    req = request(
+        logprobs=True,
+        top_logprobs=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+    )
+    await r.start(req, max_seq_len=100)
+    await read_all(r.session)
+    r.session.close()
+    await r.finished()
+    prefill_body, decode_body = (body for _, body in node.calls)
+    assert (prefill_body["logprobs"], prefill_body["top_logprobs"]) == (True, 3)
+    assert decode_body["top_logprobs"] == 3
+    assert decode_body["grammar_spec"] == {"type": "json_schema", "value": {}}

@@ -177,6 +177,17 @@ class RedisGate:
             return []
         return [self._nodes[node_id] for node_id in picture.health.due_for_probe()]
 
+    async def claim_for_probe(self, node_id: str, *, for_s: float) -> bool:
+        if node_id not in self._nodes:
+            return False
+        try:
+            return bool(await self._run("admin", "claim", node_id, str(round(for_s * 1000))))
+        except UNAVAILABLE as exc:
+            log.warning(
+                "could not claim node %s for a probe: gate state unreachable: %s", node_id, exc
+            )
+            return False
+
     async def readmit(self, node_id: str) -> None:
         await self._change(node_id, "readmit", strict=False)
 

@@ -7,7 +7,9 @@ in grant order) and the caller's replica id. Its own arguments follow from ARGV[
 Keys (P = the deployment's key prefix, Q = KEYS[1] = P:pool:<pool id>:queue):
 
     P:node:<id>      hash   failures, out_ms + reason (out of service), drained, token
-                            (the fencing counter, HINCRBY on every grant)
+                            (the fencing counter, HINCRBY on every grant), held (the
+                            holder of a lease granted and not yet released)
+    P:probe:<id>     string the replica flushing an out node before readmitting it
     P:lease:<id>     hash   owner, holder, token, since (ms); expires after the lease TTL
     P:alive:<rep>    string a replica's heartbeat; expires after the lease TTL
     P:wake           channel published to when a waiter must look again
@@ -21,9 +23,12 @@ Keys (P = the deployment's key prefix, Q = KEYS[1] = P:pool:<pool id>:queue):
 The queue is per pool (its id hashes the node ids the gate was built with); leases and
 health are per node, so two pools that name one node never both hold it.
 
-A node is free when it is in service and has no lease; `fill` hands every free node to the
-live head of the queue (a waiter whose replica's heartbeat is gone, or whose deadline has
-passed, is dropped on the way), records the grant and names the grantees on P:wake.
+A node is free when it is in service and has no lease. A node whose lease expired without a
+release (its holder died or lost Redis) may hold an orphaned transfer: the first script to
+look at it takes it out (`lease_expired`) until a prober has flushed it. `fill` hands every
+free node to the live head of the queue (a waiter whose replica's heartbeat is gone, or
+whose deadline has passed, is dropped on the way), records the grant and names the
+grantees on P:wake.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ local function lease_key(id) return P .. ":lease:" .. id end
 local function grant_key(member) return QUEUE .. ":grant:" .. member end
 local function gone_key(member) return QUEUE .. ":gone:" .. member end
 local function alive_key(replica) return P .. ":alive:" .. replica end
+local function probe_key(id) return P .. ":probe:" .. id end
 local function replica_of(member) return string.match(member, "^[^|]*") end
 
 local function usable(id)
@@ -61,7 +67,11 @@ end
 
 local function free_node()
   for _, id in ipairs(NODES) do
-    if usable(id) and redis.call("EXISTS", lease_key(id)) == 0 then return id end
+    if usable(id) and redis.call("EXISTS", lease_key(id)) == 0 then
+      if redis.call("HEXISTS", node_key(id), "held") == 0 then return id end
+      redis.call("HSET", node_key(id), "out_ms", NOW, "reason", "lease_expired")
+      redis.call("HDEL", node_key(id), "held")
+    end
   end
   return nil
 end
@@ -101,7 +111,13 @@ local function lease(id, owner, holder)
   redis.call("HSET", lease_key(id), "owner", owner, "holder", holder, "token", token,
              "since", NOW)
   redis.call("PEXPIRE", lease_key(id), TTL)
+  redis.call("HSET", node_key(id), "held", holder)
   return token
+end
+
+local function unlease(id)
+  redis.call("DEL", lease_key(id))
+  redis.call("HDEL", node_key(id), "held")
 end
 
 local function fill()
@@ -130,9 +146,7 @@ end
 
 local function release_owned_by(owner)
   for _, id in ipairs(NODES) do
-    if redis.call("HGET", lease_key(id), "owner") == owner then
-      redis.call("DEL", lease_key(id))
-    end
+    if redis.call("HGET", lease_key(id), "owner") == owner then unlease(id) end
   end
 end
 """
@@ -206,7 +220,7 @@ RELEASE = """
 local id, owner, token = ARGV[6], ARGV[7], ARGV[8]
 local held = redis.call("HMGET", lease_key(id), "owner", "token", "since")
 if held[1] ~= owner or held[2] ~= token then return 0 end
-redis.call("DEL", lease_key(id))
+unlease(id)
 redis.call("LPUSH", QUEUE .. ":held", string.format("%.3f", (NOW - tonumber(held[3])) / 1000))
 redis.call("LTRIM", QUEUE .. ":held", 0, 63)
 if ARGV[9] == "1" then
@@ -241,11 +255,24 @@ end
 return held
 """
 
-# ARGV: action, node id, reason. An operator's or the prober's change of a node's service,
-# or (`pool`) a new node list: a node new to the pool serves the queue at once.
+# ARGV: action, node id, reason (for `claim`: the claim's lifetime, ms). An operator's or the
+# prober's change of a node's service, or (`pool`) a new node list: a node new to the pool
+# serves the queue at once. `claim` (0 or 1): the caller alone may flush an out node now;
+# `readmit` is refused while another replica's claim stands.
 ADMIN = """
 local action, id = ARGV[6], ARGV[7]
 local key = node_key(id)
+if action == "claim" then
+  local state = redis.call("HMGET", key, "out_ms", "drained")
+  if not state[1] or state[2] or redis.call("EXISTS", lease_key(id)) == 1 then return 0 end
+  if redis.call("SET", probe_key(id), REPLICA, "NX", "PX", tonumber(ARGV[8])) then return 1 end
+  return 0
+end
+if action == "readmit" then
+  local claimant = redis.call("GET", probe_key(id))
+  if claimant and claimant ~= REPLICA then return 0 end
+  redis.call("DEL", probe_key(id))
+end
 if action == "take_out" then
   if redis.call("EXISTS", lease_key(id)) == 1 then return 0 end
   redis.call("HINCRBY", key, "failures", 1)
@@ -290,7 +317,7 @@ end
 for _, id in ipairs(NODES) do
   local owner = redis.call("HGET", lease_key(id), "owner")
   if owner and replica_of(owner) == REPLICA and redis.call("DEL", grant_key(owner)) == 1 then
-    redis.call("DEL", lease_key(id))
+    unlease(id)
   end
 end
 redis.call("DEL", alive_key(REPLICA))
