@@ -83,7 +83,7 @@ def max_token_bytes(vocab: Iterable[str], added_tokens: Iterable[str] = ()) -> i
 
 @dataclass(frozen=True, slots=True)
 class ModelCapabilities:
-    """The paths one served model has, and its TileRT pool's context limit.
+    """The paths one served model has, its TileRT pool's context limit and features.
 
     `max_seq_len` bounds prompt plus completion tokens on the latency path (None: no
     limit known). `bounds` overrides the deployment-wide token bounds for this model's
@@ -94,6 +94,9 @@ class ModelCapabilities:
     has_throughput: bool
     max_seq_len: int | None = None
     bounds: TokenBounds | None = None
+    latency_features: frozenset[str] = frozenset()
+    """What every TileRT node of the pool supports beyond plain decoding, as they report it:
+    `logprobs`, `grammar`, `penalties`, `ignore_eos`."""
 
 
 NO_PATHS = ModelCapabilities(has_latency_pool=False, has_throughput=False)

@@ -20,6 +20,8 @@ GUIDED_FIELDS: tuple[str, ...] = (
     "guided_choice",
     "guided_grammar",
     "structured_outputs",
+    "regex",
+    "ebnf",
 )
 """Body fields (vLLM extensions) that constrain decoding to a grammar."""
 
@@ -51,6 +53,13 @@ class DecodingOptions:
     """Names of the guided-decoding fields present (see `GUIDED_FIELDS`)."""
     response_format: Any = None
     tool_choice: Any = None
+    temperature: Any = None
+    seed: Any = None
+    min_p: Any = None
+    bad_words: Any = None
+    allowed_token_ids: Any = None
+    logprob_token_ids: Any = None
+    skip_special_tokens: Any = None
     prompts: int = 1
     """Number of prompts (completions accepts a list; each gets its own choice)."""
 
@@ -149,5 +158,12 @@ def _decoding_options(body: Mapping[str, Any], size: PromptSize) -> DecodingOpti
         guided=tuple(name for name in GUIDED_FIELDS if get(name) is not None),
         response_format=get("response_format"),
         tool_choice=get("tool_choice"),
+        temperature=get("temperature"),
+        seed=get("seed"),
+        min_p=get("min_p"),
+        bad_words=get("bad_words"),
+        allowed_token_ids=get("allowed_token_ids"),
+        logprob_token_ids=get("logprob_token_ids"),
+        skip_special_tokens=get("skip_special_tokens"),
         prompts=size.prompts,
     )

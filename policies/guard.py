@@ -1,9 +1,11 @@
 """The capability guard: after the rules, send to throughput what the latency path cannot honour.
 
-The latency path is a single-slot TileRT decode of one sequence with plain sampling; a
-request asking for anything else (several choices, logprobs, penalties, grammars, ...)
-would be answered unfaithfully there, so it goes to the throughput path whatever the rule
-said, and the reason is recorded.
+The latency path is a single-slot TileRT decode of one sequence; a request asking for
+anything its nodes cannot do (several choices, a seed, most penalties, ...) would be
+answered unfaithfully there, so it goes to the throughput path whatever the rule said, and
+the reason is recorded. Some fields are honoured when every node of the pool reports the
+feature (TileRT 0.1.6's `/capabilities`): logprobs, JSON response formats, the repetition
+and presence penalties, `ignore_eos`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ class RerouteReason(StrEnum):
     STRUCTURED_OUTPUTS = "structured_outputs"
     RESPONSE_FORMAT = "response_format"
     TOOL_CHOICE = "tool_choice"
+    SEED = "seed"
+    """A seed with sampling: the node's sampler cannot be seeded per request (greedy is fine)."""
+    MIN_P = "min_p"
+    BAD_WORDS = "bad_words"
+    ALLOWED_TOKEN_IDS = "allowed_token_ids"
+    LOGPROB_TOKEN_IDS = "logprob_token_ids"
+    SKIP_SPECIAL_TOKENS = "skip_special_tokens"
+    REGEX = "regex"
+    EBNF = "ebnf"
     PROMPT = "prompt"
     """A completions call with several prompts (one choice each)."""
     CONTEXT_LENGTH = "context_length"
@@ -64,6 +75,13 @@ def _plain_text_format(value: Any) -> bool:
     return value is None or (isinstance(value, Mapping) and value.get("type") == "text")
 
 
+LATENCY_TOP_LOGPROBS_MAX = 5
+"""The most top candidates per token a TileRT node returns."""
+
+GREEDY_TEMPERATURE = 1e-5
+"""Below this temperature TileRT decodes greedily (and a seed changes nothing)."""
+
+
 def _output_logprobs(options: DecodingOptions, endpoint: Endpoint) -> bool:
     # Chat takes `logprobs: true`; completions takes `logprobs: <int>`, where 0 still asks
     # for the sampled token's logprob.
@@ -72,36 +90,123 @@ def _output_logprobs(options: DecodingOptions, endpoint: Endpoint) -> bool:
     return options.logprobs is not None
 
 
+def _logprobs_within_node_limits(options: DecodingOptions, endpoint: Endpoint) -> bool:
+    count = options.top_logprobs if endpoint == "chat" else options.logprobs
+    if endpoint == "chat" and not _neutral(options.logprobs, False, True):
+        return False
+    return count is None or (type(count) is int and 0 <= count <= LATENCY_TOP_LOGPROBS_MAX)
+
+
+def _json_format(options: DecodingOptions, endpoint: Endpoint) -> bool:
+    value = options.response_format
+    return isinstance(value, Mapping) and value.get("type") in ("json_object", "json_schema")
+
+
+def _greedy(options: DecodingOptions) -> bool:
+    t = options.temperature
+    return isinstance(t, int | float) and not isinstance(t, bool) and t < GREEDY_TEMPERATURE
+
+
 _OptionCheck = Callable[[DecodingOptions, Endpoint], bool]
 
-_CHECKS: tuple[tuple[RerouteReason, _OptionCheck], ...] = (
-    (RerouteReason.N, lambda o, e: not _neutral(o.n, 1)),
-    (RerouteReason.BEST_OF, lambda o, e: not _neutral(o.best_of, 1)),
-    (RerouteReason.USE_BEAM_SEARCH, lambda o, e: not _neutral(o.use_beam_search, False)),
-    (RerouteReason.PROMPT, lambda o, e: o.prompts > 1),
-    (RerouteReason.LOGPROBS, _output_logprobs),
-    (RerouteReason.TOP_LOGPROBS, lambda o, e: not _neutral(o.top_logprobs, 0)),
-    (RerouteReason.PROMPT_LOGPROBS, lambda o, e: o.prompt_logprobs is not None),
-    (RerouteReason.ECHO, lambda o, e: not _neutral(o.echo, False)),
-    (RerouteReason.SUFFIX, lambda o, e: not _neutral(o.suffix, "")),
-    (RerouteReason.LOGIT_BIAS, lambda o, e: not _neutral(o.logit_bias, {})),
-    (RerouteReason.PRESENCE_PENALTY, lambda o, e: not _neutral(o.presence_penalty, 0, 0.0)),
-    (RerouteReason.FREQUENCY_PENALTY, lambda o, e: not _neutral(o.frequency_penalty, 0, 0.0)),
-    (RerouteReason.REPETITION_PENALTY, lambda o, e: not _neutral(o.repetition_penalty, 1, 1.0)),
-    (RerouteReason.MIN_TOKENS, lambda o, e: not _neutral(o.min_tokens, 0)),
-    (RerouteReason.IGNORE_EOS, lambda o, e: not _neutral(o.ignore_eos, False)),
-    (RerouteReason.RESPONSE_FORMAT, lambda o, e: not _plain_text_format(o.response_format)),
-    (RerouteReason.TOOL_CHOICE, lambda o, e: not _neutral(o.tool_choice, "auto", "none")),
+_ALWAYS: _OptionCheck = lambda o, e: True  # noqa: E731
+_NEVER: _OptionCheck = lambda o, e: False  # noqa: E731
+
+# (reason, asks for it, the node feature that honours it, and within which limits)
+_CHECKS: tuple[tuple[RerouteReason, _OptionCheck, str | None, _OptionCheck], ...] = (
+    (RerouteReason.N, lambda o, e: not _neutral(o.n, 1), None, _NEVER),
+    (RerouteReason.BEST_OF, lambda o, e: not _neutral(o.best_of, 1), None, _NEVER),
+    (
+        RerouteReason.USE_BEAM_SEARCH,
+        lambda o, e: not _neutral(o.use_beam_search, False),
+        None,
+        _NEVER,
+    ),
+    (RerouteReason.PROMPT, lambda o, e: o.prompts > 1, None, _NEVER),
+    (RerouteReason.LOGPROBS, _output_logprobs, "logprobs", _logprobs_within_node_limits),
+    (
+        RerouteReason.TOP_LOGPROBS,
+        lambda o, e: not _neutral(o.top_logprobs, 0),
+        "logprobs",
+        _logprobs_within_node_limits,
+    ),
+    (RerouteReason.PROMPT_LOGPROBS, lambda o, e: o.prompt_logprobs is not None, None, _NEVER),
+    (RerouteReason.ECHO, lambda o, e: not _neutral(o.echo, False), None, _NEVER),
+    (RerouteReason.SUFFIX, lambda o, e: not _neutral(o.suffix, ""), None, _NEVER),
+    (RerouteReason.LOGIT_BIAS, lambda o, e: not _neutral(o.logit_bias, {}), None, _NEVER),
+    (
+        RerouteReason.PRESENCE_PENALTY,
+        lambda o, e: not _neutral(o.presence_penalty, 0, 0.0),
+        "penalties",
+        _ALWAYS,
+    ),
+    (
+        RerouteReason.FREQUENCY_PENALTY,
+        lambda o, e: not _neutral(o.frequency_penalty, 0, 0.0),
+        None,
+        _NEVER,
+    ),
+    (
+        RerouteReason.REPETITION_PENALTY,
+        lambda o, e: not _neutral(o.repetition_penalty, 1, 1.0),
+        "penalties",
+        _ALWAYS,
+    ),
+    (RerouteReason.MIN_TOKENS, lambda o, e: not _neutral(o.min_tokens, 0), None, _NEVER),
+    (
+        RerouteReason.IGNORE_EOS,
+        lambda o, e: not _neutral(o.ignore_eos, False),
+        "ignore_eos",
+        lambda o, e: o.ignore_eos is True,
+    ),
+    (
+        RerouteReason.RESPONSE_FORMAT,
+        lambda o, e: not _plain_text_format(o.response_format),
+        "grammar",
+        _json_format,
+    ),
+    (
+        RerouteReason.TOOL_CHOICE,
+        lambda o, e: not _neutral(o.tool_choice, "auto", "none"),
+        None,
+        _NEVER,
+    ),
+    (RerouteReason.SEED, lambda o, e: o.seed is not None and not _greedy(o), None, _NEVER),
+    (RerouteReason.MIN_P, lambda o, e: not _neutral(o.min_p, 0, 0.0), None, _NEVER),
+    (RerouteReason.BAD_WORDS, lambda o, e: not _neutral(o.bad_words, []), None, _NEVER),
+    (
+        RerouteReason.ALLOWED_TOKEN_IDS,
+        lambda o, e: not _neutral(o.allowed_token_ids, []),
+        None,
+        _NEVER,
+    ),
+    (
+        RerouteReason.LOGPROB_TOKEN_IDS,
+        lambda o, e: not _neutral(o.logprob_token_ids, []),
+        None,
+        _NEVER,
+    ),
+    (
+        RerouteReason.SKIP_SPECIAL_TOKENS,
+        lambda o, e: not _neutral(o.skip_special_tokens, True),
+        None,
+        _NEVER,
+    ),
 )
 
 
-def unsupported_option(features: RequestFeatures) -> RerouteReason | None:
-    """The first request field the latency path cannot honour, if any."""
-    options = features.options
+def unsupported_option(
+    features: RequestFeatures, latency_features: frozenset[str] = frozenset()
+) -> RerouteReason | None:
+    """The first request field the latency path cannot honour, if any. `latency_features`:
+    what every node of the pool reports it supports (see `ModelCapabilities`)."""
+    options, endpoint = features.options, features.endpoint
     if options.guided:
         return RerouteReason(options.guided[0])
-    for reason, asks_for in _CHECKS:
-        if asks_for(options, features.endpoint):
+    for reason, asks_for, feature, honoured in _CHECKS:
+        if asks_for(options, endpoint):
+            if feature in latency_features and honoured(options, endpoint):
+                continue
             return reason
     return None
 
@@ -142,7 +247,7 @@ def apply_guard(
         if not model.has_latency_pool:
             reason = RerouteReason.NO_LATENCY_POOL
         else:
-            reason = unsupported_option(features)
+            reason = unsupported_option(features, model.latency_features)
         if reason is None:
             overflow = exceeds_context(features, model, tokens)
             if overflow is None:

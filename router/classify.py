@@ -1,9 +1,11 @@
 """Classifies each request with the rules (policies/), counting prompt tokens only when a
-rule or the guard needs them, in a thread."""
+rule or the guard needs them, in a thread. The guard sees each pool's features as its nodes
+last reported them."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +20,7 @@ from policies import (
 )
 from policies.types import Endpoint
 from router.config import GatewayConfig, ModelConfig
+from router.gate.facts import NodeFactsBook
 from router.prompt_tokens import PromptCounter
 
 
@@ -54,10 +57,19 @@ def count_cap(rules: RuleSet, model: ModelConfig) -> int | None:
 
 class Classifier:
     def __init__(
-        self, config: GatewayConfig, rules: RuleSet, counters: Mapping[str, PromptCounter]
+        self,
+        config: GatewayConfig,
+        rules: RuleSet,
+        counters: Mapping[str, PromptCounter],
+        facts: NodeFactsBook | None = None,
     ) -> None:
+        """`facts`: what the nodes reported (offline, none: no pool feature is assumed)."""
         self._rules = rules
-        self._capabilities = capabilities(config)
+        self._configured = self._capabilities = capabilities(config)
+        self._facts, self._facts_seen = facts or NodeFactsBook(), -1
+        self._pool_nodes = {
+            m.name: [n.id for n in m.latency.nodes] for m in config.models if m.latency
+        }
         self._counters = counters
         self._caps = {m.name: count_cap(rules, m) for m in config.models}
         # Each count holds a tokenizer's working memory: a few at a time, whatever the load.
@@ -72,6 +84,8 @@ class Classifier:
         api_key_name: str | None,
     ) -> Decision:
         """`api_key_name` is the caller's verified key name (see `router.auth`)."""
+        if self._facts.version != self._facts_seen:
+            self._refresh_features()
         features = features_from_request(
             body, endpoint=endpoint, headers=headers, api_key_name=api_key_name
         )
@@ -82,3 +96,11 @@ class Classifier:
                     endpoint, body, cap=self._caps[features.model]
                 )
         return classify(features, self._rules, self._capabilities)
+
+    def _refresh_features(self) -> None:
+        self._facts_seen = self._facts.version
+        models = dict(self._configured.models)
+        for name, node_ids in self._pool_nodes.items():
+            features = self._facts.features(node_ids)
+            models[name] = dataclasses.replace(models[name], latency_features=features)
+        self._capabilities = dataclasses.replace(self._configured, models=models)

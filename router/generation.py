@@ -95,7 +95,7 @@ async def build_generation(
             if before.gate is not None:
                 changes.dropped_gates[name] = before.gate
     counters = {name: m.counter for name, m in models.items()}
-    classifier = Classifier(config, rules, counters)
+    classifier = Classifier(config, rules, counters, deps.facts)
     return Generation(config, classifier, client_auth, admin_auth, models), changes
 
 

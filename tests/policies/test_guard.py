@@ -73,6 +73,15 @@ def decide(
             R.RESPONSE_FORMAT,
         ),
         ("chat", {"tool_choice": "required"}, R.TOOL_CHOICE),
+        ("chat", {"seed": 1}, R.SEED),
+        ("chat", {"seed": 1, "temperature": 0.7}, R.SEED),
+        ("chat", {"min_p": 0.1}, R.MIN_P),
+        ("completions", {"bad_words": ["x"]}, R.BAD_WORDS),
+        ("chat", {"allowed_token_ids": [1, 2]}, R.ALLOWED_TOKEN_IDS),
+        ("chat", {"logprob_token_ids": [3]}, R.LOGPROB_TOKEN_IDS),
+        ("chat", {"skip_special_tokens": False}, R.SKIP_SPECIAL_TOKENS),
+        ("chat", {"regex": "[a-z]+"}, R.REGEX),
+        ("completions", {"ebnf": "root ::= 'a'"}, R.EBNF),
         (
             "chat",
             {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
@@ -108,7 +117,9 @@ def test_each_unsupported_field_reroutes(
         ("chat", {"response_format": {"type": "text"}}),
         ("chat", {"tool_choice": "auto"}),
         ("chat", {"tool_choice": "none"}),
-        ("chat", {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 1, "stop": ["\n"]}),
+        ("chat", {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "stop": ["\n"]}),
+        ("chat", {"temperature": 0, "seed": 1}),
+        ("chat", {"min_p": 0, "bad_words": [], "skip_special_tokens": True}),
         ("completions", {"prompt": [1, 2, 3]}),
         ("completions", {"prompt": ["only one"]}),
     ],
@@ -179,3 +190,62 @@ def test_models_without_a_path(
 def test_no_latency_pool_takes_precedence_over_request_fields() -> None:
     decision = decide({"n": 2}, model="throughput-only")
     assert decision.reroute_reason is R.NO_LATENCY_POOL
+
+
+ALL_FEATURES = frozenset({"logprobs", "grammar", "penalties", "ignore_eos"})
+
+
+def decide_with(features: frozenset[str], body: dict[str, Any], endpoint: Endpoint) -> Any:
+    model = ModelCapabilities(has_latency_pool=True, has_throughput=True, latency_features=features)
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}
+    request = features_from_request(
+        {**base, **body}, endpoint=endpoint, headers={}, api_key_name=None
+    )
+    request.prompt_tokens = 10
+    return classify(request, LATENCY_FOR_ALL, Capabilities({"m": model}))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "feature", "reason"),
+    [
+        ("chat", {"logprobs": True}, "logprobs", R.LOGPROBS),
+        ("chat", {"logprobs": True, "top_logprobs": 5}, "logprobs", R.LOGPROBS),
+        ("completions", {"logprobs": 0}, "logprobs", R.LOGPROBS),
+        ("completions", {"logprobs": 5}, "logprobs", R.LOGPROBS),
+        ("chat", {"response_format": {"type": "json_object"}}, "grammar", R.RESPONSE_FORMAT),
+        (
+            "chat",
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+            "grammar",
+            R.RESPONSE_FORMAT,
+        ),
+        ("chat", {"repetition_penalty": 1.1}, "penalties", R.REPETITION_PENALTY),
+        ("chat", {"presence_penalty": 0.5}, "penalties", R.PRESENCE_PENALTY),
+        ("completions", {"ignore_eos": True}, "ignore_eos", R.IGNORE_EOS),
+    ],
+)
+def test_a_field_stays_on_latency_while_every_node_reports_its_feature(
+    endpoint: Endpoint, body: dict[str, Any], feature: str, reason: RerouteReason
+) -> None:
+    assert decide_with(ALL_FEATURES, body, endpoint).path == "latency"
+    assert decide_with(frozenset({feature}), body, endpoint).path == "latency"
+    without = decide_with(ALL_FEATURES - {feature}, body, endpoint)
+    assert (without.path, without.reroute_reason) == ("throughput", reason)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "reason"),
+    [
+        ("chat", {"logprobs": True, "top_logprobs": 6}, R.LOGPROBS),
+        ("completions", {"logprobs": 6}, R.LOGPROBS),
+        ("chat", {"logprobs": "yes"}, R.LOGPROBS),
+        ("chat", {"response_format": {"type": "structural_tag"}}, R.RESPONSE_FORMAT),
+        ("chat", {"frequency_penalty": 0.5}, R.FREQUENCY_PENALTY),
+        ("chat", {"ignore_eos": "true"}, R.IGNORE_EOS),
+    ],
+)
+def test_beyond_what_the_nodes_do_still_reroutes(
+    endpoint: Endpoint, body: dict[str, Any], reason: RerouteReason
+) -> None:
+    decision = decide_with(ALL_FEATURES, body, endpoint)
+    assert (decision.path, decision.reroute_reason) == ("throughput", reason)
