@@ -97,6 +97,7 @@ class LatencyPath:
             output_parser=self._output_parser,
             metrics=self._deps.metrics,
             started=started,
+            top_logprobs=options.top_logprobs,
         )
         renderer = request.endpoint.renderer(
             response_id=prefilled.response_id, created=prefilled.created, model=self._model
@@ -112,7 +113,11 @@ class LatencyPath:
             if isinstance(event, RelayEnd):
                 end = event
         body = renderer.response(
-            relay.message(), end.finish_reason, end.stop_reason, _usage(prefilled, end)
+            relay.message(),
+            end.finish_reason,
+            end.stop_reason,
+            _usage(prefilled, end),
+            relay.all_logprobs(),
         )
         return json_answer(orjson.dumps(body))
 
@@ -154,7 +159,9 @@ class LatencyPath:
             async for event in relay.events(session):
                 if isinstance(event, RelayEnd):
                     running = _usage(prefilled, event) if continuous else None
-                    yield renderer.finish(event.finish_reason, event.stop_reason, running)
+                    yield renderer.finish(
+                        event.finish_reason, event.stop_reason, running, relay.take_logprobs()
+                    )
                     if include_usage:
                         yield renderer.usage(_usage(prefilled, event))
                     continue
@@ -163,7 +170,7 @@ class LatencyPath:
                     running = Usage(
                         prefilled.prompt_tokens, relay.completion_tokens, prefilled.cached_tokens
                     )
-                if chunk := renderer.delta(event, running):
+                if chunk := renderer.delta(event, running, relay.take_logprobs()):
                     yield chunk
         except GatewayError as exc:
             self._deps.metrics.upstream_error(self._model, str(exc.code))

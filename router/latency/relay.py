@@ -12,14 +12,15 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from router.latency.logprobs import LogprobTrack
 from router.latency.protocol import NodeSession
 from router.metrics import Metrics
-from router.openai.render import StopReason
+from router.openai.render import StopReason, TokenLogprob
 from router.parsers import ParsedDelta, ParsedMessage, ToolCallDelta, finish_reason
 from router.relay.pipeline import RelayPipeline
 from router.serving import RoutedRequest
 from router.tokenizer import LoadedTokenizer
-from router.upstream.tilert import DoneLine
+from router.upstream.tilert import DoneLine, TokenLine
 from router.upstream.vllm import Prefilled
 
 
@@ -40,7 +41,9 @@ class DecodeRelay:
         output_parser: str,
         metrics: Metrics,
         started: float,
+        top_logprobs: int | None = None,
     ) -> None:
+        """`top_logprobs`: logprobs were asked for, with this many candidates per token."""
         parsed = request.parsed
         self._request = request
         self._metrics = metrics
@@ -56,6 +59,11 @@ class DecodeRelay:
             stop=parsed.stop_strings,
             stop_token_ids=parsed.stop_token_ids or [],
         )
+        self._logprobs = None
+        if top_logprobs is not None:
+            self._logprobs = LogprobTrack(
+                tokenizer.tokenizer, prefilled, top_logprobs, keep=not parsed.stream
+            )
 
     async def events(self, session: NodeSession) -> AsyncIterator[ParsedDelta | RelayEnd]:
         """Message deltas as the node's lines arrive, then one RelayEnd. Raises DecodeError
@@ -73,10 +81,13 @@ class DecodeRelay:
                 now = time.monotonic()
                 metrics.token_gap(model, now - last_line, len(line.ids))
                 last_line = now
+                counted = pipeline.completion_tokens
                 if self._eos_first:
                     pipeline.count(line.ids)
+                    self._track(line, counted)
                     continue
                 step = pipeline.feed(line.ids)
+                self._track(line, counted)
                 if self._max_calls is not None and step.delta.tool_calls:
                     step.delta.tool_calls = self._kept(step.delta.tool_calls)
                 if step.delta:
@@ -106,6 +117,18 @@ class DecodeRelay:
         access = self._request.access
         access.finish_reason, access.completion_tokens = end.finish_reason, end.completion_tokens
         yield end
+
+    def _track(self, line: TokenLine, counted_before: int) -> None:
+        if self._logprobs is not None:
+            self._logprobs.add(line, self._pipeline.completion_tokens - counted_before)
+
+    def take_logprobs(self) -> list[TokenLogprob] | None:
+        """Entries for the tokens counted since the last take; None if not asked for."""
+        return self._logprobs.take() if self._logprobs is not None else None
+
+    def all_logprobs(self) -> list[TokenLogprob] | None:
+        """Every entry, once events() has ended (non-streaming answers)."""
+        return self._logprobs.all if self._logprobs is not None else None
 
     @property
     def completion_tokens(self) -> int:

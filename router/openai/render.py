@@ -14,6 +14,19 @@ from router.parsers import ParsedDelta, ParsedMessage
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One output token's logprob, as text, with its best candidates (best first)."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...]
+
+
+Logprobs = list[TokenLogprob] | None
+"""Entries for the tokens of a chunk (or of the whole answer); None: not asked for."""
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
@@ -37,16 +50,27 @@ None for EOS or the length limit."""
 
 class Renderer(Protocol):
     def start(self) -> bytes | None: ...
-    def delta(self, delta: ParsedDelta, usage: Usage | None = None) -> bytes | None:
+    def delta(
+        self, delta: ParsedDelta, usage: Usage | None = None, logprobs: Logprobs = None
+    ) -> bytes | None:
         """`usage`: the running count, for `stream_options.continuous_usage_stats`."""
         ...
 
     def finish(
-        self, finish_reason: str, stop_reason: StopReason, usage: Usage | None = None
+        self,
+        finish_reason: str,
+        stop_reason: StopReason,
+        usage: Usage | None = None,
+        logprobs: Logprobs = None,
     ) -> bytes: ...
     def usage(self, usage: Usage) -> bytes: ...
     def response(
-        self, message: ParsedMessage, finish_reason: str, stop_reason: StopReason, usage: Usage
+        self,
+        message: ParsedMessage,
+        finish_reason: str,
+        stop_reason: StopReason,
+        usage: Usage,
+        logprobs: Logprobs = None,
     ) -> dict[str, Any]: ...
 
 
@@ -84,7 +108,9 @@ class ChatRenderer(_Base):
     def start(self) -> bytes | None:
         return self._chunk({"role": "assistant", "content": ""}, None, None, None)
 
-    def delta(self, delta: ParsedDelta, usage: Usage | None = None) -> bytes | None:
+    def delta(
+        self, delta: ParsedDelta, usage: Usage | None = None, logprobs: Logprobs = None
+    ) -> bytes | None:
         out: dict[str, Any] = {}
         if delta.reasoning:
             out["reasoning_content"] = delta.reasoning
@@ -92,15 +118,26 @@ class ChatRenderer(_Base):
             out["content"] = delta.content
         if delta.tool_calls:
             out["tool_calls"] = [_tool_call_delta(c) for c in delta.tool_calls]
-        return self._chunk(out, None, None, usage) if out else None
+        if not out and not logprobs:
+            return None
+        return self._chunk(out, None, None, usage, _chat_logprobs(logprobs))
 
     def finish(
-        self, finish_reason: str, stop_reason: StopReason, usage: Usage | None = None
+        self,
+        finish_reason: str,
+        stop_reason: StopReason,
+        usage: Usage | None = None,
+        logprobs: Logprobs = None,
     ) -> bytes:
-        return self._chunk({}, finish_reason, stop_reason, usage)
+        return self._chunk({}, finish_reason, stop_reason, usage, _chat_logprobs(logprobs or None))
 
     def response(
-        self, message: ParsedMessage, finish_reason: str, stop_reason: StopReason, usage: Usage
+        self,
+        message: ParsedMessage,
+        finish_reason: str,
+        stop_reason: StopReason,
+        usage: Usage,
+        logprobs: Logprobs = None,
     ) -> dict[str, Any]:
         msg: dict[str, Any] = {
             "role": "assistant",
@@ -119,7 +156,7 @@ class ChatRenderer(_Base):
         choice = {
             "index": 0,
             "message": msg,
-            "logprobs": None,
+            "logprobs": _chat_logprobs(logprobs),
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
         }
@@ -138,11 +175,12 @@ class ChatRenderer(_Base):
         finish_reason: str | None,
         stop_reason: StopReason,
         usage: Usage | None,
+        logprobs: dict[str, Any] | None = None,
     ) -> bytes:
         choice = {
             "index": 0,
             "delta": delta,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
         }
@@ -152,24 +190,41 @@ class ChatRenderer(_Base):
 class CompletionRenderer(_Base):
     object_chunk = "text_completion"
 
+    def __init__(self, *, response_id: str, created: int, model: str) -> None:
+        super().__init__(response_id=response_id, created=created, model=model)
+        self._offset = 0  # where the next token's text starts in the whole output
+
     def start(self) -> bytes | None:
         return None
 
-    def delta(self, delta: ParsedDelta, usage: Usage | None = None) -> bytes | None:
-        return self._chunk(delta.content, None, None, usage) if delta.content else None
+    def delta(
+        self, delta: ParsedDelta, usage: Usage | None = None, logprobs: Logprobs = None
+    ) -> bytes | None:
+        if not delta.content and not logprobs:
+            return None
+        return self._chunk(delta.content, None, None, usage, self._logprobs(logprobs))
 
     def finish(
-        self, finish_reason: str, stop_reason: StopReason, usage: Usage | None = None
+        self,
+        finish_reason: str,
+        stop_reason: StopReason,
+        usage: Usage | None = None,
+        logprobs: Logprobs = None,
     ) -> bytes:
-        return self._chunk("", finish_reason, stop_reason, usage)
+        return self._chunk("", finish_reason, stop_reason, usage, self._logprobs(logprobs or None))
 
     def response(
-        self, message: ParsedMessage, finish_reason: str, stop_reason: StopReason, usage: Usage
+        self,
+        message: ParsedMessage,
+        finish_reason: str,
+        stop_reason: StopReason,
+        usage: Usage,
+        logprobs: Logprobs = None,
     ) -> dict[str, Any]:
         choice = {
             "index": 0,
             "text": message.content or "",
-            "logprobs": None,
+            "logprobs": self._logprobs(logprobs),
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
             "prompt_logprobs": None,
@@ -181,17 +236,56 @@ class CompletionRenderer(_Base):
             "usage": usage.as_dict(),
         }
 
+    def _logprobs(self, entries: Logprobs) -> dict[str, Any] | None:
+        """OpenAI's legacy shape; `text_offset` counts from the start of the output."""
+        if entries is None:
+            return None
+        offsets = []
+        for entry in entries:
+            offsets.append(self._offset)
+            self._offset += len(entry.token)
+        return {
+            "text_offset": offsets,
+            "token_logprobs": [e.logprob for e in entries],
+            "tokens": [e.token for e in entries],
+            "top_logprobs": [dict(e.top) for e in entries],
+        }
+
     def _chunk(
-        self, text: str, finish_reason: str | None, stop_reason: StopReason, usage: Usage | None
+        self,
+        text: str,
+        finish_reason: str | None,
+        stop_reason: StopReason,
+        usage: Usage | None,
+        logprobs: dict[str, Any] | None = None,
     ) -> bytes:
         choice = {
             "index": 0,
             "text": text,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
         }
         return self._event(choice, usage)
+
+
+def _chat_logprobs(entries: Logprobs) -> dict[str, Any] | None:
+    if entries is None:
+        return None
+    return {
+        "content": [
+            {
+                **_chat_token(entry.token, entry.logprob),
+                "top_logprobs": [_chat_token(t, lp) for t, lp in entry.top],
+            }
+            for entry in entries
+        ],
+        "refusal": None,
+    }
+
+
+def _chat_token(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
 def _tool_call_delta(call: Any) -> dict[str, Any]:

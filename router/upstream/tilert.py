@@ -37,8 +37,8 @@ NODE = Target(
 @dataclass(frozen=True, slots=True)
 class TokenLine:
     ids: list[int]
-    lp: list[float] | None = None
-    """With `top_logprobs` (0.1.6): each token's logprob."""
+    lp: list[float | None] | None = None
+    """With `top_logprobs` (0.1.6): each token's logprob (the first may be null)."""
     tp: list[list[list[Any]]] | None = None
     """With `top_logprobs` (0.1.6): each token's top candidates, `[token_id, logprob]` pairs."""
 
@@ -164,7 +164,7 @@ class DecodeStream:
                 isinstance(lp, list)
                 and isinstance(tp, list)
                 and len(lp) == len(ids) == len(tp)
-                and all(isinstance(x, int | float) for x in lp)
+                and all(x is None or isinstance(x, int | float) for x in lp)
                 and all(isinstance(x, list) for x in tp)
             ):
                 raise _bad_line(raw)
