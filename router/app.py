@@ -100,12 +100,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def pool(request: Request) -> Response:
         state.generation.admin_auth.check(request.headers)
         snapshots = await state.pool_snapshots()
-        return json_response(
-            {
-                "models": {name: dataclasses.asdict(s) for name, s in snapshots.items()},
-                "background_tasks": state.background_tasks,
-            }
-        )
+        models = {
+            name: {**dataclasses.asdict(s), "node_facts": state.node_facts(name)}
+            for name, s in snapshots.items()
+        }
+        return json_response({"models": models, "background_tasks": state.background_tasks})
 
     @app.post("/admin/reload")
     async def reload(request: Request) -> Response:

@@ -112,6 +112,22 @@ class AppState:
                 )
             )
 
+    def node_facts(self, model: str) -> dict[str, dict[str, Any]]:
+        """Each node of the model's pool: the TileRT release its pool expects, and what the
+        node last reported (nothing yet: it has not answered, or runs another release)."""
+        runtime = self.generation.models[model]
+        nodes = runtime.config.latency.nodes if runtime.config.latency is not None else []
+        out: dict[str, dict[str, Any]] = {}
+        for node in nodes:
+            facts = self.deps.facts.get(node.id)
+            out[node.id] = {
+                "expected": node.tilert,
+                "tilert": facts.version if facts else None,
+                "features": sorted(facts.features) if facts else [],
+                "engine": facts.engine if facts else None,
+            }
+        return out
+
     async def pool_snapshots(self) -> dict[str, GateSnapshot]:
         return {name: await gate.snapshot() for name, gate in self.gates.items()}
 
