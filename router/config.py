@@ -132,7 +132,7 @@ class LatencyConfig(_Strict):
 
 
 class ProxyConfig(_Strict):
-    """Throughput via an existing native disaggregation proxy (PROTOCOLS.md §2.1)."""
+    """Throughput via an existing native disaggregation proxy (docs/protocols.md §2.1)."""
 
     mode: Literal["proxy"]
     urls: Annotated[list[str], Field(min_length=1)]
@@ -144,7 +144,7 @@ class ProxyConfig(_Strict):
 
 
 class PullConfig(_Strict):
-    """Throughput by orchestrating vLLM's NIXL pull legs (PROTOCOLS.md §2.2)."""
+    """Throughput by orchestrating vLLM's NIXL pull legs (docs/protocols.md §2.2)."""
 
     mode: Literal["pull"]
     prefill: Annotated[list[str], Field(min_length=1)]
@@ -173,7 +173,7 @@ class PrefillEngineConfig(_Strict):
 
 
 class PushConfig(_Strict):
-    """Throughput by orchestrating vLLM's NIXL push legs (PROTOCOLS.md §2.3)."""
+    """Throughput by orchestrating vLLM's NIXL push legs (docs/protocols.md §2.3)."""
 
     mode: Literal["push"]
     prefill: Annotated[list[PrefillEngineConfig], Field(min_length=1)]

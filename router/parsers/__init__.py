@@ -1,7 +1,7 @@
 """Output parsers: turn detokenized model text into reasoning, content and tool calls.
 
 `make_output_parser(name, tools=..., chat_template_kwargs=...)` builds one per
-completion; see `base.OutputParser` for the interface and OUTPUT_FORMATS.md for the
+completion; see `base.OutputParser` for the interface and docs/output-formats.md for the
 formats.
 """
 

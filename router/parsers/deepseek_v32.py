@@ -2,7 +2,7 @@
 
 Reasoning ends at `</think>` (thinking mode only). Tool calls are a
 `<｜DSML｜function_calls>` block of `<｜DSML｜invoke name="…">` elements holding
-`<｜DSML｜parameter name="…" string="true|false">` values. See OUTPUT_FORMATS.md §2.
+`<｜DSML｜parameter name="…" string="true|false">` values. See docs/output-formats.md §2.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Reasoning sits in `<think>…</think>`; each tool call is `<tool_call>NAME` followed by
 `<arg_key>K</arg_key><arg_value>V</arg_value>` pairs and `</tool_call>`. Values are
-typed by the tool's JSON schema. See OUTPUT_FORMATS.md §1.
+typed by the tool's JSON schema. See docs/output-formats.md §1.
 """
 
 from __future__ import annotations

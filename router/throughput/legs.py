@@ -1,4 +1,4 @@
-"""The two legs of vLLM's NIXL disaggregation (PROTOCOLS.md §2.2, §2.3), shared by pull and
+"""The two legs of vLLM's NIXL disaggregation (docs/protocols.md §2.2, §2.3), shared by pull and
 push: the prefill leg, and the decode leg whose answer is the client's."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`proxy` mode (PROTOCOLS.md §2.1): hand the request to an existing disaggregation proxy.
+"""`proxy` mode (docs/protocols.md §2.1): hand the request to an existing disaggregation proxy.
 
 The body goes out as the client sent it (kv_transfer_params already removed) and the answer
 comes back as the proxy sent it, status, content type and bytes, errors included.

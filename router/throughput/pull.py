@@ -1,4 +1,4 @@
-"""`pull` mode (PROTOCOLS.md §2.2): prefill first, then the decode instance reads its KV.
+"""`pull` mode (docs/protocols.md §2.2): prefill first, then the decode instance reads its KV.
 
 The prefill's `kv_transfer_params` names where the KV state waits; the decode leg carries it
 verbatim along with the client's original body, and its answer is the client's.

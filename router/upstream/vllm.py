@@ -1,4 +1,4 @@
-"""vLLM's OpenAI server as the gateway calls it (PROTOCOLS.md §1.1, §2): the one-token
+"""vLLM's OpenAI server as the gateway calls it (docs/protocols.md §1.1, §2): the one-token
 prefill both paths send, what the latency path reads from its answer (the first token id),
 what the native path reads (the opaque `kv_transfer_params`), and the NIXL decode legs.
 

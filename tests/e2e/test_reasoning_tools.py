@@ -2,7 +2,7 @@
 -> the gateway (a real process) -> simulated vLLM prefill and TileRT nodes, for GLM and
 DeepSeek models.
 
-The simulated model writes exactly the scripted outputs of OUTPUT_FORMATS.md; the nodes
+The simulated model writes exactly the scripted outputs of docs/output-formats.md; the nodes
 put 1, ~3 or 5 ids on each stream line, so markers arrive split across tokens and lines
 differently per served name. Every test ends with the gateway holding no slot.
 """

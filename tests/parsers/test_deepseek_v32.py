@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2 DSML parser: the OUTPUT_FORMATS.md §2 example and edge cases."""
+"""DeepSeek-V3.2 DSML parser: the docs/output-formats.md §2 example and edge cases."""
 
 from __future__ import annotations
 

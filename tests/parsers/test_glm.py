@@ -1,4 +1,4 @@
-"""GLM (glm45 / glm47) parser: the OUTPUT_FORMATS.md §1 examples and edge cases."""
+"""GLM (glm45 / glm47) parser: the docs/output-formats.md §1 examples and edge cases."""
 
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ WEATHER = Call("get_weather", {"city": "Beijing"})
 SEARCH = Call("search", {"query": 'café "best"', "filters": {"tags": ["a", "b"], "max": 3}})
 SEARCH_STRICT = Call("search", {**SEARCH.arguments, "strict": True})
 
-# OUTPUT_FORMATS.md §1, first example (GLM-4.7/5, thinking on).
+# docs/output-formats.md §1, first example (GLM-4.7/5, thinking on).
 GLM_TWO_CALLS = (
     "Need two lookups.</think>"
     + glm_call("get_weather", ("city", "Beijing"))
@@ -144,13 +144,13 @@ GLM_TWO_CALLS = (
         ("strict", "true"),
     )
 )
-# OUTPUT_FORMATS.md §1, second example (GLM-4.5/4.6 layout).
+# docs/output-formats.md §1, second example (GLM-4.5/4.6 layout).
 GLM45_EXAMPLE = (
     "\n<think>Need the weather.</think>\nLet me check.\n<tool_call>get_weather\n"
     "<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n<arg_key>days</arg_key>\n"
     "<arg_value>3</arg_value>\n</tool_call>"
 )
-# OUTPUT_FORMATS.md §2 (DeepSeek-V3.2): the example's block, after reasoning or alone.
+# docs/output-formats.md §2 (DeepSeek-V3.2): the example's block, after reasoning or alone.
 DSML_BLOCK = dsml_block(
     dsml_invoke(
         "get_weather",

@@ -1,4 +1,4 @@
-"""Leg bodies of pull and push modes: exactly the changes PROTOCOLS.md §2.2/§2.3 list."""
+"""Leg bodies of pull and push modes: exactly the changes docs/protocols.md §2.2/§2.3 list."""
 
 from __future__ import annotations
 

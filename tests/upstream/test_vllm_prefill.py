@@ -1,4 +1,4 @@
-"""The prefill leg's body (exactly the changes of PROTOCOLS.md §1.1) and answer parsing."""
+"""The prefill leg's body (exactly the changes of docs/protocols.md §1.1) and answer parsing."""
 
 from __future__ import annotations
 
