@@ -96,13 +96,6 @@ class _Generation(_Open):
         return bool(self.stream and options and options.continuous_usage_stats)
 
     @property
-    def sampling(self) -> dict[str, Any] | None:
-        """The node's `sampling`: temperature, top_p and top_k only (docs/protocols.md §1.4)."""
-        fields = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
-        sampling = {k: v for k, v in fields.items() if v is not None}
-        return sampling or None
-
-    @property
     def token_budget(self) -> int | None:
         return self.max_tokens
 

@@ -1,4 +1,4 @@
-"""`push` mode (docs/protocols.md §2.3): the decode instance is chosen first and both legs run at once.
+"""`push` mode (docs/protocols.md §2.3): the decode instance is chosen first, both legs at once.
 
 The decode leg names the chosen prefill engine (its NIXL side channel, from configuration)
 and the shared request id, so the decode side registers its blocks while the prefill

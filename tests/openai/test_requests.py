@@ -65,7 +65,8 @@ def test_invalid_fields_are_named(endpoint: str, body: dict, param: str) -> None
 def test_unknown_fields_are_kept_for_the_backend() -> None:
     parsed = validate(ChatRequest, {**CHAT, "top_k": 5, "some_vllm_extension": {"a": 1}})
     assert isinstance(parsed, ChatRequest)
-    assert parsed.sampling == {"top_k": 5}
+    assert parsed.top_k == 5
+    assert parsed.model_extra == {"some_vllm_extension": {"a": 1}}
 
 
 def test_derived_fields() -> None:
@@ -84,7 +85,7 @@ def test_derived_fields() -> None:
     assert chat.token_budget == 4
     assert chat.stop_strings == ["x"]
     assert chat.include_usage
-    assert chat.sampling == {"temperature": 0}
+    assert chat.temperature == 0
     completion = validate(CompletionRequest, {"model": "m", "prompt": "p", "stop": ["a", "b"]})
     assert isinstance(completion, CompletionRequest)
     assert completion.stop_strings == ["a", "b"]
