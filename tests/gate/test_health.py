@@ -161,3 +161,17 @@ async def test_a_node_reserved_for_a_waiter_is_not_taken_out_from_under_it(
     lease = await asyncio.wait_for(waiter, 5)
     assert lease.node == held.node
     assert (await gate.snapshot()).out == {}
+
+
+async def test_only_an_out_node_can_be_claimed_for_a_flush(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    free = next(n for n in nodes(2) if n != held.node)
+    assert await gate.claim_for_probe(free.id, for_s=30) is False  # in service
+    assert await gate.claim_for_probe(held.node.id, for_s=30) is False  # held
+    await held.release(HARD)
+    assert await gate.claim_for_probe(held.node.id, for_s=30) is True
+    await gate.drain(free.id)
+    assert await gate.claim_for_probe(free.id, for_s=30) is False  # an operator's drain
+    await gate.readmit(held.node.id)
+    assert (await gate.snapshot()).out == {free.id: "drained"}

@@ -159,7 +159,16 @@ async def test_an_unrenewed_lease_expires_and_a_stale_release_is_refused(
     assert isinstance(lost, RedisLease)
     run = dead._run
     kill(dead)  # stops renewing
-    taken = await alive.acquire(priority=0, wait_s=5, holder="alive")  # once the TTL ran out
+
+    async def suspect() -> bool:  # once the TTL ran out: the node may hold an orphan
+        return (await alive.snapshot()).out == {lost.node.id: "lease_expired"}
+
+    await eventually(suspect)
+    with pytest.raises(GateRejected):
+        await alive.acquire(priority=0, wait_s=0, holder="too-soon")
+    assert await alive.claim_for_probe(lost.node.id, for_s=30) is True  # flushed: back
+    await alive.readmit(lost.node.id)
+    taken = await alive.acquire(priority=0, wait_s=5, holder="alive")
     assert isinstance(taken, RedisLease)
     assert taken.node == lost.node and taken.grant.token > lost.grant.token
     dead._run = run  # type: ignore[method-assign]  # the replica was only cut off: it is back
@@ -318,3 +327,18 @@ async def test_more_concurrent_waiters_than_connections_all_queue(replica: Repli
     await asyncio.gather(*tasks, return_exceptions=True)
     await held.release()
     await waiting(gate, 0)
+
+
+async def test_one_replica_at_a_time_flushes_an_out_node_and_only_it_readmits(
+    replica: Replica,
+) -> None:
+    pool = nodes(1)
+    a, b = replica(pool), replica(pool)
+    await a.take_out(pool[0].id, "decode_unfinished")
+    assert await a.claim_for_probe(pool[0].id, for_s=30) is True
+    assert await b.claim_for_probe(pool[0].id, for_s=30) is False
+    await b.readmit(pool[0].id)  # refused: a's claim stands
+    assert (await b.snapshot()).out == {pool[0].id: "decode_unfinished"}
+    await a.readmit(pool[0].id)
+    assert (await b.snapshot()).out == {}
+    assert await b.claim_for_probe(pool[0].id, for_s=30) is False  # in service: nothing to do
