@@ -88,6 +88,13 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--log-level", choices=LEVELS, default="warning", help="the gateway's log level"
     )
+    demo.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=1,
+        metavar="N",
+        help="N gateway replicas sharing one pool through a local Redis, behind one address",
+    )
     demo.set_defaults(run=_demo)
     return parser
 
@@ -97,6 +104,16 @@ def _header(text: str) -> tuple[str, str]:
     if not sep or not name.strip():
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     return name.strip().lower(), value.strip()
+
+
+def _replicas(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 16:
+        raise argparse.ArgumentTypeError(f"not a replica count (1 to 16): {text!r}")
+    return count
 
 
 def _port(text: str) -> int:
@@ -246,6 +263,7 @@ def _demo(args: argparse.Namespace) -> int:
             port_offset=args.port_offset,
             free_ports=args.free_ports,
             log_level=args.log_level,
+            replicas=args.replicas,
         )
     except DemoError as exc:
         raise UsageError(str(exc)) from None
