@@ -16,10 +16,12 @@ demo uses) holds the pool. Each setup runs two phases:
   prefill call). Requests per second is the pool's throughput over the phase.
 
 With three replicas, clients go to the replicas in turn (a Service would spread them).
-Every answer is checked (status 200 on the latency path, some text).
+Every answer is checked (status 200 on the latency path, some text). All five gateways
+run throughout; the setups take turns in rounds, so that noise from other processes on the
+machine hits each alike.
 
 Run: `python bench/handoff.py [--nodes N] [--idle-requests N] [--saturated-requests N]
-[--tokens T]`.
+[--tokens T] [--rounds R]`.
 """
 
 from __future__ import annotations
@@ -140,10 +142,8 @@ async def idle_phase(stack: SimStack, urls: list[str], requests: int, tokens: in
     phase = Phase()
     sent: list[float] = []
     turn = itertools.cycle(urls)
+    reset(stack)
     async with httpx.AsyncClient(timeout=TIMEOUT) as client:
-        for _ in range(3 * len(urls)):  # warm-up: connections, each gate's first call
-            await one_request(client, next(turn), tokens)
-        reset(stack)
         for _ in range(requests):
             sent_wall, ttft = await one_request(client, next(turn), tokens)
             sent.append(sent_wall)
@@ -215,15 +215,32 @@ def report(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-async def run_setup(
-    stack: SimStack, backend: str, replicas: int, redis_url: str | None, args: argparse.Namespace
-) -> Result:
-    config = gateway_config(stack, backend, redis_url)
-    with gateways(config, replicas) as urls:
-        idle = await idle_phase(stack, urls, args.idle_requests, args.tokens)
-        saturated = await saturated_phase(stack, urls, args.saturated_requests, args.tokens)
-    label = f"{backend} x{replicas}"
-    return Result(label, idle, saturated)
+async def run_rounds(
+    stack: SimStack, setups: dict[str, list[str]], args: argparse.Namespace
+) -> list[Result]:
+    """Every setup's gateways run at once, idle between their turns; the setups take turns
+    in rounds (in a rotating order), so that noise from other processes hits each alike."""
+    results = {label: Result(label, Phase(), Phase()) for label in setups}
+    labels = list(setups)
+    idle_each = max(1, args.idle_requests // args.rounds)
+    saturated_each = max(1, args.saturated_requests // args.rounds)
+    async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        for urls in setups.values():  # warm-up: connections, each gate's first call
+            for url in urls * 3:
+                await one_request(client, url, args.tokens)
+    for round_ in range(args.rounds):
+        order = labels[round_ % len(labels) :] + labels[: round_ % len(labels)]
+        for label in order:
+            idle = await idle_phase(stack, setups[label], idle_each, args.tokens)
+            saturated = await saturated_phase(stack, setups[label], saturated_each, args.tokens)
+            result = results[label]
+            result.idle.ttft_s += idle.ttft_s
+            result.idle.before_prefill_s += idle.before_prefill_s
+            result.saturated.ttft_s += saturated.ttft_s
+            result.saturated.gaps_s += saturated.gaps_s
+            result.saturated.requests_per_s += saturated.requests_per_s / args.rounds
+        print(f"round {round_ + 1}/{args.rounds} done", flush=True)
+    return [results[label] for label in labels]
 
 
 def main() -> None:
@@ -232,6 +249,7 @@ def main() -> None:
     parser.add_argument("--idle-requests", type=int, default=60)
     parser.add_argument("--saturated-requests", type=int, default=300)
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens of every request")
+    parser.add_argument("--rounds", type=int, default=5, help="turns each setup takes")
     args = parser.parse_args()
     with ExitStack() as stack_of:
         stack = stack_of.enter_context(
@@ -246,15 +264,17 @@ def main() -> None:
         redis = LocalRedis()
         redis.start()
         stack_of.callback(redis.stop)
-        results = []
+        setups: dict[str, list[str]] = {}
         for backend, replicas in SETUPS:
-            url = redis.url if backend == "redis" else None
-            results.append(asyncio.run(run_setup(stack, backend, replicas, url, args)))
-            print(f"done: {results[-1].label}", flush=True)
+            config = gateway_config(stack, backend, redis.url if backend == "redis" else None)
+            label = f"{backend} x{replicas}"
+            setups[label] = stack_of.enter_context(gateways(config, replicas))
+        results = asyncio.run(run_rounds(stack, setups, args))
     print(
         f"\n{args.nodes} TileRT nodes (sim, {' '.join(NODE_ARGS)}), max_tokens {args.tokens};"
         f" idle: {args.idle_requests} requests one at a time; saturated:"
-        f" {args.saturated_requests} requests from {CLIENTS_PER_NODE * args.nodes} clients\n"
+        f" {args.saturated_requests} requests from {CLIENTS_PER_NODE * args.nodes} clients;"
+        f" each setup's share in {args.rounds} rounds, setups taking turns\n"
     )
     print(report(results))
 
