@@ -51,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="validate a configuration and exit")
     check.add_argument("--config", default="router.yaml", type=Path)
+    check.add_argument(
+        "--probe",
+        action="store_true",
+        help="also reach the gate's shared state (gate.backend: redis): Redis answers, the"
+        " password works, the gate's scripts load",
+    )
     check.set_defaults(run=_check)
 
     explain = commands.add_parser(
@@ -82,6 +88,13 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--log-level", choices=LEVELS, default="warning", help="the gateway's log level"
     )
+    demo.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=1,
+        metavar="N",
+        help="N gateway replicas sharing one pool through a local Redis, behind one address",
+    )
     demo.set_defaults(run=_demo)
     return parser
 
@@ -91,6 +104,16 @@ def _header(text: str) -> tuple[str, str]:
     if not sep or not name.strip():
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     return name.strip().lower(), value.strip()
+
+
+def _replicas(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 16:
+        raise argparse.ArgumentTypeError(f"not a replica count (1 to 16): {text!r}")
+    return count
 
 
 def _port(text: str) -> int:
@@ -152,7 +175,82 @@ def _check(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     _load_tokenizers(config)
     print(f"{args.config}: ok ({len(config.models)} model(s), tokenizers loaded)")
+    if args.probe:
+        return _probe_gate(config)
     return 0
+
+
+def _probe_gate(config: GatewayConfig) -> int:
+    """`check --probe`: with the redis backend, connect as the gate does (URL, password,
+    timeouts), PING and SCRIPT LOAD every gate script. 0 if all went well, else 1 and an
+    `error:` line naming the field (the configuration is valid; the world is not)."""
+    redis_config = config.gate.redis
+    if config.gate.backend != "redis" or redis_config is None:
+        print(f"gate: {config.gate.backend} backend, nothing to probe")
+        return 0
+    import time
+
+    from redis import Redis
+    from redis.exceptions import AuthenticationError, RedisError
+
+    from router.gate.redis import redis_password
+    from router.gate.redis.scripts import SCRIPTS
+
+    where = f"{config.source}: gate.redis.url"
+    shown = _without_password(redis_config.url)
+    try:
+        password = redis_password(redis_config)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source}: {exc}") from None
+    timeout_s = redis_config.socket_timeout_s
+    client = Redis.from_url(
+        redis_config.url,
+        password=password,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        decode_responses=True,
+    )
+    stage = "cannot reach it"
+    try:
+        sent_at = time.perf_counter()
+        client.ping()
+        round_trip_ms = (time.perf_counter() - sent_at) * 1000
+        stage = "cannot load the gate's scripts"  # an ACL without the rights, say
+        loaded = [client.script_load(source) for source in SCRIPTS.values()]
+        kept = client.script_exists(*loaded)
+    except AuthenticationError as exc:
+        stage = (
+            "the password was refused"
+            if password or redis_config.url_has_password
+            else "it wants a password (gate.redis.password_file or password)"
+        )
+        return _probe_failed(where, shown, stage, exc)
+    except (RedisError, OSError) as exc:
+        return _probe_failed(where, shown, stage, exc)
+    finally:
+        client.close()
+    if missing := [name for name, ok in zip(SCRIPTS, kept, strict=True) if not ok]:
+        return _probe_failed(where, shown, "scripts not kept", ", ".join(missing))
+    print(
+        f"gate: redis at {shown} answers ({round_trip_ms:.1f} ms),"
+        f" {len(loaded)} gate scripts loaded"
+    )
+    return 0
+
+
+def _probe_failed(where: str, shown: str, what: str, why: object) -> int:
+    print(f"error: {where}: {shown}: {what}: {why}", file=sys.stderr)
+    return 1
+
+
+def _without_password(url: str) -> str:
+    """A Redis URL fit to print: the password in its user part is masked."""
+    scheme, sep, rest = url.partition("://")
+    address, slash, path = rest.partition("/")
+    user, at, host = address.rpartition("@")
+    if at and ":" in user:
+        user = user.split(":", 1)[0] + ":***"
+    return f"{scheme}{sep}{user}{at}{host}{slash}{path}"
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -165,6 +263,7 @@ def _demo(args: argparse.Namespace) -> int:
             port_offset=args.port_offset,
             free_ports=args.free_ports,
             log_level=args.log_level,
+            replicas=args.replicas,
         )
     except DemoError as exc:
         raise UsageError(str(exc)) from None

@@ -1,8 +1,12 @@
 """Runs the demo: the simulators, then `pd-gateway serve` as a child, until Ctrl-C or SIGTERM.
 
-Every simulator and the gateway run in process groups of their own, so the terminal's
-Ctrl-C reaches only the demo, which then stops the gateway first (in-flight requests
-finish) and the simulators after it, and waits for each to exit.
+With `replicas` > 1: a local Redis, that many `pd-gateway serve` children on the redis gate
+backend (one shared pool), and a round-robin front on the gateway's address; a replica that
+exits (killed by the user, say) leaves the others serving.
+
+Every simulator, Redis and each gateway run in process groups of their own, so the
+terminal's Ctrl-C reaches only the demo, which then stops the gateways first (in-flight
+requests finish), then the front, the simulators and Redis, and waits for each to exit.
 """
 
 from __future__ import annotations
@@ -14,15 +18,19 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import yaml
 
 from router.config import GatewayConfig, load_config, parse_config
+from router.demo.front import RoundRobinFront
 from router.demo.plan import DemoError, ModelPlan, plan_stacks
 from router.demo.ports import Endpoints, rewrite, shifted, started
+from router.demo.redis import LocalRedis
 from router.demo.usage import usage
 from router.server import READY_PREFIX
 
@@ -34,6 +42,9 @@ DEFAULT_CONFIG = PROJECT_ROOT / "router.yaml"
 READY_TIMEOUT_S = 60.0
 # Beyond server.shutdown_grace_s: the gateway's own slot cleanups (10 s) and a margin.
 GATEWAY_STOP_MARGIN_S = 15.0
+# The demo's shared pool, unless the configuration sets gate.redis itself: a short lease, so
+# that a node held by a killed replica is seen serving again within seconds.
+DEMO_REDIS = {"key_prefix": "pdgw-demo", "lease_ttl_s": 3.0, "renew_every_s": 1.0, "poll_s": 0.5}
 
 
 class DemoFailed(Exception):
@@ -51,35 +62,58 @@ def run_demo(
     port_offset: int = 0,
     free_ports: bool = False,
     log_level: str = "warning",
+    replicas: int = 1,
 ) -> int:
     """Start the simulated stack and the gateway, print what to try, run until a signal.
 
     `port` is the gateway's (0: any free port); `port_offset` moves every configured port;
     `free_ports` lets the OS choose every port (the gateway's too, unless `port` is given).
+    `replicas` > 1 runs that many gateways on one Redis-backed pool behind one address.
     Returns 0 after Ctrl-C or SIGTERM, 1 if a process failed. ConfigError and DemoError
     (the configuration cannot be run here) are raised before anything starts.
     """
+    if replicas < 1:
+        raise DemoError(f"--replicas must be at least 1, not {replicas}")
     config, plans = _load(config_path, port_offset)
     if port is None:
         port = 0 if free_ports else config.server.port
+    redis = LocalRedis() if replicas > 1 else None  # DemoError now if there is no binary
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
     stacks: list[SimStack] = []
-    gateway: _Gateway | None = None
+    gateways: list[_Gateway] = []
+    front: RoundRobinFront | None = None
     workdir = tempfile.TemporaryDirectory(prefix="pd-gateway-demo-")
     try:
+        if redis is not None:  # bound first: a taken port fails before anything starts
+            front = RoundRobinFront(config.server.host, port, lambda: _addresses(gateways))
         endpoints = _start_stacks(plans, stacks, pin_ports=not free_ports)
-        document = rewrite(config, endpoints, port=port)
+        document = rewrite(config, endpoints, port=port if redis is None else 0)
+        if redis is not None:
+            _start_redis(redis)
+            _share_pool(document, config, redis.url)
         effective = parse_config(document, base_dir=config.base_dir)
         config_file = Path(workdir.name) / "router.yaml"
         config_file.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
         print(describe(plans, stacks, config_file), flush=True)
         grace_s = effective.server.shutdown_grace_s + GATEWAY_STOP_MARGIN_S
-        gateway = _Gateway(config_file, log_level, stop_grace_s=grace_s)
-        print(usage(effective, gateway.wait_ready(READY_TIMEOUT_S)), flush=True)
-        code = gateway.popen.wait()
-        raise DemoFailed(f"the gateway exited with code {code}")
+        if front is None or redis is None:
+            gateway = _Gateway(config_file, log_level, stop_grace_s=grace_s)
+            gateways.append(gateway)
+            print(usage(effective, gateway.wait_ready(READY_TIMEOUT_S)), flush=True)
+            code = gateway.popen.wait()
+            raise DemoFailed(f"the gateway exited with code {code}")
+        print(f"Redis (the pool's shared state): {redis.url}  pid {_pid(redis)}", flush=True)
+        for i in range(replicas):
+            name = f"replica {i + 1}"
+            gateways.append(_Gateway(config_file, log_level, stop_grace_s=grace_s, name=name))
+        lines = [f"{g.name}: {g.wait_ready(READY_TIMEOUT_S)}  pid {g.popen.pid}" for g in gateways]
+        front.start()
+        print(usage(effective, front.base_url, replicas=lines), flush=True)
+        _watch(gateways)
+        raise DemoFailed("every gateway replica has exited")
     except (KeyboardInterrupt, _Stopped):
-        print("\nStopping the gateway and the simulators.", flush=True)
+        what = "the gateway replicas, Redis" if redis is not None else "the gateway"
+        print(f"\nStopping {what} and the simulators.", flush=True)
         return 0
     except DemoFailed as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -88,13 +122,61 @@ def run_demo(
         # Neither a second Ctrl-C nor a SIGTERM may cut the teardown short.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if gateway is not None:
+        for gateway in gateways:  # every one drains at once, then each is waited for
+            gateway.terminate()
+        for gateway in gateways:
             gateway.stop()
+        if front is not None:
+            front.stop()
         for stack in reversed(stacks):
             stack.stop()
+        if redis is not None:
+            redis.stop()
         workdir.cleanup()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, previous)
+
+
+def _start_redis(redis: LocalRedis) -> None:
+    try:
+        redis.start()
+    except DemoError as exc:
+        raise DemoFailed(str(exc)) from None
+
+
+def _share_pool(document: dict[str, object], config: GatewayConfig, url: str) -> None:
+    """Every replica on the redis gate backend, at the demo's own Redis (the configuration's
+    own gate.redis settings kept, but for where Redis is and its password)."""
+    gate = document["gate"]
+    assert isinstance(gate, dict)
+    settings = gate["redis"] if config.gate.redis is not None else dict(DEMO_REDIS)
+    settings.update(url=url, password=None, password_file=None)
+    gate.update(backend="redis", redis=settings)
+
+
+def _addresses(gateways: list[_Gateway]) -> list[tuple[str, int]]:
+    """Where the running replicas listen (read by the front for every connection)."""
+    return [g.address for g in list(gateways) if g.address is not None and g.running]
+
+
+def _watch(gateways: list[_Gateway]) -> None:
+    """Until every replica has exited; each exit is reported as it happens."""
+    running = list(gateways)
+    while running:
+        time.sleep(0.2)  # a signal interrupts it (KeyboardInterrupt, _Stopped)
+        for gateway in [g for g in running if not g.running]:
+            running.remove(gateway)
+            code = gateway.popen.returncode
+            print(
+                f"{gateway.name} (pid {gateway.popen.pid}) exited with code {code};"
+                f" {len(running)} of {len(gateways)} replicas serving",
+                flush=True,
+            )
+
+
+def _pid(redis: LocalRedis) -> int:
+    assert redis.popen is not None
+    return redis.popen.pid
 
 
 def _load(config_path: Path | None, port_offset: int) -> tuple[GatewayConfig, list[ModelPlan]]:
@@ -147,8 +229,13 @@ def describe(plans: list[ModelPlan], stacks: list[SimStack], config_file: Path) 
 class _Gateway:
     """`pd-gateway serve` as a child in its own process group; its stdout is echoed."""
 
-    def __init__(self, config_file: Path, log_level: str, *, stop_grace_s: float) -> None:
+    def __init__(
+        self, config_file: Path, log_level: str, *, stop_grace_s: float, name: str = ""
+    ) -> None:
         self._stop_grace_s = stop_grace_s
+        self.name = name or "gateway"
+        self._prefix = f"[{name}] " if name else ""
+        self.address: tuple[str, int] | None = None  # once it has announced its URL
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # transformers warns at import that PyTorch is absent; the gateway needs only tokenizers.
         env.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -171,10 +258,18 @@ class _Gateway:
     def _pump(self) -> None:
         assert self.popen.stdout is not None
         for line in self.popen.stdout:
-            print(line, end="", flush=True)
+            print(self._prefix + line, end="", flush=True)
             if line.startswith(READY_PREFIX):
-                self._ready.put(line[len(READY_PREFIX) :].strip())
+                url = line[len(READY_PREFIX) :].strip()
+                parts = urlsplit(url)
+                if parts.hostname is not None and parts.port is not None:
+                    self.address = (parts.hostname, parts.port)
+                self._ready.put(url)
         self._ready.put(None)
+
+    @property
+    def running(self) -> bool:
+        return self.popen.poll() is None
 
     def wait_ready(self, timeout_s: float) -> str:
         """The base URL the gateway announced; DemoFailed if it exits or takes too long."""
@@ -185,6 +280,11 @@ class _Gateway:
         if url is None:
             raise DemoFailed(f"the gateway exited with code {self.popen.wait()} before starting")
         return url
+
+    def terminate(self) -> None:
+        """SIGTERM: the gateway drains (in-flight requests finish) and exits."""
+        if self.popen.poll() is None:
+            _signal_group(self.popen.pid, signal.SIGTERM)
 
     def stop(self) -> None:
         """SIGTERM (in-flight requests finish), then SIGKILL after the grace period."""

@@ -63,8 +63,9 @@ def find_example(config: GatewayConfig, path: str, *, stream: bool) -> Example |
     return None
 
 
-def usage(config: GatewayConfig, base_url: str) -> str:
-    """The text printed once the gateway is ready."""
+def usage(config: GatewayConfig, base_url: str, replicas: list[str] | None = None) -> str:
+    """The text printed once the gateway is ready; `replicas`, one line each, when several
+    gateway replicas serve behind `base_url`."""
     latency = find_example(config, "latency", stream=True)
     throughput = find_example(config, "throughput", stream=False)
     lines = ["", f"Base URL: {base_url}", ""]
@@ -79,7 +80,17 @@ def usage(config: GatewayConfig, base_url: str) -> str:
     lines.append(
         "Every response names its path in the x-pd-route header (and its rule in x-pd-rule)."
     )
-    lines.append("Ctrl-C stops the gateway and every simulator.")
+    if replicas:
+        lines += ["", f"{len(replicas)} gateway replicas share one TileRT pool through Redis:"]
+        lines += [f"  {replica}" for replica in replicas]
+        lines.append(f"{base_url} hands each new connection to the next replica still running.")
+        lines.append(
+            "Kill one (kill -9 PID) and keep sending requests: the others serve them, and a"
+            " node it held serves again once its lease expires."
+        )
+        lines.append("Ctrl-C stops the gateway replicas, Redis and every simulator.")
+    else:
+        lines.append("Ctrl-C stops the gateway and every simulator.")
     return "\n".join(lines)
 
 

@@ -1,4 +1,6 @@
-"""deploy/: the manifests parse, the embedded router.yaml is valid, and the pieces agree."""
+"""deploy/: the manifests parse, the embedded router.yaml is valid (loaded as `serve` loads
+it), and the pieces agree: replicas, rollout, disruption budget, autoscaler, Redis, secrets
+and the shutdown arithmetic."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from router.config import parse_config
+from router.config import GatewayConfig, load_config, parse_config
+from router.server import CUT_GRACE_S
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -28,7 +31,19 @@ def container(workload: dict[str, Any]) -> dict[str, Any]:
     return first
 
 
-@pytest.mark.parametrize("name", ["gateway.yaml", "backends-example.yaml"])
+MANIFESTS = sorted(p.name for p in (DEPLOY / "k8s").glob("*.yaml"))
+
+
+def embedded_config() -> GatewayConfig:
+    configmap = find(documents("gateway.yaml"), "ConfigMap", "pd-gateway-config")
+    return parse_config(yaml.safe_load(configmap["data"]["router.yaml"]))
+
+
+def test_the_manifests_are_the_expected_ones() -> None:
+    assert MANIFESTS == ["backends-example.yaml", "gateway.yaml", "redis.yaml"]
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
 def test_every_manifest_is_a_named_kubernetes_object(name: str) -> None:
     docs = documents(name)
     assert docs
@@ -37,17 +52,22 @@ def test_every_manifest_is_a_named_kubernetes_object(name: str) -> None:
         assert doc["metadata"]["name"]
 
 
-def test_gateway_configmap_holds_a_valid_configuration() -> None:
+def test_gateway_configmap_holds_a_valid_configuration(tmp_path: Path) -> None:
     configmap = find(documents("gateway.yaml"), "ConfigMap", "pd-gateway-config")
-    config = parse_config(yaml.safe_load(configmap["data"]["router.yaml"]))
+    config = embedded_config()
     assert config.server.host == "0.0.0.0"
-    assert config.gate.backend == "memory"
+    assert config.gate.backend == "redis"
+    # As `serve` reads it: from a file, with the environment's overrides.
+    path = tmp_path / "router.yaml"
+    path.write_text(configmap["data"]["router.yaml"], encoding="utf-8")
+    loaded = load_config(path, environ={})
+    assert loaded.gate == config.gate
+    assert loaded.models == config.models
 
 
 def test_gateway_keys_come_from_a_mounted_secret() -> None:
     docs = documents("gateway.yaml")
-    configmap = find(docs, "ConfigMap", "pd-gateway-config")
-    config = parse_config(yaml.safe_load(configmap["data"]["router.yaml"]))
+    config = embedded_config()
     files = [config.admin.api_key_file, *(k.key_file for k in config.auth.api_keys)]
     assert config.auth.api_keys, "clients authenticate in the shipped manifests"
     pod = find(docs, "Deployment", "pd-gateway")["spec"]["template"]["spec"]
@@ -62,32 +82,115 @@ def test_gateway_deployment() -> None:
     docs = documents("gateway.yaml")
     deployment = find(docs, "Deployment", "pd-gateway")
     spec = deployment["spec"]
-    # One replica per pool, never two at once, until the gate state is shared.
-    assert spec["replicas"] == 1
-    assert spec["strategy"]["type"] == "Recreate"
+    # Three replicas sharing the pool through Redis; a rollout never drops below them.
+    assert spec["replicas"] == 3
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
     gateway = container(deployment)
     assert gateway["args"] == ["serve", "--config", "/etc/pd-gateway/router.yaml"]
     port = gateway["ports"][0]["containerPort"]
-    configmap = find(docs, "ConfigMap", "pd-gateway-config")
-    assert yaml.safe_load(configmap["data"]["router.yaml"])["server"]["port"] == port
+    config = embedded_config()
+    assert config.server.port == port
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/health"
     assert gateway["startupProbe"]["httpGet"]["path"] == "/health"
-    pre_stop = gateway["lifecycle"]["preStop"]["exec"]["command"]
-    assert pre_stop[0] == "sleep"
-    # Room for the preStop sleep, the drain of in-flight streams and the slot cleanups.
-    config = parse_config(yaml.safe_load(configmap["data"]["router.yaml"]))
-    cleanup = config.timeouts.kv_transfer_s + 10  # consuming a transfer cut off mid-flight
-    needed = int(pre_stop[1]) + config.server.shutdown_grace_s + cleanup
-    assert spec["template"]["spec"]["terminationGracePeriodSeconds"] >= needed
     assert spec["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     service = find(docs, "Service", "pd-gateway")
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
 
 
+def test_termination_grace_covers_the_drain_and_the_cleanups() -> None:
+    """The arithmetic in gateway.yaml's comment, from the configuration it ships."""
+    deployment = find(documents("gateway.yaml"), "Deployment", "pd-gateway")
+    pre_stop = container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    config = embedded_config()
+    t = config.timeouts
+    assert config.gate.redis is not None
+    redis = config.gate.redis
+    # AppState.aclose: the slot cleanups of cut requests, then the gate's close (its waiters
+    # leave, its background tasks stop, the close script runs).
+    cleanups = max(t.kv_transfer_s + 5, t.cancel_s + t.decode_stall_s) + t.connect_s
+    gate_close = 3 * redis.socket_timeout_s + redis.poll_s
+    needed = int(pre_stop[1]) + config.server.shutdown_grace_s + CUT_GRACE_S + cleanups
+    needed += gate_close
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= needed, (grace, needed)
+    # A lease outlives a few missed renewals, and a killed replica's nodes come back well
+    # before a drained one would have finished.
+    assert redis.renew_every_s * 3 <= redis.lease_ttl_s < grace
+
+
+def test_disruption_budget_and_autoscaler_keep_three_replicas() -> None:
+    docs = documents("gateway.yaml")
+    deployment = find(docs, "Deployment", "pd-gateway")
+    labels = deployment["spec"]["selector"]["matchLabels"]
+    budget = find(docs, "PodDisruptionBudget", "pd-gateway")
+    assert budget["apiVersion"] == "policy/v1"
+    assert budget["spec"]["selector"]["matchLabels"] == labels
+    assert budget["spec"]["maxUnavailable"] == 1
+    hpa = find(docs, "HorizontalPodAutoscaler", "pd-gateway")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", "pd-gateway")
+    assert hpa["spec"]["minReplicas"] == deployment["spec"]["replicas"] == 3
+    assert hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
+    # CPU utilisation is relative to the request: the container must make one.
+    assert container(deployment)["resources"]["requests"]["cpu"]
+
+
+def test_gateway_reaches_the_shipped_redis_with_the_shared_secret() -> None:
+    gateway_docs, redis_docs = documents("gateway.yaml"), documents("redis.yaml")
+    config = embedded_config()
+    assert config.gate.redis is not None
+    redis_config = config.gate.redis
+    service = find(redis_docs, "Service", "pd-gateway-redis")
+    (port,) = service["spec"]["ports"]
+    host_port = redis_config.url.partition("://")[2].split("/")[0]
+    assert host_port == f"{service['metadata']['name']}:{port['port']}"
+    assert not redis_config.url_has_password and redis_config.password is None
+    # The password file lies in the mounted Secret that the Redis pod reads too.
+    pod = find(gateway_docs, "Deployment", "pd-gateway")["spec"]["template"]["spec"]
+    (mount,) = [
+        m
+        for m in pod["containers"][0]["volumeMounts"]
+        if redis_config.password_file is not None
+        and redis_config.password_file.startswith(m["mountPath"] + "/")
+    ]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    secret, key = volume["secret"]["secretName"], redis_config.password_file.rsplit("/", 1)[1]
+    redis = find(redis_docs, "Deployment", "pd-gateway-redis")
+    env = {e["name"]: e for e in container(redis)["env"]}
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key}
+    assert service["spec"]["selector"] == redis["spec"]["selector"]["matchLabels"]
+    policy = find(redis_docs, "NetworkPolicy", "pd-gateway-redis")
+    (rule,) = policy["spec"]["ingress"]
+    (source,) = rule["from"]
+    assert source["podSelector"]["matchLabels"] == pod_labels(gateway_docs)
+
+
+def pod_labels(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    template = find(docs, "Deployment", "pd-gateway")["spec"]["template"]
+    labels: dict[str, Any] = template["metadata"]["labels"]
+    return labels
+
+
+def test_redis_is_one_instance_that_never_evicts_a_lease() -> None:
+    redis = find(documents("redis.yaml"), "Deployment", "pd-gateway-redis")
+    assert redis["spec"]["replicas"] == 1
+    assert redis["spec"]["strategy"]["type"] == "Recreate"  # never two instances at once
+    script = " ".join(container(redis)["args"])
+    assert "--maxmemory-policy noeviction" in script
+    assert "--save ''" in script and "--appendonly no" in script
+    assert "$REDIS_PASSWORD" in script and "requirepass" in script
+
+
 def test_gateway_nodes_are_the_statefulset_pods() -> None:
-    configmap = find(documents("gateway.yaml"), "ConfigMap", "pd-gateway-config")
-    (model,) = parse_config(yaml.safe_load(configmap["data"]["router.yaml"])).models
+    (model,) = embedded_config().models
     backends = documents("backends-example.yaml")
     statefulset = find(backends, "StatefulSet", "tilert-decode")
     headless = find(backends, "Service", statefulset["spec"]["serviceName"])

