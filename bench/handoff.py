@@ -263,7 +263,7 @@ def main() -> None:
         )
         redis = LocalRedis()
         redis.start()
-        stack_of.callback(redis.stop)
+        stack_of.callback(redis.close)
         setups: dict[str, list[str]] = {}
         for backend, replicas in SETUPS:
             config = gateway_config(stack, backend, redis.url if backend == "redis" else None)

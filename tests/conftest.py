@@ -19,7 +19,7 @@ import pytest
 
 from sim.stack import SimStack
 from tests.support.classify_fixtures import Sims, observed
-from tests.support.deployment import reset
+from tests.support.deployment import TILERT_VERSIONS, corruptions, reset
 from tests.support.gateway import GatewayProcess
 
 E2E_DIR = Path(__file__).resolve().parent / "e2e"
@@ -66,9 +66,19 @@ def processes_refused(nodeid: str) -> Iterator[None]:
 
 
 @pytest.fixture
-def fresh_sims(stack: SimStack) -> None:
-    """Before the test: faults cleared and records emptied on every simulator of `stack`."""
+def fresh_sims(stack: SimStack) -> Iterator[None]:
+    """Before the test: faults cleared and records emptied on every simulator of `stack`.
+    After it: no node's receive buffer was written while it held another transfer."""
     reset(stack)
+    yield
+    assert corruptions(stack) == []
+
+
+@pytest.fixture(scope="module", params=TILERT_VERSIONS)
+def tilert_version(request: pytest.FixtureRequest) -> str:
+    """The TileRT release a module's simulated nodes and prefill servers speak."""
+    version: str = request.param
+    return version
 
 
 @pytest.fixture

@@ -34,12 +34,15 @@ def redis_server_binary() -> str:
 
 
 class LocalRedis:
-    """`start()` then `stop()`; the data lives only as long as the process."""
+    """A redis-server on a free loopback port. `start()` and `stop()` may alternate (a
+    restart keeps the port and loses the data); `close()` ends for good. `extra_args` go to
+    the server (e.g. `--requirepass`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra_args: list[str] | None = None) -> None:
         self.binary = redis_server_binary()
-        self.port = 0
-        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self.port = free_port()
+        self._extra_args = extra_args or []
+        self._dir = tempfile.TemporaryDirectory(prefix="pd-gateway-redis-")
         self.popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -47,10 +50,8 @@ class LocalRedis:
         return f"redis://{HOST}:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> None:
-        self.port = _free_port()
-        self._dir = tempfile.TemporaryDirectory(prefix="pd-gateway-demo-redis-")
         args = [self.binary, "--bind", HOST, "--port", str(self.port), "--save", ""]
-        args += ["--appendonly", "no", "--dir", self._dir.name]
+        args += ["--appendonly", "no", "--dir", self._dir.name, *self._extra_args]
         self.popen = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
@@ -64,10 +65,12 @@ class LocalRedis:
             if self.popen.poll() is not None:
                 raise DemoError(f"redis-server exited with code {self.popen.returncode}")
             if time.monotonic() > deadline:
+                self.stop()
                 raise DemoError(f"redis-server did not answer on port {self.port}")
             time.sleep(0.02)  # polling a real condition (the server answers), bounded above
 
     def stop(self) -> None:
+        """Stop the server (it may be started again, empty, on the same port)."""
         if self.popen is not None:
             if self.popen.poll() is None:
                 self.popen.terminate()
@@ -77,20 +80,22 @@ class LocalRedis:
                     self.popen.kill()
                     self.popen.wait()
             self.popen = None
-        if self._dir is not None:
-            self._dir.cleanup()
-            self._dir = None
+
+    def close(self) -> None:
+        """Stop the server and remove its directory."""
+        self.stop()
+        self._dir.cleanup()
 
     def _answers_ping(self) -> bool:
         try:
             with socket.create_connection((HOST, self.port), timeout=0.5) as conn:
                 conn.sendall(b"PING\r\n")
-                return conn.recv(16).startswith(b"+PONG")
+                return conn.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up, maybe locked
         except OSError:
             return False
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])

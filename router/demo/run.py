@@ -131,7 +131,7 @@ def run_demo(
         for stack in reversed(stacks):
             stack.stop()
         if redis is not None:
-            redis.stop()
+            redis.close()
         workdir.cleanup()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, previous)

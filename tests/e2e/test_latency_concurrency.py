@@ -25,6 +25,7 @@ from tests.support.deployment import (
     sim_get,
     sim_post,
     tier_rules,
+    version_args,
 )
 from tests.support.gateway import GatewayProcess, start_gateway
 
@@ -41,23 +42,24 @@ RULES = tier_rules(
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
+def stack(tilert_version: str) -> Iterator[SimStack]:
+    version = version_args(tilert_version)
     with SimStack(
         nodes=5,
         prefills=1,
         model="ds",
-        node_args=["--step-ms", "3", "--tokens-per-step", "2"],
-        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0"],
+        node_args=["--step-ms", "3", "--tokens-per-step", "2", *version["node_args"]],
+        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0", *version["prefill_args"]],
     ) as running:
         yield running
 
 
 def pool_gateway(
-    stack: SimStack, nodes: list, tmp: pytest.TempPathFactory, **gate: Any
+    stack: SimStack, nodes: list, tmp: pytest.TempPathFactory, tilert: str, **gate: Any
 ) -> AbstractContextManager[GatewayProcess]:
     return start_gateway(
         tmp,
-        [latency_model(stack, "ds", nodes=nodes)],
+        [latency_model(stack, "ds", nodes=nodes, tilert=tilert)],
         gate={"max_queue_wait_ms": 60_000, **gate},
         timeouts={"decode_stall_s": 15},  # the blockers below start slowly on purpose
         classification={"rules": RULES},
@@ -65,14 +67,20 @@ def pool_gateway(
 
 
 @pytest.fixture(scope="module")
-def pool4(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with pool_gateway(stack, stack.nodes[:4], tmp_path_factory, max_queue=64) as gateway:
+def pool4(
+    stack: SimStack, tilert_version: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    nodes = stack.nodes[:4]
+    with pool_gateway(stack, nodes, tmp_path_factory, tilert_version, max_queue=64) as gateway:
         yield gateway
 
 
 @pytest.fixture(scope="module")
-def pool1(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with pool_gateway(stack, stack.nodes[4:], tmp_path_factory, max_queue=12) as gateway:
+def pool1(
+    stack: SimStack, tilert_version: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    nodes = stack.nodes[4:]
+    with pool_gateway(stack, nodes, tmp_path_factory, tilert_version, max_queue=12) as gateway:
         yield gateway
 
 

@@ -18,7 +18,14 @@ import openai
 import pytest
 
 from sim.stack import SimStack
-from tests.support.deployment import directive, latency_model, node_entry, sim_get, sim_post
+from tests.support.deployment import (
+    directive,
+    latency_model,
+    node_entry,
+    sim_get,
+    sim_post,
+    version_args,
+)
 from tests.support.gateway import GatewayProcess, start_gateway
 
 pytestmark = pytest.mark.usefixtures("fresh_sims", "all_slots_free")
@@ -29,26 +36,31 @@ CLOSED_PORT = 9  # discard: nothing listens there on a test machine
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
+def stack(tilert_version: str) -> Iterator[SimStack]:
+    version = version_args(tilert_version)
     with SimStack(
         nodes=4,
         prefills=1,
         model=["ds", "solo"],
-        node_args=["--step-ms", "1"],
-        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0"],
+        node_args=["--step-ms", "1", *version["node_args"]],
+        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0", *version["prefill_args"]],
     ) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(
+    stack: SimStack, tilert_version: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    v = tilert_version
     models = [
-        latency_model(stack, "ds", nodes=stack.nodes[:2], output_parser="deepseek_v32"),
-        latency_model(stack, "solo", nodes=stack.nodes[2:3]),
+        latency_model(stack, "ds", nodes=stack.nodes[:2], output_parser="deepseek_v32", tilert=v),
+        latency_model(stack, "solo", nodes=stack.nodes[2:3], tilert=v),
         {
             "name": "deadprefill",
             "tokenizer": "deepseek",
             "latency": {
+                "tilert": v,
                 "prefill": [f"http://127.0.0.1:{CLOSED_PORT}"],
                 "nodes": [node_entry(stack.nodes[3])],
             },

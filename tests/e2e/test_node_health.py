@@ -12,25 +12,32 @@ import httpx
 import pytest
 
 from sim.stack import SimStack
-from tests.support.deployment import directive, latency_model, sim_post
+from tests.support.deployment import directive, latency_model, sim_post, version_args
 from tests.support.gateway import GatewayProcess, start_gateway
 
 COOLDOWN_S = 1.5
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
+def stack(tilert_version: str) -> Iterator[SimStack]:
+    version = version_args(tilert_version)
     with SimStack(
-        nodes=4, prefills=1, model=["ds", "pair"], node_args=["--step-ms", "1"]
+        nodes=4,
+        prefills=1,
+        model=["ds", "pair"],
+        node_args=["--step-ms", "1", *version["node_args"]],
+        prefill_args=version["prefill_args"],
     ) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(
+    stack: SimStack, tilert_version: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
     models = [
-        latency_model(stack, "ds", nodes=stack.nodes[:2]),
-        latency_model(stack, "pair", nodes=stack.nodes[2:]),
+        latency_model(stack, "ds", nodes=stack.nodes[:2], tilert=tilert_version),
+        latency_model(stack, "pair", nodes=stack.nodes[2:], tilert=tilert_version),
     ]
     with start_gateway(
         tmp_path_factory,

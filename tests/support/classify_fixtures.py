@@ -136,7 +136,9 @@ async def observed(stack: SimStack, *gateways: GatewayProcess) -> AsyncIterator[
         for gateway in gateways:
             await sims.wait_all_free(gateway)
         for node in stack.nodes:
-            assert (await sims.records(node))["max_overlap"] <= 1, "a node was double-booked"
+            records = await sims.records(node)
+            assert records["max_overlap"] <= 1, "a node was double-booked"
+            assert records["corruptions"] == [], "a node's receive buffer was overwritten"
 
 
 @asynccontextmanager

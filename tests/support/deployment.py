@@ -13,10 +13,28 @@ def node_entry(node: NodeInfo) -> dict[str, Any]:
     return {"host": node.host, "ctrl_port": node.ctrl_port, "http_port": node.http_port}
 
 
+TILERT_VERSIONS = ("0.1.5", "0.1.6")
+"""The TileRT releases the latency suites run against."""
+
+
+def version_args(version: str) -> dict[str, list[str]]:
+    """SimStack arguments for nodes and prefill servers of one TileRT release (0.1.6's
+    stream batching is shortened from its 200 ms: same lines, quicker tests)."""
+    node = ["--protocol", version]
+    if version == "0.1.6":
+        node += ["--stream-interval-ms", "20", "--refusal-drain-s", "2"]
+    return {"node_args": node, "prefill_args": ["--tilert-protocol", version]}
+
+
 def latency_section(
-    stack: SimStack, *, nodes: list[NodeInfo] | None = None, max_seq_len: int = 131072
+    stack: SimStack,
+    *,
+    nodes: list[NodeInfo] | None = None,
+    max_seq_len: int = 131072,
+    tilert: str = "0.1.6",
 ) -> dict[str, Any]:
     return {
+        "tilert": tilert,
         "prefill": [p.url for p in stack.prefills],
         "nodes": [node_entry(n) for n in (stack.nodes if nodes is None else nodes)],
         "max_seq_len": max_seq_len,
@@ -29,14 +47,15 @@ def latency_model(
     *,
     nodes: list[NodeInfo] | None = None,
     tokenizer: str = "deepseek",
+    tilert: str = "0.1.6",
     **entry: Any,
 ) -> dict[str, Any]:
-    """A model entry served on the latency path by `nodes` (all of `stack`'s by default);
-    `entry` adds to it (`output_parser`, `throughput`)."""
+    """A model entry served on the latency path by `nodes` (all of `stack`'s by default),
+    of TileRT release `tilert`; `entry` adds to it (`output_parser`, `throughput`)."""
     return {
         "name": name,
         "tokenizer": tokenizer,
-        "latency": latency_section(stack, nodes=nodes),
+        "latency": latency_section(stack, nodes=nodes, tilert=tilert),
         **entry,
     }
 
@@ -103,6 +122,12 @@ def reset(stack: SimStack) -> None:
     for url in simulator_urls(stack):
         httpx.delete(url + "/sim/faults", timeout=10).raise_for_status()
         sim_post(url, "/sim/reset")
+
+
+def corruptions(stack: SimStack) -> list[dict[str, Any]]:
+    """Every write into a node's receive buffer that spoiled another transfer (none may
+    ever happen: it is silent wrong output on a real node)."""
+    return [c for node in stack.nodes for c in sim_get(node.url, "/sim/records")["corruptions"]]
 
 
 def directive(text: str) -> str:
