@@ -76,6 +76,10 @@ class OpenTransfer:
         finally:
             await close_quietly(self.writer)
 
+    async def drop(self) -> None:
+        """Close the connection without done (a sender lost mid-transfer)."""
+        await close_quietly(self.writer)
+
     async def answer(self) -> dict[str, Any] | None:
         """What the node says without sending done (a refusal, or None at close)."""
         if self.refused:
