@@ -1,6 +1,6 @@
 """One generation request through the simulated vLLM server, connectors included.
 
-Per request: validate, derive ids (PROTOCOLS.md §1.2), plan the output, let the
+Per request: validate, derive ids (docs/protocols.md §1.2), plan the output, let the
 connectors act on ``kv_transfer_params`` by role (TileRT sender and NIXL producer on a
 prefill instance, NIXL consumer on a decode instance), then answer, stream or not.
 """
