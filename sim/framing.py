@@ -1,4 +1,4 @@
-"""Length-prefixed JSON frames, the TileRT control plane's wire format (PROTOCOLS.md §1.3).
+"""Length-prefixed JSON frames, the TileRT control plane's wire format (docs/protocols.md §1.3).
 
 A frame is a 4-byte big-endian unsigned length followed by that many bytes of UTF-8 JSON
 holding one object. The simulated data plane and the simulated NIXL side channel reuse it.

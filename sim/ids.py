@@ -1,4 +1,6 @@
-"""Request ids as vLLM forms them, and the rid reduction both legs agree on (PROTOCOLS.md §1.2).
+"""Request ids as vLLM forms them, and the rid reduction both legs agree on.
+
+See docs/protocols.md §1.2.
 
 vLLM names a chat response ``chatcmpl-<base>`` and a completion ``cmpl-<base>``, where base is
 the ``X-Request-Id`` header or a random id. Inside the engine the id carries more suffixes
@@ -46,7 +48,7 @@ def _strip_tail(value: str, pattern: re.Pattern[str]) -> str:
 
 
 def reduce_rid(request_id: str) -> str:
-    """Apply the three-step reduction of PROTOCOLS.md §1.2 to a response or engine id."""
+    """Apply the three-step reduction of docs/protocols.md §1.2 to a response or engine id."""
     for prefix in _PREFIXES:
         if request_id.startswith(prefix):
             request_id = request_id[len(prefix) :]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from sim.tilert.slot import PROTOCOLS, Protocol
 
 # Fault name -> value type; the same names serve as CLI flags (dashes) and JSON keys.
 FAULTS: dict[str, type] = {
@@ -14,6 +17,14 @@ FAULTS: dict[str, type] = {
     "error_after": int,
     "decode_500": bool,
     "slow_start_ms": float,
+}
+
+# What GET /capabilities reports (0.1.6), as the production engines do; "grammar" is ours.
+CAPABILITIES: dict[str, bool] = {
+    "penalties": False,
+    "ignore_eos": True,
+    "logprobs": False,
+    "grammar": False,
 }
 
 
@@ -35,6 +46,11 @@ class NodeConfig:
     tokens_per_step: float = 3.2
     default_output_tokens: int = 48
     request_timeout_s: float = 120.0
+    protocol: Protocol = "0.1.6"
+    capabilities: dict[str, bool] = field(default_factory=lambda: dict(CAPABILITIES))
+    stream_interval_ms: float = 200.0
+    refusal_drain_s: float = 30.0
+    profile: str = "glm5"
     faults: dict[str, Any] = field(default_factory=dict)
 
 
@@ -43,6 +59,28 @@ def _ranks(text: str) -> frozenset[int]:
     if not ranks or min(ranks) < 0:
         raise argparse.ArgumentTypeError("sender ranks are non-negative integers, e.g. 0,1,2,3")
     return ranks
+
+
+def capabilities(text: str) -> dict[str, bool]:
+    """``--capabilities '{"logprobs": true}'``: the defaults with these keys replaced."""
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(values, dict):
+        raise argparse.ArgumentTypeError("capabilities are a JSON object")
+    unknown = set(values) - set(CAPABILITIES)
+    if unknown or not all(isinstance(v, bool) for v in values.values()):
+        names = ", ".join(CAPABILITIES)
+        raise argparse.ArgumentTypeError(f"capabilities are booleans named {names}")
+    return {**CAPABILITIES, **values}
+
+
+def _senders(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 8:
+        raise argparse.ArgumentTypeError("senders are 1 to 8")
+    return value
 
 
 def _tokens_per_step(text: str) -> float:
@@ -72,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tokens-per-step", type=_tokens_per_step, default=3.2, help="mean tokens per step")
     add("--default-output-tokens", type=int, default=48, help="filler length without a plan")
     add("--request-timeout-s", type=float, default=120.0)
+    add("--protocol", choices=PROTOCOLS, default="0.1.6", help="TileRT version to behave as")
+    add("--senders", type=_senders, help="0.1.6: sender rank count (ranks 0..N-1); TileRT's is 8")
+    add("--capabilities", type=capabilities, default=dict(CAPABILITIES), help="0.1.6, JSON")
+    add("--stream-interval-ms", type=float, default=200.0, help="0.1.6 stream batching")
+    add("--refusal-drain-s", type=float, default=30.0, help="0.1.6: drain before a refusal")
+    add("--profile", default="glm5", help="0.1.6: profile named by /capabilities")
     faults = parser.add_argument_group("faults (also settable at POST /sim/faults)")
     faults.add_argument("--refuse-transfers", action="store_true", help="answer every request busy")
     faults.add_argument("--stall-after", type=int, help="stop emitting after N tokens")
@@ -93,7 +137,9 @@ def parse_config(argv: list[str] | None = None) -> NodeConfig:
         data_port=args.data_port,
         tokenizer=args.tokenizer,
         max_seq_len=args.max_seq_len,
-        sender_ranks=args.sender_ranks,
+        sender_ranks=(
+            frozenset(range(args.senders)) if args.senders is not None else args.sender_ranks
+        ),
         layout_version=args.layout_version,
         transport=args.transport,
         data_plane=not args.no_data_plane,
@@ -101,5 +147,10 @@ def parse_config(argv: list[str] | None = None) -> NodeConfig:
         tokens_per_step=args.tokens_per_step,
         default_output_tokens=args.default_output_tokens,
         request_timeout_s=args.request_timeout_s,
+        protocol=args.protocol,
+        capabilities=args.capabilities,
+        stream_interval_ms=args.stream_interval_ms,
+        refusal_drain_s=args.refusal_drain_s,
+        profile=args.profile,
         faults={k: v for k, v in faults.items() if v not in (None, False)},
     )

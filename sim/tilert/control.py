@@ -1,7 +1,10 @@
-"""The node's side of the control plane (PROTOCOLS.md §1.3), one connection per sender rank.
+"""The node's side of the control plane (docs/protocols.md §1.3, §1.5, §1.6), one
+connection per sender rank.
 
-hello → request → (refusal and close) or … → done. The node closes the connection after
-the done, so a sender can tell acceptance (end of stream) from refusal (an error frame).
+0.1.5: hello → request → (refusal frame and close) or silence … → done → close.
+0.1.6: the hello adds ``protocol_version`` and ``senders``; every request is answered
+(``accepted`` true with a generation, or false with a reason); the done completes the
+generation admitted on that connection, whatever rid it names.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Any
 
 from sim.framing import FrameError, close_quietly, read_frame, write_frame
 from sim.tilert.node import Node
-from sim.tilert.slot import Refusal
+from sim.tilert.slot import Admission, Refusal, Transfer
 
 _REQUEST_FIELDS: dict[str, type | tuple[type, ...]] = {
     "rid": str,
@@ -37,6 +40,7 @@ class ControlPlane:
         records = self._node.records
         rid: str | None = None
         rank: int | None = None
+        admitted: Transfer | None = None
         try:
             await write_frame(writer, self._node.hello())
             request = await read_frame(reader)
@@ -47,34 +51,40 @@ class ControlPlane:
                 records.control_event(None, None, "protocol_error")
                 return
             rid, rank, seq_len = request["rid"], request["rank"], request["seq_len"]
-            refusal = self._admit(request)
-            if refusal is not None:
-                records.control_event(rid, rank, refusal.outcome, seq_len)
-                await write_frame(writer, refusal.message)
+            answer = self._admit(request)
+            if isinstance(answer, Refusal):
+                records.control_event(rid, rank, answer.outcome, seq_len)
+                await write_frame(writer, answer.message)
                 return
+            admitted = answer.transfer
             records.control_event(rid, rank, "accepted", seq_len)
-            await self._await_done(reader, rid, rank)
+            if answer.message is not None:
+                await write_frame(writer, answer.message)
+            await self._await_done(reader, admitted, rid, rank)
         except FrameError:
             records.control_event(rid, rank, "protocol_error")
         except (ConnectionError, OSError):
             records.control_event(rid, rank, "connection_lost")
         finally:
+            if admitted is not None and self._node.slot.v16:
+                self._node.slot.writer_left(admitted)
             await close_quietly(writer)
 
-    def _admit(self, request: dict[str, Any]) -> Refusal | None:
+    def _admit(self, request: dict[str, Any]) -> Admission | Refusal:
         slot = self._node.slot
+        refusal = slot.seq_len_refusal(request["rid"], request["seq_len"])
+        if refusal is not None:
+            return refusal
         if self._node.faults.take("refuse_transfers"):
-            busy_rid = slot.in_progress.rid if slot.in_progress else "sim-fault"
-            return Refusal({"error": "busy", "busy_rid": busy_rid}, "refused_busy")
-        return slot.open(
-            request["rid"],
-            request["rank"],
-            request["seq_len"],
-            request["last_prompt_token"],
-            request.get("sampling"),
-        )
+            current = slot.current
+            return slot.busy_refusal(
+                current.rid if current else "sim-fault", current.state if current else "free"
+            )
+        return slot.admit(request)
 
-    async def _await_done(self, reader: asyncio.StreamReader, rid: str, rank: int) -> None:
+    async def _await_done(
+        self, reader: asyncio.StreamReader, transfer: Transfer, rid: str, rank: int
+    ) -> None:
         records = self._node.records
         try:
             done = await asyncio.wait_for(read_frame(reader), self._node.config.request_timeout_s)
@@ -83,9 +93,10 @@ class ControlPlane:
             return
         if done is None:
             records.control_event(rid, rank, "closed_without_done")
-        elif done.get("done") is True and done.get("rid") == rid:
-            done_rank = done.get("rank", rank)
-            complete = self._node.slot.done(rid, done_rank if isinstance(done_rank, int) else rank)
+        elif done.get("done"):
+            # Both versions complete the transfer admitted on this connection, for the
+            # rank of its request, whatever rid (or generation) the done names.
+            complete = self._node.slot.done(transfer, rank)
             records.control_event(rid, rank, "complete" if complete else "done")
         else:
             records.control_event(rid, rank, "protocol_error")

@@ -1,7 +1,9 @@
 """The simulated data plane: where a sender deposits what RDMA would have written.
 
 Each frame is ``{"rid", "rank", "output_ids"}`` (the planned output, first token first);
-the node answers ``{"ok": true}`` and keeps the plan for the rid's decode.
+the node answers ``{"ok": true}`` and keeps the plan for the rid's decode. A write by a
+rid the node refused ``busy`` lands in the single receive buffer all the same, and is
+recorded as corruption of the transfer the slot holds.
 """
 
 from __future__ import annotations

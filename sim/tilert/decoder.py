@@ -2,7 +2,9 @@
 
 The producer runs as its own task, so a client that drops the connection does not stop
 it (only /pd/cancel does, as on a real node). The node's lock is released when the
-producer has finished *and* the response body has ended.
+producer has finished *and* the response body has ended. The producer queues token
+bursts (lists of ids), final objects (dicts), then None (or DIED); the HTTP layer turns
+them into ndjson lines as the node's version does.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
-
-import orjson
 
 DIED = object()  # queue marker: drop the connection without a final line
 
@@ -64,7 +64,8 @@ class DecodeSession:
     def __init__(self, rid: str, on_release: Callable[[DecodeSession], None]) -> None:
         self.rid = rid
         self.cancelled = asyncio.Event()
-        self.lines: asyncio.Queue[bytes | object | None] = asyncio.Queue()
+        self.cancellable = True  # /pd/cancel finds it (0.1.5: only once decoding)
+        self.lines: asyncio.Queue[list[int] | dict[str, Any] | object | None] = asyncio.Queue()
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.seq_len = 0
@@ -108,13 +109,15 @@ class DecodeSession:
             self._released = True
             self._on_release(self)
 
-    def timing_ms(self) -> dict[str, float]:
-        """Wall-clock phases of this call in milliseconds."""
+    def timing_ms(self) -> dict[str, Any]:
+        """Phases of this call in milliseconds, as TileRT reports them (+ finish_reason)."""
         now = time.monotonic()
         return {
-            "wait_kv": round((self._kv_ready - self._arrived) * 1000, 3),
-            "decode": round((now - self._kv_ready) * 1000, 3),
-            "total": round((now - self._arrived) * 1000, 3),
+            "wire_wait": round((self._kv_ready - self._arrived) * 1000, 1),
+            "convert": 0.0,
+            "inject": 0.0,
+            "decode": round((now - self._kv_ready) * 1000, 1),
+            "finish_reason": self.finish_reason,
         }
 
     def done_line(self) -> dict[str, Any]:
@@ -122,7 +125,7 @@ class DecodeSession:
         return {
             "done": True,
             "n": len(self.token_ids),
-            "seq_len": self.seq_len + len(self.token_ids),
+            "seq_len": self.seq_len,  # the prompt length, as TileRT reports it
             "finish_reason": self.finish_reason,
             "timing_ms": self.timing_ms(),
         }
@@ -137,8 +140,8 @@ class DecodeSession:
             return False
         return True
 
-    def _emit(self, message: dict[str, Any]) -> None:
-        self.lines.put_nowait(orjson.dumps(message) + b"\n")
+    def _emit(self, message: dict[str, Any] | list[int]) -> None:
+        self.lines.put_nowait(message)
 
     async def _produce(
         self, job: DecodeJob, step_s: float, tokens_per_step: float, faults: DecodeFaults
@@ -154,6 +157,12 @@ class DecodeSession:
     ) -> None:
         if faults.slow_start_s and await self._pause(faults.slow_start_s):
             return self._finish("cancelled")
+        if job.max_tokens <= 0:
+            return self._finish("length")
+        if job.first_token_id in job.eos_ids:
+            # The engine streams the first token before it checks the stop set.
+            self._emit([job.first_token_id])
+            return self._finish("stop")
         tokens = iter([job.first_token_id, *job.continuation])
         bursts = burst_sizes(tokens_per_step)
         trigger = faults.trigger
@@ -178,7 +187,7 @@ class DecodeSession:
                     break
             if burst:
                 self.token_ids.extend(burst)
-                self._emit({"t": burst})
+                self._emit(burst)
             if reason is not None:
                 return self._finish(reason)
 

@@ -1,8 +1,9 @@
-"""The node's HTTP API (PROTOCOLS.md §1.4) and its test-only ``/sim/`` endpoints."""
+"""The node's HTTP API (docs/protocols.md §1.4–1.6) and its test-only ``/sim/`` endpoints."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -15,6 +16,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from sim.faults import FaultError
+from sim.logprobs import token_logprob, top_candidates
+from sim.tilert.config import CAPABILITIES
 from sim.tilert.decoder import DIED, DecodeSession
 from sim.tilert.node import DecodeRequest, Node, Rejection
 from sim.tilert.records import DecodeRecord
@@ -24,27 +27,107 @@ class NodeDiedError(RuntimeError):
     """Raised inside a streaming response to drop the connection without a final line."""
 
 
-class NdjsonStream:
-    """ASGI response relaying a session's lines; marks the body ended however it ends."""
+def _logprobs(ids: list[int], top: int) -> dict[str, Any]:
+    """``lp`` (one float per token) and ``tp`` (per token, [id, logprob] pairs best first)."""
+    return {
+        "lp": [token_logprob(t) for t in ids],
+        "tp": [[[c, lp] for c, lp in top_candidates(t, top)] for t in ids],
+    }
 
-    def __init__(self, session: DecodeSession, on_end: Callable[[], None]) -> None:
+
+class NdjsonStream:
+    """ASGI response relaying a session's output; marks the body ended however it ends.
+
+    0.1.5 writes each step's tokens as they come. 0.1.6 writes the first token on a line
+    of its own, then batches: whatever is ready at once, then every ``interval_s``.
+    """
+
+    def __init__(
+        self,
+        session: DecodeSession,
+        on_end: Callable[[], None],
+        batched: bool,
+        interval_s: float,
+        top_logprobs: int | None,
+    ) -> None:
         self._session = session
         self._on_end = on_end
+        self._batched = batched
+        self._interval = interval_s
+        self._top = top_logprobs
+        self._pending: list[int] = []
+
+    def _line(self, ids: list[int]) -> bytes:
+        line: dict[str, Any] = {"t": ids}
+        if self._top is not None:
+            line |= _logprobs(ids, self._top)
+        return orjson.dumps(line) + b"\n"
+
+    async def _items(self) -> AsyncIterator[tuple[list[int], Any]]:
+        """(token ids to write now, the final item or _MORE), as the version paces them."""
+        queue = self._session.lines
+        if not self._batched:
+            while isinstance(item := await queue.get(), list):
+                yield item, _MORE
+            yield [], item
+            return
+        first = await queue.get()
+        if not isinstance(first, list):
+            yield [], first
+            return
+        yield first[:1], _MORE
+        pending = first[1:]
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None  # what is ready right after the first line goes at once
+        while True:
+            final: Any = _MORE
+            while final is _MORE and not queue.empty():
+                got = queue.get_nowait()
+                final = _collect(got, pending)
+            if final is _MORE and deadline is not None:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        while final is _MORE:
+                            got = await queue.get()
+                            final = _collect(got, pending)
+                except TimeoutError:
+                    pass
+            yield pending, final
+            if final is not _MORE:
+                return
+            pending = []
+            deadline = loop.time() + self._interval
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [(b"content-type", b"application/x-ndjson")]
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            while True:
-                line = await self._session.lines.get()
-                if line is None:
-                    break
-                if line is DIED:
+            async for ids, final in self._items():
+                if ids:
+                    body = self._line(ids)
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                if final is _MORE:
+                    continue
+                if final is DIED:
                     raise NodeDiedError("simulated node death mid-stream")
-                await send({"type": "http.response.body", "body": line, "more_body": True})
+                if isinstance(final, dict):
+                    body = orjson.dumps(final) + b"\n"
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                break
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self._on_end()
+
+
+_MORE = object()
+
+
+def _collect(item: Any, pending: list[int]) -> Any:
+    """Add a token burst to ``pending`` (→ _MORE), or pass a final item through."""
+    if isinstance(item, list):
+        pending.extend(item)
+        return _MORE
+    return item
 
 
 def _json(status: int, body: dict[str, Any], on_end: Callable[[], None] | None = None) -> Response:
@@ -57,6 +140,27 @@ async def _body(request: Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError("body must be a JSON object")
     return data
+
+
+def _validation_detail(exc: Exception) -> list[dict[str, Any]]:
+    if isinstance(exc, ValidationError):
+        return [
+            {"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"]} for e in exc.errors()
+        ]
+    return [{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]
+
+
+def result_body(session: DecodeSession, top_logprobs: int | None) -> dict[str, Any]:
+    """The non-stream 200 body of a finished decode."""
+    body: dict[str, Any] = {
+        "rid": session.rid,
+        "token_ids": list(session.token_ids),
+        "seq_len": session.seq_len,
+        "timing_ms": session.timing_ms(),
+    }
+    if top_logprobs is not None:
+        body["logprobs"] = _logprobs(list(session.token_ids), top_logprobs)
+    return body
 
 
 def build_app(node: Node) -> Starlette:
@@ -79,16 +183,18 @@ def build_app(node: Node) -> Starlette:
         try:
             body = DecodeRequest.model_validate(await _body(request))
         except (ValueError, ValidationError) as exc:
-            return _json(400, {"error": f"invalid request: {exc}"})
+            return _json(422, {"detail": _validation_detail(exc)})  # as FastAPI answers
         record = node.records.decode_begin(body.rid, body.stream, body.model_dump())
         session = node.begin(body, record)
         if isinstance(session, Rejection):
             return _json(session.status, session.body, ender(None, record, session.status))
-        rejection = await node.start(session, body)
+        rejection = await node.start(session, body, record)
         if rejection is not None:
             return _json(rejection.status, rejection.body, ender(session, record, rejection.status))
+        top = body.top_logprobs if node.v16 else None
         if body.stream:
-            return NdjsonStream(session, ender(session, record, 200))
+            interval = node.config.stream_interval_ms / 1000
+            return NdjsonStream(session, ender(session, record, 200), node.v16, interval, top)
         await session.finished()
         end = ender(session, record, 200)
         if session.finish_reason == "died":
@@ -96,22 +202,36 @@ def build_app(node: Node) -> Starlette:
             raise NodeDiedError("simulated node death")
         if session.finish_reason == "error":
             return _json(500, {"error": "decode stalled", "rid": body.rid}, end)
-        return _json(200, Node.result_body(session), end)
+        return _json(200, result_body(session, top), end)
 
     async def cancel(request: Request) -> Response:
         rid = str((await _body(request)).get("rid", ""))
         if node.cancel(rid):
             return _json(200, {"cancelled": rid})
-        return _json(404, {"error": "not_found", "rid": rid})
+        current = node.current.rid if node.current else None
+        return _json(404, {"error": "no matching in-flight request", "current_rid": current})
 
     async def health(request: Request) -> Response:
         return _json(200, {"status": "ok"})
+
+    async def capabilities(request: Request) -> Response:
+        if not node.v16:
+            return _json(404, {"detail": "Not Found"})
+        return _json(200, node.capabilities_body())
+
+    async def set_capabilities(request: Request) -> Response:
+        values = await _body(request)
+        names = ", ".join(CAPABILITIES)
+        if set(values) - set(CAPABILITIES) or not all(isinstance(v, bool) for v in values.values()):
+            return _json(400, {"error": f"capabilities are booleans named {names}"})
+        node.capabilities |= values
+        return _json(200, node.capabilities_body())
 
     async def decode_status(request: Request) -> Response:
         return _json(200, node.status())
 
     async def records(request: Request) -> Response:
-        return _json(200, node.records.to_json())
+        return _json(200, {**node.records.to_json(), "slot": node.slot.snapshot()})
 
     async def faults(request: Request) -> Response:
         if request.method == "DELETE":
@@ -134,8 +254,10 @@ def build_app(node: Node) -> Starlette:
             Route("/pd/decode", decode, methods=["POST"]),
             Route("/pd/cancel", cancel, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
+            Route("/capabilities", capabilities, methods=["GET"]),
             Route("/decode_status", decode_status, methods=["GET"]),
             Route("/sim/records", records, methods=["GET"]),
+            Route("/sim/capabilities", set_capabilities, methods=["POST"]),
             Route("/sim/faults", faults, methods=["GET", "POST", "DELETE"]),
             Route("/sim/reset", reset, methods=["POST"]),
         ]

@@ -1,6 +1,6 @@
-"""What a node saw, for tests at ``GET /sim/records``: decodes, control-plane requests, and
-the largest number of /pd/decode calls ever in flight at once (more than one means the
-node was double-booked)."""
+"""What a node saw, for tests at ``GET /sim/records``: decodes, control-plane requests,
+corruptions of the receive buffer, and the largest number of /pd/decode calls ever in
+flight at once (more than one means the node was double-booked)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,19 @@ class DecodeRecord:
     finish_reason: str | None = None
     stream: bool = False
     request: dict[str, Any] = field(default_factory=dict)  # the /pd/decode body as received
+    error_type: str | None = None
+    sampling: dict[str, Any] | None = None  # what the engine would have sampled with
+    corrupted: bool = False  # the KV it decoded had been overwritten by another rid
+
+
+@dataclass(slots=True)
+class Corruption:
+    """A write into the receive buffer while it held another rid's undecoded transfer."""
+
+    rid: str  # the writer
+    busy_rid: str  # the transfer overwritten
+    kind: str  # write_while_busy | overwrote_complete
+    at: float = field(default_factory=time.time)
 
 
 @dataclass(slots=True)
@@ -41,6 +54,7 @@ class NodeRecords:
         self.decodes: list[DecodeRecord] = []
         self.control: list[ControlRecord] = []
         self.stale_dropped: list[str] = []
+        self.corruptions: list[Corruption] = []
         self.active_decodes = 0
         self.max_overlap = 0
 
@@ -65,11 +79,16 @@ class NodeRecords:
         """Note a control-plane request, refusal, done or protocol error."""
         self.control.append(ControlRecord(rid, rank, outcome, seq_len))
 
+    def corruption(self, rid: str, busy_rid: str, kind: str) -> None:
+        """Note a write that corrupted another rid's transfer."""
+        self.corruptions.append(Corruption(rid, busy_rid, kind))
+
     def reset(self) -> None:
         """Forget history; the overlap mark restarts from what is in flight now."""
         self.decodes.clear()
         self.control.clear()
         self.stale_dropped.clear()
+        self.corruptions.clear()
         self.max_overlap = self.active_decodes
 
     def to_json(self) -> dict[str, Any]:
@@ -78,6 +97,7 @@ class NodeRecords:
             "decodes": [asdict(r) for r in self.decodes],
             "control": [asdict(r) for r in self.control],
             "stale_dropped": list(self.stale_dropped),
+            "corruptions": [asdict(c) for c in self.corruptions],
             "active_decodes": self.active_decodes,
             "max_overlap": self.max_overlap,
         }

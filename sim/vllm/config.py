@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 Role = Literal["prefill", "decode", "both"]
 TransferOrder = Literal["response-first", "transfer-first", "race"]
+TilertProtocol = Literal["0.1.5", "0.1.6"]
 
 # Fault name -> value type; the same names serve as CLI flags (dashes) and JSON keys.
 FAULTS: dict[str, type] = {
@@ -39,6 +40,9 @@ class ServerConfig:
     sender_ranks: tuple[int, ...] = (0,)
     layout_version: int = 1
     transport: str = "mooncake"
+    tilert_protocol: TilertProtocol = "0.1.6"
+    tilert_attempts: int = 5
+    tilert_backoff_scale: float = 1.0
     transfer_ms_base: float = 2.0
     transfer_ms_per_token: float = 0.001
     transfer_order: TransferOrder = "race"
@@ -79,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--sender-ranks", type=_ranks, default=(0,), help="TileRT connector ranks, e.g. 0,1")
     add("--layout-version", type=int, default=1, help="TileRT layout version expected")
     add("--transport", default="mooncake", choices=["mooncake", "nixl"])
+    add("--tilert-protocol", choices=["0.1.5", "0.1.6"], default="0.1.6", help="connector version")
+    add("--tilert-senders", type=int, help="0.1.6: sender ranks 0..N-1 (default 1, as the node's)")
+    add("--tilert-attempts", type=int, default=5, help="0.1.6: admission attempts")
+    add("--tilert-backoff-scale", type=float, default=1.0, help="0.1.6: retry backoff factor")
     add("--transfer-ms-base", type=float, default=2.0)
     add("--transfer-ms-per-token", type=float, default=0.001)
     add("--transfer-order", choices=["response-first", "transfer-first", "race"], default="race")
@@ -111,9 +119,16 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
         prefill_ms_per_token=args.prefill_ms_per_token,
         itl_ms=args.itl_ms,
         default_output_tokens=args.default_output_tokens,
-        sender_ranks=args.sender_ranks,
+        sender_ranks=(
+            tuple(range(args.tilert_senders))
+            if args.tilert_senders is not None
+            else args.sender_ranks
+        ),
         layout_version=args.layout_version,
         transport=args.transport,
+        tilert_protocol=args.tilert_protocol,
+        tilert_attempts=args.tilert_attempts,
+        tilert_backoff_scale=args.tilert_backoff_scale,
         transfer_ms_base=args.transfer_ms_base,
         transfer_ms_per_token=args.transfer_ms_per_token,
         transfer_order=args.transfer_order,

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.ids import Endpoint
+from sim.logprobs import token_logprob as _logprob
+from sim.logprobs import top_candidates
 from sim.tokenizers import Vocab
 from sim.vllm.engine import Step
 
@@ -23,11 +25,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
-
-
-def _logprob(token_id: int, rank: int) -> float:
-    # Deterministic, plausible values; the sampled token is always the most likely one.
-    return round(-0.01 * (token_id % 7) - 1.5 * rank, 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +45,7 @@ class Formatter:
         return f"token_id:{token_id}"
 
     def _alternatives(self, token_id: int) -> list[tuple[str, float]]:
-        count = max(self.logprobs or 0, 0)
-        ranked = [token_id, *(token_id + i for i in range(1, count))]
-        return [(self._name(t), _logprob(token_id, rank)) for rank, t in enumerate(ranked[:count])]
+        return [(self._name(t), lp) for t, lp in top_candidates(token_id, self.logprobs or 0)]
 
     def _chat_logprobs(self, steps: Sequence[Step]) -> dict[str, Any] | None:
         if self.logprobs is None:

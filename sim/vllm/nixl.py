@@ -1,4 +1,4 @@
-"""NIXL disaggregation (PROTOCOLS.md §2.2, §2.3): producer state and the side channel.
+"""NIXL disaggregation (docs/protocols.md §2.2, §2.3): producer state and the side channel.
 
 The prefill side keeps each ``do_remote_decode`` request's state (planned output ids and
 prompt length) under its request id until a decode instance reads it or it expires. A

@@ -36,6 +36,9 @@ class TransferRecord:
     outcome: str | None = None
     start: float = field(default_factory=time.time)
     end: float | None = None
+    protocol: str = "0.1.6"
+    attempts: int = 0  # control connections opened (0.1.6 retries busy / cancelling)
+    refusal: dict[str, Any] | None = None  # the node's last refusal frame, if any
 
 
 @dataclass(slots=True)

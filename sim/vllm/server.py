@@ -1,6 +1,6 @@
 """One generation request through the simulated vLLM server, connectors included.
 
-Per request: validate, derive ids (PROTOCOLS.md §1.2), plan the output, let the
+Per request: validate, derive ids (docs/protocols.md §1.2), plan the output, let the
 connectors act on ``kv_transfer_params`` by role (TileRT sender and NIXL producer on a
 prefill instance, NIXL consumer on a decode instance), then answer, stream or not.
 """
@@ -214,6 +214,10 @@ class VllmServer:
             send_done=not self.faults.take("transfer_no_done"),
             layout_version=config.layout_version,
             transport=config.transport,
+            protocol=config.tilert_protocol,
+            senders=len(config.sender_ranks),
+            attempts=config.tilert_attempts,
+            backoff_scale=config.tilert_backoff_scale,
         )
         if config.transfer_order == "transfer-first":
             await self._transfer(job)
@@ -234,13 +238,15 @@ class VllmServer:
 
     async def _transfer(self, job: tilert_connector.TransferJob) -> None:
         records = {
-            rank: TransferRecord(job.rid, rank, job.host, job.ctrl_port)
+            rank: TransferRecord(job.rid, rank, job.host, job.ctrl_port, protocol=job.protocol)
             for rank in self.config.sender_ranks
         }
         self.records.transfers.extend(records.values())
-        outcomes = await tilert_connector.send(job, self.config.sender_ranks)
-        for rank, outcome in outcomes.items():
-            records[rank].outcome, records[rank].end = outcome, time.time()
+        results = await tilert_connector.send(job, self.config.sender_ranks)
+        for rank, result in results.items():
+            record = records[rank]
+            record.outcome, record.end = result.outcome, time.time()
+            record.attempts, record.refusal = result.attempts, result.refusal
 
     def _stream(
         self,

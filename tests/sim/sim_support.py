@@ -38,18 +38,37 @@ async def wait_until(check: Callable[[], Awaitable[bool]], timeout_s: float = 10
 
 @dataclass
 class OpenTransfer:
-    """A control connection after the request was sent (no done yet)."""
+    """A control connection after the request was sent (no done yet).
+
+    Against a 0.1.6 node (hello ``protocol_version`` 2) the node's answer to the request
+    was read already (``admission``); against 0.1.5 nothing is read before done.
+    """
 
     hello: dict[str, Any]
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     rid: str
     rank: int
+    admission: dict[str, Any] | None = None
+
+    @property
+    def v16(self) -> bool:
+        return self.hello.get("protocol_version") == 2
+
+    @property
+    def refused(self) -> bool:
+        return self.admission is not None and self.admission.get("accepted") is not True
 
     async def done(self) -> dict[str, Any] | None:
         """Send done; return the node's refusal, or None if it closed cleanly."""
+        if self.refused:
+            await close_quietly(self.writer)
+            return self.admission
+        done: dict[str, Any] = {"done": True, "rid": self.rid, "rank": self.rank}
+        if self.admission is not None:
+            done["generation"] = self.admission["generation"]
         try:
-            await write_frame(self.writer, {"done": True, "rid": self.rid, "rank": self.rank})
+            await write_frame(self.writer, done)
         except ConnectionError:
             pass
         try:
@@ -57,18 +76,40 @@ class OpenTransfer:
         finally:
             await close_quietly(self.writer)
 
+    async def drop(self) -> None:
+        """Close the connection without done (a sender lost mid-transfer)."""
+        await close_quietly(self.writer)
+
     async def answer(self) -> dict[str, Any] | None:
-        """Read what the node says without sending done (a refusal, or None at close)."""
+        """What the node says without sending done (a refusal, or None at close)."""
+        if self.refused:
+            await close_quietly(self.writer)
+            return self.admission
         try:
             return await read_frame(self.reader)
         finally:
             await close_quietly(self.writer)
 
 
+async def write_plan(hello: dict[str, Any], rid: str, rank: int, plan: list[int]) -> None:
+    """Deliver a planned output on the node's simulated data plane (what RDMA writes)."""
+    data = hello["sim_data_plane"]
+    data_reader, data_writer = await asyncio.open_connection(data["host"], data["port"])
+    await write_frame(data_writer, {"rid": rid, "rank": rank, "output_ids": plan})
+    assert await read_frame(data_reader) == {"ok": True}
+    await close_quietly(data_writer)
+
+
 async def transfer_open(
-    node: NodeInfo, rid: str, rank: int = 0, seq_len: int = 8, plan: list[int] | None = None
+    node: NodeInfo,
+    rid: str,
+    rank: int = 0,
+    seq_len: int = 8,
+    plan: list[int] | None = None,
+    **extra: Any,
 ) -> OpenTransfer:
-    """Hello, request and (if given) the planned output on the data plane."""
+    """Hello, request (+ ``extra`` fields), the 0.1.6 answer, and (if given and not
+    refused) the planned output on the data plane."""
     reader, writer = await asyncio.open_connection(node.host, node.ctrl_port)
     hello = await read_frame(reader)
     assert hello is not None
@@ -78,15 +119,15 @@ async def transfer_open(
         "seq_len": seq_len,
         "last_prompt_token": 7,
         "sampling": None,
+        **extra,
     }
     await write_frame(writer, request)
-    if plan is not None:
-        data = hello["sim_data_plane"]
-        data_reader, data_writer = await asyncio.open_connection(data["host"], data["port"])
-        await write_frame(data_writer, {"rid": rid, "rank": rank, "output_ids": plan})
-        assert await read_frame(data_reader) == {"ok": True}
-        await close_quietly(data_writer)
-    return OpenTransfer(hello, reader, writer, rid, rank)
+    opened = OpenTransfer(hello, reader, writer, rid, rank)
+    if opened.v16:
+        opened.admission = await read_frame(reader)
+    if plan is not None and not opened.refused:
+        await write_plan(hello, rid, rank, plan)
+    return opened
 
 
 async def transfer(

@@ -1,4 +1,4 @@
-"""Request ids and the three-step rid reduction (PROTOCOLS.md §1.2)."""
+"""Request ids and the three-step rid reduction (docs/protocols.md §1.2)."""
 
 import re
 

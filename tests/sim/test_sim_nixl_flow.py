@@ -1,4 +1,4 @@
-"""vLLM's native disaggregation on the simulators: NIXL pull and push (PROTOCOLS.md §2)."""
+"""vLLM's native disaggregation on the simulators: NIXL pull and push (docs/protocols.md §2)."""
 
 import asyncio
 import json
