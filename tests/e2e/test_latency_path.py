@@ -308,15 +308,18 @@ def test_node_500(gateway: GatewayProcess, stack: SimStack) -> None:
     assert error_of(response)["code"] == "decode_failed"
 
 
-def test_node_busy_429_is_503_and_our_transfer_is_still_consumed(
+def test_node_busy_429_is_503_and_the_node_is_cleaned_up_before_reuse(
     gateway: GatewayProcess, stack: SimStack
 ) -> None:
     node = stack.nodes[2]
     # Another client (not the gateway) occupies the node: a decode waiting for a transfer.
+    # It drops our transfer when it lands (a completed transfer of another rid is stale to
+    # it, on both releases), and it cannot be cancelled on 0.1.5 (404 during the KV wait):
+    # it ends by itself.
     intruder = threading.Thread(
         target=httpx.post,
         args=(node.url + "/pd/decode",),
-        kwargs={"json": {"rid": "intruder", "first_token_id": 1, "timeout_s": 20}, "timeout": 30},
+        kwargs={"json": {"rid": "intruder", "first_token_id": 1, "timeout_s": 3}, "timeout": 30},
     )
     intruder.start()
     try:
@@ -324,14 +327,17 @@ def test_node_busy_429_is_503_and_our_transfer_is_still_consumed(
         response = post_chat(gateway, {"model": "solo", "messages": user("hi")})
         assert response.status_code == 503
         assert error_of(response)["code"] == "node_busy"
-        # Our transfer landed on the node: the slot stays held until it is consumed.
+        # Our transfer landed on the node: the slot stays held until the node is clean.
         assert gateway.pool()["models"]["solo"]["busy"][node.url.removeprefix("http://")]
     finally:
-        sim_post(node.url, "/pd/cancel", {"rid": "intruder"})
+        httpx.post(node.url + "/pd/cancel", json={"rid": "intruder"}, timeout=10)  # 404 on 0.1.5
         intruder.join()
     gateway.wait_all_free()
-    consumed = [d for d in node_decodes(stack, 2) if d["rid"] != "intruder" and d["status"] == 200]
-    assert [d["request"]["max_tokens"] for d in consumed] == [1]
+    cleanup = [d for d in node_decodes(stack, 2) if d["rid"] != "intruder" and d["status"] != 429]
+    # Consumed once the node was idle, or (if it stayed busy too long) flushed by the
+    # prober before readmission: either way one-token decodes only, and the node idle.
+    assert cleanup and all(d["request"]["max_tokens"] == 1 for d in cleanup)
+    assert_nodes_idle(stack)
 
 
 # -- failures after the first byte: an error event, a clean end, the slot released ----
