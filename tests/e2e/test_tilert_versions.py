@@ -34,6 +34,7 @@ pytestmark = pytest.mark.usefixtures("fresh_sims", "all_slots_free")
 MODEL = "m"
 TEXT = "The quick brown fox jumps over the lazy dog"
 JSON_TEXT = '{"city": "Paris", "days": 3}'
+SPILL = {"default": {"name": "interactive", "path": "latency", "on_saturation": "spill"}}
 FEATURES = {"logprobs": True, "grammar": True, "ignore_eos": True, "penalties": False}
 
 
@@ -235,20 +236,44 @@ def test_a_feature_the_node_refuses_spills_and_is_believed(
         tmp_path_factory,
         [model_entry(stack, tilert_version, stack.nodes[2:])],
         gate={"capabilities_interval_s": 3600},
+        classification={"rules": SPILL},
     ) as gateway:
         features(grammar=False)
         first = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30)
         second = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30)
         gateway.wait_all_free()
-    assert first.status_code == second.status_code == 200
+    assert (first.status_code, second.status_code) == (200, 200), (first.text, second.text)
     assert json.loads(first.json()["choices"][0]["message"]["content"]) == json.loads(JSON_TEXT)
     if tilert_version == "0.1.5":
         assert route(first) == route(second) == ("throughput", "response_format")
         return
     assert route(first) == ("throughput", "node_capability")
     assert route(second) == ("throughput", "response_format")
-    refused = sim_get(stack.nodes[2].url, "/sim/records")["decodes"]
-    assert [d["status"] for d in refused] == [501]
+    decodes = sim_get(stack.nodes[2].url, "/sim/records")["decodes"]
+    assert [d["status"] for d in decodes if not d["rid"].startswith("pdgwflush")] == [501]
+
+
+def test_without_spill_a_refused_feature_is_the_clients_error(
+    stack: SimStack,
+    tilert_version: str,
+    features: Callable[..., None],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    body = {"model": MODEL, "messages": messages(TEXT), "logprobs": True}
+    with start_gateway(
+        tmp_path_factory,
+        [model_entry(stack, tilert_version, stack.nodes[2:])],
+        gate={"capabilities_interval_s": 3600},
+    ) as gateway:
+        features(logprobs=False)
+        answer = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30)
+        gateway.wait_all_free()
+    if tilert_version == "0.1.5":
+        assert route(answer) == ("throughput", "logprobs")
+        return
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "logprobs_unavailable")
 
 
 # Orphans --------------------------------------------------------------------------------
