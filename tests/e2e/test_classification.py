@@ -29,7 +29,7 @@ from tests.support.classify_fixtures import (
     proxy_throughput,
     say,
 )
-from tests.support.deployment import gateway_config, latency_model
+from tests.support.deployment import gateway_config, latency_model, request_decodes
 from tests.support.gateway import GatewayProcess, running_gateways
 
 LATENCY_ONLY = "sim-latency-only"  # no throughput path; its node is never reached
@@ -133,7 +133,8 @@ async def served_by(sims: Sims) -> list[str]:
     """Which paths answered since the last reset: a node decode, a native proxy request."""
     stack = sims.stack
     assert stack.proxy is not None
-    paths = ["latency"] * len((await sims.records(stack.nodes[0]))["decodes"])
+    decodes = (await sims.records(stack.nodes[0]))["decodes"]
+    paths = ["latency"] * len(request_decodes(decodes))
     return paths + ["throughput"] * len(await sims.requests(stack.proxy.url))
 
 

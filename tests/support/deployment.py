@@ -130,6 +130,14 @@ def corruptions(stack: SimStack) -> list[dict[str, Any]]:
     return [c for node in stack.nodes for c in sim_get(node.url, "/sim/records")["corruptions"]]
 
 
+FLUSH_RID_PREFIX = "pdgwflush"
+
+
+def request_decodes(decodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A node's decode records without the gateway's flushes (start-up, readmission)."""
+    return [d for d in decodes if not d["rid"].startswith(FLUSH_RID_PREFIX)]
+
+
 def directive(text: str) -> str:
     """A prompt making the simulated model generate exactly `text`."""
     return f"[[sim-output]]{text}[[/sim-output]]"
