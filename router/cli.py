@@ -54,8 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--probe",
         action="store_true",
-        help="also reach the gate's shared state (gate.backend: redis): Redis answers, the"
-        " password works, the gate's scripts load",
+        help="also reach every TileRT node (its release and features, against its pool's)"
+        " and the gate's shared state (gate.backend: redis): Redis answers, the password"
+        " works, the gate's scripts load",
     )
     check.set_defaults(run=_check)
 
@@ -176,8 +177,42 @@ def _check(args: argparse.Namespace) -> int:
     _load_tokenizers(config)
     print(f"{args.config}: ok ({len(config.models)} model(s), tokenizers loaded)")
     if args.probe:
-        return _probe_gate(config)
+        nodes_ok = asyncio.run(_probe_nodes(config))
+        return max(nodes_ok, _probe_gate(config))
     return 0
+
+
+async def _probe_nodes(config: GatewayConfig) -> int:
+    """`check --probe`: every TileRT node's release and features, one line each; 1 if a node
+    cannot be reached or runs another release than its pool."""
+    from router.upstream import Upstreams, tilert
+
+    failed = 0
+    upstreams = Upstreams(config.upstreams, config.timeouts)
+    try:
+        for model in config.models:
+            for pool in model.latency.pools if model.latency is not None else []:
+                found = await asyncio.gather(
+                    *(tilert.node_facts(upstreams, node) for node in pool.nodes)
+                )
+                for node, facts in zip(pool.nodes, found, strict=True):
+                    where = f"node {node.id} (model {model.name}, pool {pool.name})"
+                    if facts is None:
+                        print(f"error: {where}: cannot reach {node.url}", file=sys.stderr)
+                        failed = 1
+                    elif facts.version != pool.tilert:
+                        print(
+                            f"error: {where}: runs TileRT {facts.version}, its pool is"
+                            f" {pool.tilert}",
+                            file=sys.stderr,
+                        )
+                        failed = 1
+                    else:
+                        features = ", ".join(sorted(facts.features)) or "none"
+                        print(f"{where}: TileRT {facts.version}, features: {features}")
+    finally:
+        await upstreams.aclose()
+    return failed
 
 
 def _probe_gate(config: GatewayConfig) -> int:

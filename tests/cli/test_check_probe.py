@@ -15,7 +15,9 @@ import yaml
 
 from router.cli import main
 from router.gate.redis.scripts import SCRIPTS
+from sim.stack import SimStack
 from tests.gate.redis_server import RedisServer, free_port, running_redis
+from tests.support.deployment import node_entry
 
 pytestmark = pytest.mark.e2e
 
@@ -30,10 +32,8 @@ def config_file(tmp_path: Path, gate: dict[str, Any]) -> Path:
             {
                 "name": "m",
                 "tokenizer": str(GLM_TOKENIZER),
-                "latency": {
-                    "prefill": ["http://127.0.0.1:9"],
-                    "nodes": [{"host": "127.0.0.1", "ctrl_port": 9, "http_port": 9}],
-                },
+                # No TileRT node to reach: these tests are about the gate's Redis.
+                "throughput": {"mode": "proxy", "urls": ["http://127.0.0.1:9"]},
             }
         ],
     }
@@ -145,3 +145,31 @@ def test_an_unreadable_password_file_is_a_configuration_error(
     assert main(["check", "--config", str(path), "--probe"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"error: {path}: gate.redis.password_file: cannot read ")
+
+
+def test_every_node_reports_its_release_and_features(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SimStack(nodes=1, prefills=0, node_args=["--protocol", "0.1.5"]) as old:
+        with SimStack(nodes=1, prefills=0) as new:
+            nodes = [node_entry(new.nodes[0]), node_entry(old.nodes[0])]
+            document = {
+                "models": [
+                    {
+                        "name": "m",
+                        "tokenizer": str(GLM_TOKENIZER),
+                        "latency": {"prefill": ["http://127.0.0.1:9"], "nodes": nodes},
+                    }
+                ]
+            }
+            path = tmp_path / "router.yaml"
+            path.write_text(yaml.safe_dump(document), encoding="utf-8")
+            status = main(["check", "--config", str(path), "--probe"])
+    out, err = capsys.readouterr()
+    new_id = f"127.0.0.1:{new.nodes[0].http_port}"
+    old_id = f"127.0.0.1:{old.nodes[0].http_port}"
+    assert status == 1
+    assert f"node {new_id} (model m, pool default): TileRT 0.1.6, features: ignore_eos" in out
+    assert (
+        f"error: node {old_id} (model m, pool default): runs TileRT 0.1.5, its pool is 0.1.6" in err
+    )
