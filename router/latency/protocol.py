@@ -176,6 +176,10 @@ class NodeSession:
                     # The /pd/decode may be running unseen and the node did not confirm a
                     # cancel: out of service until probed idle.
                     failure = NodeFailure("decode_unfinished", hard=True)
+                elif error.code == "kv_transfer_timeout" and self._lease.node.tilert == "0.1.5":
+                    # A 0.1.5 node admits a transfer that arrives after its 504: an orphan
+                    # that would break the next request. Out until flushed.
+                    failure = NodeFailure("kv_transfer_timeout", hard=True)
                 elif error.code == "node_busy":  # our transfer landed; the lock is another's
                     limit_s = self._deps.timeouts.kv_transfer_s
                     if (

@@ -494,3 +494,15 @@ async def test_logprobs_and_a_json_format_reach_the_node() -> None:
     assert (prefill_body["logprobs"], prefill_body["top_logprobs"]) == (True, 3)
     assert decode_body["top_logprobs"] == 3
     assert decode_body["grammar_spec"] == {"type": "json_schema", "value": {}}
+
+
+@pytest.mark.parametrize(("version", "hard"), [("0.1.5", True), ("0.1.6", False), (None, False)])
+async def test_a_transfer_timeout_on_a_0_1_5_node_takes_it_out_to_be_flushed(
+    version: str | None, hard: bool
+) -> None:
+    """0.1.5 admits a transfer that arrives after its 504: an orphan. 0.1.6 refuses it."""
+    r = run(Node(decode=json_reply({"error": "kv_transfer_timeout"}, 504)))
+    r.lease.node = NODE.model_copy(update={"tilert": version})
+    with pytest.raises(DecodeError):
+        await r.start(request(), max_seq_len=100)
+    assert await r.finished() == (NodeFailure("kv_transfer_timeout", hard=hard), True)
