@@ -457,6 +457,14 @@ class GatewayConfig(_Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"model listed twice: {sorted(dup)}")
+        if self.gate.backend == "memory":
+            # Each model's pool gates its nodes in memory: a node in two would serve both.
+            nodes = [n.id for m in self.models if m.latency for n in m.latency.nodes]
+            if shared := sorted({n for n in nodes if nodes.count(n) > 1}):
+                raise ValueError(
+                    f"node in the latency pools of two models: {shared} (with gate.backend"
+                    " memory a node belongs to one model; the redis backend shares it)"
+                )
         return self
 
     def model(self, name: str) -> ModelConfig | None:

@@ -35,6 +35,11 @@ SOFT = frozenset(
 )
 
 
+FLUSH_ONLY = frozenset({"lease_expired"})
+"""Out-of-service reasons that say nothing against the node: it may hold an orphaned
+transfer, so it is flushed before it serves again, as soon as a prober can."""
+
+
 def failure_for(code: str | None) -> NodeFailure | None:
     if code in HARD:
         return NodeFailure(code, hard=True)
@@ -108,14 +113,15 @@ class NodeHealth:
         return was_out
 
     def due_for_probe(self) -> list[str]:
-        """Nodes out of service for at least the cool-down."""
+        """Nodes out of service for at least the cool-down (a node out only to be flushed,
+        after an expired lease, at once)."""
         now = self._clock()
         return [
             node_id
             for node_id, state in self._states.items()
             if state.out_since is not None
             and not state.drained
-            and now - state.out_since >= self._cooldown_s
+            and (state.reason in FLUSH_ONLY or now - state.out_since >= self._cooldown_s)
         ]
 
     def seconds_until_probe(self) -> float:

@@ -132,8 +132,6 @@ class Node:
         """Take the node's lock for a decode call, or reject it at once."""
         if self.current is not None:
             return Rejection(429, {"error": "busy", "current_rid": self.current.rid})
-        if self.faults.take("decode_500"):
-            return Rejection(500, {"error": "engine prepare failed (sim fault)", "rid": record.rid})
         session = DecodeSession(request.rid, self._release)
         session.cancellable = self.v16
         self.current = session
@@ -195,6 +193,10 @@ class Node:
         if not isinstance(found, Transfer):
             session.end_without_decode()
             return Rejection(504, {"error": "kv_transfer_timeout", "rid": request.rid})
+        if self.faults.take("decode_500"):  # preparing the engine failed: the transfer is gone
+            session.end_without_decode()
+            body = {"error": "engine prepare failed (sim fault)", "rid": request.rid}
+            return Rejection(500, body)
         record.corrupted = found.overwritten_by is not None
         session.cancellable = True
         session.start(

@@ -33,6 +33,16 @@ CONFIG_CASES = [
         "rule 'r': path",
     ),
     (
+        "node in two models",
+        GOOD_CONFIG + GOOD_CONFIG.split("\n", 2)[2].replace("name: m", "name: m2"),
+        "node in the latency pools of two models: ['127.0.0.1:9']",
+    ),
+    (
+        "node of another release than its pool",
+        GOOD_CONFIG.replace("http_port: 9}", "http_port: 9, tilert: '0.1.5'}"),
+        "node 127.0.0.1:9 says TileRT 0.1.5 in a pool of TileRT 0.1.6",
+    ),
+    (
         "missing rules file",
         GOOD_CONFIG + "classification: {rules_file: nowhere.yaml}\n",
         "nowhere.yaml",

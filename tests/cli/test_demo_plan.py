@@ -130,13 +130,6 @@ def test_a_proxy_stand_in_is_a_both_role_server() -> None:
         ),
         (
             [
-                model("a", latency=latency("http://127.0.0.1:8100")),
-                model("b", latency=latency("http://127.0.0.1:8200")),
-            ],
-            "node 127.0.0.1:5556/5557 is configured for models 'a' and 'b'",
-        ),
-        (
-            [
                 model(
                     throughput={
                         "mode": "push",
@@ -155,7 +148,7 @@ def test_a_proxy_stand_in_is_a_both_role_server() -> None:
             "model m: side_channel_host: '192.168.0.9' is not a loopback address",
         ),
     ],
-    ids=["remote", "mixed-hosts", "shared-url", "shared-node", "remote-side-channel"],
+    ids=["remote", "mixed-hosts", "shared-url", "remote-side-channel"],
 )
 def test_refusals(models: list[dict[str, Any]], message: str) -> None:
     with pytest.raises(DemoError) as raised:

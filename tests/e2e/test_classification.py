@@ -59,7 +59,8 @@ def stack() -> Iterator[SimStack]:
         nodes=1,
         prefills=1,
         proxy=True,
-        node_args=["--step-ms", "5"],
+        # A node reporting no feature: every decoding option the guard knows goes native.
+        node_args=["--step-ms", "5", "--capabilities", '{"ignore_eos": false}'],
         prefill_args=["--itl-ms", "0"],
         proxy_args=["--itl-ms", "1", "--prefill-ms-per-token", "0", "--max-model-len", "262144"],
     ) as running:

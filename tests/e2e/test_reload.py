@@ -16,7 +16,13 @@ import yaml
 
 from sim.stack import SimStack
 from tests.support.classify_fixtures import proxy_throughput
-from tests.support.deployment import directive, gateway_config, latency_model, sim_get
+from tests.support.deployment import (
+    directive,
+    gateway_config,
+    latency_model,
+    request_decodes,
+    sim_get,
+)
 from tests.support.gateway import GatewayProcess, start_gateway
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
@@ -72,7 +78,7 @@ def chat(gateway: GatewayProcess, text: str, **headers: str) -> httpx.Response:
 
 
 def decodes(stack: SimStack, node: int) -> int:
-    return len(sim_get(stack.nodes[node].url, "/sim/records")["decodes"])
+    return len(request_decodes(sim_get(stack.nodes[node].url, "/sim/records")["decodes"]))
 
 
 def test_a_reload_leaves_the_running_stream_alone_and_changes_what_comes_next(

@@ -14,7 +14,13 @@ import httpx
 import pytest
 
 from sim.stack import SimStack
-from tests.support.deployment import directive, latency_model, sim_get, sim_post
+from tests.support.deployment import (
+    directive,
+    latency_model,
+    request_decodes,
+    sim_get,
+    sim_post,
+)
 from tests.support.gateway import GatewayProcess, start_gateway
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
@@ -77,7 +83,7 @@ def test_in_flight_stream_finishes_after_sigterm(
         assert lines[-1] == "data: [DONE]"
         assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
         assert "Traceback" not in gw.log_path.read_text()
-    (decode,) = sim_get(stack.nodes[0].url, "/sim/records")["decodes"]
+    (decode,) = request_decodes(sim_get(stack.nodes[0].url, "/sim/records")["decodes"])
     assert decode["finish_reason"] == "stop"
     assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"
 
@@ -94,7 +100,7 @@ def test_stream_past_the_grace_period_is_cut_and_the_node_cancelled(
         assert (error["code"], error["type"]) == ("shutting_down", "service_unavailable")
         assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
         assert "Traceback" not in gw.log_path.read_text()
-    (decode,) = sim_get(stack.nodes[0].url, "/sim/records")["decodes"]
+    (decode,) = request_decodes(sim_get(stack.nodes[0].url, "/sim/records")["decodes"])
     assert decode["finish_reason"] == "cancelled"
     assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"
 

@@ -72,7 +72,7 @@ RULES = {
 @pytest.fixture(scope="module")
 def stack() -> Iterator[SimStack]:
     with SimStack(
-        nodes=2,
+        nodes=3,  # two for MODEL, one for NO_PREFILL (a node serves one pool)
         prefills=1,
         proxy=True,
         model=[MODEL, DEAD_NODE, NO_PREFILL],
@@ -87,7 +87,7 @@ def stack() -> Iterator[SimStack]:
 def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     throughput = proxy_throughput(stack)
     models = [
-        latency_model(stack, MODEL, throughput=throughput),
+        latency_model(stack, MODEL, nodes=stack.nodes[:2], throughput=throughput),
         {
             "name": DEAD_NODE,
             "tokenizer": "deepseek",
@@ -101,7 +101,7 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             # nothing ever reaches it, since the prefill fails first.
             "latency": {
                 "prefill": [f"http://127.0.0.1:{closed_port()}"],
-                "nodes": [node_entry(stack.nodes[0])],
+                "nodes": [node_entry(stack.nodes[2])],
             },
             "throughput": throughput,
         },
@@ -141,7 +141,7 @@ async def assert_spilled(sims: Sims, raw: Any, text: str, *, reason: str) -> Non
 async def test_spills_when_every_node_is_held_and_the_wait_budget_is_spent(
     gateway: GatewayProcess, sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
-    async with held_nodes(gateway, sims):
+    async with held_nodes(gateway, sims, count=2):
         raw, text = await answer(aclient, stream=False)
     await assert_spilled(sims, raw, text, reason="wait_timeout")
 
@@ -149,7 +149,7 @@ async def test_spills_when_every_node_is_held_and_the_wait_budget_is_spent(
 async def test_spills_when_the_queue_is_full_and_the_waiter_gets_the_next_slot(
     gateway: GatewayProcess, sims: Sims, aclient: openai.AsyncOpenAI
 ) -> None:
-    async with held_nodes(gateway, sims) as holders:
+    async with held_nodes(gateway, sims, count=2) as holders:
         waiter = asyncio.create_task(
             answer(aclient, stream=False, extra_headers={"x-saturation": "patient"})
         )
@@ -231,7 +231,7 @@ async def test_saturation_answers_429_with_retry_after(
     gateway: GatewayProcess, sims: Sims, aclient: openai.AsyncOpenAI, saturation: str
 ) -> None:
     """`reject` at once, `queue` once its 200 ms budget is spent; the pool is never bypassed."""
-    async with held_nodes(gateway, sims):
+    async with held_nodes(gateway, sims, count=2):
         with pytest.raises(openai.RateLimitError) as caught:
             await answer(aclient, stream=True, extra_headers={"x-saturation": saturation})
     response = caught.value.response

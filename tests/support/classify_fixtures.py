@@ -143,14 +143,15 @@ async def observed(stack: SimStack, *gateways: GatewayProcess) -> AsyncIterator[
 
 @asynccontextmanager
 async def held_nodes(
-    gateway: GatewayProcess, sims: Sims, *, model: str = MODEL
+    gateway: GatewayProcess, sims: Sims, *, model: str = MODEL, count: int | None = None
 ) -> AsyncIterator[list[httpx.Response]]:
-    """Every node of the stack busy with a streamed decode that stalls after two tokens.
+    """Every node of the stack (the first `count`) busy with a streamed decode that stalls
+    after two tokens.
 
     Yields once each stream has delivered its first chunk (so each holds a slot); leaving
     closes the streams, as a client going away would, and the gateway frees the slots.
     """
-    nodes = sims.stack.nodes
+    nodes = sims.stack.nodes[:count]
     for node in nodes:
         await sims.arm(node.url, {"stall_after": 2, "count": 1})
     body = {**say(words(50), stream=True), "model": model}

@@ -27,14 +27,18 @@ def nixl_prefill_body(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def tilert_prefill_body(body: dict[str, Any], node: NodeInfo) -> dict[str, Any]:
-    """The prefill leg of a chat `body` on the latency path: one token with its id, and
-    the TileRT node the KV state goes to."""
+    """The prefill leg of a chat `body` on the latency path: one token with its id, the
+    sampling made explicit (vLLM's defaults, for a body that sets none), and the TileRT
+    node the KV state goes to."""
     return {
         **body,
         "max_tokens": 1,
         "stream": False,
         "logprobs": True,
         "top_logprobs": 1,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
         "kv_transfer_params": {"tilert_host": node.host, "tilert_ctrl_port": node.ctrl_port},
     }
 

@@ -57,10 +57,12 @@ local function usable(id)
   return not state[1] and not state[2]
 end
 
+-- Nodes that serve, or will once flushed (an expired lease): waiters keep waiting for them.
 local function in_service()
   local n = 0
   for _, id in ipairs(NODES) do
-    if usable(id) then n = n + 1 end
+    local state = redis.call("HMGET", node_key(id), "out_ms", "drained", "reason")
+    if not state[2] and (not state[1] or state[3] == "lease_expired") then n = n + 1 end
   end
   return n
 end
