@@ -35,9 +35,10 @@ SOFT = frozenset(
 )
 
 
-FLUSH_ONLY = frozenset({"lease_expired"})
+FLUSH_ONLY = frozenset({"lease_expired", "state_lost"})
 """Out-of-service reasons that say nothing against the node: it may hold an orphaned
-transfer, so it is flushed before it serves again, as soon as a prober can."""
+transfer (an expired lease), or serve a lease the pool's store forgot (a lost state), so it
+is flushed once idle before it serves again, as soon as a prober can."""
 
 
 def failure_for(code: str | None) -> NodeFailure | None:

@@ -255,6 +255,23 @@ async def consume_transfer(
     upstreams: Upstreams, node: NodeConfig, *, rid: str, first_token_id: int, timeout_s: float
 ) -> None:
     """Consume a claimed transfer nobody will read (the client has gone): decode one token."""
+    try:
+        reply = await _one_token(
+            upstreams, node, rid=rid, first_token_id=first_token_id, timeout_s=timeout_s
+        )
+    except UpstreamError as exc:
+        log.warning("consuming transfer %s on node %s failed: %s", rid, node.id, exc.message)
+        return
+    if reply.status != 200:
+        # The transfer may never have arrived (a prefill that failed before pushing it).
+        log.info("consuming transfer %s on node %s: %s", rid, node.id, reply.status)
+
+
+async def _one_token(
+    upstreams: Upstreams, node: NodeConfig, *, rid: str, first_token_id: int, timeout_s: float
+) -> Reply:
+    """A one-token, non-streamed decode of `rid`'s transfer, waited for at most `timeout_s`
+    (a 0.1.6 node that refuses first drains for up to 30 s more)."""
     body = decode_body(
         rid=rid,
         first_token_id=first_token_id,
@@ -263,16 +280,9 @@ async def consume_transfer(
         timeout_s=timeout_s,
         stream=False,
     )
-    try:
-        reply = await upstreams.call(
-            NODE, "POST", node.url, "/pd/decode", body=body, read_s=timeout_s + 5.0
-        )
-    except UpstreamError as exc:
-        log.warning("consuming transfer %s on node %s failed: %s", rid, node.id, exc.message)
-        return
-    if reply.status != 200:
-        # The transfer may never have arrived (a prefill that failed before pushing it).
-        log.info("consuming transfer %s on node %s: %s", rid, node.id, reply.status)
+    return await upstreams.call(
+        NODE, "POST", node.url, "/pd/decode", body=body, read_s=timeout_s + 35.0
+    )
 
 
 async def cancel(upstreams: Upstreams, node: NodeConfig, rid: str) -> bool:
@@ -323,17 +333,13 @@ async def flush(upstreams: Upstreams, node: NodeConfig, *, idle_within_s: float)
     completed transfer of another rid, and when it ends (504 after `FLUSH_WAIT_S`) a 0.1.5
     node also frees its receive slot of whatever it holds (docs/protocols.md §1.5, §1.6).
     """
-    body = decode_body(
-        rid=f"pdgwflush{secrets.token_hex(8)}",
-        first_token_id=0,
-        max_tokens=1,
-        sampling=None,
-        timeout_s=FLUSH_WAIT_S,
-        stream=False,
-    )
     try:
-        reply = await upstreams.call(
-            NODE, "POST", node.url, "/pd/decode", body=body, read_s=FLUSH_WAIT_S + 35.0
+        reply = await _one_token(
+            upstreams,
+            node,
+            rid=f"pdgwflush{secrets.token_hex(8)}",
+            first_token_id=0,
+            timeout_s=FLUSH_WAIT_S,
         )
     except UpstreamError as exc:
         log.info("flushing node %s failed: %s", node.id, exc.message)

@@ -282,8 +282,16 @@ async def test_redis_down_means_gate_unavailable_and_the_gate_recovers(
             await gate.drain(held.node.id)
         await held.release()  # logged: the lease expires by itself
 
-        server.start()  # same port, empty: the released lease is gone with the data
-        lease = await gate.acquire(priority=0, wait_s=5, holder="after")
+        server.start()  # same port, empty: the pool's leases are gone with the data
+        # The node might still be serving a lease Redis forgot: out until flushed, while
+        # requests wait for it (a prober would claim, flush and readmit it).
+        after = asyncio.create_task(gate.acquire(priority=0, wait_s=5, holder="after"))
+        await waiting(gate, 1)
+        assert (await gate.snapshot()).out == {held.node.id: "state_lost"}
+        assert [n.id for n in await gate.due_for_probe()] == [held.node.id]
+        assert await gate.claim_for_probe(held.node.id, for_s=30)
+        await gate.readmit(held.node.id)
+        lease = await asyncio.wait_for(after, 5)
         assert lease.node == held.node
         assert (await gate.snapshot()).busy == {held.node.id: "after"}
         await lease.release()
@@ -342,3 +350,28 @@ async def test_one_replica_at_a_time_flushes_an_out_node_and_only_it_readmits(
     await a.readmit(pool[0].id)
     assert (await b.snapshot()).out == {}
     assert await b.claim_for_probe(pool[0].id, for_s=30) is False  # in service: nothing to do
+
+
+async def test_a_state_lost_while_a_node_is_held_is_noticed_by_every_replica(
+    key_prefix: str, own_server: Callable[..., RedisServer]
+) -> None:
+    """Redis restarts empty while one replica holds a node: another replica must not be
+    granted that node before a prober has seen it idle; the holder learns its lease is gone."""
+    server = own_server()
+    built: list[RedisGate] = []
+    try:
+        a, b = (replicas_on(server.url, key_prefix, built)(nodes(2), **FAST) for _ in range(2))
+        held = await a.acquire(priority=0, wait_s=1, holder="held")
+        other = await b.acquire(priority=0, wait_s=1, holder="other")
+        await other.release()
+        server.stop()
+        server.start()
+        assert await held.renew() is False  # the lease went with the data
+        with pytest.raises(GateRejected):  # nothing in service, nothing to wait for long
+            await b.acquire(priority=0, wait_s=0, holder="too-soon")
+        assert (await b.snapshot()).out == {n.id: "state_lost" for n in nodes(2)}
+        await held.release()  # the holder finishes: a stale release, refused
+        assert (await a.snapshot()).out == {n.id: "state_lost" for n in nodes(2)}
+    finally:
+        for gate in built:
+            await gate.close()

@@ -27,7 +27,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from router.config import NodeConfig, RedisGateConfig
 from router.errors import GatewayError
@@ -42,6 +42,7 @@ from router.gate.redis.wakeups import WakeUps
 log = logging.getLogger("pd_gateway.gate")
 
 UNAVAILABLE = (RedisError, OSError)
+_EPOCH_RETRIES = 3
 # Scores are doubles: priority times 2^40 plus an arrival count must stay exact.
 _MAX_PRIORITY = 2047
 _MAX_ORPHANS = 1024
@@ -86,6 +87,7 @@ class RedisGate:
             failure_threshold,
             "\n".join(self._nodes),
             self.replica,
+            "",  # the pool's state epoch, learnt from the first script's EPOCH answer
         ]
         # A bounded pool that makes a call wait for a connection (at most a socket timeout)
         # rather than fail: redis-py's default pool refuses past 100 connections in use, which
@@ -387,10 +389,24 @@ class RedisGate:
         return self._closed
 
     async def _run(self, script: str, *args: str | int) -> Any:
-        sent_at = time.perf_counter()
-        reply = await self._scripts[script](keys=[self._queue_key], args=[*self._common, *args])
-        self._metrics.round_trip(script, time.perf_counter() - sent_at)
-        return reply
+        for _ in range(_EPOCH_RETRIES):
+            sent_at = time.perf_counter()
+            try:
+                reply = await self._scripts[script](
+                    keys=[self._queue_key], args=[*self._common, *args]
+                )
+            except ResponseError as exc:
+                epoch = str(exc).removeprefix("EPOCH ")
+                if epoch == str(exc):
+                    raise
+                if self._common[5]:
+                    log.warning("the pool's state in Redis was lost: nodes out until flushed")
+                self._common[5] = epoch  # the script did nothing else: run it again
+                continue
+            finally:
+                self._metrics.round_trip(script, time.perf_counter() - sent_at)
+            return reply
+        raise ResponseError("the pool's state epoch keeps changing")
 
     async def _run_for(self, cancellations: int, script: str, *args: str | int) -> Any:
         """`_run` for a waiting request: a cancellation that arrived meanwhile is raised even

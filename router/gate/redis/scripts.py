@@ -1,8 +1,9 @@
 """The Redis gate's state changes, each one Lua script run atomically by the server.
 
-Every script gets the pool's queue key as KEYS[1] and the same five leading arguments:
+Every script gets the pool's queue key as KEYS[1] and the same six leading arguments:
 the key prefix, the lease TTL (ms), the failure threshold, the pool's node ids (one a line,
-in grant order) and the caller's replica id. Its own arguments follow from ARGV[6].
+in grant order), the caller's replica id and the pool's state epoch as the caller knows it
+("" at first). Its own arguments follow from ARGV[7].
 
 Keys (P = the deployment's key prefix, Q = KEYS[1] = P:pool:<pool id>:queue):
 
@@ -19,6 +20,7 @@ Keys (P = the deployment's key prefix, Q = KEYS[1] = P:pool:<pool id>:queue):
     Q:grant:<member> string the node handed to a queued waiter, until it claims it
     Q:gone:<member>  string a waiter that gave up: a late ACQUIRE or CLAIM of it is void
     Q:held           list   recent hold times (seconds), newest first
+    Q:epoch          string set when the pool's state is first found empty
 
 The queue is per pool (its id hashes the node ids the gate was built with); leases and
 health are per node, so two pools that name one node never both hold it.
@@ -29,6 +31,13 @@ look at it takes it out (`lease_expired`) until a prober has flushed it. `fill` 
 free node to the live head of the queue (a waiter whose replica's heartbeat is gone, or
 whose deadline has passed, is dropped on the way), records the grant and names the
 grantees on P:wake.
+
+A Redis that lost the pool's state (restarted without persistence, a failover that lost
+writes) no longer knows the leases still being served. The first script of a replica that
+knew the old epoch notices: every node without a lease goes out (`state_lost`) until a
+prober has found it idle and flushed it, so no node still decoding a forgotten lease is
+granted again; the script then fails with `EPOCH <epoch>`, and the caller, having learnt
+the epoch, runs it again.
 """
 
 from __future__ import annotations
@@ -57,12 +66,14 @@ local function usable(id)
   return not state[1] and not state[2]
 end
 
--- Nodes that serve, or will once flushed (an expired lease): waiters keep waiting for them.
+-- Nodes that serve, or will once flushed (an expired lease, a lost state): waiters keep
+-- waiting for them.
 local function in_service()
   local n = 0
   for _, id in ipairs(NODES) do
     local state = redis.call("HMGET", node_key(id), "out_ms", "drained", "reason")
-    if not state[2] and (not state[1] or state[3] == "lease_expired") then n = n + 1 end
+    local flush_only = state[3] == "lease_expired" or state[3] == "state_lost"
+    if not state[2] and (not state[1] or flush_only) then n = n + 1 end
   end
   return n
 end
@@ -151,13 +162,30 @@ local function release_owned_by(owner)
     if redis.call("HGET", lease_key(id), "owner") == owner then unlease(id) end
   end
 end
+
+local EPOCH = redis.call("GET", QUEUE .. ":epoch")
+if not EPOCH then
+  EPOCH = string.format("%d-%s", NOW, REPLICA)
+  redis.call("SET", QUEUE .. ":epoch", EPOCH)
+end
+if ARGV[6] ~= EPOCH then
+  if ARGV[6] ~= "" then
+    for _, id in ipairs(NODES) do
+      if redis.call("EXISTS", lease_key(id)) == 0
+          and redis.call("HEXISTS", node_key(id), "out_ms") == 0 then
+        redis.call("HSET", node_key(id), "out_ms", NOW, "reason", "state_lost")
+      end
+    end
+  end
+  return redis.error_reply("EPOCH " .. EPOCH)
+end
 """
 
 # ARGV: owner, holder, priority, wait_ms, max_queue.
 # A free node goes to the caller only if nobody waits; else it queues (or is refused).
 ACQUIRE = """
-local owner, holder = ARGV[6], ARGV[7]
-local priority, wait_ms, max_queue = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local owner, holder = ARGV[7], ARGV[8]
+local priority, wait_ms, max_queue = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 redis.call("SET", alive_key(REPLICA), "1", "PX", TTL)
 if redis.call("EXISTS", gone_key(owner)) == 1 then return {"gone"} end
 fill()
@@ -179,7 +207,7 @@ return finish({"queued", score})
 # A queued waiter looks for its grant; an entry lost meanwhile (its replica looked dead,
 # or the server restarted) is put back at its old place.
 CLAIM = """
-local owner, holder, score, remaining = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
+local owner, holder, score, remaining = ARGV[7], ARGV[8], ARGV[9], tonumber(ARGV[10])
 redis.call("SET", alive_key(REPLICA), "1", "PX", TTL)
 if redis.call("EXISTS", gone_key(owner)) == 1 then return {"gone"} end
 local function claim()
@@ -207,7 +235,7 @@ return finish({"waiting"})
 # ARGV: owner. The waiter gave up: out of the queue, and a node granted to it meanwhile
 # (handed on, or granted directly with the reply lost) goes to the next waiter.
 ABANDON = """
-local owner = ARGV[6]
+local owner = ARGV[7]
 redis.call("SET", gone_key(owner), "1", "PX", TTL)
 drop(owner)
 redis.call("DEL", grant_key(owner))
@@ -219,20 +247,20 @@ return finish(1)
 # Compare-and-delete: a lease that has been lost (expired, granted again) is not touched,
 # and its holder's verdict is not recorded (a second request may have disturbed the node).
 RELEASE = """
-local id, owner, token = ARGV[6], ARGV[7], ARGV[8]
+local id, owner, token = ARGV[7], ARGV[8], ARGV[9]
 local held = redis.call("HMGET", lease_key(id), "owner", "token", "since")
 if held[1] ~= owner or held[2] ~= token then return 0 end
 unlease(id)
 redis.call("LPUSH", QUEUE .. ":held", string.format("%.3f", (NOW - tonumber(held[3])) / 1000))
 redis.call("LTRIM", QUEUE .. ":held", 0, 63)
-if ARGV[9] == "1" then
-  local key, reason = node_key(id), ARGV[10]
+if ARGV[10] == "1" then
+  local key, reason = node_key(id), ARGV[11]
   if reason == "" then
     redis.call("HSET", key, "failures", 0)
   else
     local failures = redis.call("HINCRBY", key, "failures", 1)
     if redis.call("HEXISTS", key, "out_ms") == 0
-        and (ARGV[11] == "1" or failures >= THRESHOLD) then
+        and (ARGV[12] == "1" or failures >= THRESHOLD) then
       redis.call("HSET", key, "out_ms", NOW, "reason", reason)
     end
   end
@@ -245,7 +273,7 @@ return finish(1)
 RENEW = """
 redis.call("SET", alive_key(REPLICA), "1", "PX", TTL)
 local held = {}
-for i = 6, #ARGV, 3 do
+for i = 7, #ARGV, 3 do
   local lease = redis.call("HMGET", lease_key(ARGV[i]), "owner", "token")
   if lease[1] == ARGV[i + 1] and lease[2] == ARGV[i + 2] then
     redis.call("PEXPIRE", lease_key(ARGV[i]), TTL)
@@ -262,12 +290,12 @@ return held
 # serves the queue at once. `claim` (0 or 1): the caller alone may flush an out node now;
 # `readmit` is refused while another replica's claim stands.
 ADMIN = """
-local action, id = ARGV[6], ARGV[7]
+local action, id = ARGV[7], ARGV[8]
 local key = node_key(id)
 if action == "claim" then
   local state = redis.call("HMGET", key, "out_ms", "drained")
   if not state[1] or state[2] or redis.call("EXISTS", lease_key(id)) == 1 then return 0 end
-  if redis.call("SET", probe_key(id), REPLICA, "NX", "PX", tonumber(ARGV[8])) then return 1 end
+  if redis.call("SET", probe_key(id), REPLICA, "NX", "PX", tonumber(ARGV[9])) then return 1 end
   return 0
 end
 if action == "readmit" then
@@ -279,7 +307,7 @@ if action == "take_out" then
   if redis.call("EXISTS", lease_key(id)) == 1 then return 0 end
   redis.call("HINCRBY", key, "failures", 1)
   if redis.call("HEXISTS", key, "out_ms") == 0 then
-    redis.call("HSET", key, "out_ms", NOW, "reason", ARGV[8])
+    redis.call("HSET", key, "out_ms", NOW, "reason", ARGV[9])
   end
 elseif action == "readmit" then
   redis.call("HSET", key, "failures", 0)
@@ -304,7 +332,7 @@ for _, id in ipairs(NODES) do
   local state = redis.call("HMGET", node_key(id), "out_ms", "reason", "drained")
   nodes[#nodes + 1] = {lease[1], lease[2], state[1], state[2], state[3]}
 end
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   leaving[#leaving + 1] = redis.call("HGET", lease_key(ARGV[i]), "holder")
 end
 return finish({NOW, redis.call("ZCARD", QUEUE), redis.call("LRANGE", QUEUE .. ":held", 0, -1),
