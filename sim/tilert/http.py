@@ -190,19 +190,20 @@ def build_app(node: Node) -> Starlette:
             return _json(session.status, session.body, ender(None, record, session.status))
         rejection = await node.start(session, body, record)
         if rejection is not None:
-            return _json(rejection.status, rejection.body, ender(session, record, rejection.status))
+            # As the real node: its lock is free before the error answer leaves.
+            ender(session, record, rejection.status)()
+            return _json(rejection.status, rejection.body)
         top = body.top_logprobs if node.v16 else None
         if body.stream:
             interval = node.config.stream_interval_ms / 1000
             return NdjsonStream(session, ender(session, record, 200), node.v16, interval, top)
         await session.finished()
-        end = ender(session, record, 200)
+        ender(session, record, 200)()  # the real node frees its lock before it answers
         if session.finish_reason == "died":
-            end()
             raise NodeDiedError("simulated node death")
         if session.finish_reason == "error":
-            return _json(500, {"error": "decode stalled", "rid": body.rid}, end)
-        return _json(200, result_body(session, top), end)
+            return _json(500, {"error": "decode stalled", "rid": body.rid})
+        return _json(200, result_body(session, top))
 
     async def cancel(request: Request) -> Response:
         rid = str((await _body(request)).get("rid", ""))
