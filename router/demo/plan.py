@@ -35,6 +35,8 @@ class SimServer:
     """`prefill`, `decode` and/or `both` (a proxy stand-in)."""
     engine_id: str | None = None
     side_channel_port: int | None = None
+    tilert: str | None = None
+    """The TileRT release of its connector (a latency pool's prefill server)."""
 
     @property
     def role(self) -> str:
@@ -80,15 +82,17 @@ class ModelPlan:
         """Per-process arguments: roles, engine ids and, when pinned, the configured ports."""
         args: dict[str, list[str]] = {}
         for i, node in enumerate(self.nodes):
+            own = ["--protocol", node.tilert] if node.tilert is not None else []
             if pin_ports:
-                args[f"node-{i}"] = [
-                    *("--ctrl-port", str(node.ctrl_port)),
-                    *("--http-port", str(node.http_port)),
-                ]
+                own += ["--ctrl-port", str(node.ctrl_port), "--http-port", str(node.http_port)]
+            if own:
+                args[f"node-{i}"] = own
         for i, server in enumerate(self.prefill_kind):
             own = ["--role", "both", "--engine-id", f"proxy-{i}"] if server.role == "both" else []
             if server.engine_id is not None:
                 own += ["--engine-id", server.engine_id]
+            if server.tilert is not None:
+                own += ["--tilert-protocol", server.tilert]
             if pin_ports:
                 own += ["--port", str(server.port)]
                 if server.side_channel_port is not None:
@@ -133,10 +137,10 @@ def plan_stacks(config: GatewayConfig) -> list[ModelPlan]:
 
 def _plan_model(model: ModelConfig, base_dir: Path) -> ModelPlan:
     plan = ModelPlan(model, sim_tokenizer(model.tokenizer, base_dir))
-    if model.latency is not None:
-        plan.nodes.extend(model.latency.nodes)
-        for url in model.latency.prefill:
-            plan.server(url, "prefill")
+    for pool in model.latency.pools if model.latency is not None else []:
+        plan.nodes.extend(pool.nodes)
+        for url in pool.prefill:
+            plan.server(url, "prefill").tilert = pool.tilert
     throughput = model.throughput
     if throughput is None:
         return plan

@@ -42,9 +42,9 @@ def test_the_default_configuration() -> None:
         ("http://127.0.0.1:8200", "decode", None, None),
     ]
     assert ds.stack_args(pin_ports=True) == {
-        "node-0": ["--ctrl-port", "5556", "--http-port", "5557"],
-        "node-1": ["--ctrl-port", "5566", "--http-port", "5567"],
-        "prefill-0": ["--port", "8100"],
+        "node-0": ["--protocol", "0.1.6", "--ctrl-port", "5556", "--http-port", "5557"],
+        "node-1": ["--protocol", "0.1.6", "--ctrl-port", "5566", "--http-port", "5567"],
+        "prefill-0": ["--tilert-protocol", "0.1.6", "--port", "8100"],
         "decode-0": ["--port", "8200"],
     }
     assert glm.tokenizer == str(PROJECT_ROOT / "sim" / "fixtures" / "glm")
@@ -53,11 +53,13 @@ def test_the_default_configuration() -> None:
         ("http://127.0.0.1:8400", "decode", None, None),
     ]
     assert glm.stack_args(pin_ports=True)["prefill-0"] == [
-        *("--engine-id", "glm-prefill-0", "--port", "8300", "--side-channel-port", "5600")
+        *("--engine-id", "glm-prefill-0", "--tilert-protocol", "0.1.6"),
+        *("--port", "8300", "--side-channel-port", "5600"),
     ]
     # Free ports: only what is not a port stays pinned.
     assert glm.stack_args(pin_ports=False) == {
-        "prefill-0": ["--engine-id", "glm-prefill-0"],
+        "node-0": ["--protocol", "0.1.6"],
+        "prefill-0": ["--engine-id", "glm-prefill-0", "--tilert-protocol", "0.1.6"],
         "decode-0": [],
     }
 
@@ -220,3 +222,21 @@ def test_offset_out_of_range() -> None:
     config = load_config(PROJECT_ROOT / "router.yaml")
     with pytest.raises(DemoError, match="port 5556 moved by -6000 is -444, outside 1-65535"):
         shifted(plan_stacks(config), -6000)
+
+
+def test_each_pool_runs_the_release_it_names() -> None:
+    pools = [
+        {"name": "old", "tilert": "0.1.5", "prefill": ["http://127.0.0.1:8100"], "nodes": [NODE]},
+        {
+            "name": "new",
+            "prefill": ["http://127.0.0.1:8300"],
+            "nodes": [{**NODE, "ctrl_port": 6, "http_port": 7}],
+        },
+    ]
+    (plan,) = plans_of(model(latency={"pools": pools}))
+    assert plan.stack_args(pin_ports=False) == {
+        "node-0": ["--protocol", "0.1.5"],
+        "node-1": ["--protocol", "0.1.6"],
+        "prefill-0": ["--tilert-protocol", "0.1.5"],
+        "prefill-1": ["--tilert-protocol", "0.1.6"],
+    }
