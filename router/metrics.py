@@ -54,6 +54,13 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self._flushes = Counter(
+            "pd_gateway_node_flushes",
+            "Flushes of a TileRT node that may hold an orphaned transfer, by node and outcome"
+            " (clean: idle afterwards; not_clean: busy or unreachable, tried again later).",
+            ["node", "outcome"],
+            registry=r,
+        )
         self._queue_wait = Histogram(
             "pd_gateway_queue_wait_seconds",
             "Time spent waiting for a TileRT slot.",
@@ -104,6 +111,9 @@ class Metrics:
 
     def unsupported(self, endpoint: str) -> None:
         self._unsupported.labels(endpoint).inc()
+
+    def flushed(self, node: str, *, clean: bool) -> None:
+        self._flushes.labels(node, "clean" if clean else "not_clean").inc()
 
     def reroute(self, model: str, reason: str) -> None:
         self._reroutes.labels(model, reason).inc()

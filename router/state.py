@@ -99,7 +99,10 @@ class AppState:
         gates, config, facts = list(gates), self.config.gate, self.deps.facts
         sole_user = config.backend == "memory"
         await asyncio.gather(
-            *(admit_ready_nodes(g, self.upstreams, facts, sole_user=sole_user) for g in gates)
+            *(
+                admit_ready_nodes(g, self.upstreams, facts, self.metrics, sole_user=sole_user)
+                for g in gates
+            )
         )
         for gate in gates:
             self._probers[gate] = asyncio.create_task(
@@ -107,6 +110,7 @@ class AppState:
                     gate,
                     self.upstreams,
                     facts,
+                    self.metrics,
                     interval_s=config.probe_interval_s,
                     facts_every_s=config.capabilities_interval_s,
                 )

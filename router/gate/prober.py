@@ -12,6 +12,7 @@ import time
 from router.config import NodeConfig
 from router.gate.base import PoolAdmin
 from router.gate.facts import NodeFactsBook
+from router.metrics import Metrics
 from router.upstream import Upstreams, tilert
 
 log = logging.getLogger("pd_gateway.health")
@@ -24,6 +25,7 @@ async def probe_forever(
     pool: PoolAdmin,
     upstreams: Upstreams,
     facts: NodeFactsBook,
+    metrics: Metrics,
     *,
     interval_s: float,
     facts_every_s: float,
@@ -39,7 +41,9 @@ async def probe_forever(
                 nodes = await pool.nodes()
                 await asyncio.gather(*(learn(pool, upstreams, facts, n) for n in nodes))
             due = await pool.due_for_probe()
-            await asyncio.gather(*(_probe_out_node(pool, upstreams, facts, n) for n in due))
+            await asyncio.gather(
+                *(_probe_out_node(pool, upstreams, facts, metrics, n) for n in due)
+            )
         except Exception:  # nothing may end the prober: out nodes would never come back
             log.exception("probing the nodes failed")
 
@@ -63,26 +67,33 @@ async def learn(
 
 
 async def _probe_out_node(
-    pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, node: NodeConfig
+    pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, metrics: Metrics, node: NodeConfig
 ) -> None:
     if not await learn(pool, upstreams, facts, node):
         return
     if not await pool.claim_for_probe(node.id, for_s=FLUSH_CLAIM_S):
         return
-    if await flushed_and_ready(upstreams, node):
+    if await flushed_and_ready(upstreams, metrics, node):
         log.info("node %s is back in service", node.id)
         await pool.readmit(node.id)
 
 
-async def flushed_and_ready(upstreams: Upstreams, node: NodeConfig) -> bool:
+async def flushed_and_ready(upstreams: Upstreams, metrics: Metrics, node: NodeConfig) -> bool:
     """Healthy, flushed of any orphaned transfer, and idle."""
     if not await tilert.is_ready(upstreams, node):
         return False
-    return await tilert.flush(upstreams, node, idle_within_s=upstreams.timeouts.connect_s)
+    clean = await tilert.flush(upstreams, node, idle_within_s=upstreams.timeouts.connect_s)
+    metrics.flushed(node.id, clean=clean)
+    return clean
 
 
 async def admit_ready_nodes(
-    pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, *, sole_user: bool
+    pool: PoolAdmin,
+    upstreams: Upstreams,
+    facts: NodeFactsBook,
+    metrics: Metrics,
+    *,
+    sole_user: bool,
 ) -> None:
     """At start-up: learn every node's facts. A node that is down, still decoding (a previous
     gateway's request) or of the wrong release starts out of service. `sole_user` (one
@@ -94,7 +105,10 @@ async def admit_ready_nodes(
     async def admit(node: NodeConfig) -> None:
         if not await learn(pool, upstreams, facts, node):
             return
-        ready = await (flushed_and_ready if sole_user else tilert.is_ready)(upstreams, node)
+        if sole_user:
+            ready = await flushed_and_ready(upstreams, metrics, node)
+        else:
+            ready = await tilert.is_ready(upstreams, node)
         if not ready:
             log.warning("node %s is not ready at start-up: out of service until it is", node.id)
             await pool.take_out(node.id, "not_ready_at_start")
