@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from router.config import GateConfig, NodeConfig, RedisGateConfig
 from router.gate import GateRejected, make_gate
 from router.gate.redis import GateUnavailable, RedisGate, RedisLease
 from tests.gate.conftest import eventually, nodes, waiting
+from tests.gate.partition import PartitionableLink
 from tests.gate.redis_server import RedisServer
 
 pytestmark = pytest.mark.e2e  # every test here runs a redis-server
@@ -375,3 +377,38 @@ async def test_a_state_lost_while_a_node_is_held_is_noticed_by_every_replica(
     finally:
         for gate in built:
             await gate.close()
+
+
+async def test_a_partitioned_replica_stops_before_another_is_granted_its_node(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    """A replica cut off from Redis (its packets vanish, nothing is refused) knows its lease
+    invalid before Redis can let it expire: another replica's grant of the node comes only
+    after the cut-off holder has stopped trusting its lease, and after a flush."""
+    built: list[RedisGate] = []
+    pool = nodes(1)
+    async with PartitionableLink("127.0.0.1", redis_server.port) as link:
+        try:
+            cut_off = replicas_on(link.url, key_prefix, built)(pool, **FAST)
+            other = replicas_on(redis_server.url, key_prefix, built)(pool, **FAST)
+            held = await cut_off.acquire(priority=0, wait_s=1, holder="cut-off")
+            waiter = asyncio.create_task(other.acquire(priority=0, wait_s=10, holder="other"))
+            await waiting(other, 1)
+            link.cut()
+            invalid_at: float | None = None
+            while not waiter.done():
+                if invalid_at is None and not held.valid():
+                    invalid_at = time.monotonic()
+                out = (await other.snapshot()).out
+                if out.get(pool[0].id) == "lease_expired":  # a prober's flush, then back
+                    assert await other.claim_for_probe(pool[0].id, for_s=30)
+                    await other.readmit(pool[0].id)
+                await asyncio.sleep(0.01)  # watching two clocks, bounded by the waiter's wait
+            granted_at = time.monotonic()
+            lease = waiter.result()
+            assert invalid_at is not None and invalid_at <= granted_at
+            assert lease.node == held.node
+            await lease.release()
+        finally:
+            for gate in built:
+                await gate.close()
