@@ -105,6 +105,9 @@ class DecodeRelay:
                     yield step.delta
                 if step.stopped:
                     break
+            # The node is done with this request: its slot goes on to the next one now,
+            # not after the last chunks have reached this client.
+            session.close(stopped=pipeline.stopped)
             tail = pipeline.finish()
             if self._max_calls is not None and tail.tool_calls:
                 tail.tool_calls = self._kept(tail.tool_calls)
