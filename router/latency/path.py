@@ -66,6 +66,10 @@ class LatencyPath:
         self._prefill_for = {
             node.id: balancers[pool.name] for pool in config.pools for node in pool.nodes
         }
+        # A node a reload added while this request waited: a pool of its release will do.
+        self._prefill_of_release: dict[str | None, LeastOutstanding] = {
+            pool.tilert: balancers[pool.name] for pool in config.pools
+        }
         self._live: set[NodeSession] = set()  # sessions whose slot is not yet released
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
@@ -79,7 +83,15 @@ class LatencyPath:
         started = time.monotonic()
         options = decode_options(request.parsed, request.body, self._sampling_defaults)
         lease = await self._acquire(request, started)
-        prefill = self._prefill_for[lease.node.id]
+        node = lease.node
+        prefill = self._prefill_for.get(node.id) or self._prefill_of_release.get(node.tilert)
+        if prefill is None:
+            await lease.release(judged=False)
+            raise UpstreamError(
+                f"no prefill server of TileRT {node.tilert} for node {node.id}",
+                status=503,
+                code="no_prefill_for_node",
+            )
         url = prefill.pick()
         access = request.access
         access.node, access.prefill = lease.node.id, url

@@ -1,0 +1,72 @@
+"""The latency path's choice of prefill server: always one of the node's own release."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.config import LatencyConfig, NodeConfig, TimeoutsConfig, UpstreamsConfig
+from router.errors import UpstreamError
+from router.gate.facts import NodeFactsBook
+from router.latency.path import LatencyPath
+from router.latency.protocol import LatencyDeps
+from router.latency.sampling import SamplingDefaults
+from router.metrics import Metrics
+from router.tokenizer import load_tokenizer
+from router.upstream import Upstreams
+from tests.throughput.support import routed
+
+CONFIG = LatencyConfig.model_validate(
+    {"tilert": "0.1.6", "prefill": ["http://prefill:8000"], "nodes": [{"host": "old"}]}
+)
+
+
+class Lease:
+    def __init__(self, node: NodeConfig) -> None:
+        self.node = node
+        self.released: list[bool] = []
+
+    async def release(self, failure: Any = None, *, judged: bool = True) -> None:
+        self.released.append(judged)
+
+
+class Gate:
+    """Grants a node this path's configuration does not list (a reload added it)."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+
+    async def acquire(self, **_: Any) -> Lease:
+        return self.lease
+
+
+async def test_a_node_of_a_release_without_prefill_servers_is_given_back() -> None:
+    lease = Lease(NodeConfig(host="new", tilert="0.1.5"))
+    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+    deps = LatencyDeps(
+        upstreams=upstreams,
+        timeouts=TimeoutsConfig(),
+        spawn=lambda coro: pytest.fail("nothing to clean up"),  # type: ignore[arg-type,return-value]
+        metrics=Metrics(),
+        facts=NodeFactsBook(),
+    )
+    path = LatencyPath(
+        "m",
+        CONFIG,
+        output_parser="none",
+        gate=Gate(lease),  # type: ignore[arg-type]
+        tokenizer=load_tokenizer("deepseek", base_dir=Path(".")),
+        deps=deps,
+        default_wait_ms=0,
+        sampling_defaults=SamplingDefaults(),
+    )
+    request = routed({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    async with AsyncExitStack() as stack:
+        with pytest.raises(UpstreamError) as failed:
+            await path.open(request, stack)
+    assert (failed.value.code, failed.value.status) == ("no_prefill_for_node", 503)
+    assert lease.released == [False]
+    await upstreams.aclose()
