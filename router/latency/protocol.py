@@ -195,6 +195,8 @@ class NodeSession:
         finally:
             await self._lease.release(failure, judged=judged)
             self._on_released(self)
+            if self._stream is not None:
+                await self._stream.aclose()
 
     async def _end_stream(self, stream: DecodeStream) -> bool:
         """Cancel the decode unless it has finished, and read its response to the end."""

@@ -302,7 +302,8 @@ async def cancel(upstreams: Upstreams, node: NodeConfig, rid: str) -> bool:
 
 
 async def drain(stream: DecodeStream, *, limit_s: float) -> bool:
-    """Read a stream to its end so the node releases its lock; bounded in time.
+    """Read a stream to its end so the node releases its lock; bounded in time. The caller
+    closes the stream (after the slot is released: nothing waits on the closing).
 
     True if the node's response body ended (its lock is then free)."""
     try:
@@ -315,8 +316,6 @@ async def drain(stream: DecodeStream, *, limit_s: float) -> bool:
                         break  # stalled: the node is not ending its response
     except TimeoutError:
         pass
-    finally:
-        await stream.aclose()
     return stream.eof
 
 
