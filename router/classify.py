@@ -100,7 +100,7 @@ class Classifier:
     def _refresh_features(self) -> None:
         self._facts_seen = self._facts.version
         models = dict(self._configured.models)
-        for name, node_ids in self._pool_nodes.items():
-            features = self._facts.features(node_ids)
+        for name, configured in self._pool_nodes.items():
+            features = self._facts.features(self._facts.members.get(name, configured))
             models[name] = dataclasses.replace(models[name], latency_features=features)
         self._capabilities = dataclasses.replace(self._configured, models=models)

@@ -41,6 +41,8 @@ class NodeConfig(_Strict):
     name: str | None = None
     tilert: TileRTVersion | None = None
     """The TileRT release the node must run: its pool's (set from the pool)."""
+    pool: str | None = None
+    """The pool the node belongs to (set from the pool)."""
 
     @property
     def id(self) -> str:
@@ -51,6 +53,19 @@ class NodeConfig(_Strict):
         return f"http://{self.host}:{self.http_port}"
 
 
+class DiscoveryConfig(_Strict):
+    """TileRT nodes found by resolving a DNS name (e.g. the headless Service of the nodes'
+    StatefulSet): every address is a node with these ports. Looked up every `interval_s`;
+    an address that appears joins the pool at once, one that disappears finishes its
+    request and leaves; a failed lookup changes nothing."""
+
+    dns: Annotated[str, Field(min_length=1)]
+    ctrl_port: Annotated[int, Field(ge=1, le=65535)] = 5556
+    http_port: Annotated[int, Field(ge=1, le=65535)] = 5557
+    interval_s: Annotated[float, Field(gt=0)] = 10.0
+    family: Literal["ipv4", "ipv6", "any"] = "any"
+
+
 class LatencyPoolConfig(_Strict):
     """TileRT decode nodes and the vLLM prefill servers that push KV state to them: a
     request's prefill is always sent to a prefill server of its node's pool."""
@@ -58,7 +73,9 @@ class LatencyPoolConfig(_Strict):
     name: str = "default"
     tilert: TileRTVersion = "0.1.6"
     prefill: Annotated[list[str], Field(min_length=1)]
-    nodes: Annotated[list[NodeConfig], Field(min_length=1)]
+    nodes: list[NodeConfig] = []
+    discover: DiscoveryConfig | None = None
+    """Nodes found by DNS (a headless Service's records), beside the listed `nodes`."""
 
     @field_validator("prefill")
     @classmethod
@@ -66,15 +83,20 @@ class LatencyPoolConfig(_Strict):
         return [_check_url(u) for u in urls]
 
     @model_validator(mode="after")
-    def _nodes_of_this_version(self) -> LatencyPoolConfig:
+    def _nodes_of_this_pool(self) -> LatencyPoolConfig:
+        if not self.nodes and self.discover is None:
+            raise ValueError(f"pool {self.name!r} needs `nodes`, `discover` or both")
         for node in self.nodes:
             if node.tilert not in (None, self.tilert):
                 raise ValueError(
                     f"node {node.id} says TileRT {node.tilert} in a pool of TileRT {self.tilert}"
                 )
-        nodes = [n.model_copy(update={"tilert": self.tilert}) for n in self.nodes]
-        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "nodes", [self.member(n) for n in self.nodes])
         return self
+
+    def member(self, node: NodeConfig) -> NodeConfig:
+        """`node` as one of this pool's: its release and its pool named."""
+        return node.model_copy(update={"tilert": self.tilert, "pool": self.name})
 
 
 class LatencyConfig(_Strict):
@@ -90,7 +112,7 @@ class LatencyConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _inline_pool(cls, data: Any) -> Any:
-        inline = ("name", "tilert", "prefill", "nodes")
+        inline = ("name", "tilert", "prefill", "nodes", "discover")
         if isinstance(data, dict) and any(key in data for key in inline):
             if "pools" in data:
                 raise ValueError("give either `pools` or one inline pool (prefill, nodes)")
@@ -127,8 +149,9 @@ class LatencyConfig(_Strict):
         """Every prefill server of every pool, each once."""
         return list(dict.fromkeys(url for pool in self.pools for url in pool.prefill))
 
-    def pool_of(self, node_id: str) -> LatencyPoolConfig:
-        return next(p for p in self.pools if any(n.id == node_id for n in p.nodes))
+    @property
+    def discovers(self) -> bool:
+        return any(pool.discover is not None for pool in self.pools)
 
 
 class ProxyConfig(_Strict):

@@ -11,13 +11,13 @@ and leave). Requests in flight hold their own generation's objects and are unaff
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from router.auth import AdminAuth, ClientAuth
 from router.classify import Classifier
-from router.config import ConfigError, GatewayConfig, ModelConfig, compile_rules
+from router.config import ConfigError, GatewayConfig, ModelConfig, NodeConfig, compile_rules
 from router.gate import Gate
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
@@ -50,9 +50,14 @@ class Changes:
 
 
 async def build_generation(
-    config: GatewayConfig, deps: LatencyDeps, previous: Generation | None = None
+    config: GatewayConfig,
+    deps: LatencyDeps,
+    previous: Generation | None = None,
+    *,
+    found: Callable[[str], list[NodeConfig]] = lambda model: [],
 ) -> tuple[Generation, Changes]:
-    """Raises ConfigError (before any pool is touched) when `config` cannot be used."""
+    """Raises ConfigError (before any pool is touched) when `config` cannot be used.
+    `found`: the nodes discovery gave each model's pools, kept in them across a reload."""
     client_auth, admin_auth = ClientAuth(config), AdminAuth(config)
     rules = compile_rules(config)
     old = previous.models if previous is not None else {}
@@ -73,7 +78,9 @@ async def build_generation(
                 continue
         gate = before.gate if before is not None and model.latency is not None else None
         if gate is not None and model.latency is not None:
-            await gate.set_nodes(model.latency.nodes)
+            listed = {n.id for n in model.latency.nodes}
+            extra = [n for n in found(model.name) if n.id not in listed]
+            await gate.set_nodes([*model.latency.nodes, *extra])
         runtime = build_model(
             model,
             tokenizer=tokenizer,

@@ -8,14 +8,16 @@ configuration (`generation`: rules, keys and models, swapped whole on a reload).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Coroutine
 from typing import Any
 
 from router import logs
 from router.auth import AdminAuth, ClientAuth, upstream_credentials
-from router.config import GatewayConfig, load_config
+from router.config import GatewayConfig, LatencyConfig, NodeConfig, load_config
 from router.gate import Gate, GateSnapshot
+from router.gate.discovery import Discovery
 from router.gate.facts import NodeFactsBook
 from router.gate.prober import admit_ready_nodes, probe_forever
 from router.generation import Generation, build_generation
@@ -50,6 +52,7 @@ class AppState:
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._probers: dict[Gate, asyncio.Task[None]] = {}
+        self._discoveries: dict[str, tuple[Discovery, asyncio.Task[None]]] = {}
         self._reloading = asyncio.Lock()
         self.draining = False  # set on SIGTERM: /ready fails, in-flight requests finish
         self.live = LiveResponses()  # answers being sent, for shutdown to wait for
@@ -64,8 +67,10 @@ class AppState:
         return self.generation.gates
 
     async def start(self) -> None:
-        """Load tokenizers (off the event loop), build each model's paths, probe the nodes."""
+        """Load tokenizers (off the event loop), build each model's paths, find and probe
+        the nodes."""
         self.generation, changes = await build_generation(self._config, self.deps)
+        await self._discover()
         await self._watch(changes.new_gates.values())
 
     async def reload(self, config: GatewayConfig | None = None) -> dict[str, str]:
@@ -81,8 +86,11 @@ class AppState:
                     log.warning("reload: '%s' changes only on a restart; kept as it was", section)
             kept = {section: getattr(current.config, section) for section in RESTART_ONLY}
             config = config.model_copy(update=kept)
-            generation, changes = await build_generation(config, self.deps, current)
+            generation, changes = await build_generation(
+                config, self.deps, current, found=self._found
+            )
             self.generation = generation
+            await self._discover()
             if config.logging != current.config.logging:
                 logs.configure(config.logging.level, config.logging.format)
             await self._watch(changes.new_gates.values())
@@ -93,6 +101,38 @@ class AppState:
                 await gate.close()
             log.info("configuration reloaded from %s: %s", config.source, changes.models or "same")
             return changes.models
+
+    def _found(self, model: str) -> list[NodeConfig]:
+        """The nodes DNS gave the model's pools (none without discovery)."""
+        discovery = self._discoveries.get(model)
+        return discovery[0].found() if discovery is not None else []
+
+    def _latency_of(self, model: str) -> LatencyConfig | None:
+        runtime = self.generation.models.get(model)
+        return runtime.config.latency if runtime is not None else None
+
+    async def _discover(self) -> None:
+        """Start discovery for the pools that name a DNS name (first lookup done before any
+        request), and stop it where a reload removed it."""
+        wanted = {
+            name: gate
+            for name, gate in self.gates.items()
+            if (latency := self._latency_of(name)) is not None and latency.discovers
+        }
+        for name, (discovery, task) in list(self._discoveries.items()):
+            if wanted.get(name) is not discovery.pool:
+                task.cancel()
+                del self._discoveries[name]
+                self.deps.facts.members.pop(name, None)
+        for name, gate in wanted.items():
+            if name in self._discoveries:
+                await self._discoveries[name][0].refresh()  # the reload may name new hosts
+                continue
+            discovery = Discovery(
+                name, functools.partial(self._latency_of, name), gate, self.deps.facts
+            )
+            await discovery.refresh()
+            self._discoveries[name] = (discovery, asyncio.create_task(discovery.run_forever()))
 
     async def _watch(self, gates: Any) -> None:
         """Probe new pools: nodes not ready start out of service, then are probed back."""
@@ -121,6 +161,8 @@ class AppState:
         node last reported (nothing yet: it has not answered, or runs another release)."""
         runtime = self.generation.models[model]
         nodes = runtime.config.latency.nodes if runtime.config.latency is not None else []
+        if model in self._discoveries:
+            nodes = self._discoveries[model][0].nodes()
         out: dict[str, dict[str, Any]] = {}
         for node in nodes:
             facts = self.deps.facts.get(node.id)
@@ -154,6 +196,8 @@ class AppState:
     async def aclose(self) -> None:
         for prober in self._probers.values():
             prober.cancel()
+        for _, task in self._discoveries.values():
+            task.cancel()
         for model in self.generation.models.values():
             if model.latency is not None:
                 model.latency.close_all()

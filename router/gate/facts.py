@@ -18,7 +18,13 @@ class NodeFactsBook:
 
     def __init__(self) -> None:
         self._facts: dict[str, NodeFacts] = {}
+        self.members: dict[str, list[str]] = {}
+        """Model -> its pool's node ids, where discovery changed them from the configured."""
         self.version = 0
+
+    def set_members(self, model: str, node_ids: list[str]) -> None:
+        self.members[model] = node_ids
+        self.version += 1
 
     def learn(self, node_id: str, facts: NodeFacts) -> None:
         if self._facts.get(node_id) != facts:

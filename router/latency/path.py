@@ -62,13 +62,12 @@ class LatencyPath:
         self._default_wait_ms = default_wait_ms
         self._sampling_defaults = sampling_defaults
         # A node's transfer must come from a prefill server of its own pool (its release).
-        balancers = {pool.name: LeastOutstanding(pool.prefill) for pool in config.pools}
-        self._prefill_for = {
-            node.id: balancers[pool.name] for pool in config.pools for node in pool.nodes
+        self._prefill_of_pool: dict[str | None, LeastOutstanding] = {
+            pool.name: LeastOutstanding(pool.prefill) for pool in config.pools
         }
-        # A node a reload added while this request waited: a pool of its release will do.
+        # A node of a pool a reload added while this request waited: its release will do.
         self._prefill_of_release: dict[str | None, LeastOutstanding] = {
-            pool.tilert: balancers[pool.name] for pool in config.pools
+            pool.tilert: self._prefill_of_pool[pool.name] for pool in config.pools
         }
         self._live: set[NodeSession] = set()  # sessions whose slot is not yet released
 
@@ -84,7 +83,7 @@ class LatencyPath:
         options = decode_options(request.parsed, request.body, self._sampling_defaults)
         lease = await self._acquire(request, started)
         node = lease.node
-        prefill = self._prefill_for.get(node.id) or self._prefill_of_release.get(node.tilert)
+        prefill = self._prefill_of_pool.get(node.pool) or self._prefill_of_release.get(node.tilert)
         if prefill is None:
             await lease.release(judged=False)
             raise UpstreamError(
