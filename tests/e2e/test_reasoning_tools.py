@@ -20,7 +20,7 @@ import tokenizers
 from openai.types.chat import ChatCompletion
 
 from sim.stack import SimStack
-from tests.support.deployment import directive, latency_model
+from tests.support.deployment import directive, latency_model, version_args
 from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.parser_fixtures import (
     CASES,
@@ -57,40 +57,63 @@ pytestmark = pytest.mark.usefixtures("all_slots_free")
 # (reasoning, content, [(name, arguments)]): a message as the client reads it, ids aside.
 View = tuple[str | None, str | None, list[tuple[str, str]]]
 
-SIM_ARGS = {
-    "node_args": ["--step-ms", "1"],
-    "prefill_args": ["--itl-ms", "0", "--prefill-ms-per-token", "0"],
-}
+
+def sim_args(version: str) -> dict[str, list[str]]:
+    """0.1.5 nodes put each step's ids on a line (the splits below show); 0.1.6 nodes send
+    the first token alone, then batches."""
+    args = version_args(version)
+    return {
+        "node_args": ["--step-ms", "1", *args["node_args"]],
+        "prefill_args": ["--itl-ms", "0", "--prefill-ms-per-token", "0", *args["prefill_args"]],
+    }
 
 
 @pytest.fixture(scope="module")
-def deepseek_stack() -> Iterator[SimStack]:
+def deepseek_stack(tilert_version: str) -> Iterator[SimStack]:
     names = [DEEPSEEK + s for s in SPLITS]
     with SimStack(
-        nodes=3, tokenizer="deepseek", model=names, instance_args=node_args(3), **SIM_ARGS
+        nodes=3,
+        tokenizer="deepseek",
+        model=names,
+        instance_args=node_args(3),
+        **sim_args(tilert_version),
     ) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def glm_stack() -> Iterator[SimStack]:
+def glm_stack(tilert_version: str) -> Iterator[SimStack]:
     names = [GLM5 + s for s in SPLITS] + [GLM45]
     with SimStack(
-        nodes=4, tokenizer="glm", model=names, instance_args=node_args(4), **SIM_ARGS
+        nodes=4,
+        tokenizer="glm",
+        model=names,
+        instance_args=node_args(4),
+        **sim_args(tilert_version),
     ) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
 def gateway(
-    deepseek_stack: SimStack, glm_stack: SimStack, tmp_path_factory: pytest.TempPathFactory
+    deepseek_stack: SimStack,
+    glm_stack: SimStack,
+    tilert_version: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GatewayProcess]:
-    glm = str(GLM_TOKENIZER)
+    glm, v = str(GLM_TOKENIZER), tilert_version
     models = [
-        *family_models(deepseek_stack, base=DEEPSEEK, tokenizer="deepseek", parser="deepseek_v32"),
-        *family_models(glm_stack, base=GLM5, tokenizer=glm, parser="glm47"),
+        *family_models(
+            deepseek_stack, base=DEEPSEEK, tokenizer="deepseek", parser="deepseek_v32", tilert=v
+        ),
+        *family_models(glm_stack, base=GLM5, tokenizer=glm, parser="glm47", tilert=v),
         latency_model(
-            glm_stack, GLM45, nodes=[glm_stack.nodes[3]], tokenizer=glm, output_parser="glm45"
+            glm_stack,
+            GLM45,
+            nodes=[glm_stack.nodes[3]],
+            tokenizer=glm,
+            output_parser="glm45",
+            tilert=v,
         ),
     ]
     with start_gateway(tmp_path_factory, models) as running:

@@ -328,12 +328,17 @@ def node_args(stack_nodes: int) -> dict[str, list[str]]:
 
 
 def family_models(
-    stack: SimStack, *, base: str, tokenizer: str, parser: str
+    stack: SimStack, *, base: str, tokenizer: str, parser: str, tilert: str = "0.1.6"
 ) -> list[dict[str, Any]]:
     """One served model per split, each on its own node of `stack` (in `SPLITS` order)."""
     return [
         latency_model(
-            stack, base + suffix, nodes=[stack.nodes[i]], tokenizer=tokenizer, output_parser=parser
+            stack,
+            base + suffix,
+            nodes=[stack.nodes[i]],
+            tokenizer=tokenizer,
+            output_parser=parser,
+            tilert=tilert,
         )
         for i, suffix in enumerate(SPLITS)
     ]
