@@ -97,7 +97,19 @@ def _parser() -> argparse.ArgumentParser:
         help="N gateway replicas sharing one pool through a local Redis, behind one address",
     )
     demo.set_defaults(run=_demo)
+
+    schema = commands.add_parser(
+        "schema", help="print the JSON Schema of router.yaml (deploy/router.schema.json)"
+    )
+    schema.set_defaults(run=_schema)
     return parser
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from router.schema import dumps
+
+    sys.stdout.write(dumps())
+    return 0
 
 
 def _header(text: str) -> tuple[str, str]:

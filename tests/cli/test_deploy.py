@@ -1,85 +1,130 @@
-"""deploy/: the manifests parse, the embedded router.yaml is valid (loaded as `serve` loads
-it), and the pieces agree: replicas, rollout, disruption budget, autoscaler, Redis, secrets
-and the shutdown arithmetic."""
+"""deploy/: the kustomize base and every overlay render, the embedded router.yaml is valid
+(loaded as `serve` loads it), and the pieces agree: replicas, rollout, disruption budget,
+autoscaler, Redis, secrets, the config's rollout hash and the shutdown arithmetic."""
 
 from __future__ import annotations
 
-import json
+import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from router.config import GatewayConfig, load_config, parse_config
 from router.server import CUT_GRACE_S
+from tests.deploy.render import (
+    DEPLOY,
+    INSTALLATIONS,
+    KUSTOMIZE,
+    Doc,
+    container,
+    find,
+    find_prefix,
+    render,
+    render_dir,
+    router_yaml_text,
+)
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+pytestmark = pytest.mark.e2e  # kustomize runs as a process (kubectl kustomize)
 
-
-def documents(name: str) -> list[dict[str, Any]]:
-    with (DEPLOY / "k8s" / name).open(encoding="utf-8") as file:
-        return [doc for doc in yaml.safe_load_all(file) if doc is not None]
-
-
-def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
-
-
-def container(workload: dict[str, Any]) -> dict[str, Any]:
-    (first, *_) = workload["spec"]["template"]["spec"]["containers"]
-    return first
-
-
-MANIFESTS = sorted(p.name for p in (DEPLOY / "k8s").glob("*.yaml"))
-
-
-def embedded_config() -> GatewayConfig:
-    configmap = find(documents("gateway.yaml"), "ConfigMap", "pd-gateway-config")
-    return parse_config(yaml.safe_load(configmap["data"]["router.yaml"]))
+install = pytest.mark.parametrize(
+    "kustomization", INSTALLATIONS, ids=[str(p.relative_to(KUSTOMIZE)) for p in INSTALLATIONS]
+)
 
 
-def test_the_manifests_are_the_expected_ones() -> None:
-    assert MANIFESTS == ["backends-example.yaml", "gateway.yaml", "redis.yaml"]
+def embedded_config(docs: list[Doc]) -> GatewayConfig:
+    return parse_config(yaml.safe_load(router_yaml_text(docs)))
 
 
-@pytest.mark.parametrize("name", MANIFESTS)
-def test_every_manifest_is_a_named_kubernetes_object(name: str) -> None:
-    docs = documents(name)
+def pod_spec(docs: list[Doc]) -> Doc:
+    spec: Doc = find(docs, "Deployment", "pd-gateway")["spec"]["template"]["spec"]
+    return spec
+
+
+def test_the_kustomizations_are_the_expected_ones() -> None:
+    names = sorted(
+        str(p.parent.relative_to(KUSTOMIZE)) for p in KUSTOMIZE.rglob("kustomization.yaml")
+    )
+    assert names == [
+        "backends-example",
+        "base",
+        "components/ingress",
+        "components/monitoring",
+        "components/tokenizers",
+        "overlays/example",
+    ]
+
+
+@install
+def test_every_object_is_named_and_namespaced_alike(kustomization: Path) -> None:
+    docs = render(kustomization)
     assert docs
+    namespaces = {d["metadata"].get("namespace") for d in docs}
+    assert len(namespaces) == 1, namespaces
     for doc in docs:
         assert {"apiVersion", "kind", "metadata"} <= doc.keys()
         assert doc["metadata"]["name"]
 
 
-def test_gateway_configmap_holds_a_valid_configuration(tmp_path: Path) -> None:
-    configmap = find(documents("gateway.yaml"), "ConfigMap", "pd-gateway-config")
-    config = embedded_config()
+@install
+def test_the_configmap_holds_a_valid_configuration(kustomization: Path, tmp_path: Path) -> None:
+    docs = render(kustomization)
+    config = embedded_config(docs)
     assert config.server.host == "0.0.0.0"
     assert config.gate.backend == "redis"
     # As `serve` reads it: from a file, with the environment's overrides.
     path = tmp_path / "router.yaml"
-    path.write_text(configmap["data"]["router.yaml"], encoding="utf-8")
+    path.write_text(router_yaml_text(docs), encoding="utf-8")
     loaded = load_config(path, environ={})
     assert loaded.gate == config.gate
     assert loaded.models == config.models
+    # The Deployment mounts this very ConfigMap (its generated, hashed name).
+    name = find_prefix(docs, "ConfigMap", "pd-gateway-config")["metadata"]["name"]
+    (volume,) = [v for v in pod_spec(docs)["volumes"] if v["name"] == "config"]
+    assert volume["configMap"]["name"] == name
 
 
-def test_gateway_keys_come_from_a_mounted_secret() -> None:
-    docs = documents("gateway.yaml")
-    config = embedded_config()
+def test_a_configuration_change_rolls_the_pods(tmp_path: Path) -> None:
+    """The ConfigMap's name carries a hash of router.yaml and the pod template names it:
+    an edit is a new template, hence a rollout."""
+    copy = tmp_path / "kustomize"
+    shutil.copytree(KUSTOMIZE, copy)
+    before = pod_spec(render_dir(copy / "base"))
+    router = copy / "base" / "router.yaml"
+    router.write_text(
+        router.read_text(encoding="utf-8").replace("max_queue: 256", "max_queue: 128"),
+        encoding="utf-8",
+    )
+    after = pod_spec(render_dir(copy / "base"))
+
+    def config_volume(spec: Doc) -> str:
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "config"]
+        name: str = volume["configMap"]["name"]
+        return name
+
+    assert config_volume(before) != config_volume(after)
+    assert config_volume(after).startswith("pd-gateway-config-")
+
+
+@install
+def test_gateway_keys_come_from_a_mounted_secret(kustomization: Path) -> None:
+    docs = render(kustomization)
+    config = embedded_config(docs)
     files = [config.admin.api_key_file, *(k.key_file for k in config.auth.api_keys)]
     assert config.auth.api_keys, "clients authenticate in the shipped manifests"
-    pod = find(docs, "Deployment", "pd-gateway")["spec"]["template"]["spec"]
+    pod = pod_spec(docs)
     (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "keys"]
     (volume,) = [v for v in pod["volumes"] if v["name"] == "keys"]
     assert volume["secret"]["secretName"] == "pd-gateway-keys"
     assert all(f is not None and f.startswith(mount["mountPath"] + "/") for f in files)
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    # Referenced, never shipped: no Secret object in the output.
+    assert not [d for d in docs if d["kind"] == "Secret"]
 
 
-def test_gateway_deployment() -> None:
-    docs = documents("gateway.yaml")
+@install
+def test_gateway_deployment(kustomization: Path) -> None:
+    docs = render(kustomization)
     deployment = find(docs, "Deployment", "pd-gateway")
     spec = deployment["spec"]
     # Three replicas sharing the pool through Redis; a rollout never drops below them.
@@ -91,22 +136,33 @@ def test_gateway_deployment() -> None:
     gateway = container(deployment)
     assert gateway["args"] == ["serve", "--config", "/etc/pd-gateway/router.yaml"]
     port = gateway["ports"][0]["containerPort"]
-    config = embedded_config()
+    config = embedded_config(docs)
     assert config.server.port == port
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/health"
     assert gateway["startupProbe"]["httpGet"]["path"] == "/health"
-    assert spec["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert gateway["securityContext"]["readOnlyRootFilesystem"] is True
+    assert gateway["resources"]["requests"]["cpu"] and gateway["resources"]["limits"]["memory"]
+    account = find(docs, "ServiceAccount", pod["serviceAccountName"])
+    assert account["automountServiceAccountToken"] is False
     service = find(docs, "Service", "pd-gateway")
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
+    policy = find(docs, "NetworkPolicy", "pd-gateway")
+    assert policy["spec"]["podSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": port}]
 
 
-def test_termination_grace_covers_the_drain_and_the_cleanups() -> None:
-    """The arithmetic in gateway.yaml's comment, from the configuration it ships."""
-    deployment = find(documents("gateway.yaml"), "Deployment", "pd-gateway")
+@install
+def test_termination_grace_covers_the_drain_and_the_cleanups(kustomization: Path) -> None:
+    """The arithmetic in the base's gateway.yaml comment, from the configuration shipped."""
+    docs = render(kustomization)
+    deployment = find(docs, "Deployment", "pd-gateway")
     pre_stop = container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
-    config = embedded_config()
+    config = embedded_config(docs)
     t = config.timeouts
     assert config.gate.redis is not None
     redis = config.gate.redis
@@ -123,8 +179,9 @@ def test_termination_grace_covers_the_drain_and_the_cleanups() -> None:
     assert redis.renew_every_s * 3 <= redis.lease_ttl_s < grace
 
 
-def test_disruption_budget_and_autoscaler_keep_three_replicas() -> None:
-    docs = documents("gateway.yaml")
+@install
+def test_disruption_budget_and_autoscaler_keep_three_replicas(kustomization: Path) -> None:
+    docs = render(kustomization)
     deployment = find(docs, "Deployment", "pd-gateway")
     labels = deployment["spec"]["selector"]["matchLabels"]
     budget = find(docs, "PodDisruptionBudget", "pd-gateway")
@@ -143,18 +200,19 @@ def test_disruption_budget_and_autoscaler_keep_three_replicas() -> None:
     assert container(deployment)["resources"]["requests"]["cpu"]
 
 
-def test_gateway_reaches_the_shipped_redis_with_the_shared_secret() -> None:
-    gateway_docs, redis_docs = documents("gateway.yaml"), documents("redis.yaml")
-    config = embedded_config()
+@install
+def test_gateway_reaches_the_shipped_redis_with_the_shared_secret(kustomization: Path) -> None:
+    docs = render(kustomization)
+    config = embedded_config(docs)
     assert config.gate.redis is not None
     redis_config = config.gate.redis
-    service = find(redis_docs, "Service", "pd-gateway-redis")
+    service = find(docs, "Service", "pd-gateway-redis")
     (port,) = service["spec"]["ports"]
     host_port = redis_config.url.partition("://")[2].split("/")[0]
     assert host_port == f"{service['metadata']['name']}:{port['port']}"
     assert not redis_config.url_has_password and redis_config.password is None
     # The password file lies in the mounted Secret that the Redis pod reads too.
-    pod = find(gateway_docs, "Deployment", "pd-gateway")["spec"]["template"]["spec"]
+    pod = pod_spec(docs)
     (mount,) = [
         m
         for m in pod["containers"][0]["volumeMounts"]
@@ -163,24 +221,20 @@ def test_gateway_reaches_the_shipped_redis_with_the_shared_secret() -> None:
     ]
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     secret, key = volume["secret"]["secretName"], redis_config.password_file.rsplit("/", 1)[1]
-    redis = find(redis_docs, "Deployment", "pd-gateway-redis")
+    redis = find(docs, "Deployment", "pd-gateway-redis")
     env = {e["name"]: e for e in container(redis)["env"]}
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key}
     assert service["spec"]["selector"] == redis["spec"]["selector"]["matchLabels"]
-    policy = find(redis_docs, "NetworkPolicy", "pd-gateway-redis")
+    policy = find(docs, "NetworkPolicy", "pd-gateway-redis")
     (rule,) = policy["spec"]["ingress"]
     (source,) = rule["from"]
-    assert source["podSelector"]["matchLabels"] == pod_labels(gateway_docs)
-
-
-def pod_labels(docs: list[dict[str, Any]]) -> dict[str, Any]:
     template = find(docs, "Deployment", "pd-gateway")["spec"]["template"]
-    labels: dict[str, Any] = template["metadata"]["labels"]
-    return labels
+    assert source["podSelector"]["matchLabels"] == template["metadata"]["labels"]
 
 
-def test_redis_is_one_instance_that_never_evicts_a_lease() -> None:
-    redis = find(documents("redis.yaml"), "Deployment", "pd-gateway-redis")
+@install
+def test_redis_is_one_instance_that_never_evicts_a_lease(kustomization: Path) -> None:
+    redis = find(render(kustomization), "Deployment", "pd-gateway-redis")
     assert redis["spec"]["replicas"] == 1
     assert redis["spec"]["strategy"]["type"] == "Recreate"  # never two instances at once
     script = " ".join(container(redis)["args"])
@@ -189,46 +243,35 @@ def test_redis_is_one_instance_that_never_evicts_a_lease() -> None:
     assert "$REDIS_PASSWORD" in script and "requirepass" in script
 
 
-def test_gateway_nodes_are_the_statefulset_pods() -> None:
-    (model,) = embedded_config().models
-    backends = documents("backends-example.yaml")
-    statefulset = find(backends, "StatefulSet", "tilert-decode")
-    headless = find(backends, "Service", statefulset["spec"]["serviceName"])
-    assert headless["spec"]["clusterIP"] == "None"
-    name = statefulset["metadata"]["name"]
-    expected = [
-        f"{name}-{i}.{headless['metadata']['name']}" for i in range(statefulset["spec"]["replicas"])
-    ]
-    assert model.latency is not None
-    assert [node.host for node in model.latency.nodes] == expected
-    ports = {p["name"]: p["containerPort"] for p in container(statefulset)["ports"]}
-    assert {(n.ctrl_port, n.http_port) for n in model.latency.nodes} == {
-        (ports["ctrl"], ports["http"])
+@install
+def test_tokenizers_come_from_a_volume_never_a_configmap(kustomization: Path) -> None:
+    docs = render(kustomization)
+    config = embedded_config(docs)
+    pod = pod_spec(docs)
+    mounts = {
+        m["mountPath"]: m for m in container(find(docs, "Deployment", "pd-gateway"))["volumeMounts"]
     }
-    for service in ("vllm-prefill", "vllm-decode"):
-        assert any(
-            service in url
-            for url in [*model.latency.prefill, *getattr(model.throughput, "decode", [])]
-        )
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for model in config.models:
+        if model.tokenizer == "deepseek":
+            continue  # shipped in the image
+        (mount,) = [m for path, m in mounts.items() if model.tokenizer.startswith(path + "/")]
+        volume = volumes[mount["name"]]
+        assert "persistentVolumeClaim" in volume, "a tokenizer.json is too big for a ConfigMap"
+        assert mount["readOnly"] is True
+        find(docs, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
 
 
-def kv_transfer_config(workload: dict[str, Any]) -> dict[str, Any]:
-    (arg,) = [a for a in container(workload)["args"] if a.startswith("--kv-transfer-config=")]
-    return json.loads(arg.split("=", 1)[1])
-
-
-def test_prefill_combines_tilert_and_nixl_and_returns_token_ids() -> None:
-    prefill = find(documents("backends-example.yaml"), "Deployment", "vllm-prefill")
-    assert "--return-tokens-as-token-ids" in container(prefill)["args"]
-    config = kv_transfer_config(prefill)
-    assert config["kv_connector"] == "MultiConnector"
-    names = [c["kv_connector"] for c in config["kv_connector_extra_config"]["connectors"]]
-    assert names == ["TileRTConnector", "NixlConnector"]
-
-
-def test_native_decode_uses_nixl() -> None:
-    decode = find(documents("backends-example.yaml"), "Deployment", "vllm-decode")
-    assert kv_transfer_config(decode)["kv_connector"] == "NixlConnector"
+def test_the_ingress_streams() -> None:
+    (overlay,) = [p for p in INSTALLATIONS if p.name == "example"]
+    docs = render(overlay)
+    ingress = find(docs, "Ingress", "pd-gateway")
+    notes = ingress["metadata"]["annotations"]
+    assert notes["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    assert int(notes["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 600  # prefill_s
+    (rule,) = ingress["spec"]["rules"]
+    (path,) = rule["http"]["paths"]
+    assert path["backend"]["service"]["name"] == "pd-gateway"
 
 
 def test_dockerfile() -> None:

@@ -1,0 +1,88 @@
+"""The Grafana dashboard and the alerts query only metrics the gateway exports (names read
+from a live registry, with the exposition's suffixes), and cover what an operator watches."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import yaml
+
+from router.gate import GateSnapshot
+from router.metrics import Metrics
+from tests.deploy.render import KUSTOMIZE
+
+MONITORING = KUSTOMIZE / "components" / "monitoring"
+DASHBOARD = MONITORING / "pd-gateway-dashboard.json"
+RULES = MONITORING / "prometheusrule.yaml"
+
+SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_count", "_sum"),
+    "gauge": ("",),
+}
+
+
+def exported() -> set[str]:
+    """Every series name /metrics can show, from the registry itself."""
+    metrics = Metrics()
+    snapshot = GateSnapshot(nodes=1, busy={"n": None}, out={}, waiting=0, retry_after_s=1)
+    metrics.render({"m": snapshot})
+    names: set[str] = set()
+    for family in metrics.registry.collect():
+        names |= {family.name + suffix for suffix in SUFFIXES.get(family.type, ("",))}
+    return names
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\bpd_gateway_[a-z0-9_]+", expr))
+
+
+def dashboard_queries() -> list[str]:
+    board: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return [t["expr"] for panel in board["panels"] for t in panel["targets"]]
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    rule = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    return [r for group in rule["spec"]["groups"] for r in group["rules"]]
+
+
+def test_every_query_names_an_exported_metric() -> None:
+    names = exported()
+    queries = dashboard_queries() + [r["expr"] for r in alert_rules()]
+    for expr in queries:
+        used = metric_names(expr)
+        assert used, f"no gateway metric in {expr!r}"
+        assert used <= names, (expr, used - names)
+
+
+def test_the_dashboard_covers_what_an_operator_watches() -> None:
+    used = set().union(*(metric_names(q) for q in dashboard_queries()))
+    assert {
+        "pd_gateway_requests_total",
+        "pd_gateway_reroutes_total",
+        "pd_gateway_latency_ttft_seconds_bucket",
+        "pd_gateway_latency_inter_token_seconds_bucket",
+        "pd_gateway_pool_queue_depth",
+        "pd_gateway_queue_wait_seconds_bucket",
+        "pd_gateway_pool_slot_busy",
+        "pd_gateway_pool_node_in_service",
+        "pd_gateway_upstream_errors_total",
+        "pd_gateway_gate_lease_renewal_failures_total",
+        "pd_gateway_gate_redis_round_trip_seconds_bucket",
+        "pd_gateway_node_flushes_total",
+    } <= used
+    titles = [p["title"] for p in json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"]]
+    assert len(titles) == len(set(titles))
+
+
+def test_the_alerts() -> None:
+    rules = {r["alert"]: r for r in alert_rules()}
+    assert "pd_gateway_pool_node_in_service" in rules["PdGatewayPoolNoNodeInService"]["expr"]
+    assert "pd_gateway_reroutes_total" in rules["PdGatewaySustainedSpill"]["expr"]
+    assert "pd_gateway_pool_queue_depth" in rules["PdGatewayQueueSaturated"]["expr"]
+    for rule in rules.values():
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["annotations"]["summary"]
