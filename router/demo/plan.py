@@ -124,7 +124,9 @@ class ModelPlan:
         return args
 
     def stack(self, *, pin_ports: bool) -> SimStack:
-        """The model's `SimStack` (not started): configured ports, or free ones."""
+        """The model's `SimStack` (not started): configured ports, or free ones; its
+        simulators die with the demo, however the demo ends."""
+        from router.demo.lifeline import die_with_parent
         from sim.stack import SimStack
 
         latency = self.model.latency
@@ -138,6 +140,7 @@ class ModelPlan:
             host=self.host,
             node_args=["--max-seq-len", str(max_seq_len)],
             instance_args=self.stack_args(pin_ports=pin_ports),
+            preexec_fn=die_with_parent(),
         )
 
 
