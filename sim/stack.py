@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -73,7 +73,12 @@ class _Process:
     """One simulator child: its output readers and its readiness."""
 
     def __init__(
-        self, name: str, argv: list[str], env: dict[str, str], changed: threading.Condition
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        changed: threading.Condition,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.argv = argv
@@ -88,6 +93,7 @@ class _Process:
             stderr=self.stderr,
             env=env,
             start_new_session=True,  # its own process group, so teardown reaches everything
+            preexec_fn=preexec_fn,
         )
         threading.Thread(target=self._read_stdout, name=f"sim-{name}", daemon=True).start()
 
@@ -119,7 +125,8 @@ class SimStack:
 
     ``*_args`` are extra command-line arguments for every process of a kind;
     ``instance_args`` adds arguments for one process by name (``node-0``, ``prefill-1``,
-    ``decode-0``, ``proxy-0``). Prefill servers get engine ids ``prefill-<i>``, decode
+    ``decode-0``, ``proxy-0``). ``preexec_fn`` runs in each child before exec (e.g. to
+    make it die with its parent). Prefill servers get engine ids ``prefill-<i>``, decode
     servers ``decode-<i>``, the proxy stand-in ``proxy``.
     """
 
@@ -139,6 +146,7 @@ class SimStack:
         instance_args: Mapping[str, Sequence[str]] | None = None,
         ready_timeout_s: float = 60.0,
         stop_grace_s: float = 3.0,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         self._counts = (nodes, prefills, decodes, proxy)
         self._tokenizer = tokenizer
@@ -153,6 +161,7 @@ class SimStack:
         self._instance_args = {k: list(v) for k, v in (instance_args or {}).items()}
         self._ready_timeout_s = ready_timeout_s
         self._stop_grace_s = stop_grace_s
+        self._preexec_fn = preexec_fn
         self._changed = threading.Condition()
         self._procs: list[_Process] = []
         self.nodes: list[NodeInfo] = []
@@ -195,7 +204,13 @@ class SimStack:
         try:
             for kind, index in plan:
                 self._procs.append(
-                    _Process(f"{kind}-{index}", self._argv(kind, index), env, self._changed)
+                    _Process(
+                        f"{kind}-{index}",
+                        self._argv(kind, index),
+                        env,
+                        self._changed,
+                        self._preexec_fn,
+                    )
                 )
             self._await_ready()
         except BaseException:

@@ -21,6 +21,21 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_SEQ_LEN = 131072
 
+# A model's `output_parser` -> the vLLM flags that make the throughput path's servers answer
+# with the same message shape as the latency path (docs/output-formats.md).
+VLLM_PARSER_FLAGS: dict[str, list[str]] = {
+    "none": [],
+    "glm47": ["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"],
+    "glm45": ["--reasoning-parser", "glm45", "--tool-call-parser", "glm45"],
+    "deepseek_v32": ["--reasoning-parser", "deepseek_v3", "--tool-call-parser", "deepseek_v32"],
+}
+
+
+def parser_flags(output_parser: str) -> list[str]:
+    """The `sim.vllm` (and vLLM) flags matching a model's `output_parser`."""
+    flags = VLLM_PARSER_FLAGS.get(output_parser, [])
+    return [*flags, "--enable-auto-tool-choice"] if "--tool-call-parser" in flags else flags
+
 
 class DemoError(Exception):
     """The configuration cannot be simulated on this machine; the message says why."""
@@ -37,6 +52,8 @@ class SimServer:
     side_channel_port: int | None = None
     tilert: str | None = None
     """The TileRT release of its connector (a latency pool's prefill server)."""
+    throughput: bool = False
+    """It serves the throughput path: it parses reasoning and tool calls as vLLM would."""
 
     @property
     def role(self) -> str:
@@ -87,8 +104,11 @@ class ModelPlan:
                 own += ["--ctrl-port", str(node.ctrl_port), "--http-port", str(node.http_port)]
             if own:
                 args[f"node-{i}"] = own
+        parsing = parser_flags(self.model.output_parser)
         for i, server in enumerate(self.prefill_kind):
             own = ["--role", "both", "--engine-id", f"proxy-{i}"] if server.role == "both" else []
+            if server.throughput:
+                own += parsing
             if server.engine_id is not None:
                 own += ["--engine-id", server.engine_id]
             if server.tilert is not None:
@@ -99,11 +119,14 @@ class ModelPlan:
                     own += ["--side-channel-port", str(server.side_channel_port)]
             args[f"prefill-{i}"] = own
         for i, server in enumerate(self.decode_kind):
-            args[f"decode-{i}"] = ["--port", str(server.port)] if pin_ports else []
+            own = list(parsing) if server.throughput else []
+            args[f"decode-{i}"] = [*own, "--port", str(server.port)] if pin_ports else own
         return args
 
     def stack(self, *, pin_ports: bool) -> SimStack:
-        """The model's `SimStack` (not started): configured ports, or free ones."""
+        """The model's `SimStack` (not started): configured ports, or free ones; its
+        simulators die with the demo, however the demo ends."""
+        from router.demo.lifeline import die_with_parent
         from sim.stack import SimStack
 
         latency = self.model.latency
@@ -117,6 +140,7 @@ class ModelPlan:
             host=self.host,
             node_args=["--max-seq-len", str(max_seq_len)],
             instance_args=self.stack_args(pin_ports=pin_ports),
+            preexec_fn=die_with_parent(),
         )
 
 
@@ -146,19 +170,20 @@ def _plan_model(model: ModelConfig, base_dir: Path) -> ModelPlan:
         return plan
     if throughput.mode == "proxy":
         for url in throughput.urls:
-            plan.server(url, "both")
+            plan.server(url, "both").throughput = True
         return plan
     if throughput.mode == "pull":
         for url in throughput.prefill:
-            plan.server(url, "prefill")
+            plan.server(url, "prefill").throughput = True
     else:
         for engine in throughput.prefill:
             check_loopback(engine.side_channel_host, f"model {model.name}: side_channel_host")
             server = plan.server(engine.url, "prefill")
             server.engine_id = engine.engine_id
             server.side_channel_port = engine.side_channel_port
+            server.throughput = True
     for url in throughput.decode:
-        plan.server(url, "decode")
+        plan.server(url, "decode").throughput = True
     return plan
 
 

@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from router.demo.lifeline import die_with_parent, dir_prefix
 from router.demo.plan import DemoError
 
 HOST = "127.0.0.1"
@@ -42,7 +43,7 @@ class LocalRedis:
         self.binary = redis_server_binary()
         self.port = free_port()
         self._extra_args = extra_args or []
-        self._dir = tempfile.TemporaryDirectory(prefix="pd-gateway-redis-")
+        self._dir = tempfile.TemporaryDirectory(prefix=dir_prefix("redis"))
         self.popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -59,6 +60,7 @@ class LocalRedis:
             stderr=subprocess.DEVNULL,
             cwd=self._dir.name,
             start_new_session=True,  # the terminal's Ctrl-C reaches the demo only
+            preexec_fn=die_with_parent(),  # and a killed demo takes it along
         )
         deadline = time.monotonic() + timeout_s
         while not self._answers_ping():

@@ -28,6 +28,7 @@ import yaml
 
 from router.config import GatewayConfig, load_config, parse_config
 from router.demo.front import RoundRobinFront
+from router.demo.lifeline import die_with_parent, dir_prefix, remove_stale_dirs
 from router.demo.plan import DemoError, ModelPlan, plan_stacks
 from router.demo.ports import Endpoints, rewrite, shifted, started
 from router.demo.redis import LocalRedis
@@ -77,12 +78,14 @@ def run_demo(
     config, plans = _load(config_path, port_offset)
     if port is None:
         port = 0 if free_ports else config.server.port
+    remove_stale_dirs()  # what demos killed outright (kill -9) had to leave behind
     redis = LocalRedis() if replicas > 1 else None  # DemoError now if there is no binary
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    previous_hup = signal.signal(signal.SIGHUP, _raise_stopped)  # the terminal closed
     stacks: list[SimStack] = []
     gateways: list[_Gateway] = []
     front: RoundRobinFront | None = None
-    workdir = tempfile.TemporaryDirectory(prefix="pd-gateway-demo-")
+    workdir = tempfile.TemporaryDirectory(prefix=dir_prefix("demo"))
     try:
         if redis is not None:  # bound first: a taken port fails before anything starts
             front = RoundRobinFront(config.server.host, port, lambda: _addresses(gateways))
@@ -119,9 +122,10 @@ def run_demo(
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
-        # Neither a second Ctrl-C nor a SIGTERM may cut the teardown short.
+        # Neither a second Ctrl-C nor a SIGTERM or SIGHUP may cut the teardown short.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         for gateway in gateways:  # every one drains at once, then each is waited for
             gateway.terminate()
         for gateway in gateways:
@@ -135,6 +139,7 @@ def run_demo(
         workdir.cleanup()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGHUP, previous_hup)
 
 
 def _start_redis(redis: LocalRedis) -> None:
@@ -250,6 +255,7 @@ class _Gateway:
             text=True,
             env=env,
             start_new_session=True,
+            preexec_fn=die_with_parent(),  # a demo killed outright takes its gateways along
         )
         self._ready: queue.Queue[str | None] = queue.Queue()
         self._pump_thread = threading.Thread(target=self._pump, name="gateway-out", daemon=True)

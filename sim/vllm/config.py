@@ -7,6 +7,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sim.vllm.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, ParserConfig
+
 Role = Literal["prefill", "decode", "both"]
 TransferOrder = Literal["response-first", "transfer-first", "race"]
 TilertProtocol = Literal["0.1.5", "0.1.6"]
@@ -49,6 +51,7 @@ class ServerConfig:
     kv_expiry_s: float = 480.0
     remote_prefill_timeout_s: float = 60.0
     max_model_len: int = 131072
+    parsers: ParserConfig = field(default_factory=ParserConfig)
     faults: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -93,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-expiry-s", type=float, default=480.0, help="NIXL producer state lifetime")
     add("--remote-prefill-timeout-s", type=float, default=60.0, help="push-mode wait")
     add("--max-model-len", type=int, default=131072)
+    add("--reasoning-parser", choices=REASONING_PARSERS, help="split reasoning from content")
+    add("--tool-call-parser", choices=TOOL_CALL_PARSERS, help="parse tool calls (with the next)")
+    add("--enable-auto-tool-choice", action="store_true", help="parse tool calls for auto choice")
     faults = parser.add_argument_group("faults (also settable at POST /sim/faults)")
     faults.add_argument("--http-status", type=int, help="answer completions with this status")
     faults.add_argument("--text-logprobs", action="store_true", help="logprobs as plain text")
@@ -106,7 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_config(argv: list[str] | None = None) -> ServerConfig:
     """Parse the command line into a :class:`ServerConfig`."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        parser.error("--enable-auto-tool-choice requires --tool-call-parser")
     faults = {name: getattr(args, name) for name in FAULTS}
     return ServerConfig(
         role=args.role,
@@ -135,5 +144,8 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
         kv_expiry_s=args.kv_expiry_s,
         remote_prefill_timeout_s=args.remote_prefill_timeout_s,
         max_model_len=args.max_model_len,
+        parsers=ParserConfig(
+            args.reasoning_parser, args.tool_call_parser, args.enable_auto_tool_choice
+        ),
         faults={k: v for k, v in faults.items() if v not in (None, False)},
     )

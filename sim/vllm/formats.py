@@ -15,6 +15,7 @@ from sim.logprobs import token_logprob as _logprob
 from sim.logprobs import top_candidates
 from sim.tokenizers import Vocab
 from sim.vllm.engine import Step
+from sim.vllm.parsers import NativeParser
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -38,6 +39,8 @@ class Formatter:
     vocab: Vocab
     logprobs: int | None
     text_logprobs: bool
+    parser: NativeParser | None = None
+    """Chat with ``--reasoning-parser`` / ``--tool-call-parser``: the message is parsed."""
 
     def _name(self, token_id: int) -> str:
         if self.text_logprobs:
@@ -92,7 +95,7 @@ class Formatter:
         finish = last.finish_reason if last else "length"
         stop_reason = last.stop_reason if last else None
         if self.endpoint == "chat":
-            message = {
+            message: dict[str, Any] = {
                 "role": "assistant",
                 "content": text,
                 "refusal": None,
@@ -102,6 +105,15 @@ class Formatter:
                 "tool_calls": [],
                 "reasoning_content": None,
             }
+            if self.parser is not None:
+                for step in steps:
+                    self.parser.feed(step.text)
+                self.parser.finish()
+                reasoning, content, calls = self.parser.message()
+                # vLLM renamed reasoning_content to reasoning and keeps both in sync.
+                message.update(content=content, tool_calls=calls, reasoning=reasoning)
+                message["reasoning_content"] = reasoning
+                finish = self.parser.finish_reason(finish)
             choice = {
                 "index": 0,
                 "message": message,
@@ -144,11 +156,15 @@ class Formatter:
     def chunk(self, step: Step, text_offset: int) -> dict[str, Any]:
         """The stream chunk carrying one step."""
         if self.endpoint == "chat":
+            delta = {"content": step.text} if self.parser is None else self._parsed_delta(step)
+            finish = step.finish_reason
+            if self.parser is not None:
+                finish = self.parser.finish_reason(finish)
             choice: dict[str, Any] = {
                 "index": 0,
-                "delta": {"content": step.text},
+                "delta": delta,
                 "logprobs": self._chat_logprobs([step]),
-                "finish_reason": step.finish_reason,
+                "finish_reason": finish,
                 "stop_reason": step.stop_reason,
             }
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
@@ -160,6 +176,23 @@ class Formatter:
             "stop_reason": step.stop_reason,
         }
         return {**self._head("text_completion"), "choices": [choice]}
+
+    def _parsed_delta(self, step: Step) -> dict[str, Any]:
+        """The parsed delta of one step (the last one flushes what was held back)."""
+        assert self.parser is not None
+        parts = [self.parser.feed(step.text)]
+        if step.finish_reason is not None:
+            parts.append(self.parser.finish())
+        delta: dict[str, Any] = {}
+        for part in parts:
+            if "reasoning" in part:
+                reasoning = delta.get("reasoning", "") + part["reasoning"]
+                delta.update(reasoning=reasoning, reasoning_content=reasoning)
+            if "content" in part:
+                delta["content"] = delta.get("content", "") + part["content"]
+            if "tool_calls" in part:
+                delta.setdefault("tool_calls", []).extend(part["tool_calls"])
+        return delta
 
     def usage_chunk(self, usage_body: dict[str, Any]) -> dict[str, Any]:
         """The trailing ``choices: []`` chunk of ``stream_options.include_usage``."""

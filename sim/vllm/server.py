@@ -27,6 +27,7 @@ from sim.vllm.config import FAULTS, ServerConfig
 from sim.vllm.engine import Step, generate
 from sim.vllm.errors import ApiError
 from sim.vllm.formats import Formatter, usage
+from sim.vllm.parsers import NativeParser
 from sim.vllm.records import RequestRecord, ServerRecords, TransferRecord
 from sim.vllm.schema import ChatRequest, CompletionRequest, parse_request
 
@@ -143,6 +144,7 @@ class VllmServer:
             vocab=self.vocab,
             logprobs=request.logprobs_count,
             text_logprobs=bool(self.faults.take("text_logprobs")),
+            parser=self._parser(request),
         )
         usage_body = usage(source.prompt_len, len(steps), source.cached_tokens)
         if request.stream:
@@ -152,6 +154,17 @@ class VllmServer:
         return JSONResponse(
             formatter.response(steps, usage_body, kv_out),
             background=BackgroundTask(after_response) if after_response else None,
+        )
+
+    def _parser(self, request: ChatRequest | CompletionRequest) -> NativeParser | None:
+        """A parser for a chat answer when the server runs reasoning or tool-call parsers."""
+        if not isinstance(request, ChatRequest) or not self.config.parsers.active:
+            return None
+        return NativeParser(
+            self.config.parsers,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            chat_template_kwargs=request.chat_template_kwargs,
         )
 
     def _plan(self, request: ChatRequest | CompletionRequest) -> Plan:
@@ -278,8 +291,10 @@ class VllmServer:
                     await asyncio.sleep(itl_s)
                 chunk = formatter.chunk(step, offset)
                 offset += len(step.text)
-                # vLLM skips steps that add nothing (e.g. half of a multi-byte character).
-                if step.text or step.finish_reason or formatter.logprobs is not None:
+                # vLLM skips steps that add nothing (e.g. half of a multi-byte character,
+                # or text a parser holds back).
+                adds = step.text if formatter.parser is None else chunk["choices"][0]["delta"]
+                if adds or step.finish_reason or formatter.logprobs is not None:
                     yield event(orjson.dumps(chunk))
             if request.include_usage:
                 yield event(orjson.dumps(formatter.usage_chunk(usage_body)))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from router.config import load_config, parse_config
-from router.demo.plan import DemoError, plan_stacks
+from router.demo.plan import DemoError, parser_flags, plan_stacks
 from router.demo.ports import Endpoints, rewrite, shifted, started
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +28,20 @@ def plans_of(*models: dict[str, Any]) -> list[Any]:
     return plan_stacks(parse_config({"models": list(models)}, base_dir=PROJECT_ROOT))
 
 
+# The vLLM parser flags of the throughput path's servers, per output_parser.
+DS_FLAGS = ["--reasoning-parser", "deepseek_v3", "--tool-call-parser", "deepseek_v32"]
+DS_FLAGS += ["--enable-auto-tool-choice"]
+GLM_FLAGS = ["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"]
+GLM_FLAGS += ["--enable-auto-tool-choice"]
+
+
+def test_parser_flags_follow_the_output_parser() -> None:
+    assert parser_flags("deepseek_v32") == DS_FLAGS
+    assert parser_flags("glm47") == GLM_FLAGS
+    assert parser_flags("glm45")[3] == "glm45"
+    assert parser_flags("none") == []
+
+
 def servers(plan: Any) -> list[tuple[str, str, str | None, int | None]]:
     return [(s.url, s.role, s.engine_id, s.side_channel_port) for s in plan.servers]
 
@@ -44,8 +58,8 @@ def test_the_default_configuration() -> None:
     assert ds.stack_args(pin_ports=True) == {
         "node-0": ["--protocol", "0.1.6", "--ctrl-port", "5556", "--http-port", "5557"],
         "node-1": ["--protocol", "0.1.6", "--ctrl-port", "5566", "--http-port", "5567"],
-        "prefill-0": ["--tilert-protocol", "0.1.6", "--port", "8100"],
-        "decode-0": ["--port", "8200"],
+        "prefill-0": [*DS_FLAGS, "--tilert-protocol", "0.1.6", "--port", "8100"],
+        "decode-0": [*DS_FLAGS, "--port", "8200"],
     }
     assert glm.tokenizer == str(PROJECT_ROOT / "sim" / "fixtures" / "glm")
     assert servers(glm) == [
@@ -53,14 +67,15 @@ def test_the_default_configuration() -> None:
         ("http://127.0.0.1:8400", "decode", None, None),
     ]
     assert glm.stack_args(pin_ports=True)["prefill-0"] == [
+        *GLM_FLAGS,
         *("--engine-id", "glm-prefill-0", "--tilert-protocol", "0.1.6"),
         *("--port", "8300", "--side-channel-port", "5600"),
     ]
     # Free ports: only what is not a port stays pinned.
     assert glm.stack_args(pin_ports=False) == {
         "node-0": ["--protocol", "0.1.6"],
-        "prefill-0": ["--engine-id", "glm-prefill-0", "--tilert-protocol", "0.1.6"],
-        "decode-0": [],
+        "prefill-0": [*GLM_FLAGS, "--engine-id", "glm-prefill-0", "--tilert-protocol", "0.1.6"],
+        "decode-0": GLM_FLAGS,
     }
 
 
