@@ -211,6 +211,7 @@ def test_rules_file_path_made_absolute(tmp_path: Path) -> None:
         "http_port": 5558,
         "name": None,
         "tilert": "0.1.6",
+        "pool": "default",
     }
 
 
