@@ -64,7 +64,8 @@ def build_model(
             config.name,
             config.latency,
             output_parser=config.output_parser,
-            gate=gate or make_gate(gate_config, config.latency.nodes, deps.metrics.gate),
+            gate=gate
+            or make_gate(gate_config, config.latency.nodes, deps.metrics.gate, pool_id=config.name),
             tokenizer=tokenizer,
             deps=deps,
             default_wait_ms=gate_config.max_queue_wait_ms,

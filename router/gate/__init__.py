@@ -23,9 +23,14 @@ __all__ = [
 
 
 def make_gate(
-    config: GateConfig, nodes: list[NodeConfig], metrics: GateMetrics | None = None
+    config: GateConfig,
+    nodes: list[NodeConfig],
+    metrics: GateMetrics | None = None,
+    *,
+    pool_id: str = "",
 ) -> Gate:
-    """The pool of `nodes` on the configured backend; `metrics` records its leases."""
+    """The pool of `nodes` on the configured backend; `metrics` records its leases.
+    `pool_id` names the pool across replicas (the model it serves)."""
     metrics = metrics or GateMetrics()
     if config.backend == "memory":
         return MemoryGate(
@@ -36,5 +41,5 @@ def make_gate(
             metrics=metrics,
         )
     if config.backend == "redis":
-        return make_redis_gate(config, nodes, metrics)
+        return make_redis_gate(config, nodes, metrics, pool_id=pool_id)
     raise ValueError(f"unknown gate backend {config.backend!r}")

@@ -32,13 +32,15 @@ Replica = Callable[..., RedisGate]
 
 
 def replicas_on(url: str, prefix: str, built: list[RedisGate]) -> Replica:
-    def build(node_list: list[NodeConfig], *, max_queue: int = 64, **settings: float) -> RedisGate:
+    def build(
+        node_list: list[NodeConfig], *, max_queue: int = 64, pool_id: str = "", **settings: float
+    ) -> RedisGate:
         config = GateConfig(
             backend="redis",
             redis=RedisGateConfig(url=url, key_prefix=prefix, **settings),  # type: ignore[arg-type]
             max_queue=max_queue,
         )
-        gate = make_gate(config, node_list)
+        gate = make_gate(config, node_list, pool_id=pool_id)
         assert isinstance(gate, RedisGate)
         built.append(gate)
         return gate
@@ -412,3 +414,33 @@ async def test_a_partitioned_replica_stops_before_another_is_granted_its_node(
         finally:
             for gate in built:
                 await gate.close()
+
+
+async def test_a_node_another_replica_found_is_granted_with_its_settings(
+    replica: Replica,
+) -> None:
+    """Discovery gave one replica a node the other has not found yet: the queue they share
+    may hand it to the other, which reads the node's settings from the pool's registry."""
+    listed, found = nodes(1), nodes(2)[1].model_copy(update={"tilert": "0.1.5", "pool": "p"})
+    a, b = replica(listed, pool_id="m"), replica(listed, pool_id="m")
+    await a.set_nodes([*listed, found])
+    first = await a.acquire(priority=0, wait_s=1, holder="first")
+    second = await a.acquire(priority=0, wait_s=1, holder="second")
+    assert {first.node.id, second.node.id} == {listed[0].id, found.id}
+    waiter = asyncio.create_task(b.acquire(priority=0, wait_s=10, holder="b"))
+    await waiting(b, 1)
+    await (first if first.node.id == found.id else second).release()
+    lease = await asyncio.wait_for(waiter, 5)
+    assert lease.node == found
+    await lease.release()
+    await (second if first.node.id == found.id else first).release()
+
+
+async def test_pools_of_two_models_never_share_a_queue(replica: Replica) -> None:
+    one, other = replica(nodes(1), pool_id="one"), replica(nodes(1), pool_id="other")
+    held = await one.acquire(priority=0, wait_s=1, holder="held")
+    waiter = asyncio.create_task(one.acquire(priority=0, wait_s=10, holder="waiter"))
+    await waiting(one, 1)
+    assert (await other.snapshot()).waiting == 0
+    await held.release()
+    await (await asyncio.wait_for(waiter, 5)).release()

@@ -24,7 +24,11 @@ def redis_password(config: RedisGateConfig) -> str | None:
 
 
 def make_redis_gate(
-    config: GateConfig, nodes: list[NodeConfig], metrics: GateMetrics | None = None
+    config: GateConfig,
+    nodes: list[NodeConfig],
+    metrics: GateMetrics | None = None,
+    *,
+    pool_id: str = "",
 ) -> RedisGate:
     if config.redis is None:
         raise ConfigError("gate.redis: required with backend: redis")
@@ -36,4 +40,5 @@ def make_redis_gate(
         failure_threshold=config.failure_threshold,
         cooldown_s=config.node_cooldown_s,
         metrics=metrics,
+        pool_id=pool_id,
     )

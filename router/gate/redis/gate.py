@@ -68,6 +68,7 @@ class RedisGate:
         failure_threshold: int = 3,
         cooldown_s: float = 5.0,
         metrics: GateMetrics | None = None,
+        pool_id: str = "",
     ) -> None:
         self._metrics = metrics or GateMetrics()
         self._nodes = {n.id: n for n in nodes}  # the pool, in grant order
@@ -79,7 +80,11 @@ class RedisGate:
         self._cooldown_s = cooldown_s
         host = socket.gethostname().replace("|", "-")
         self.replica = f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
-        pool = hashlib.sha256("\n".join(sorted(self._nodes)).encode()).hexdigest()[:16]
+        # The pool's identity across replicas: the model it serves and its listed nodes (a
+        # node found by discovery joins a pool without changing it).
+        listed = "\n".join([pool_id, *sorted(self._nodes)])
+        pool = hashlib.sha256(listed.encode()).hexdigest()[:16]
+        self._nodes_key = f"{config.key_prefix}:nodecfg"
         self._queue_key = f"{config.key_prefix}:pool:{pool}:queue"
         self._common: list[str | int] = [
             config.key_prefix,
@@ -140,7 +145,11 @@ class RedisGate:
             await self._abandon(owner)
             raise
         if reply[0] == "granted":
-            return self._lease(owner, holder, reply)
+            try:
+                return await self._granted(owner, holder, reply)
+            except BaseException:
+                await self._abandon(owner)
+                raise
         if reply[0] != "queued":
             raise GateRejected(_reason(reply[0]), await self.retry_after_s())
         return await self._wait(owner, holder, reply[1], deadline, cancellations)
@@ -213,6 +222,7 @@ class RedisGate:
         self._nodes = wanted
         self._known.update(wanted)
         self._common[3] = "\n".join(self._nodes)
+        await self._publish_nodes(nodes)
         try:
             await self._run("admin", "pool", "", "")
         except UNAVAILABLE as exc:
@@ -258,7 +268,7 @@ class RedisGate:
                         cancellations, "claim", owner, holder, score, remaining_ms
                     )
                     if reply[0] == "granted":
-                        return self._lease(owner, holder, reply)
+                        return await self._granted(owner, holder, reply)
                     if reply[0] != "waiting":
                         raise GateRejected(_reason(reply[0]), await self.retry_after_s())
                     with contextlib.suppress(TimeoutError):
@@ -295,8 +305,16 @@ class RedisGate:
         self._orphans.pop(owner, None)
         return True
 
-    def _lease(self, owner: str, holder: str, reply: list[Any]) -> RedisLease:
-        node = self._known[reply[1]]
+    async def _granted(self, owner: str, holder: str, reply: list[Any]) -> RedisLease:
+        """The lease of a granted node. Another replica may have granted a node this one has
+        not discovered yet: its settings come from the pool's shared node registry."""
+        node_id = reply[1]
+        node = self._known.get(node_id)
+        if node is None:
+            raw = await self._redis.hget(self._nodes_key, node_id)
+            if raw is None:
+                raise GateRejected("no_node", await self.retry_after_s())
+            node = self._known[node_id] = NodeConfig.model_validate_json(raw)
         lease = RedisLease(
             Grant(node, owner, holder, int(reply[2])),
             valid_until=time.monotonic() + self._config.lease_ttl_s - self._config.socket_timeout_s,
@@ -372,10 +390,23 @@ class RedisGate:
                     self._waiters.listen(backoff_s=self._config.poll_s, closing=self._closing)
                 ),
             ]
+            await self._publish_nodes(list(self._nodes.values()))
             # A release published before the subscription would be missed until the poll.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._config.socket_timeout_s):
                     await self._waiters.subscribed.wait()
+
+    async def _publish_nodes(self, nodes: list[NodeConfig]) -> None:
+        """Every replica may grant any node of the pool to any other: each one's settings
+        are kept where all can read them."""
+        if not nodes:
+            return
+        try:
+            await self._redis.hset(
+                self._nodes_key, mapping={n.id: n.model_dump_json() for n in nodes}
+            )
+        except UNAVAILABLE as exc:
+            log.warning("could not share this pool's node settings: %s", exc)
 
     @property
     def _closed(self) -> bool:
@@ -401,6 +432,7 @@ class RedisGate:
                     raise
                 if self._common[5]:
                     log.warning("the pool's state in Redis was lost: nodes out until flushed")
+                    self._spawn(self._publish_nodes(list(self._nodes.values())))
                 self._common[5] = epoch  # the script did nothing else: run it again
                 continue
             finally:
