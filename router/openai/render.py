@@ -113,7 +113,8 @@ class ChatRenderer(_Base):
     ) -> bytes | None:
         out: dict[str, Any] = {}
         if delta.reasoning:
-            out["reasoning_content"] = delta.reasoning
+            # vLLM's field, under its newer name and its older one (both sent, as vLLM does).
+            out["reasoning"] = out["reasoning_content"] = delta.reasoning
         if delta.content:
             out["content"] = delta.content
         if delta.tool_calls:
@@ -148,7 +149,7 @@ class ChatRenderer(_Base):
             "function_call": None,
         }
         if message.reasoning is not None:
-            msg["reasoning_content"] = message.reasoning
+            msg["reasoning"] = msg["reasoning_content"] = message.reasoning
         msg["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in message.tool_calls
