@@ -148,8 +148,7 @@ class ChatRenderer(_Base):
             "audio": None,
             "function_call": None,
         }
-        if message.reasoning is not None:
-            msg["reasoning"] = msg["reasoning_content"] = message.reasoning
+        msg["reasoning"] = msg["reasoning_content"] = message.reasoning  # null included
         msg["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in message.tool_calls
