@@ -106,12 +106,31 @@ def test_every_model_has_matching_backends(kustomization: Path) -> None:
                 ]
                 assert names == ["TileRTConnector", "NixlConnector"]
                 assert pool.tilert in container(prefill)["image"]
-            check_nodes(backends, pool.nodes, pool.tilert, pool.prefill)
+            if pool.discover is not None:
+                check_discovered(backends, pool.discover, pool.tilert, pool.prefill)
+            else:
+                check_nodes(backends, pool.nodes, pool.tilert, pool.prefill)
         assert isinstance(model.throughput, PullConfig)
         for url in model.throughput.decode:
             decode = service_workload(backends, url)
             check_vllm(decode, model)
             assert kv_transfer_config(decode)["kv_connector"] == "NixlConnector"
+
+
+def check_discovered(backends: list[Doc], discover: Any, tilert: str, prefill: list[str]) -> None:
+    """A pool found by DNS names the headless Service of its nodes' StatefulSet, with
+    their ports."""
+    service_name = discover.dns.split(".", 1)[0]
+    headless = find(backends, "Service", service_name)
+    assert headless["spec"]["clusterIP"] == "None"
+    (statefulset,) = [
+        d
+        for d in backends
+        if d["kind"] == "StatefulSet" and d["spec"]["serviceName"] == service_name
+    ]
+    ports = {p["name"]: p["containerPort"] for p in container(statefulset)["ports"]}
+    assert (discover.ctrl_port, discover.http_port) == (ports["ctrl"], ports["http"])
+    check_release(backends, statefulset, tilert, prefill)
 
 
 def check_nodes(backends: list[Doc], nodes: list[Any], tilert: str, prefill: list[str]) -> None:
@@ -131,6 +150,12 @@ def check_nodes(backends: list[Doc], nodes: list[Any], tilert: str, prefill: lis
     assert [node.host for node in nodes] == expected
     ports = {p["name"]: p["containerPort"] for p in container(statefulset)["ports"]}
     assert {(n.ctrl_port, n.http_port) for n in nodes} == {(ports["ctrl"], ports["http"])}
+    check_release(backends, statefulset, tilert, prefill)
+
+
+def check_release(backends: list[Doc], statefulset: Doc, tilert: str, prefill: list[str]) -> None:
+    """The nodes run the pool's TileRT release; a 0.1.6 node expects as many senders as
+    its prefill's connector sends from."""
     assert container(statefulset)["image"].endswith(":" + tilert)
     assert statefulset["metadata"]["labels"]["pd-gateway/tilert"] == tilert
     node_senders = env(statefulset).get("TILERT_PD_SENDERS")
