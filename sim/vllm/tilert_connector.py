@@ -121,15 +121,25 @@ def _request(job: TransferJob, rank: int) -> dict[str, Any]:
     return request
 
 
-async def _exchange_v15(
+async def _greet(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, job: TransferJob, rank: int
-) -> RankResult:
+) -> dict[str, Any] | RankResult:
+    """Read and check the node's hello, then send the request: the hello, or why not."""
     hello = await read_frame(reader)
     problem = _hello_problem(hello, job)
     if problem is not None:
         return RankResult(problem)
     assert hello is not None
     await write_frame(writer, _request(job, rank))
+    return hello
+
+
+async def _exchange_v15(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, job: TransferJob, rank: int
+) -> RankResult:
+    hello = await _greet(reader, writer, job, rank)
+    if isinstance(hello, RankResult):
+        return hello
     # 0.1.5 never reads the answer before writing: a refusal changes nothing here.
     await _write_kv(hello, job, rank)
     await asyncio.sleep(job.transfer_s)
@@ -151,12 +161,9 @@ async def _exchange_v15(
 async def _exchange_v16(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, job: TransferJob, rank: int
 ) -> RankResult:
-    hello = await read_frame(reader)
-    problem = _hello_problem(hello, job)
-    if problem is not None:
-        return RankResult(problem)
-    assert hello is not None
-    await write_frame(writer, _request(job, rank))
+    hello = await _greet(reader, writer, job, rank)
+    if isinstance(hello, RankResult):
+        return hello
     answer = await read_frame(reader)
     if answer is None:
         return RankResult("connection_lost")

@@ -4,142 +4,37 @@ stops every process the demo started and frees every port."""
 from __future__ import annotations
 
 import os
-import queue
+import re
 import signal
 import socket
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from openai import OpenAI
 
-from router.config import load_config
 from router.server import READY_PREFIX
+from tests.support.demo import (
+    Demo,
+    alive,
+    bindable,
+    descendants,
+    ports_of,
+    running_demo,
+)
 
 pytestmark = pytest.mark.e2e
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_PREFIX = "Gateway configuration: "
 USAGE_END = "Ctrl-C stops the gateway and every simulator."
 START_TIMEOUT_S = 90.0
 
 
-class Demo:
-    """The demo process, its stdout as lines, and what it announced."""
-
-    def __init__(self, stderr: Path) -> None:
-        with stderr.open("w") as log:  # the process keeps its own copy
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "router.cli", "demo", "--free-ports"],
-                cwd=PROJECT_ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                start_new_session=True,
-            )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.output: list[str] = []
-        self.children: set[int] = set()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.popen.stdout is not None
-        with self.popen.stdout:  # closed once the demo has gone
-            for line in self.popen.stdout:
-                self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def read_until(self, last: str, timeout_s: float) -> list[str]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-            if line is None:
-                raise AssertionError("the demo exited early:\n" + "\n".join(self.output))
-            self.output.append(line)
-            if line == last:
-                return self.output
-
-    def announced(self, prefix: str) -> str:
-        return next(line[len(prefix) :] for line in self.output if line.startswith(prefix))
-
-
-def descendants(root: int) -> set[int]:
-    """Every live process below `root`, found through /proc (not through the demo's word)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry))
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        children = parents.get(todo.pop(), [])
-        found.update(children)
-        todo.extend(children)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def ports_of(config_file: str, base_url: str) -> set[int]:
-    config = load_config(config_file)
-    ports = {int(base_url.rsplit(":", 1)[1].split("/")[0])}
-    for model in config.models:
-        if model.latency is not None:
-            ports |= {p for n in model.latency.nodes for p in (n.ctrl_port, n.http_port)}
-            ports |= {int(u.rsplit(":", 1)[1]) for u in model.latency.prefill}
-        throughput: Any = model.throughput
-        for url in getattr(throughput, "decode", []):
-            ports.add(int(url.rsplit(":", 1)[1]))
-        for engine in getattr(throughput, "prefill", []):
-            if not isinstance(engine, str):
-                ports |= {int(engine.url.rsplit(":", 1)[1]), engine.side_channel_port}
-    return ports
-
-
-def bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Demo]:
-    running = Demo(tmp_path / "demo.err")
-    try:
-        running.read_until(USAGE_END, START_TIMEOUT_S)
-        running.children = descendants(running.popen.pid)
+    with running_demo(tmp_path / "demo.err", ready=USAGE_END, timeout_s=START_TIMEOUT_S) as running:
         yield running
-    finally:
-        # Only if the test failed half-way: leave nothing behind.
-        if running.popen.poll() is None:
-            os.killpg(running.popen.pid, signal.SIGKILL)
-            running.popen.wait()
-        for pid in running.children:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.timeout(180)
@@ -182,9 +77,7 @@ def test_demo_serves_both_paths_and_stops_everything_on_sigint(demo: Demo) -> No
 
     demo.popen.send_signal(signal.SIGINT)
     assert demo.popen.wait(timeout=60) == 0
-    assert "Stopping the gateway and the simulators." in demo.read_until(
-        "Stopping the gateway and the simulators.", 5
-    )
+    demo.read_until(re.escape("Stopping the gateway and the simulators."), 5)
     assert not [pid for pid in children if alive(pid)]
     assert [port for port in ports if not bindable(port)] == []
 

@@ -15,32 +15,14 @@ import pytest
 
 from router.demo.lifeline import remove_stale_dirs
 from router.server import READY_PREFIX
-from tests.cli.test_demo_e2e import (
-    CONFIG_PREFIX,
-    START_TIMEOUT_S,
-    USAGE_END,
-    Demo,
-    alive,
-    bindable,
-    descendants,
-    ports_of,
-)
+from tests.cli.test_demo_e2e import CONFIG_PREFIX, START_TIMEOUT_S, USAGE_END
+from tests.support.demo import Demo, alive, bindable, ports_of, running_demo
 
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Demo]:
-    running = Demo(tmp_path / "demo.err")
-    try:
-        running.read_until(USAGE_END, START_TIMEOUT_S)
-        running.children = descendants(running.popen.pid)
+    with running_demo(tmp_path / "demo.err", ready=USAGE_END, timeout_s=START_TIMEOUT_S) as running:
         yield running
-    finally:
-        if running.popen.poll() is None:
-            os.killpg(running.popen.pid, signal.SIGKILL)
-            running.popen.wait()
-        for pid in running.children:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:

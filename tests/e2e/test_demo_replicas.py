@@ -6,12 +6,8 @@ still succeed through the other; SIGINT then stops every process the demo starte
 from __future__ import annotations
 
 import os
-import queue
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +16,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from tests.support.demo import Demo, alive, descendants, running_demo
 from tests.support.deployment import directive
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 USAGE_END = "Ctrl-C stops the gateway replicas, Redis and every simulator."
 STOPPING = "Stopping the gateway replicas, Redis and the simulators."
 START_TIMEOUT_S = 120.0
@@ -30,88 +26,18 @@ LEASE_TTL_S = 3.0  # the demo's lease (router/demo/run.py DEMO_REDIS)
 MESSAGES = [{"role": "user", "content": "Say hello"}]
 
 
-class Demo:
-    def __init__(self, stderr: Path) -> None:
-        with stderr.open("w") as log:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "router.cli", "demo", "--replicas", "2", "--free-ports"],
-                cwd=PROJECT_ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                start_new_session=True,
-            )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.popen.stdout is not None
-        with self.popen.stdout:
-            for line in self.popen.stdout:
-                self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def read_until(self, pattern: str, timeout_s: float) -> str:
-        """The first line (from here on) matching `pattern`, a regular expression."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-            if line is None:
-                raise AssertionError("the demo exited early:\n" + "\n".join(self.output))
-            self.output.append(line)
-            if re.fullmatch(pattern, line):
-                return line
-
-    def replicas(self) -> dict[str, tuple[str, int]]:
-        """name -> (URL, pid), as the demo announced them."""
-        found = (re.fullmatch(r"  (replica \d+): (\S+)  pid (\d+)", line) for line in self.output)
-        return {m[1]: (m[2], int(m[3])) for m in found if m}
-
-
-def descendants(root: int) -> set[int]:
-    """Every live process below `root`, found through /proc."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+def announced_replicas(demo: Demo) -> dict[str, tuple[str, int]]:
+    """name -> (URL, pid), as the demo announced them."""
+    found = (re.fullmatch(r"  (replica \d+): (\S+)  pid (\d+)", line) for line in demo.output)
+    return {m[1]: (m[2], int(m[3])) for m in found if m}
 
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Demo]:
-    running = Demo(tmp_path / "demo.err")
-    children: set[int] = set()
-    try:
-        running.read_until(re.escape(USAGE_END), START_TIMEOUT_S)
-        children = descendants(running.popen.pid)
+    with running_demo(
+        tmp_path / "demo.err", "--replicas", "2", ready=USAGE_END, timeout_s=START_TIMEOUT_S
+    ) as running:
         yield running
-    finally:
-        if running.popen.poll() is None:  # only if the test failed half-way
-            os.killpg(running.popen.pid, signal.SIGKILL)
-            running.popen.wait()
-        for pid in children:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 def ask(client: OpenAI, **extra: object) -> tuple[str, str]:
@@ -129,7 +55,7 @@ def ask(client: OpenAI, **extra: object) -> tuple[str, str]:
 def test_killing_a_replica_breaks_nothing_behind_the_demo_address(demo: Demo) -> None:
     base_url = next(line for line in demo.output if line.startswith("Base URL: "))[10:]
     children = descendants(demo.popen.pid)
-    replicas = demo.replicas()
+    replicas = announced_replicas(demo)
     assert sorted(replicas) == ["replica 1", "replica 2"]
     assert {pid for _, pid in replicas.values()} <= children
     assert len(children) == 7 + 1 + 2  # the simulators, Redis, the replicas

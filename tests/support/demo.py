@@ -1,0 +1,138 @@
+"""`pd-gateway demo` as a real process for the tests: start it, read what it prints, find
+every process it started (through /proc, not through its word), and leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from router.config import load_config
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Demo:
+    """The demo process (`pd-gateway demo --free-ports` plus `args`), its stdout as lines,
+    and what it announced."""
+
+    def __init__(self, stderr: Path, *args: str) -> None:
+        with stderr.open("w") as log:  # the process keeps its own copy
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "router.cli", "demo", *args, "--free-ports"],
+                cwd=PROJECT_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,
+            )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        self.children: set[int] = set()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.popen.stdout is not None
+        with self.popen.stdout:  # closed once the demo has gone
+            for line in self.popen.stdout:
+                self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def read_until(self, pattern: str, timeout_s: float) -> str:
+        """The first line from here on that matches `pattern` (a regular expression)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            if line is None:
+                raise AssertionError("the demo exited early:\n" + "\n".join(self.output))
+            self.output.append(line)
+            if re.fullmatch(pattern, line):
+                return line
+
+    def announced(self, prefix: str) -> str:
+        return next(line[len(prefix) :] for line in self.output if line.startswith(prefix))
+
+
+@contextmanager
+def running_demo(stderr: Path, *args: str, ready: str, timeout_s: float) -> Iterator[Demo]:
+    """A demo started and read up to the line `ready` (plain text); whatever happens in the
+    block, it and every process it started are gone afterwards."""
+    demo = Demo(stderr, *args)
+    try:
+        demo.read_until(re.escape(ready), timeout_s)
+        demo.children = descendants(demo.popen.pid)
+        yield demo
+    finally:
+        if demo.popen.poll() is None:  # only if the test failed half-way
+            os.killpg(demo.popen.pid, signal.SIGKILL)
+            demo.popen.wait()
+        for pid in demo.children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process below `root`, found through /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found.update(children)
+        todo.extend(children)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def ports_of(config_file: str, base_url: str) -> set[int]:
+    """Every port the demo's gateway and simulators were configured to listen on."""
+    config = load_config(config_file)
+    ports = {int(base_url.rsplit(":", 1)[1].split("/")[0])}
+    for model in config.models:
+        if model.latency is not None:
+            ports |= {p for n in model.latency.nodes for p in (n.ctrl_port, n.http_port)}
+            ports |= {int(u.rsplit(":", 1)[1]) for u in model.latency.prefill}
+        throughput: Any = model.throughput
+        for url in getattr(throughput, "decode", []):
+            ports.add(int(url.rsplit(":", 1)[1]))
+        for engine in getattr(throughput, "prefill", []):
+            if not isinstance(engine, str):
+                ports |= {int(engine.url.rsplit(":", 1)[1]), engine.side_channel_port}
+    return ports
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
