@@ -135,6 +135,9 @@ def grammar_spec(response_format: Any) -> dict[str, Any] | None:
     if kind == "json_object":
         return {"type": "json_object", "value": None}
     if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
+        # The client's value as sent: a malformed one is the node's to refuse (400
+        # invalid_grammar), never an error here.
+        json_schema = response_format.get("json_schema")
+        schema = json_schema.get("schema") if isinstance(json_schema, dict) else None
         return {"type": "json_schema", "value": schema}
     return None

@@ -86,6 +86,12 @@ def test_completions_logprobs_count_is_the_top_candidates() -> None:
             {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
             {"type": "json_schema", "value": {"type": "object"}},
         ),
+        # malformed: passed on for the node to refuse, never a gateway error
+        (
+            {"type": "json_schema", "json_schema": "not an object"},
+            {"type": "json_schema", "value": None},
+        ),
+        ({"type": "json_schema"}, {"type": "json_schema", "value": None}),
     ],
 )
 def test_response_format_becomes_the_nodes_grammar(
