@@ -103,9 +103,10 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) 
         time.sleep(0.02)  # polling another process's state, bounded above
 
 
-def reported_features(gateway: GatewayProcess, node_index: int = 0) -> set[str]:
+def reported(gateway: GatewayProcess, feature: str) -> list[bool]:
+    """Whether each node of the pool last reported `feature` (the guard needs all)."""
     facts = gateway.pool()["models"][MODEL]["node_facts"]
-    return set(list(facts.values())[node_index]["features"])
+    return [feature in node["features"] for node in facts.values()]
 
 
 # Logprobs -----------------------------------------------------------------------------
@@ -211,10 +212,10 @@ def test_the_guard_follows_the_nodes_reported_capabilities(
         assert ask() == ("throughput", "logprobs")
         return
     features(logprobs=False)
-    wait_for(lambda: "logprobs" not in reported_features(gateway), "the prober's refresh")
+    wait_for(lambda: not any(reported(gateway, "logprobs")), "the prober's refresh")
     assert ask() == ("throughput", "logprobs")
     features(logprobs=True)
-    wait_for(lambda: "logprobs" in reported_features(gateway), "the prober's refresh")
+    wait_for(lambda: all(reported(gateway, "logprobs")), "the prober's refresh")
     assert ask() == ("latency", None)
 
 
