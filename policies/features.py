@@ -25,6 +25,16 @@ GUIDED_FIELDS: tuple[str, ...] = (
 )
 """Body fields (vLLM extensions) that constrain decoding to a grammar."""
 
+SERVER_STATE_FIELDS: tuple[str, ...] = (
+    "previous_response_id",
+    "conversation",
+    "background",
+    "store",
+    "hosted_tools",
+)
+"""Responses API fields that need what only vLLM's own server has: a stored response or
+conversation, background runs, storing the answer, hosted (non-function) tools."""
+
 
 @dataclass(slots=True)
 class DecodingOptions:
@@ -62,6 +72,8 @@ class DecodingOptions:
     skip_special_tokens: Any = None
     prompts: int = 1
     """Number of prompts (completions accepts a list; each gets its own choice)."""
+    server_state: tuple[str, ...] = ()
+    """Names of the Responses fields set that need vLLM's server (see `SERVER_STATE_FIELDS`)."""
 
 
 @dataclass(slots=True)
@@ -104,7 +116,7 @@ def features_from_request(
 
     Costs one pass over the prompt text for its byte length; never tokenizes.
     """
-    if endpoint == "chat":
+    if endpoint != "completions":
         size = measure_chat(body.get("messages"), body.get("tools"))
         budget = _first_int(body.get("max_completion_tokens"), body.get("max_tokens"))
     else:
@@ -121,13 +133,13 @@ def features_from_request(
         metadata=metadata if isinstance(metadata, Mapping) else {},
         stream=body.get("stream") is True,
         max_tokens=budget,
-        has_tools=endpoint == "chat" and bool(body.get("tools")),
+        has_tools=endpoint != "completions" and bool(body.get("tools")),
         prompt_bytes=size.text_bytes,
         prompt_optional_bytes=size.optional_bytes,
         prompt_items=size.items,
         prompt_opaque=size.opaque,
         prompt_tokens=size.token_ids,
-        options=_decoding_options(body, size),
+        options=_decoding_options(body, size, endpoint),
     )
 
 
@@ -138,8 +150,13 @@ def _first_int(*values: Any) -> int | None:
     return None
 
 
-def _decoding_options(body: Mapping[str, Any], size: PromptSize) -> DecodingOptions:
+def _decoding_options(
+    body: Mapping[str, Any], size: PromptSize, endpoint: Endpoint
+) -> DecodingOptions:
     get = body.get
+    server_state: tuple[str, ...] = ()
+    if endpoint == "responses":
+        server_state = tuple(n for n in SERVER_STATE_FIELDS if get(n) not in (None, False, []))
     return DecodingOptions(
         n=get("n"),
         best_of=get("best_of"),
@@ -166,4 +183,5 @@ def _decoding_options(body: Mapping[str, Any], size: PromptSize) -> DecodingOpti
         logprob_token_ids=get("logprob_token_ids"),
         skip_special_tokens=get("skip_special_tokens"),
         prompts=size.prompts,
+        server_state=server_state,
     )

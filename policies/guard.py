@@ -57,6 +57,13 @@ class RerouteReason(StrEnum):
     EBNF = "ebnf"
     PROMPT = "prompt"
     """A completions call with several prompts (one choice each)."""
+    PREVIOUS_RESPONSE_ID = "previous_response_id"
+    CONVERSATION = "conversation"
+    BACKGROUND = "background"
+    STORE = "store"
+    HOSTED_TOOLS = "hosted_tools"
+    """A Responses request with tools or input items other than functions (web search, MCP,
+    ...): only vLLM's own server runs them."""
     CONTEXT_LENGTH = "context_length"
     """Prompt tokens plus `max_tokens` exceed the TileRT pool's `max_seq_len`."""
 
@@ -85,14 +92,15 @@ GREEDY_TEMPERATURE = 1e-5
 def _output_logprobs(options: DecodingOptions, endpoint: Endpoint) -> bool:
     # Chat takes `logprobs: true`; completions takes `logprobs: <int>`, where 0 still asks
     # for the sampled token's logprob.
-    if endpoint == "chat":
+    if endpoint != "completions":
         return not _neutral(options.logprobs, False)
     return options.logprobs is not None
 
 
 def _logprobs_within_node_limits(options: DecodingOptions, endpoint: Endpoint) -> bool:
-    count = options.top_logprobs if endpoint == "chat" else options.logprobs
-    if endpoint == "chat" and not _neutral(options.logprobs, False, True):
+    chat = endpoint != "completions"
+    count = options.top_logprobs if chat else options.logprobs
+    if chat and not _neutral(options.logprobs, False, True):
         return False
     return count is None or (type(count) is int and 0 <= count <= LATENCY_TOP_LOGPROBS_MAX)
 
@@ -201,6 +209,8 @@ def unsupported_option(
     """The first request field the latency path cannot honour, if any. `latency_features`:
     what every node of the pool reports it supports (see `ModelCapabilities`)."""
     options, endpoint = features.options, features.endpoint
+    if options.server_state:
+        return RerouteReason(options.server_state[0])
     if options.guided:
         return RerouteReason(options.guided[0])
     for reason, asks_for, feature, honoured in _CHECKS:

@@ -65,7 +65,9 @@ def parse_endpoints(value: Any) -> frozenset[Endpoint]:
     """`endpoint`: one endpoint or a non-empty list of them."""
     items = value if isinstance(value, list) else [value]
     if not items or not all(item in ENDPOINTS for item in items):
-        raise ValueError("expected 'chat' or 'completions', or a non-empty list of them")
+        raise ValueError(
+            "expected 'chat', 'completions' or 'responses', or a non-empty list of them"
+        )
     return frozenset(items)
 
 

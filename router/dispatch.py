@@ -15,7 +15,8 @@ from router.access import AccessRecord
 from router.endpoints import EndpointSpec
 from router.errors import ClientGone, GatewayError, InvalidRequest, ModelNotFound
 from router.openai.limits import check_limits, check_token_ids, strip_transfer_params
-from router.openai.requests import parse_body, validate
+from router.openai.requests import ChatRequest, ResponsesRequest, parse_body, validate
+from router.openai.responses_input import chat_body
 from router.serving import PathResponse, RoutedRequest, new_request_id
 from router.state import AppState
 
@@ -34,6 +35,10 @@ class Dispatcher:
         check_limits(body, current.config.limits)
         strip_transfer_params(body)
         parsed = validate(endpoint.request, body)
+        client_body = None
+        if isinstance(parsed, ResponsesRequest):
+            client_body, body = body, chat_body(parsed, body)
+            parsed = validate(ChatRequest, body)
         model = current.models.get(parsed.model)
         if model is None:
             shown = parsed.model if len(parsed.model) <= 100 else parsed.model[:100] + "…"
@@ -54,7 +59,14 @@ class Dispatcher:
             raise error
         access.upstream_request_id = new_request_id()
         routed = RoutedRequest(
-            endpoint, parsed, body, decision, access.upstream_request_id, headers, access
+            endpoint,
+            parsed,
+            body,
+            decision,
+            access.upstream_request_id,
+            headers,
+            access,
+            client_body,
         )
         return PathResponse(path, routed, state.live)
 

@@ -1,8 +1,9 @@
 """The endpoint table: every generation endpoint the gateway serves, in one place.
 
-Each entry says what clients call it by (the URL path), how its request is validated, how
-the latency path renders its answer, and whether the model's output parser (reasoning and
-tool calls) applies. Routes, metrics, upstream calls and the paths all read it from here.
+Each entry says what clients call it by (the URL path), how its request is validated, which
+vLLM request shape the latency path speaks for it, how the latency path renders its answer,
+and whether the model's output parser (reasoning and tool calls) applies. Routes, metrics,
+upstream calls and the paths all read it from here.
 """
 
 from __future__ import annotations
@@ -10,26 +11,48 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Literal
 
 from policies.types import Endpoint
 from router.openai.render import ChatRenderer, CompletionRenderer
-from router.openai.requests import ChatRequest, CompletionRequest
+from router.openai.requests import ChatRequest, CompletionRequest, ResponsesRequest
+from router.openai.responses_render import ResponsesRenderer
+
+Wire = Literal["chat", "completions"]
+WIRE_PATHS: Mapping[Wire, str] = MappingProxyType(
+    {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+)
 
 
 @dataclass(frozen=True, slots=True)
 class EndpointSpec:
     name: Endpoint
     path: str
-    request: type[ChatRequest] | type[CompletionRequest]
-    renderer: type[ChatRenderer] | type[CompletionRenderer]
+    """At the gateway, and at vLLM for the native path (the client's body unchanged)."""
+    request: type[ChatRequest] | type[CompletionRequest] | type[ResponsesRequest]
+    renderer: type[ChatRenderer] | type[CompletionRenderer] | type[ResponsesRenderer]
     parses_output: bool
     """Messages out: the model's reasoning and tool-call parser applies."""
+    wire: Wire
+    """The vLLM request shape the latency path (and classification) works on."""
+    disaggregates: bool = True
+    """vLLM takes `kv_transfer_params` on this endpoint, so the native path may split it into
+    prefill and decode legs; otherwise a decode instance serves it whole."""
+
+    @property
+    def wire_path(self) -> str:
+        return WIRE_PATHS[self.wire]
 
 
 ENDPOINTS: Mapping[Endpoint, EndpointSpec] = MappingProxyType(
     {
         "chat": EndpointSpec(
-            "chat", "/v1/chat/completions", ChatRequest, ChatRenderer, parses_output=True
+            "chat",
+            "/v1/chat/completions",
+            ChatRequest,
+            ChatRenderer,
+            parses_output=True,
+            wire="chat",
         ),
         "completions": EndpointSpec(
             "completions",
@@ -37,6 +60,16 @@ ENDPOINTS: Mapping[Endpoint, EndpointSpec] = MappingProxyType(
             CompletionRequest,
             CompletionRenderer,
             parses_output=False,
+            wire="completions",
+        ),
+        "responses": EndpointSpec(
+            "responses",
+            "/v1/responses",
+            ResponsesRequest,
+            ResponsesRenderer,
+            parses_output=True,
+            wire="chat",
+            disaggregates=False,
         ),
     }
 )

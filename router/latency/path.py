@@ -18,7 +18,6 @@ from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.relay import DecodeRelay, RelayEnd
 from router.latency.sampling import SamplingDefaults, decode_options
 from router.openai.render import Renderer, Usage
-from router.openai.sse import DONE_EVENT, error_event
 from router.serving import Answer, RoutedRequest, json_answer
 from router.tokenizer import LoadedTokenizer
 from router.upstream.vllm import Prefilled
@@ -111,7 +110,10 @@ class LatencyPath:
             top_logprobs=options.top_logprobs,
         )
         renderer = request.endpoint.renderer(
-            response_id=prefilled.response_id, created=prefilled.created, model=self._model
+            response_id=prefilled.response_id,
+            created=prefilled.created,
+            model=self._model,
+            client_body=request.client_body,
         )
         if request.parsed.stream:
             parsed = request.parsed
@@ -185,11 +187,12 @@ class LatencyPath:
                     yield chunk
         except GatewayError as exc:
             self._deps.metrics.upstream_error(self._model, str(exc.code))
-            yield error_event(exc)
+            yield renderer.error(exc)
         except Exception:  # a bug: the client still gets an error event and a clean end
             log.exception("relaying a latency stream failed")
-            yield error_event(GatewayError("internal error in the gateway"))
-        yield DONE_EVENT
+            yield renderer.error(GatewayError("internal error in the gateway"))
+        if end := renderer.end():
+            yield end
 
     def close_all(self) -> None:
         """Shutdown: finish the protocol of every session still holding a slot (their

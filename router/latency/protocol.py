@@ -93,15 +93,19 @@ class NodeSession:
         body = vllm.prefill_body(
             request.body,
             vllm.tilert_params(node),
-            first_token_of=request.endpoint.name,
+            first_token_of=request.endpoint.wire,
             top_logprobs=options.top_logprobs or 1,
             sampling=options.sampling.for_prefill(),
         )
         data = await vllm.prefill(
-            deps.upstreams, self._prefill_url, request.endpoint.path, body, request_id=self._rid
+            deps.upstreams,
+            self._prefill_url,
+            request.endpoint.wire_path,
+            body,
+            request_id=self._rid,
         )
         # Parsed only after the 200: an unusable answer still claimed the transfer.
-        prefilled = self._prefilled = vllm.parse_prefilled(data, request.endpoint.name)
+        prefilled = self._prefilled = vllm.parse_prefilled(data, request.endpoint.wire)
         if self._abandoned:
             return prefilled
         body = tilert.decode_body(

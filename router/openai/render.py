@@ -6,9 +6,12 @@ branches on the endpoint.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from router.errors import GatewayError
+from router.openai.sse import DONE_EVENT, error_event
 from router.openai.sse import event as sse
 from router.parsers import ParsedDelta, ParsedMessage
 
@@ -64,6 +67,14 @@ class Renderer(Protocol):
         logprobs: Logprobs = None,
     ) -> bytes: ...
     def usage(self, usage: Usage) -> bytes: ...
+    def error(self, error: GatewayError) -> bytes:
+        """A failure after the first event."""
+        ...
+
+    def end(self) -> bytes:
+        """What ends the stream, however it ended."""
+        ...
+
     def response(
         self,
         message: ParsedMessage,
@@ -85,7 +96,14 @@ _VLLM_RESPONSE_FIELDS: dict[str, Any] = {
 class _Base:
     object_chunk = ""
 
-    def __init__(self, *, response_id: str, created: int, model: str) -> None:
+    def __init__(
+        self,
+        *,
+        response_id: str,
+        created: int,
+        model: str,
+        client_body: Mapping[str, Any] | None = None,
+    ) -> None:
         self._head = {
             "id": response_id,
             "object": self.object_chunk,
@@ -95,6 +113,12 @@ class _Base:
 
     def usage(self, usage: Usage) -> bytes:
         return sse({**self._head, "choices": [], "usage": usage.as_dict()})
+
+    def error(self, error: GatewayError) -> bytes:
+        return error_event(error)
+
+    def end(self) -> bytes:
+        return DONE_EVENT
 
     def _event(self, choice: dict[str, Any], usage: Usage | None) -> bytes:
         if usage is None:
@@ -190,7 +214,14 @@ class ChatRenderer(_Base):
 class CompletionRenderer(_Base):
     object_chunk = "text_completion"
 
-    def __init__(self, *, response_id: str, created: int, model: str) -> None:
+    def __init__(
+        self,
+        *,
+        response_id: str,
+        created: int,
+        model: str,
+        client_body: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__(response_id=response_id, created=created, model=model)
         self._offset = 0  # where the next token's text starts in the whole output
 
@@ -300,8 +331,3 @@ def _tool_call_delta(call: Any) -> dict[str, Any]:
         function["arguments"] = call.arguments
     out["function"] = function
     return out
-
-
-def make_renderer(chat: bool, *, response_id: str, created: int, model: str) -> Renderer:
-    cls = ChatRenderer if chat else CompletionRenderer
-    return cls(response_id=response_id, created=created, model=model)

@@ -1,4 +1,4 @@
-"""Validation of OpenAI chat and completion requests, before anything goes upstream.
+"""Validation of OpenAI chat, completion and Responses requests, before anything goes upstream.
 
 Only the fields the gateway must understand are modelled; every other field (vLLM
 extensions such as `chat_template_kwargs` or `top_k`, future OpenAI fields) passes through
@@ -7,7 +7,7 @@ to the backend untouched. Types are strict: `"5"` is not a number.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
 from pydantic import (
@@ -163,6 +163,35 @@ class CompletionRequest(_Generation):
         return self.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
 
 
+class ResponsesRequest(_Open):
+    """`POST /v1/responses`. The input items, tools and formats are checked item by item
+    when the request is translated to chat (`router.openai.responses_input`)."""
+
+    model: Annotated[str, Field(min_length=1)]
+    input: str | list[Any]
+    instructions: str | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: TokenBudget | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    include: list[str] | None = None
+    stream: bool = False
+    store: bool | None = None
+    background: bool | None = None
+    previous_response_id: str | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+
+Request = ChatRequest | CompletionRequest | ResponsesRequest
+R = TypeVar("R", bound=BaseModel)
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
@@ -173,9 +202,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def validate(
-    model: type[ChatRequest] | type[CompletionRequest], body: dict[str, Any]
-) -> ChatRequest | CompletionRequest:
+def validate(model: type[R], body: dict[str, Any]) -> R:
     """`body` as the endpoint's request `model`; InvalidRequest names the bad field."""
     try:
         return model.model_validate(body)

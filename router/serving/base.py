@@ -24,7 +24,9 @@ class RoutedRequest:
     endpoint: EndpointSpec
     parsed: ChatRequest | CompletionRequest
     body: dict[str, Any]
-    """The client's JSON body, with any client `kv_transfer_params` removed."""
+    """What the gateway works on: the client's JSON body with any client
+    `kv_transfer_params` removed or, for a Responses request, the chat request it translates
+    to (`router.openai.responses_input`)."""
     decision: Decision
     request_id: str
     """Carried by every upstream call as X-Request-Id."""
@@ -32,10 +34,17 @@ class RoutedRequest:
     """Added to the answer, error answers included; a path may change them (a spill)."""
     access: AccessRecord = field(default_factory=lambda: AccessRecord("-"))
     """The request's access line, for the paths to fill in."""
+    client_body: dict[str, Any] | None = None
+    """The client's body, when `body` is a translation of it."""
 
     @property
     def model(self) -> str:
         return self.parsed.model
+
+    @property
+    def native_body(self) -> dict[str, Any]:
+        """What vLLM's own endpoint (`endpoint.path`) is sent: the client's body."""
+        return self.body if self.client_body is None else self.client_body
 
 
 @dataclass(slots=True)

@@ -48,6 +48,14 @@ async def send_decode(
     return reply
 
 
+async def whole_on_decode(
+    upstreams: Upstreams, stack: AsyncExitStack, url: str, request: RoutedRequest
+) -> Answer:
+    """An endpoint vLLM does not split into legs (`EndpointSpec.disaggregates`): the decode
+    instance at `url` serves the client's body whole, prefill included."""
+    return relay(await send_decode(upstreams, stack, url, request, request.native_body))
+
+
 def decode_answer(reply: Reply, prefill: NixlPrefilled) -> Answer:
     """The decode leg's answer as the client sees it: unchanged but for `cached_tokens`."""
     rewriter = CachedTokensRewriter(prefill.cached_tokens)

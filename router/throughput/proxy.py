@@ -32,7 +32,7 @@ class ProxyPath:
             "POST",
             url,
             request.endpoint.path,
-            body=request.body,
+            body=request.native_body,
             read_s=read_s,
             request_id=request.request_id,
             stack=stack,

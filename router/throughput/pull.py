@@ -11,7 +11,7 @@ from contextlib import AsyncExitStack
 from router.balance import LeastOutstanding
 from router.config import PullConfig
 from router.serving import Answer, RoutedRequest
-from router.throughput.legs import decode_answer, run_prefill, send_decode
+from router.throughput.legs import decode_answer, run_prefill, send_decode, whole_on_decode
 from router.upstream import Upstreams
 from router.upstream.vllm import pull_decode_body
 
@@ -25,6 +25,9 @@ class PullPath:
         self._decode = LeastOutstanding(config.decode)
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        if not request.endpoint.disaggregates:
+            url = stack.enter_context(self._decode.hold(self._decode.pick()))
+            return await whole_on_decode(self._upstreams, stack, url, request)
         with self._prefill.hold(self._prefill.pick()) as prefill_url:
             prefill = await run_prefill(self._upstreams, prefill_url, request)
         decode_url = stack.enter_context(self._decode.hold(self._decode.pick()))

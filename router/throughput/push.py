@@ -17,7 +17,7 @@ import anyio
 from router.balance import LeastOutstanding
 from router.config import PushConfig
 from router.serving import Answer, RoutedRequest
-from router.throughput.legs import decode_answer, run_prefill, send_decode
+from router.throughput.legs import decode_answer, run_prefill, send_decode, whole_on_decode
 from router.upstream import Reply, Upstreams
 from router.upstream.vllm import NixlPrefilled, push_decode_body
 
@@ -33,6 +33,8 @@ class PushPath:
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         decode_url = stack.enter_context(self._decode.hold(self._decode.pick()))
+        if not request.endpoint.disaggregates:
+            return await whole_on_decode(self._upstreams, stack, decode_url, request)
         # The prefill engine is held only while its leg runs; the callback covers a leg
         # cancelled before it started.
         prefill_hold = ExitStack()

@@ -26,6 +26,10 @@ def build_app(server: VllmServer) -> Starlette:
         headers = {k.lower(): v for k, v in request.headers.items()}
         return await server.handle("completions", request.url.path, await request.body(), headers)
 
+    async def responses(request: Request) -> Any:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        return await server.handle("responses", request.url.path, await request.body(), headers)
+
     async def models(request: Request) -> Response:
         created = int(time.time())
         data = [
@@ -70,6 +74,7 @@ def build_app(server: VllmServer) -> Starlette:
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/sim/requests", sim_requests, methods=["GET"]),

@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from starlette.background import BackgroundTask
@@ -22,13 +22,14 @@ from sim.faults import FaultBoard
 from sim.ids import Endpoint
 from sim.script import Plan, plan_chat, plan_completion
 from sim.tokenizers import Vocab
-from sim.vllm import nixl, tilert_connector
+from sim.vllm import nixl, responses, tilert_connector
 from sim.vllm.config import FAULTS, ServerConfig
 from sim.vllm.engine import Step, generate
 from sim.vllm.errors import ApiError
 from sim.vllm.formats import Formatter, usage
 from sim.vllm.parsers import NativeParser
 from sim.vllm.records import RequestRecord, ServerRecords, TransferRecord
+from sim.vllm.responses import ResponsesFormatter
 from sim.vllm.schema import ChatRequest, CompletionRequest, parse_request
 
 
@@ -76,7 +77,11 @@ class VllmServer:
         )
 
     async def handle(
-        self, endpoint: Endpoint, path: str, raw: bytes, headers: dict[str, str]
+        self,
+        endpoint: Endpoint | Literal["responses"],
+        path: str,
+        raw: bytes,
+        headers: dict[str, str],
     ) -> Any:
         """Answer one request to ``/v1/chat/completions`` or ``/v1/completions``."""
         try:
@@ -92,7 +97,11 @@ class VllmServer:
             return JSONResponse(exc.body(), status_code=exc.status)
 
     async def _handle(
-        self, endpoint: Endpoint, body: Any, headers: dict[str, str], record: RequestRecord
+        self,
+        endpoint: Endpoint | Literal["responses"],
+        body: Any,
+        headers: dict[str, str],
+        record: RequestRecord,
     ) -> Any:
         status = self.faults.take("http_status")
         if status:
@@ -101,6 +110,9 @@ class VllmServer:
             await asyncio.Event().wait()  # never answers
         if not isinstance(body, dict):
             raise ApiError(400, "request body is not valid JSON")
+        responses_body = None
+        if endpoint == "responses":
+            responses_body, body, endpoint = body, responses.chat_request(body), "chat"
         request = parse_request(endpoint, body)
         if request.model is not None and request.model not in self.config.served_model_names:
             raise ApiError(404, f"The model `{request.model}` does not exist.", "model")
@@ -147,6 +159,10 @@ class VllmServer:
             parser=self._parser(request),
         )
         usage_body = usage(source.prompt_len, len(steps), source.cached_tokens)
+        if responses_body is not None:
+            return self._responses(
+                ResponsesFormatter(formatter, responses_body), steps, usage_body, request, record
+            )
         if request.stream:
             return self._stream(formatter, steps, usage_body, request, record, after_response)
         await asyncio.sleep(max(len(steps) - 1, 0) * self.config.itl_ms / 1000)
@@ -155,6 +171,27 @@ class VllmServer:
             formatter.response(steps, usage_body, kv_out),
             background=BackgroundTask(after_response) if after_response else None,
         )
+
+    def _responses(
+        self,
+        view: ResponsesFormatter,
+        steps: list[Step],
+        usage_body: dict[str, Any],
+        request: ChatRequest | CompletionRequest,
+        record: RequestRecord,
+    ) -> Response:
+        """The answer to ``/v1/responses``."""
+        itl_s = self.config.itl_ms / 1000
+        if not request.stream:
+            record.status, record.finished = 200, time.time()
+            return JSONResponse(view.response(steps, usage_body))
+
+        async def events() -> AsyncIterator[bytes]:
+            async for event in view.events(steps, usage_body, lambda: asyncio.sleep(itl_s)):
+                yield event
+            record.status, record.finished = 200, time.time()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     def _parser(self, request: ChatRequest | CompletionRequest) -> NativeParser | None:
         """A parser for a chat answer when the server runs reasoning or tool-call parsers."""

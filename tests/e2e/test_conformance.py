@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from router.demo.plan import parser_flags
@@ -305,3 +306,167 @@ def test_completion_streams_carry_the_same(
         [c["finish_reason"] for e in s for c in e["choices"] if c["finish_reason"]] for s in streams
     ]
     assert finishes[0] == finishes[1]
+
+
+# The Responses API: translated to chat on the latency path, vLLM's own on the native path.
+
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+TOOL_CALL_TEXT = CASES["reasoning and a tool call"]["messages"][0]["content"]
+RESPONSES: dict[str, dict[str, Any]] = {
+    "plain": {"input": directive(TEXT)},
+    "instructions and message items": {
+        "instructions": "Answer briefly.",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": directive(TEXT)}]},
+        ],
+    },
+    "length cut": {"input": directive("速度速度速度速度速度速度"), "max_output_tokens": 5},
+    "reasoning and a tool call": {
+        "input": TOOL_CALL_TEXT,
+        "tools": [WEATHER_TOOL],
+        "chat_template_kwargs": {"thinking": True},
+    },
+    "a function's output": {
+        "input": [
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {
+                "type": "function_call",
+                "call_id": "call_1",
+                "name": "get_weather",
+                "arguments": '{"city": "Paris"}',
+            },
+            {"type": "function_call_output", "call_id": "call_1", "output": directive(TEXT)},
+        ],
+        "tools": [WEATHER_TOOL],
+    },
+}
+RESPONSES_MASKED = MASKED | {"created_at", "call_id", "item_id"}
+
+
+def responses_body(name: str, *, stream: bool) -> dict[str, Any]:
+    return {"model": MODEL, "max_output_tokens": 256, **RESPONSES[name], "stream": stream}
+
+
+def masked_response(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: type(v).__name__ if k in RESPONSES_MASKED else masked_response(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [masked_response(v) for v in value]
+    return value
+
+
+def response_events(
+    http: httpx.Client, gateway: GatewayProcess, body: dict[str, Any], native: bool
+) -> list[dict[str, Any]]:
+    """The stream's events (each `event:` line checked against its data's type)."""
+    events = []
+    headers = NATIVE if native else {}
+    url = gateway.base_url + "/responses"
+    with http.stream("POST", url, json=body, headers=headers) as response:
+        assert response.status_code == 200
+        assert response.headers["x-pd-route"] == ("throughput" if native else "latency")
+        kind = None
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                kind = line[len("event: ") :]
+            elif line.startswith("data: "):
+                event = json.loads(line[len("data: ") :])
+                assert event["type"] == kind
+                events.append(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    return events
+
+
+def event_kinds(events: list[dict[str, Any]]) -> list[str]:
+    """The event types in order, runs of deltas merged (tokens are batched differently)."""
+    out: list[str] = []
+    for event in events:
+        kind = event["type"]
+        if not (kind.endswith(".delta") and out and out[-1] == kind):
+            out.append(kind)
+    return out
+
+
+@pytest.mark.parametrize("name", list(RESPONSES))
+def test_responses_are_the_same(http: httpx.Client, gateway: GatewayProcess, name: str) -> None:
+    body = responses_body(name, stream=False)
+    latency = answer(http, gateway, "/responses", body, native=False)
+    native = answer(http, gateway, "/responses", body, native=True)
+    assert latency["object"] == "response" and latency["output"]
+    assert differences(masked_response(latency), masked_response(native)) == []
+
+
+@pytest.mark.parametrize("name", list(RESPONSES))
+def test_response_streams_carry_the_same(
+    http: httpx.Client, gateway: GatewayProcess, name: str
+) -> None:
+    body = responses_body(name, stream=True)
+    latency, native = (response_events(http, gateway, body, n) for n in (False, True))
+    assert event_kinds(latency) == event_kinds(native)
+    finals = [masked_response(events[-1]["response"]) for events in (latency, native)]
+    assert differences(finals[0], finals[1]) == []
+    # The final response is what the deltas built.
+    text = "".join(e["delta"] for e in latency if e["type"] == "response.output_text.delta")
+    final_text = "".join(
+        part["text"]
+        for item in latency[-1]["response"]["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+    )
+    assert text == final_text
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["latency", "native"])
+def test_sdk_responses_create(client: openai.OpenAI, native: bool) -> None:
+    headers = NATIVE if native else {}
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input=directive(TEXT), extra_headers=headers
+    )
+    assert raw.headers["x-pd-route"] == ("throughput" if native else "latency")
+    response = raw.parse()
+    assert response.status == "completed"
+    assert response.output_text == TEXT
+    assert response.usage is not None and response.usage.output_tokens > 0
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["latency", "native"])
+def test_sdk_responses_stream_with_a_function_tool(client: openai.OpenAI, native: bool) -> None:
+    headers = NATIVE if native else {}
+    with client.responses.stream(
+        model=MODEL,
+        input=TOOL_CALL_TEXT,
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        extra_body={"chat_template_kwargs": {"thinking": True}},
+        extra_headers=headers,
+    ) as stream:
+        arguments = "".join(
+            event.delta
+            for event in stream
+            if event.type == "response.function_call_arguments.delta"
+        )
+        final = stream.get_final_response()
+    calls = [item for item in final.output if item.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert arguments == calls[0].arguments
+    reasoning = [item for item in final.output if item.type == "reasoning"]
+    assert [part.text for part in reasoning[0].content or []] == ["Look it up."]
+
+
+def test_stateful_responses_go_to_the_native_path(
+    http: httpx.Client, gateway: GatewayProcess
+) -> None:
+    for extra in ({"previous_response_id": "resp_1"}, {"store": True}, {"background": True}):
+        body = {"model": MODEL, "input": directive(TEXT), **extra}
+        response = http.post(gateway.base_url + "/responses", json=body)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-pd-route"] == "throughput"
+        assert response.headers["x-pd-reroute-reason"] == next(iter(extra))

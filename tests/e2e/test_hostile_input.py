@@ -180,6 +180,23 @@ MESSAGES = st.lists(
     ),
     max_size=3,
 )
+ITEMS = st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["message", "function_call", "function_call_output"]) | JSON,
+            "role": st.sampled_from(["user", "assistant", "developer", "bogus"]) | JSON,
+            "content": st.text(max_size=30)
+            | st.lists(st.fixed_dictionaries({"type": st.just("input_text"), "text": JSON}))
+            | JSON,
+            "call_id": JSON,
+            "name": JSON,
+            "arguments": JSON,
+            "output": JSON,
+        },
+    ),
+    max_size=3,
+)
 FIELDS = {
     "messages": MESSAGES | JSON,
     "prompt": st.text(max_size=30) | st.lists(st.integers(-5, 200_000), max_size=4) | JSON,
@@ -203,6 +220,15 @@ FIELDS = {
     "vllm_xargs": JSON,
     "seed": st.integers(-(2**70), 2**70) | JSON,
     "logit_bias": JSON,
+    # the Responses API's own
+    "input": st.text(max_size=30) | ITEMS | JSON,
+    "instructions": st.text(max_size=10) | JSON,
+    "max_output_tokens": st.integers(-3, 10) | JSON,
+    "text": st.fixed_dictionaries({"format": JSON}) | JSON,
+    "reasoning": JSON,
+    "include": st.lists(st.sampled_from(["message.output_text.logprobs", "x"])) | JSON,
+    "store": st.booleans() | JSON,
+    "previous_response_id": JSON,
 }
 BODIES = st.fixed_dictionaries(
     {"model": st.sampled_from([MODEL, "other", ""]) | JSON},
@@ -215,15 +241,16 @@ BODIES = st.fixed_dictionaries(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(body=BODIES, chat=st.booleans())
+@given(body=BODIES, path=st.sampled_from(["/chat/completions", "/completions", "/responses"]))
 def test_no_request_body_gets_a_5xx(
-    gateway: GatewayProcess, stack: SimStack, body: dict[str, Any], chat: bool
+    gateway: GatewayProcess, stack: SimStack, body: dict[str, Any], path: str
 ) -> None:
     if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 0:
         body["max_tokens"] = min(body["max_tokens"], 8)  # keep accepted requests short
+    if isinstance(body.get("max_output_tokens"), int) and body["max_output_tokens"] > 0:
+        body["max_output_tokens"] = min(body["max_output_tokens"], 8)
     before = backend_calls(stack)
     # json, not orjson: integers past 64 bits must reach the gateway as they are.
-    path = "/chat/completions" if chat else "/completions"
     response = post(gateway, json.dumps(body).encode(), path=path)
     assert response.status_code < 500, response.text[:500]
     if response.status_code >= 400:
@@ -244,11 +271,11 @@ def test_a_model_is_described_and_an_unsupported_endpoint_is_named_and_counted(
     }
     missing = httpx.get(gateway.base_url + "/models/nope", timeout=10)
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "model_not_found")
-    for _ in range(2):
-        refused = httpx.post(gateway.base_url + "/responses", json={"model": MODEL}, timeout=10)
+    for _ in range(2):  # a stored response: the gateway keeps none
+        refused = httpx.get(gateway.base_url + "/responses/resp_1", timeout=10)
         assert refused.status_code == 404
         error = refused.json()["error"]
         assert error["code"] == "unsupported_endpoint"
-        assert "POST /v1/responses" in error["message"]
+        assert "GET /v1/responses/resp_1" in error["message"]
     metrics = httpx.get(gateway.url + "/metrics", timeout=10).text
     assert 'pd_gateway_unsupported_requests_total{endpoint="responses"} 2.0' in metrics

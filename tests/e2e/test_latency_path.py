@@ -375,6 +375,24 @@ def test_node_failure_mid_stream(
     assert_nodes_idle(stack)
 
 
+def test_responses_stream_failing_mid_way_ends_failed_and_frees_the_node(
+    client: openai.OpenAI, gateway: GatewayProcess, stack: SimStack
+) -> None:
+    sim_post(stack.nodes[2].url, "/sim/faults", {"die_after": 4, "count": 1})
+    with client.responses.stream(model="solo", input=directive(SCRIPTED)) as stream:
+        events = list(stream)
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-2:] == ["error", "response.failed"]
+    failed = events[-1].response  # type: ignore[union-attr]
+    assert failed.status == "failed" and failed.error is not None
+    assert "ended without its last line" in failed.error.message
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text and SCRIPTED.startswith(text)
+    gateway.wait_all_free()
+    assert_nodes_idle(stack)
+
+
 def test_sdk_raises_on_a_mid_stream_error(client: openai.OpenAI, stack: SimStack) -> None:
     sim_post(stack.nodes[2].url, "/sim/faults", {"die_after": 4, "count": 1})
     stream = client.chat.completions.create(

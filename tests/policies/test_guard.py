@@ -87,6 +87,13 @@ def decide(
             {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
             R.TOOL_CHOICE,
         ),
+        # a Responses request, as the chat request it translates to
+        ("responses", {"previous_response_id": "resp_1"}, R.PREVIOUS_RESPONSE_ID),
+        ("responses", {"conversation": "conv_1"}, R.CONVERSATION),
+        ("responses", {"background": True}, R.BACKGROUND),
+        ("responses", {"store": True}, R.STORE),
+        ("responses", {"hosted_tools": ["web_search"]}, R.HOSTED_TOOLS),
+        ("responses", {"logprobs": True}, R.LOGPROBS),
         # malformed values are not neutral: the throughput server validates them
         ("chat", {"n": "2"}, R.N),
         ("chat", {"presence_penalty": "0"}, R.PRESENCE_PENALTY),
@@ -122,6 +129,8 @@ def test_each_unsupported_field_reroutes(
         ("chat", {"min_p": 0, "bad_words": [], "skip_special_tokens": True}),
         ("completions", {"prompt": [1, 2, 3]}),
         ("completions", {"prompt": ["only one"]}),
+        ("responses", {"store": False, "background": False, "tools": []}),
+        ("chat", {"store": True}),  # chat's `store` is not vLLM's to honour either way
     ],
 )
 def test_neutral_values_stay_on_latency(endpoint: Endpoint, body: dict[str, Any]) -> None:

@@ -1,0 +1,327 @@
+"""Renders relay output in the Responses API's shapes: a `response` object, or its events.
+
+The message becomes output items in the order the model wrote them: a `reasoning` item for
+its reasoning, a `message` item for its text and one `function_call` item per tool call.
+While streaming, each item is opened (`response.output_item.added`), grows by deltas and is
+closed (`...done` events) when the next kind of output begins or the output ends; the
+stream opens with `response.created` and ends with `response.completed` (or
+`response.incomplete` when the token budget ran out), which carries the whole response and
+its usage. There is no `[DONE]` marker in this API.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from router.errors import GatewayError
+from router.openai.render import Logprobs, StopReason, TokenLogprob, Usage
+from router.parsers import ParsedDelta, ParsedMessage
+from router.parsers.base import ToolCallDelta
+
+_EVENT_END = b"\n\n"
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponsesRenderer:
+    def __init__(
+        self,
+        *,
+        response_id: str,
+        created: int,
+        model: str,
+        client_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._id = "resp_" + response_id.removeprefix("chatcmpl-")
+        self._created = created
+        self._model = model
+        self._request = client_body or {}
+        self._sequence = 0
+        self._output: list[dict[str, Any]] = []
+        self._open: dict[str, Any] | None = None  # the item being streamed
+        self._open_call: int | None = None  # its tool call index, for a function call
+        self._status = "completed"
+
+    # Streaming --------------------------------------------------------------------------
+
+    def start(self) -> bytes | None:
+        created = self._response("in_progress", None)
+        return self._emit("response.created", response=created) + self._emit(
+            "response.in_progress", response=created
+        )
+
+    def delta(
+        self, delta: ParsedDelta, usage: Usage | None = None, logprobs: Logprobs = None
+    ) -> bytes | None:
+        out = bytearray()
+        if delta.reasoning:
+            out += self._reasoning_delta(delta.reasoning)
+        if delta.content or (logprobs and not delta.tool_calls):
+            out += self._text_delta(delta.content, logprobs)
+        for call in delta.tool_calls:
+            out += self._call_delta(call)
+        return bytes(out) or None
+
+    def finish(
+        self,
+        finish_reason: str,
+        stop_reason: StopReason,
+        usage: Usage | None = None,
+        logprobs: Logprobs = None,
+    ) -> bytes:
+        if logprobs and self._open is not None and self._open["type"] == "message":
+            self._open["content"][0]["logprobs"].extend(_logprobs(logprobs))
+        self._status = "incomplete" if finish_reason == "length" else "completed"
+        return self._close()
+
+    def usage(self, usage: Usage) -> bytes:
+        response = self._response(self._status, usage)
+        return self._emit(f"response.{self._status}", response=response)
+
+    def error(self, error: GatewayError) -> bytes:
+        """After the first event: an `error` event, then the response as failed."""
+        closing = self._close()
+        failed = self._response("failed", None)
+        # The response's error codes are OpenAI's own few; ours rides on the `error` event.
+        failed["error"] = {"code": "server_error", "message": error.message}
+        head = self._emit("error", code=error.code, message=error.message, param=error.param)
+        return closing + head + self._emit("response.failed", response=failed)
+
+    def end(self) -> bytes:
+        return b""
+
+    # Whole response ---------------------------------------------------------------------
+
+    def response(
+        self,
+        message: ParsedMessage,
+        finish_reason: str,
+        stop_reason: StopReason,
+        usage: Usage,
+        logprobs: Logprobs = None,
+    ) -> dict[str, Any]:
+        if message.reasoning:
+            self._output.append(_reasoning_item(message.reasoning))
+        if message.content or not message.tool_calls:
+            item = _message_item(message.content or "", "completed")
+            item["content"][0]["logprobs"] = _logprobs(logprobs or [])
+            self._output.append(item)
+        for call in message.tool_calls:
+            self._output.append(_call_item(call.id, call.name, call.arguments, "completed"))
+        status = "incomplete" if finish_reason == "length" else "completed"
+        return self._response(status, usage)
+
+    # Items ------------------------------------------------------------------------------
+
+    def _reasoning_delta(self, text: str) -> bytes:
+        out = b""
+        item = self._open
+        if item is None or item["type"] != "reasoning":
+            out = self._close()
+            item = self._add(_reasoning_item(""))
+            part = item["content"][0]
+            out += self._added(item) + self._part_event("added", item, part)
+        item["content"][0]["text"] += text
+        return out + self._emit(
+            "response.reasoning_text.delta", **self._at(item), content_index=0, delta=text
+        )
+
+    def _text_delta(self, text: str, logprobs: Logprobs) -> bytes:
+        out = b""
+        item = self._open
+        if item is None or item["type"] != "message":
+            out = self._close()
+            item = self._add(_message_item("", "in_progress"))
+            part = item["content"][0]
+            out += self._added(item) + self._part_event("added", item, part)
+        part = item["content"][0]
+        part["text"] += text
+        entries = _logprobs(logprobs or [])
+        part["logprobs"].extend(entries)
+        return out + self._emit(
+            "response.output_text.delta",
+            **self._at(item),
+            content_index=0,
+            delta=text,
+            logprobs=entries,
+        )
+
+    def _call_delta(self, call: ToolCallDelta) -> bytes:
+        out = b""
+        item = self._open
+        if item is None or self._open_call != call.index:
+            out = self._close()
+            call_id = call.id or _item_id("call")
+            item = self._add(_call_item(call_id, call.name or "", "", "in_progress"))
+            self._open_call = call.index
+            out += self._added(item)
+        if not call.arguments:
+            return out
+        item["arguments"] += call.arguments
+        return out + self._emit(
+            "response.function_call_arguments.delta", **self._at(item), delta=call.arguments
+        )
+
+    def _add(self, item: dict[str, Any]) -> dict[str, Any]:
+        self._output.append(item)
+        self._open = item
+        return item
+
+    def _added(self, item: dict[str, Any]) -> bytes:
+        # Announced without its part: `response.content_part.added` brings that.
+        shown = {**item, "content": []} if "content" in item else item
+        return self._emit(
+            "response.output_item.added", output_index=len(self._output) - 1, item=shown
+        )
+
+    def _close(self) -> bytes:
+        """The `...done` events of the open item, if any."""
+        item, self._open, self._open_call = self._open, None, None
+        if item is None:
+            return b""
+        at = self._at(item)
+        if item["type"] == "function_call":
+            out = self._emit(
+                "response.function_call_arguments.done",
+                **at,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
+        elif item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            out = self._emit("response.reasoning_text.done", **at, content_index=0, text=text)
+            out += self._part_event("done", item, item["content"][0])
+        else:
+            part = item["content"][0]
+            out = self._emit(
+                "response.output_text.done",
+                **at,
+                content_index=0,
+                text=part["text"],
+                logprobs=part["logprobs"],
+            )
+            out += self._part_event("done", item, part)
+        item["status"] = "completed"
+        return out + self._emit(
+            "response.output_item.done", output_index=at["output_index"], item=item
+        )
+
+    def _part_event(self, stage: str, item: dict[str, Any], part: dict[str, Any]) -> bytes:
+        return self._emit(
+            f"response.content_part.{stage}", **self._at(item), content_index=0, part=part
+        )
+
+    def _at(self, item: dict[str, Any]) -> dict[str, Any]:
+        return {"item_id": item["id"], "output_index": self._index(item)}
+
+    def _index(self, item: dict[str, Any]) -> int:
+        # The open item is the last one; a closed item is looked up only when it closes.
+        for index in range(len(self._output) - 1, -1, -1):
+            if self._output[index] is item:
+                return index
+        raise ValueError("not an output item of this response")
+
+    def _emit(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, **fields, "sequence_number": self._sequence}
+        self._sequence += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + _EVENT_END
+
+    def _response(self, status: str, usage: Usage | None) -> dict[str, Any]:
+        request = self._request
+        text = request.get("text") or {"format": {"type": "text"}}
+        return {
+            "id": self._id,
+            "object": "response",
+            "created_at": self._created,
+            "model": self._model,
+            "status": status,
+            "output": list(self._output),
+            "error": None,
+            "incomplete_details": (
+                {"reason": "max_output_tokens"} if status == "incomplete" else None
+            ),
+            "instructions": request.get("instructions"),
+            "max_output_tokens": request.get("max_output_tokens"),
+            "metadata": request.get("metadata"),
+            "parallel_tool_calls": request.get("parallel_tool_calls", True),
+            "previous_response_id": None,
+            "reasoning": request.get("reasoning"),
+            "temperature": request.get("temperature"),
+            "text": text,
+            "tool_choice": request.get("tool_choice", "auto"),
+            "tools": request.get("tools") or [],
+            "top_logprobs": request.get("top_logprobs"),
+            "top_p": request.get("top_p"),
+            "truncation": request.get("truncation", "disabled"),
+            "user": request.get("user"),
+            "background": False,
+            "store": False,
+            "service_tier": "auto",
+            "usage": _usage(usage) if usage is not None else None,
+        }
+
+
+def _reasoning_item(text: str) -> dict[str, Any]:
+    return {
+        "id": _item_id("rs"),
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "encrypted_content": None,
+        "status": "completed" if text else "in_progress",
+    }
+
+
+def _message_item(text: str, status: str) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {
+        "id": _item_id("msg"),
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": [part],
+    }
+
+
+def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": _item_id("fc"),
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def _usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_tokens or 0,
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
+
+
+def _logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    return [
+        {
+            **_token(entry.token, entry.logprob),
+            "top_logprobs": [_token(token, logprob) for token, logprob in entry.top],
+        }
+        for entry in entries
+    ]
+
+
+def _token(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}

@@ -1,0 +1,281 @@
+"""``POST /v1/responses`` on the simulated vLLM server: the request served as a chat request,
+its answer given in the Responses API's shapes (a ``response`` object, or its events)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import orjson
+
+from sim.vllm.engine import Step
+from sim.vllm.errors import ApiError
+from sim.vllm.formats import Formatter
+
+
+def chat_request(body: Any) -> dict[str, Any]:
+    """The chat request a Responses ``body`` asks for (the fields the simulator reads)."""
+    if not isinstance(body, dict) or "input" not in body:
+        raise ApiError(400, "input: Field required", "input")
+    messages: list[dict[str, Any]] = []
+    if isinstance(body.get("instructions"), str):
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body["input"]
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append({"role": item["role"], "content": _text_of(item["content"])})
+        elif kind == "function_call":
+            call = {"id": item["call_id"], "type": "function", "function": item}
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append(
+                {"role": "tool", "tool_call_id": item["call_id"], "content": _text_of(output)}
+            )
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+    chat["stream"] = bool(body.get("stream"))
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    tools = [t for t in body.get("tools") or [] if t.get("type") == "function"]
+    if tools:
+        chat["tools"] = [{"type": "function", "function": t} for t in tools]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    if choice is not None:
+        chat["tool_choice"] = choice
+    for key in ("temperature", "top_p", "chat_template_kwargs"):
+        if body.get(key) is not None:
+            chat[key] = body[key]
+    return chat
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content or [])
+
+
+class ResponsesFormatter:
+    """The Responses view of one chat answer."""
+
+    def __init__(self, chat: Formatter, body: dict[str, Any]) -> None:
+        self._chat = chat
+        self._body = body
+        self._id = "resp_" + uuid.uuid4().hex
+        self._sequence = 0
+
+    def response(self, steps: Sequence[Step], usage_body: dict[str, Any]) -> dict[str, Any]:
+        chat = self._chat.response(steps, usage_body, None)
+        message = chat["choices"][0]["message"]
+        output = []
+        if message.get("reasoning"):
+            output.append(_reasoning(message["reasoning"], "completed"))
+        if message.get("content") or not message.get("tool_calls"):
+            output.append(_message(message.get("content") or "", "completed"))
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            output.append(_call(call["id"], function["name"], function["arguments"], "completed"))
+        return self._object(chat["choices"][0]["finish_reason"], output, usage_body)
+
+    async def events(
+        self, steps: Sequence[Step], usage_body: dict[str, Any], pause: Callable[[], Any]
+    ) -> AsyncIterator[bytes]:
+        """The stream: lifecycle events around one item per kind of output, in order."""
+        start = self._object(None, [], None)
+        yield self._event("response.created", response=start)
+        yield self._event("response.in_progress", response=start)
+        output: list[dict[str, Any]] = []
+        current: tuple[str, Any] | None = None  # kind of the open item (call index for calls)
+        finish = "length"
+        for index, step in enumerate(steps):
+            if index:
+                await pause()
+            delta = self._chat.chunk(step, 0)["choices"][0]["delta"]
+            finish = step.finish_reason or finish
+            pieces: list[tuple[tuple[str, Any], str]] = []
+            if delta.get("reasoning"):
+                pieces.append((("reasoning", None), delta["reasoning"]))
+            if delta.get("content"):
+                pieces.append((("message", None), delta["content"]))
+            for call in delta.get("tool_calls") or []:
+                pieces.append((("call", call["index"]), call))
+            for kind, piece in pieces:
+                if kind != current:
+                    if current is not None:
+                        for event in self._done(output):
+                            yield event
+                    current = kind
+                    output.append(self._new(kind[0], piece))
+                    added = output[-1]
+                    if "content" in added:
+                        added = {**added, "content": []}
+                    yield self._event(
+                        "response.output_item.added", output_index=len(output) - 1, item=added
+                    )
+                    if kind[0] != "call":
+                        part = output[-1]["content"][0]
+                        yield self._event(
+                            "response.content_part.added", **self._at(output), part=part
+                        )
+                for event in self._grow(output, kind[0], piece):
+                    yield event
+        if current is not None:
+            for event in self._done(output):
+                yield event
+        final = self._object(self._chat_finish(finish), output, usage_body)
+        yield self._event(f"response.{final['status']}", response=final)
+
+    def _chat_finish(self, finish: str) -> str:
+        return "length" if finish == "length" else "stop"
+
+    def _new(self, kind: str, piece: Any) -> dict[str, Any]:
+        if kind == "reasoning":
+            return _reasoning("", "in_progress")
+        if kind == "message":
+            return _message("", "in_progress")
+        function = piece.get("function", {})
+        return _call(piece.get("id") or "", function.get("name") or "", "", "in_progress")
+
+    def _grow(self, output: list[dict[str, Any]], kind: str, piece: Any) -> list[bytes]:
+        item = output[-1]
+        if kind == "call":
+            arguments = piece.get("function", {}).get("arguments") or ""
+            if not arguments:
+                return []
+            item["arguments"] += arguments
+            return [
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=len(output) - 1,
+                    delta=arguments,
+                )
+            ]
+        item["content"][0]["text"] += piece
+        name = "reasoning_text" if kind == "reasoning" else "output_text"
+        extra = {} if kind == "reasoning" else {"logprobs": []}
+        return [self._event(f"response.{name}.delta", **self._at(output), delta=piece, **extra)]
+
+    def _done(self, output: list[dict[str, Any]]) -> list[bytes]:
+        item = output[-1]
+        item["status"] = "completed"
+        events = []
+        if item["type"] == "function_call":
+            events.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=len(output) - 1,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
+            )
+        else:
+            part = item["content"][0]
+            if item["type"] == "reasoning":
+                done = self._event(
+                    "response.reasoning_text.done", **self._at(output), text=part["text"]
+                )
+            else:
+                done = self._event(
+                    "response.output_text.done", **self._at(output), text=part["text"], logprobs=[]
+                )
+            events.append(done)
+            events.append(self._event("response.content_part.done", **self._at(output), part=part))
+        events.append(
+            self._event("response.output_item.done", output_index=len(output) - 1, item=item)
+        )
+        return events
+
+    def _at(self, output: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"item_id": output[-1]["id"], "output_index": len(output) - 1, "content_index": 0}
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, **fields, "sequence_number": self._sequence}
+        self._sequence += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def _object(
+        self, finish: str | None, output: list[dict[str, Any]], usage_body: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        body = self._body
+        status = (
+            "in_progress" if finish is None else "incomplete" if finish == "length" else "completed"
+        )
+        usage = None
+        if usage_body is not None:
+            cached = (usage_body.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            usage = {
+                "input_tokens": usage_body["prompt_tokens"],
+                "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+                "output_tokens": usage_body["completion_tokens"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": usage_body["total_tokens"],
+            }
+        return {
+            "id": self._id,
+            "object": "response",
+            "created_at": self._chat.created,
+            "model": self._chat.model,
+            "status": status,
+            "output": output,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if status == "incomplete"
+            else None,
+            "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "metadata": body.get("metadata"),
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "previous_response_id": body.get("previous_response_id"),
+            "reasoning": body.get("reasoning"),
+            "temperature": body.get("temperature"),
+            "text": body.get("text") or {"format": {"type": "text"}},
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "top_logprobs": body.get("top_logprobs"),
+            "top_p": body.get("top_p"),
+            "truncation": body.get("truncation", "disabled"),
+            "user": body.get("user"),
+            "background": bool(body.get("background")),
+            "store": False,
+            "service_tier": "auto",
+            "usage": usage,
+        }
+
+
+def _reasoning(text: str, status: str) -> dict[str, Any]:
+    return {
+        "id": "rs_" + uuid.uuid4().hex,
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "encrypted_content": None,
+        "status": status,
+    }
+
+
+def _message(text: str, status: str) -> dict[str, Any]:
+    return {
+        "id": "msg_" + uuid.uuid4().hex,
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
+
+
+def _call(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": "fc_" + uuid.uuid4().hex,
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }

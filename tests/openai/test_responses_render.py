@@ -1,0 +1,171 @@
+"""The Responses renderer's events and objects, validated against the OpenAI SDK's own types
+and replayed through the SDK's stream accumulator (`responses.stream` uses it)."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import orjson
+import pytest
+from openai import omit
+from openai.lib.streaming.responses import ResponseStreamState
+from openai.types.responses import Response, ResponseStreamEvent
+
+from router.errors import UpstreamError
+from router.openai.render import TokenLogprob, Usage
+from router.openai.responses_render import ResponsesRenderer
+from router.parsers import ParsedDelta, ParsedMessage
+from router.parsers.base import ToolCall, ToolCallDelta
+
+# The SDK's event class of each event type (its union is discriminated by the SDK, not pydantic).
+EVENT_CLASSES = {
+    get_args(cls.model_fields["type"].annotation)[0]: cls
+    for cls in get_args(get_args(ResponseStreamEvent)[0])
+}
+USAGE = Usage(prompt_tokens=10, completion_tokens=6, cached_tokens=4)
+TOOL = {"type": "function", "name": "w", "parameters": {"type": "object"}}
+
+
+def renderer(**body: Any) -> ResponsesRenderer:
+    return ResponsesRenderer(
+        response_id="chatcmpl-abc", created=1, model="m", client_body={"input": "x", **body}
+    )
+
+
+def parse(stream: bytes) -> list[Any]:
+    """Each SSE event, its `event:` line checked against its type, validated strictly."""
+    events = []
+    for block in stream.split(b"\n\n"):
+        if not block:
+            continue
+        kind_line, data_line = block.split(b"\n")
+        data = orjson.loads(data_line.removeprefix(b"data: "))
+        assert kind_line == b"event: " + data["type"].encode()
+        events.append(EVENT_CLASSES[data["type"]].model_validate(data))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    return events
+
+
+def replay(events: list[Any], tools: list[Any] | None = None) -> Any:
+    state: ResponseStreamState[Any] = ResponseStreamState(input_tools=tools or [], text_format=omit)
+    for event in events:
+        state.handle_event(event)
+    return state
+
+
+def stream(r: ResponsesRenderer, deltas: list[ParsedDelta], finish: str = "stop") -> bytes:
+    out = r.start() or b""
+    for delta in deltas:
+        out += r.delta(delta) or b""
+    return out + r.finish(finish, None) + r.usage(USAGE) + r.end()
+
+
+def test_reasoning_then_text_then_two_calls() -> None:
+    deltas = [
+        ParsedDelta(reasoning="Think"),
+        ParsedDelta(reasoning="ing."),
+        ParsedDelta(content="Calling."),
+        ParsedDelta(tool_calls=[ToolCallDelta(0, id="call_a", name="w", arguments='{"a"')]),
+        ParsedDelta(tool_calls=[ToolCallDelta(0, arguments=": 1}")]),
+        ParsedDelta(tool_calls=[ToolCallDelta(1, id="call_b", name="w", arguments="{}")]),
+    ]
+    events = parse(stream(renderer(tools=[TOOL]), deltas))
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    final = events[-1].response
+    assert final.id == "resp_abc" and final.status == "completed"
+    assert [item.type for item in final.output] == [
+        "reasoning",
+        "message",
+        "function_call",
+        "function_call",
+    ]
+    assert final.output_text == "Calling."
+    assert [(c.call_id, c.arguments) for c in final.output[2:]] == [
+        ("call_a", '{"a": 1}'),
+        ("call_b", "{}"),
+    ]
+    assert final.usage.input_tokens_details.cached_tokens == 4
+    assert final.usage.total_tokens == 16
+    # An item is announced without its part (the SDK appends the part it is sent next).
+    added = [e.item for e in events if e.type == "response.output_item.added"]
+    assert [getattr(item, "content", None) for item in added] == [[], [], None, None]
+    assert replay(events, [TOOL])._completed_response is not None
+
+
+def test_length_ends_incomplete() -> None:
+    events = parse(stream(renderer(), [ParsedDelta(content="cut")], finish="length"))
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+
+
+def test_an_error_fails_the_response_and_closes_the_open_item() -> None:
+    r = renderer()
+    out = (r.start() or b"") + (r.delta(ParsedDelta(content="par")) or b"")
+    out += r.error(UpstreamError("the node went away", code="decode_truncated")) + r.end()
+    events = parse(out)
+    assert [e.type for e in events[-4:]] == [
+        "response.content_part.done",
+        "response.output_item.done",
+        "error",
+        "response.failed",
+    ]
+    assert events[-2].code == "decode_truncated"
+    assert events[-1].response.error.message == "the node went away"
+    assert events[-1].response.output[0].content[0].text == "par"
+
+
+def test_logprobs_ride_on_the_text_deltas() -> None:
+    r = renderer()
+    entry = TokenLogprob("hé", -0.5, (("hé", -0.5), ("ha", -1.5)))
+    out = (r.start() or b"") + (r.delta(ParsedDelta(content="hé"), logprobs=[entry]) or b"")
+    events = parse(out + r.finish("stop", None) + r.usage(USAGE))
+    delta = next(e for e in events if e.type == "response.output_text.delta")
+    assert delta.logprobs[0].token == "hé"
+    assert delta.logprobs[0].bytes == list("hé".encode())
+    assert [t.token for t in delta.logprobs[0].top_logprobs] == ["hé", "ha"]
+    final = events[-1].response
+    assert final.output[0].content[0].logprobs[0].logprob == -0.5
+
+
+@pytest.mark.parametrize(
+    ("message", "kinds"),
+    [
+        (ParsedMessage(None, "Hi", []), ["message"]),
+        (ParsedMessage("Hm", None, [ToolCall("c", "w", "{}")]), ["reasoning", "function_call"]),
+        (ParsedMessage(None, None, []), ["message"]),
+    ],
+)
+def test_whole_response_is_an_sdk_response(message: ParsedMessage, kinds: list[str]) -> None:
+    body = renderer(instructions="Be brief.", max_output_tokens=9).response(
+        message, "stop", None, USAGE
+    )
+    response = Response.model_validate(body)
+    assert [item.type for item in response.output] == kinds
+    assert (response.instructions, response.max_output_tokens) == ("Be brief.", 9)
+    assert response.output_text == (message.content or "")
