@@ -257,3 +257,25 @@ def decode_prompt_tokens(content: bytes) -> int:
         if event.startswith(b"data: {") and b'"usage":{' in event:
             return orjson.loads(event[len(b"data: ") :])["usage"]["prompt_tokens"]
     raise AssertionError("no usage event in the stream")
+
+
+@pytest.mark.parametrize(
+    ("model", "served_by"),
+    [(MODEL, "proxy"), (PULL, "decode"), (PUSH, "decode")],
+    ids=["proxy", "pull", "push"],
+)
+async def test_responses_go_whole_to_vllms_own_endpoint(
+    sims: Sims, aclient: openai.AsyncOpenAI, model: str, served_by: str
+) -> None:
+    body = {"model": model, "input": directive(TEXT), "max_output_tokens": 40}
+    raw = await aclient.responses.with_raw_response.create(**body)
+    assert raw.headers[ROUTE] == "throughput"
+    assert raw.parse().output_text == TEXT
+    stack = sims.stack
+    upstream = stack.proxy if served_by == "proxy" else stack.decodes[0]
+    assert upstream is not None
+    (seen,) = await sims.requests(upstream.url)
+    assert (seen["path"], seen["body"]) == ("/v1/responses", body)
+    assert HEX32.match(seen["headers"]["x-request-id"])
+    # vLLM's Responses endpoint takes no kv_transfer_params: no prefill leg.
+    assert await sims.requests(stack.prefills[0].url) == []
