@@ -31,7 +31,7 @@ from tests.support.classify_fixtures import (
     say,
     wait_until,
 )
-from tests.support.deployment import latency_model, node_entry
+from tests.support.deployment import directive, latency_model, node_entry
 from tests.support.gateway import GatewayProcess, start_gateway
 
 DEAD_NODE = "sim-dead-node"  # its only node entry points at closed ports
@@ -199,6 +199,29 @@ async def test_spills_on_each_failure_before_the_first_byte(
     if model != NO_PREFILL:
         (prefill,) = await sims.requests(stack.prefills[0].url)
         assert "tilert_host" in prefill["body"]["kv_transfer_params"], "the latency path was tried"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_a_spilled_responses_call_reaches_vllms_responses_endpoint_unchanged(
+    sims: Sims, aclient: openai.AsyncOpenAI, stream: bool
+) -> None:
+    stack = sims.stack
+    await sims.arm(stack.prefills[0].url, {"http_status": 503, "count": 1})
+    body = {"model": MODEL, "input": directive(TEXT), "max_output_tokens": 40}
+    raw = await aclient.responses.with_raw_response.create(**body, stream=stream)
+    if stream:
+        events = [event async for event in raw.parse()]
+        assert events[-1].type == "response.completed"
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    else:
+        text = raw.parse().output_text
+    assert text == TEXT
+    assert (raw.headers[ROUTE], raw.headers[REROUTE]) == ("throughput", "prefill_failed")
+    (tried,) = await sims.requests(stack.prefills[0].url)
+    assert tried["path"] == "/v1/chat/completions", "the latency path was tried as chat"
+    assert stack.proxy is not None
+    (seen,) = await sims.requests(stack.proxy.url)
+    assert (seen["path"], seen["body"]) == ("/v1/responses", {**body, "stream": stream})
 
 
 async def test_a_node_down_at_start_up_is_out_of_service_and_spills_at_once(
