@@ -1,7 +1,8 @@
 """Counts a request's prompt tokens for the rules that need them, off the event loop.
 
 With a chat template (a `tokenizer_config.json` with `chat_template` next to the model's
-tokenizer.json), chat prompts are rendered by transformers exactly as vLLM renders them.
+tokenizer.json), chat prompts are rendered by transformers' template renderer exactly as
+vLLM renders them.
 Without one, the count is an approximation: each message as `<|role|>\\n` + its text +
 `\\n`, the tools as JSON, then `<|assistant|>\\n` — within a few tokens per message of
 what a real template adds, and only ever used against rule thresholds.
@@ -28,7 +29,7 @@ log = logging.getLogger("pd_gateway.classify")
 class PromptCounter:
     def __init__(self, tokenizer: LoadedTokenizer, tokenizer_file: Path) -> None:
         self._tokenizer = tokenizer.tokenizer
-        self._template = _load_template(tokenizer_file)
+        self._template = _load_template(tokenizer_file, tokenizer.tokenizer)
 
     async def count(self, endpoint: str, body: dict[str, Any], *, cap: int | None = None) -> int:
         """The prompt's token count, or a count of at least `cap` once it is known to reach
@@ -120,6 +121,7 @@ def _text(content: Any) -> str:
 _RESERVED = frozenset(
     {
         "conversation",
+        "conversations",
         "tools",
         "documents",
         "chat_template",
@@ -143,32 +145,67 @@ def _template_kwargs(kwargs: Any) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if isinstance(k, str) and k not in _RESERVED}
 
 
-def _load_template(tokenizer_file: Path) -> Any:
-    """A function rendering and tokenizing a chat body with the model's template, or None."""
+# What transformers passes a chat template besides the conversation: the special tokens.
+_SPECIAL_TOKENS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+    "additional_special_tokens",
+)
+
+
+def _load_template(tokenizer_file: Path, tokenizer: tokenizers.Tokenizer) -> Any:
+    """A function rendering a chat body with the model's template and counting its tokens
+    with `tokenizer`, or None.
+
+    Rendered by transformers' own template renderer (what its `apply_chat_template` and so
+    vLLM use) without building a second tokenizer: a transformers tokenizer would hold a
+    copy of the whole vocabulary (tens of MB) only to render text.
+    """
     config_file = tokenizer_file.parent / "tokenizer_config.json"
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not config.get("chat_template"):
+    templates = config.get("chat_template")
+    if not templates:
         return None
+    if isinstance(templates, list):  # named templates, as transformers stores several
+        templates = {t.get("name"): t.get("template") for t in templates if isinstance(t, dict)}
     # A heavy import, only when a template exists; without PyTorch it warns that models
     # are unavailable, which is irrelevant to rendering a template.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import PreTrainedTokenizerFast
+    from transformers.utils.chat_template_utils import render_jinja_template
 
-    hf = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_file=str(tokenizer_file), chat_template=config["chat_template"]
-    )
+    special = {k: _token_text(config[k]) for k in _SPECIAL_TOKENS if config.get(k) is not None}
 
     def render(body: dict[str, Any], cap: int | None) -> int:
-        text = hf.apply_chat_template(
-            body.get("messages") or [],
-            tools=body.get("tools"),
+        tools = body.get("tools")
+        template = templates
+        if isinstance(template, dict):
+            template = template.get("tool_use" if tools else "default") or template.get("default")
+        # (the rendered conversations, the assistant-token indices), whatever it is annotated
+        rendered: Any = render_jinja_template(
+            [body.get("messages") or []],
+            tools=tools,
+            chat_template=template,
             add_generation_prompt=True,
-            tokenize=False,
-            **_template_kwargs(body.get("chat_template_kwargs")),
+            **{**special, **_template_kwargs(body.get("chat_template_kwargs"))},
         )
-        return _count(hf.backend_tokenizer, str(text), cap)
+        return _count(tokenizer, str(rendered[0][0]), cap)
 
     return render
+
+
+def _token_text(value: Any) -> Any:
+    """A special token as the template sees it: its text (the config may hold the token's
+    full description)."""
+    if isinstance(value, dict):
+        return value.get("content")
+    if isinstance(value, list):
+        return [_token_text(v) for v in value]
+    return value

