@@ -1,0 +1,114 @@
+"""The systems under test: one simulated stack and the gateways in front of it.
+
+The stack runs one TileRT node per latency stream at the highest level, a vLLM prefill
+server for them, and a `both`-role vLLM server standing in for a native disaggregation
+proxy. One gateway serves each latency pool size (`BenchOptions.pool_size`), and one
+serves the native path in proxy mode; each is a model of its own, so the figures of a
+gateway are those of one configured model.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from router.bench.options import BenchOptions
+from router.bench.processes import GatewayChild
+from router.demo.lifeline import die_with_parent
+from sim.stack import NodeInfo, SimStack
+
+MODEL = "bench"
+READY_TIMEOUT_S = 90.0
+
+
+@dataclass(slots=True)
+class Deployment:
+    stack: SimStack
+    latency_gateways: dict[int, GatewayChild]  # by pool size
+    native_gateway: GatewayChild
+
+    @property
+    def proxy_url(self) -> str:
+        assert self.stack.proxy is not None
+        return self.stack.proxy.url
+
+
+def latency_model(stack: SimStack, nodes: list[NodeInfo]) -> dict[str, Any]:
+    """The model served by `stack`'s prefill server and `nodes` (DeepSeek tokenizer)."""
+    return {
+        "name": MODEL,
+        "tokenizer": "deepseek",
+        "output_parser": "deepseek_v32",
+        "latency": {
+            "prefill": [p.url for p in stack.prefills],
+            "nodes": [
+                {"host": n.host, "ctrl_port": n.ctrl_port, "http_port": n.http_port} for n in nodes
+            ],
+        },
+    }
+
+
+def native_model(stack: SimStack) -> dict[str, Any]:
+    assert stack.proxy is not None
+    return {
+        "name": MODEL,
+        "tokenizer": "deepseek",
+        "throughput": {"mode": "proxy", "urls": [stack.proxy.url]},
+    }
+
+
+def gateway_config(model: dict[str, Any]) -> dict[str, Any]:
+    """Every request of the model on its configured path; none waits behind a full pool
+    for long (the bench never sends more streams than the pool has nodes)."""
+    path = "latency" if "latency" in model else "throughput"
+    rule = {"name": "bench", "path": path, "on_saturation": "queue"}
+    return {"models": [model], "classification": {"rules": {"default": rule}}}
+
+
+@contextmanager
+def deployed(options: BenchOptions) -> Iterator[Deployment]:
+    """The stack and every gateway, ready; all stopped on the way out."""
+    itl = str(options.native_itl_ms)
+    stack = SimStack(
+        nodes=options.stack_nodes,
+        prefills=1,
+        proxy=True,
+        model=MODEL,
+        node_args=[
+            "--step-ms",
+            str(options.node_step_ms),
+            "--tokens-per-step",
+            str(options.node_tokens_per_step),
+            # A line per decode step, as the gateway relays them, rather than 0.1.6's
+            # 200 ms batches: the gaps between lines are what the relay can add to.
+            "--stream-interval-ms",
+            str(options.node_step_ms),
+        ],
+        proxy_args=["--itl-ms", itl, "--prefill-ms-per-token", "0"],
+        preexec_fn=die_with_parent(),
+    )
+    with ExitStack() as cleanup, tempfile.TemporaryDirectory(prefix="pd-gateway-bench-") as work:
+        cleanup.enter_context(stack)
+        pools = sorted({options.pool_size(level) for level in options.latency})
+        configs = {
+            f"latency-{size}": gateway_config(latency_model(stack, stack.nodes[:size]))
+            for size in pools
+        }
+        configs["native"] = gateway_config(native_model(stack))
+        children: dict[str, GatewayChild] = {}
+        for label, config in configs.items():
+            children[label] = GatewayChild(config, Path(work) / label)
+            cleanup.callback(children[label].stop)
+        with ThreadPoolExecutor(len(children)) as pool:
+            for ready in [pool.submit(child.wait_ready) for child in children.values()]:
+                ready.result(timeout=READY_TIMEOUT_S)
+        yield Deployment(
+            stack,
+            {size: children[f"latency-{size}"] for size in pools},
+            children["native"],
+        )
