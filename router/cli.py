@@ -123,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N,N,...",
         help="native path streams (default: 1,16,64)",
     )
+    bench.add_argument(
+        "--no-peers", action="store_true", help="leave out installed peers (vllm-router)"
+    )
     bench.set_defaults(run=_bench)
 
     schema = commands.add_parser(
@@ -158,6 +161,7 @@ def _bench(args: argparse.Namespace) -> int:
     options = replace(
         options,
         out=args.out,
+        peers=not args.no_peers,
         command=command or "pd-gateway bench",
         **{k: v for k, v in given.items() if v is not None},
     )

@@ -28,7 +28,7 @@ from router.bench.plots import PlotsUnavailable, write_plots
 from router.bench.report import markdown
 from router.bench.results import document, level_document
 from router.bench.rounds import measure, warm_up
-from router.bench.scenarios import Level, levels
+from router.bench.scenarios import VLLM_ROUTER, Level, levels
 from router.bench.script import Script, make_script
 
 REQUEST_TIMEOUT_S = 60.0
@@ -44,7 +44,7 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> int:
         with console.status("starting the simulated stack and the gateways"):
             deployment = cleanup.enter_context(deployed(options))
         results = uvloop.run(_measure_all(options, deployment, script, console))
-    doc = document(options, results, peer_states())
+    doc = document(options, results, peer_states(measured=_peer_measured(results)))
     _write(doc, options.out, console)
     return 0
 
@@ -87,6 +87,10 @@ async def _level(
         lambda: progress.advance(task),
     )
     return level_document(level, measured)
+
+
+def _peer_measured(levels: list[dict[str, Any]]) -> bool:
+    return any(VLLM_ROUTER in level["methods"] for level in levels)
 
 
 def _write(doc: dict[str, Any], out: Path, console: Console) -> None:

@@ -4,7 +4,9 @@ The stack runs one TileRT node per latency stream at the highest level, a vLLM p
 server for them, and a `both`-role vLLM server standing in for a native disaggregation
 proxy. One gateway serves each latency pool size (`BenchOptions.pool_size`), and one
 serves the native path in proxy mode; each is a model of its own, so the figures of a
-gateway are those of one configured model.
+gateway are those of one configured model. With a peer (vllm-router) installed, a vLLM
+decode server joins the prefill server for NIXL pull, behind the peer and behind a
+gateway in pull mode.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from router.bench.options import BenchOptions
+from router.bench.peers import VllmRouterChild, vllm_router_executable
 from router.bench.processes import GatewayChild
 from router.demo.lifeline import die_with_parent
 from sim.stack import NodeInfo, SimStack
@@ -31,6 +34,8 @@ class Deployment:
     stack: SimStack
     latency_gateways: dict[int, GatewayChild]  # by pool size
     native_gateway: GatewayChild
+    pull_gateway: GatewayChild | None = None
+    vllm_router: VllmRouterChild | None = None
 
     @property
     def proxy_url(self) -> str:
@@ -62,6 +67,11 @@ def native_model(stack: SimStack) -> dict[str, Any]:
     }
 
 
+def pull_model(stack: SimStack) -> dict[str, Any]:
+    pull = {"mode": "pull", "prefill": [stack.prefills[0].url], "decode": [stack.decodes[0].url]}
+    return {"name": MODEL, "tokenizer": "deepseek", "throughput": pull}
+
+
 def gateway_config(model: dict[str, Any]) -> dict[str, Any]:
     """Every request of the model on its configured path; none waits behind a full pool
     for long (the bench never sends more streams than the pool has nodes)."""
@@ -74,9 +84,11 @@ def gateway_config(model: dict[str, Any]) -> dict[str, Any]:
 def deployed(options: BenchOptions) -> Iterator[Deployment]:
     """The stack and every gateway, ready; all stopped on the way out."""
     itl = str(options.native_itl_ms)
+    peer = vllm_router_executable() if options.peers else None
     stack = SimStack(
         nodes=options.stack_nodes,
         prefills=1,
+        decodes=1 if peer else 0,
         proxy=True,
         model=MODEL,
         node_args=[
@@ -90,6 +102,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
             str(options.node_step_ms),
         ],
         proxy_args=["--itl-ms", itl, "--prefill-ms-per-token", "0"],
+        decode_args=["--itl-ms", itl, "--prefill-ms-per-token", "0"],
         preexec_fn=die_with_parent(),
     )
     with ExitStack() as cleanup, tempfile.TemporaryDirectory(prefix="pd-gateway-bench-") as work:
@@ -100,15 +113,26 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
             for size in pools
         }
         configs["native"] = gateway_config(native_model(stack))
-        children: dict[str, GatewayChild] = {}
+        if peer:
+            configs["pull"] = gateway_config(pull_model(stack))
+        children: dict[str, GatewayChild | VllmRouterChild] = {}
         for label, config in configs.items():
             children[label] = GatewayChild(config, Path(work) / label)
             cleanup.callback(children[label].stop)
+        router = None
+        if peer:
+            prefill, decode = stack.prefills[0].url, stack.decodes[0].url
+            router = VllmRouterChild(peer, prefill, decode, Path(work) / "vllm-router.log")
+            cleanup.callback(router.stop)
+            children["vllm-router"] = router
         with ThreadPoolExecutor(len(children)) as pool:
             for ready in [pool.submit(child.wait_ready) for child in children.values()]:
                 ready.result(timeout=READY_TIMEOUT_S)
+        gateways = {k: v for k, v in children.items() if isinstance(v, GatewayChild)}
         yield Deployment(
             stack,
-            {size: children[f"latency-{size}"] for size in pools},
-            children["native"],
+            {size: gateways[f"latency-{size}"] for size in pools},
+            gateways["native"],
+            gateways.get("pull"),
+            router,
         )

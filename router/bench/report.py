@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.bench.scenarios import DIRECT, GATEWAY
+from router.bench.scenarios import DIRECT, GATEWAY, PULL_GATEWAY, VLLM_ROUTER
 
 Row = tuple[str, str, str, str, str]
 NOT_RUN = "not run"
@@ -28,7 +28,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "ms unless stated. TTFT: from sending the request to the first node line (direct"
         " latency), or SSE event with content; gap: between consecutive chunks of a stream."
-        " CPU and memory are the gateway process's own, from /proc.",
+        " CPU and memory are each relay process's own, from /proc.",
     ]
     peers = ", ".join(f"{name}: {state}" for name, state in doc["peers"].items())
     if peers:
@@ -51,9 +51,9 @@ def target_rows(doc: dict[str, Any]) -> list[Row]:
     rows.append(_one("TTFT p99 added ≤ 5 ms", where, widest, "ttft", "p99"))
     top = native[max(native)] if native else None
     where = f"native path (proxy), {top['concurrency'] if top else '?'} streams"
-    peer = doc["peers"].get("vllm-router", "not run")
-    rows.append(_one(f"TTFT p50 added ≤ vllm-router's ({peer})", where, top, "ttft", "p50"))
-    rows.append(_cpu(f"CPU per request ≤ 2× vllm-router's ({peer})", where, top))
+    peer = _peer(top, doc["peers"].get(VLLM_ROUTER, NOT_RUN))
+    rows.append(_one(f"TTFT p50 added ≤ vllm-router's ({peer['ttft']})", where, top, "ttft", "p50"))
+    rows.append(_cpu(f"CPU per request ≤ 2× vllm-router's ({peer['cpu']})", where, top))
     node_level = latency.get(settings["nodes"])
     rows.append(_cpu("CPU per request (today 10–18 ms)", _at(node_level), node_level))
     rows.append(("hand-off gap ≤ 1 ms p99", "slot hand-off", "", "`python bench/handoff.py`", ""))
@@ -64,6 +64,24 @@ def target_rows(doc: dict[str, Any]) -> list[Row]:
     rows.append(("≤ 50 KB per open stream", _at(widest), "", _kb(per_stream), ""))
     rows.append(("capacity: streams at 20 tok/s, gap p99 added ≤ 2 ms", "", "", NOT_RUN, ""))
     return rows
+
+
+def _peer(level: dict[str, Any] | None, state: str) -> dict[str, str]:
+    """vllm-router's figures at `level` beside the gateway's in pull mode (the same two
+    servers behind both), or the peer's state when it did not run."""
+    if level is None or VLLM_ROUTER not in level["methods"]:
+        return {"ttft": state, "cpu": state}
+    ttft = {label: level["added"][label]["ttft_p50_ms"] for label in (VLLM_ROUTER, PULL_GATEWAY)}
+    cpu = {
+        label: level["methods"][label]["cpu_ms_per_request"]
+        for label in (VLLM_ROUTER, PULL_GATEWAY)
+    }
+    return {
+        "ttft": f"vllm-router {ttft[VLLM_ROUTER]:+.2f}, gateway in pull mode"
+        f" {ttft[PULL_GATEWAY]:+.2f}, same servers",
+        "cpu": f"vllm-router {cpu[VLLM_ROUTER]:.2f} ms, gateway in pull mode"
+        f" {cpu[PULL_GATEWAY]:.2f} ms",
+    }
 
 
 def _ttft(target: str, where: str, level: dict[str, Any] | None) -> Row:

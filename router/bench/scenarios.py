@@ -18,6 +18,8 @@ from router.bench.streams import BenchFailure, Sample, chat_stream, direct_laten
 Path = Literal["latency", "native"]
 DIRECT = "direct"
 GATEWAY = "gateway"
+PULL_GATEWAY = "gateway-pull"
+VLLM_ROUTER = "vllm-router"
 SETTLE_TIMEOUT_S = 10.0
 
 
@@ -60,7 +62,7 @@ def levels(
         through = _chat(client, gateway.base_url, script, "latency")
         methods = (Method(DIRECT, direct, None), Method(GATEWAY, through, gateway.pid))
         found.append(Level("latency", level, options.pool_size(level), methods, nodes_idle))
-    native = (
+    native: tuple[Method, ...] = (
         Method(DIRECT, _chat(client, deployment.proxy_url + "/v1", script, None), None),
         Method(
             GATEWAY,
@@ -68,6 +70,12 @@ def levels(
             deployment.native_gateway.pid,
         ),
     )
+    if deployment.pull_gateway is not None and deployment.vllm_router is not None:
+        pull, router = deployment.pull_gateway, deployment.vllm_router
+        native += (
+            Method(PULL_GATEWAY, _chat(client, pull.base_url, script, "throughput"), pull.pid),
+            Method(VLLM_ROUTER, _chat(client, router.base_url, script, None), router.pid),
+        )
     for level in options.native_levels:
         found.append(Level("native", level, None, native, _nothing))
     return found
