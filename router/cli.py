@@ -126,6 +126,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--no-peers", action="store_true", help="leave out installed peers (vllm-router)"
     )
+    bench.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="another checkout of the project (a git worktree of an older commit, say):"
+        " its gateway runs in the same latency rounds, before and after side by side",
+    )
     bench.set_defaults(run=_bench)
 
     schema = commands.add_parser(
@@ -162,6 +169,7 @@ def _bench(args: argparse.Namespace) -> int:
         options,
         out=args.out,
         peers=not args.no_peers,
+        baseline=args.baseline.resolve() if args.baseline else None,
         command=command or "pd-gateway bench",
         **{k: v for k, v in given.items() if v is not None},
     )

@@ -102,6 +102,6 @@ def _write(doc: dict[str, Any], out: Path, console: Console) -> None:
     try:
         written += write_plots(doc, out)
     except PlotsUnavailable as exc:
-        console.print(f"PNG plots skipped: {exc}")
+        console.print(f"PNG plots skipped: {exc}", markup=False, soft_wrap=True)
     print(table)
     console.print("written: " + ", ".join(str(path) for path in written))

@@ -33,6 +33,7 @@ READY_TIMEOUT_S = 90.0
 class Deployment:
     stack: SimStack
     latency_gateways: dict[int, GatewayChild]  # by pool size
+    baseline_gateways: dict[int, GatewayChild]  # the same, from `--baseline`'s checkout
     native_gateway: GatewayChild
     pull_gateway: GatewayChild | None = None
     vllm_router: VllmRouterChild | None = None
@@ -119,6 +120,10 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
         for label, config in configs.items():
             children[label] = GatewayChild(config, Path(work) / label)
             cleanup.callback(children[label].stop)
+            if options.baseline is not None and label.startswith("latency-"):
+                other = GatewayChild(config, Path(work) / f"baseline-{label}", options.baseline)
+                children[f"baseline-{label}"] = other
+                cleanup.callback(other.stop)
         router = None
         if peer:
             prefill, decode = stack.prefills[0].url, stack.decodes[0].url
@@ -132,6 +137,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
         yield Deployment(
             stack,
             {size: gateways[f"latency-{size}"] for size in pools},
+            {size: gateways[f"baseline-latency-{size}"] for size in pools if options.baseline},
             gateways["native"],
             gateways.get("pull"),
             router,

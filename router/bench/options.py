@@ -26,6 +26,7 @@ class BenchOptions:
     node_step_ms: float = NODE_STEP_MS
     node_tokens_per_step: float = NODE_TOKENS_PER_STEP
     peers: bool = True
+    baseline: Path | None = None  # another checkout of the project, measured alongside
     command: str = "pd-gateway bench"
     notes: list[str] = field(default_factory=list)
 

@@ -6,13 +6,17 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from router.demo.lifeline import die_with_parent
 from router.server import READY_PREFIX
+
+NODES_IN_SERVICE_TIMEOUT_S = 30.0
 
 
 def cpu_s(pid: int) -> float:
@@ -69,8 +73,24 @@ class GatewayChild:
         for line in self.popen.stdout:
             if line.startswith(READY_PREFIX):
                 self.base_url = line[len(READY_PREFIX) :].strip()
+                self._wait_nodes_in_service()
                 return self.base_url
         raise RuntimeError(f"the gateway did not start:\n{self.log_path.read_text()}")
+
+    def _wait_nodes_in_service(self) -> None:
+        """Until no node is out: gateways sharing the nodes (`--baseline`) probe them at
+        start-up together, and one may find a node another is flushing, and wait a probe."""
+        pool = self.base_url.removesuffix("/v1") + "/admin/pool"
+        deadline = time.monotonic() + NODES_IN_SERVICE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            answer = httpx.get(pool, timeout=5)
+            if answer.status_code != 200:  # an admin key is configured: nothing to wait on
+                return
+            if not any(model["out"] for model in answer.json()["models"].values()):
+                return
+            time.sleep(0.1)
+        log = self.log_path.read_text()
+        raise RuntimeError(f"the gateway's nodes stayed out of service:\n{log}")
 
     def stop(self) -> None:
         if self.popen.poll() is None:

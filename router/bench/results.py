@@ -70,6 +70,7 @@ def document(
 ) -> dict[str, Any]:
     settings = asdict(options)
     settings["out"] = str(options.out)
+    settings["baseline"] = str(options.baseline) if options.baseline else None
     settings["latency_levels"] = list(options.latency)
     return {
         "command": options.command,

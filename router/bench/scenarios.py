@@ -20,6 +20,7 @@ DIRECT = "direct"
 GATEWAY = "gateway"
 PULL_GATEWAY = "gateway-pull"
 VLLM_ROUTER = "vllm-router"
+BASELINE = "baseline"
 SETTLE_TIMEOUT_S = 10.0
 
 
@@ -60,7 +61,14 @@ def levels(
     for level in options.latency:
         gateway = deployment.latency_gateways[options.pool_size(level)]
         through = _chat(client, gateway.base_url, script, "latency")
-        methods = (Method(DIRECT, direct, None), Method(GATEWAY, through, gateway.pid))
+        methods: tuple[Method, ...] = (
+            Method(DIRECT, direct, None),
+            Method(GATEWAY, through, gateway.pid),
+        )
+        baseline = deployment.baseline_gateways.get(options.pool_size(level))
+        if baseline is not None:
+            earlier = _chat(client, baseline.base_url, script, "latency")
+            methods += (Method(BASELINE, earlier, baseline.pid),)
         found.append(Level("latency", level, options.pool_size(level), methods, nodes_idle))
     native: tuple[Method, ...] = (
         Method(DIRECT, _chat(client, deployment.proxy_url + "/v1", script, None), None),
