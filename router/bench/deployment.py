@@ -11,12 +11,10 @@ gateway in pull mode.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from router.bench.options import BenchOptions
@@ -106,7 +104,9 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
         decode_args=["--itl-ms", itl, "--prefill-ms-per-token", "0"],
         preexec_fn=die_with_parent(),
     )
-    with ExitStack() as cleanup, tempfile.TemporaryDirectory(prefix="pd-gateway-bench-") as work:
+    work = options.out / "logs"  # each relay's configuration and log, kept for a look after
+    work.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as cleanup:
         cleanup.enter_context(stack)
         pools = sorted({options.pool_size(level) for level in options.latency})
         configs = {
@@ -118,16 +118,16 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
             configs["pull"] = gateway_config(pull_model(stack))
         children: dict[str, GatewayChild | VllmRouterChild] = {}
         for label, config in configs.items():
-            children[label] = GatewayChild(config, Path(work) / label)
+            children[label] = GatewayChild(config, work / label)
             cleanup.callback(children[label].stop)
             if options.baseline is not None and label.startswith("latency-"):
-                other = GatewayChild(config, Path(work) / f"baseline-{label}", options.baseline)
+                other = GatewayChild(config, work / f"baseline-{label}", options.baseline)
                 children[f"baseline-{label}"] = other
                 cleanup.callback(other.stop)
         router = None
         if peer:
             prefill, decode = stack.prefills[0].url, stack.decodes[0].url
-            router = VllmRouterChild(peer, prefill, decode, Path(work) / "vllm-router.log")
+            router = VllmRouterChild(peer, prefill, decode, work / "vllm-router.log")
             cleanup.callback(router.stop)
             children["vllm-router"] = router
         with ThreadPoolExecutor(len(children)) as pool:

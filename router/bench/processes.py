@@ -26,6 +26,15 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def running(pid: int) -> bool:
+    """Process `pid` exists and has not exited (a child not yet reaped is a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
     """Resident memory of process `pid` (`VmHWM` for its peak), in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

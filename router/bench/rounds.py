@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from router.bench.processes import cpu_s, reset_peak_rss, rss_mb
+from router.bench.processes import cpu_s, reset_peak_rss, rss_mb, running
 from router.bench.scenarios import Level, Method
-from router.bench.streams import Sample
+from router.bench.streams import BenchFailure, Sample
 
 
 @dataclass(slots=True)
@@ -76,6 +76,8 @@ async def _round(
     if method.pid is None:
         into.samples += await run_load(requests, concurrency, method.send, done)
         return
+    if not running(method.pid):
+        raise BenchFailure(f"{method.label} (pid {method.pid}) has exited: see its log")
     into.rss_before_mb.append(rss_mb(method.pid))
     reset_peak_rss(method.pid)
     before = cpu_s(method.pid)
