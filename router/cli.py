@@ -98,6 +98,43 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(run=_demo)
 
+    bench = commands.add_parser(
+        "bench",
+        help="measure what the gateway adds to a request: direct orchestration and the"
+        " gateway side by side on the simulated stack",
+    )
+    bench.add_argument("--quick", action="store_true", help="a run of seconds (for a test)")
+    bench.add_argument(
+        "--out", type=Path, default=Path("bench-results"), help="where results go (created)"
+    )
+    bench.add_argument("--rounds", type=_positive, help="interleaved rounds (default 3)")
+    bench.add_argument("--requests", type=_positive, help="per method and concurrency (default 32)")
+    bench.add_argument("--tokens", type=_positive, help="output length in tokens (default 256)")
+    bench.add_argument("--nodes", type=_positive, help="TileRT nodes in the pool (default 4)")
+    bench.add_argument(
+        "--concurrency",
+        type=_levels,
+        metavar="N,N,...",
+        help="latency path streams (default: 1, the node count, 16)",
+    )
+    bench.add_argument(
+        "--native-concurrency",
+        type=_levels,
+        metavar="N,N,...",
+        help="native path streams (default: 1,16,64)",
+    )
+    bench.add_argument(
+        "--no-peers", action="store_true", help="leave out installed peers (vllm-router)"
+    )
+    bench.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="another checkout of the project (a git worktree of an older commit, say):"
+        " its gateway runs in the same latency rounds, before and after side by side",
+    )
+    bench.set_defaults(run=_bench)
+
     schema = commands.add_parser(
         "schema", help="print the JSON Schema of router.yaml (deploy/router.schema.json)"
     )
@@ -110,6 +147,49 @@ def _schema(args: argparse.Namespace) -> int:
 
     sys.stdout.write(dumps())
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from router.bench import BenchOptions, run_bench
+    from router.bench.options import quick
+
+    options = quick(BenchOptions()) if args.quick else BenchOptions()
+    given = {
+        "rounds": args.rounds,
+        "requests": args.requests,
+        "tokens": args.tokens,
+        "nodes": args.nodes,
+        "latency_levels": args.concurrency,
+        "native_levels": args.native_concurrency,
+    }
+    command = " ".join(["pd-gateway", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else ""
+    options = replace(
+        options,
+        out=args.out,
+        peers=not args.no_peers,
+        baseline=args.baseline.resolve() if args.baseline else None,
+        command=command or "pd-gateway bench",
+        **{k: v for k, v in given.items() if v is not None},
+    )
+    if options.tokens < 8:
+        raise UsageError("--tokens: at least 8, so that every stream has several chunks")
+    return run_bench(options)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
+    return value
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    return tuple(sorted({_positive(part) for part in text.split(",") if part.strip()}))
 
 
 def _header(text: str) -> tuple[str, str]:

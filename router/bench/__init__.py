@@ -1,0 +1,11 @@
+"""`pd-gateway bench`: what the gateway adds to a request, side by side with no gateway.
+
+Starts the simulated stack and `pd-gateway serve` as children, runs interleaved rounds of
+direct orchestration and the gateway (and any installed peer) on both paths at several
+concurrencies, and writes the results as JSON, a Markdown table and PNG plots.
+"""
+
+from router.bench.command import run_bench
+from router.bench.options import BenchOptions
+
+__all__ = ["BenchOptions", "run_bench"]

@@ -1,0 +1,144 @@
+"""The systems under test: one simulated stack and the gateways in front of it.
+
+The stack runs one TileRT node per latency stream at the highest level, a vLLM prefill
+server for them, and a `both`-role vLLM server standing in for a native disaggregation
+proxy. One gateway serves each latency pool size (`BenchOptions.pool_size`), and one
+serves the native path in proxy mode; each is a model of its own, so the figures of a
+gateway are those of one configured model. With a peer (vllm-router) installed, a vLLM
+decode server joins the prefill server for NIXL pull, behind the peer and behind a
+gateway in pull mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from router.bench.options import BenchOptions
+from router.bench.peers import VllmRouterChild, vllm_router_executable
+from router.bench.processes import GatewayChild
+from router.demo.lifeline import die_with_parent
+from sim.stack import NodeInfo, SimStack
+
+MODEL = "bench"
+READY_TIMEOUT_S = 90.0
+
+
+@dataclass(slots=True)
+class Deployment:
+    stack: SimStack
+    latency_gateways: dict[int, GatewayChild]  # by pool size
+    baseline_gateways: dict[int, GatewayChild]  # the same, from `--baseline`'s checkout
+    native_gateway: GatewayChild
+    pull_gateway: GatewayChild | None = None
+    vllm_router: VllmRouterChild | None = None
+
+    @property
+    def proxy_url(self) -> str:
+        assert self.stack.proxy is not None
+        return self.stack.proxy.url
+
+
+def latency_model(stack: SimStack, nodes: list[NodeInfo]) -> dict[str, Any]:
+    """The model served by `stack`'s prefill server and `nodes` (DeepSeek tokenizer)."""
+    return {
+        "name": MODEL,
+        "tokenizer": "deepseek",
+        "output_parser": "deepseek_v32",
+        "latency": {
+            "prefill": [p.url for p in stack.prefills],
+            "nodes": [
+                {"host": n.host, "ctrl_port": n.ctrl_port, "http_port": n.http_port} for n in nodes
+            ],
+        },
+    }
+
+
+def native_model(stack: SimStack) -> dict[str, Any]:
+    assert stack.proxy is not None
+    return {
+        "name": MODEL,
+        "tokenizer": "deepseek",
+        "throughput": {"mode": "proxy", "urls": [stack.proxy.url]},
+    }
+
+
+def pull_model(stack: SimStack) -> dict[str, Any]:
+    pull = {"mode": "pull", "prefill": [stack.prefills[0].url], "decode": [stack.decodes[0].url]}
+    return {"name": MODEL, "tokenizer": "deepseek", "throughput": pull}
+
+
+def gateway_config(model: dict[str, Any]) -> dict[str, Any]:
+    """Every request of the model on its configured path; none waits behind a full pool
+    for long (the bench never sends more streams than the pool has nodes)."""
+    path = "latency" if "latency" in model else "throughput"
+    rule = {"name": "bench", "path": path, "on_saturation": "queue"}
+    return {"models": [model], "classification": {"rules": {"default": rule}}}
+
+
+@contextmanager
+def deployed(options: BenchOptions) -> Iterator[Deployment]:
+    """The stack and every gateway, ready; all stopped on the way out."""
+    itl = str(options.native_itl_ms)
+    peer = vllm_router_executable() if options.peers else None
+    stack = SimStack(
+        nodes=options.stack_nodes,
+        prefills=1,
+        decodes=1 if peer else 0,
+        proxy=True,
+        model=MODEL,
+        node_args=[
+            "--step-ms",
+            str(options.node_step_ms),
+            "--tokens-per-step",
+            str(options.node_tokens_per_step),
+            # A line per decode step, as the gateway relays them, rather than 0.1.6's
+            # 200 ms batches: the gaps between lines are what the relay can add to.
+            "--stream-interval-ms",
+            str(options.node_step_ms),
+        ],
+        proxy_args=["--itl-ms", itl, "--prefill-ms-per-token", "0"],
+        decode_args=["--itl-ms", itl, "--prefill-ms-per-token", "0"],
+        preexec_fn=die_with_parent(),
+    )
+    work = options.out / "logs"  # each relay's configuration and log, kept for a look after
+    work.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as cleanup:
+        cleanup.enter_context(stack)
+        pools = sorted({options.pool_size(level) for level in options.latency})
+        configs = {
+            f"latency-{size}": gateway_config(latency_model(stack, stack.nodes[:size]))
+            for size in pools
+        }
+        configs["native"] = gateway_config(native_model(stack))
+        if peer:
+            configs["pull"] = gateway_config(pull_model(stack))
+        children: dict[str, GatewayChild | VllmRouterChild] = {}
+        for label, config in configs.items():
+            children[label] = GatewayChild(config, work / label)
+            cleanup.callback(children[label].stop)
+            if options.baseline is not None and label.startswith("latency-"):
+                other = GatewayChild(config, work / f"baseline-{label}", options.baseline)
+                children[f"baseline-{label}"] = other
+                cleanup.callback(other.stop)
+        router = None
+        if peer:
+            prefill, decode = stack.prefills[0].url, stack.decodes[0].url
+            router = VllmRouterChild(peer, prefill, decode, work / "vllm-router.log")
+            cleanup.callback(router.stop)
+            children["vllm-router"] = router
+        with ThreadPoolExecutor(len(children)) as pool:
+            for ready in [pool.submit(child.wait_ready) for child in children.values()]:
+                ready.result(timeout=READY_TIMEOUT_S)
+        gateways = {k: v for k, v in children.items() if isinstance(v, GatewayChild)}
+        yield Deployment(
+            stack,
+            {size: gateways[f"latency-{size}"] for size in pools},
+            {size: gateways[f"baseline-latency-{size}"] for size in pools if options.baseline},
+            gateways["native"],
+            gateways.get("pull"),
+            router,
+        )

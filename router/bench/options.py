@@ -1,0 +1,62 @@
+"""What a bench run does: its paths, concurrencies, sizes and where it writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+# The issue's reference load: 256-token outputs at ~600 tokens/s per stream, 4 nodes.
+NODE_STEP_MS = 5.0
+NODE_TOKENS_PER_STEP = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """Every figure of one run. `requests` is per method and concurrency, split over
+    `rounds` interleaved rounds of at least `concurrency` requests each."""
+
+    out: Path = Path("bench-results")
+    nodes: int = 4
+    latency_levels: tuple[int, ...] = ()  # default: 1, `nodes` and 16 streams
+    native_levels: tuple[int, ...] = (1, 16, 64)
+    tokens: int = 256
+    requests: int = 32
+    rounds: int = 3
+    native_itl_ms: float = 5.0
+    node_step_ms: float = NODE_STEP_MS
+    node_tokens_per_step: float = NODE_TOKENS_PER_STEP
+    peers: bool = True
+    baseline: Path | None = None  # another checkout of the project, measured alongside
+    command: str = "pd-gateway bench"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def latency(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.latency_levels or (1, self.nodes, 16))))
+
+    @property
+    def stack_nodes(self) -> int:
+        """Nodes the simulated stack runs: one per stream at the highest level."""
+        return max(self.nodes, *self.latency)
+
+    def pool_size(self, concurrency: int) -> int:
+        """The gateway's pool at `concurrency`: the configured nodes, or one node per stream
+        beyond them (a TileRT node decodes one stream at a time)."""
+        return max(self.nodes, concurrency)
+
+    def per_round(self, concurrency: int) -> int:
+        return max(concurrency, -(-self.requests // self.rounds))
+
+
+def quick(options: BenchOptions) -> BenchOptions:
+    """A run of seconds that still exercises every path, method and measure."""
+    return replace(
+        options,
+        nodes=2,
+        latency_levels=(1, 2),
+        native_levels=(1, 4),
+        tokens=32,
+        requests=4,
+        rounds=2,
+        native_itl_ms=1.0,
+    )

@@ -1,0 +1,118 @@
+"""A relay under test as a child process, and what /proc says of it: CPU and memory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from router.demo.lifeline import die_with_parent
+from router.server import READY_PREFIX
+
+NODES_IN_SERVICE_TIMEOUT_S = 30.0
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of process `pid` (all its threads), in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def running(pid: int) -> bool:
+    """Process `pid` exists and has not exited (a child not yet reaped is a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory of process `pid` (`VmHWM` for its peak), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/{pid}/status: not Linux?")
+
+
+class GatewayChild:
+    """`pd-gateway serve` with `config`, as a child in its own process group on a free
+    loopback port. With `root`, it runs from that checkout of the project instead of the
+    installed package (to measure another version alongside)."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path, root: Path | None = None) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        config_path = workdir / "router.yaml"
+        document = {**config, "server": {"host": "127.0.0.1", "port": 0}}
+        config_path.write_text(yaml.safe_dump(document), encoding="utf-8")
+        self.log_path = workdir / "gateway.log"
+        self.base_url = ""
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TRANSFORMERS_VERBOSITY="error")
+        if root is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+        argv = [sys.executable, "-m", "router.cli", "serve", "--config", str(config_path)]
+        with self.log_path.open("w") as log:
+            self.popen = subprocess.Popen(
+                [*argv, "--port", "0", "--log-level", "warning"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+                cwd=root or workdir,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def wait_ready(self) -> str:
+        """The announced base URL (blocks on the child's stdout until it prints it)."""
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            if line.startswith(READY_PREFIX):
+                self.base_url = line[len(READY_PREFIX) :].strip()
+                self._wait_nodes_in_service()
+                return self.base_url
+        raise RuntimeError(f"the gateway did not start:\n{self.log_path.read_text()}")
+
+    def _wait_nodes_in_service(self) -> None:
+        """Until no node is out: gateways sharing the nodes (`--baseline`) probe them at
+        start-up together, and one may find a node another is flushing, and wait a probe."""
+        pool = self.base_url.removesuffix("/v1") + "/admin/pool"
+        deadline = time.monotonic() + NODES_IN_SERVICE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            answer = httpx.get(pool, timeout=5)
+            if answer.status_code != 200:  # an admin key is configured: nothing to wait on
+                return
+            if not any(model["out"] for model in answer.json()["models"].values()):
+                return
+            time.sleep(0.1)
+        log = self.log_path.read_text()
+        raise RuntimeError(f"the gateway's nodes stayed out of service:\n{log}")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+
+def reset_peak_rss(pid: int) -> None:
+    """Start `VmHWM` of process `pid` again from its current resident size."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")

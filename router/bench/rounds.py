@@ -1,0 +1,86 @@
+"""Interleaved rounds: at each level, every method in turn, round after round, so that the
+noise of other processes on the machine hits them all alike."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from router.bench.processes import cpu_s, reset_peak_rss, rss_mb, running
+from router.bench.scenarios import Level, Method
+from router.bench.streams import BenchFailure, Sample
+
+
+@dataclass(slots=True)
+class Measured:
+    """One method at one level: its samples, and its relay's CPU time (over all rounds)
+    and resident memory before and at the peak of each round."""
+
+    samples: list[Sample] = field(default_factory=list)
+    cpu_s: float = 0.0
+    rss_before_mb: list[float] = field(default_factory=list)
+    rss_peak_mb: list[float] = field(default_factory=list)
+
+
+async def run_load(
+    requests: int,
+    concurrency: int,
+    send: Callable[[int], Awaitable[Sample]],
+    done: Callable[[], None] = lambda: None,
+) -> list[Sample]:
+    """`requests` calls of `send(worker)` from `concurrency` workers, each one at a time."""
+    remaining = iter(range(requests))
+    samples: list[Sample] = []
+
+    async def worker(index: int) -> None:
+        for _ in remaining:
+            samples.append(await send(index))
+            done()
+
+    async with asyncio.TaskGroup() as group:
+        for index in range(concurrency):
+            group.create_task(worker(index))
+    return samples
+
+
+async def warm_up(level: Level) -> None:
+    """Connections, tokenizers and every node, before anything is measured."""
+    for method in level.methods:
+        await level.settle()
+        await run_load(level.concurrency, level.concurrency, method.send)
+
+
+async def measure(
+    level: Level,
+    rounds: int,
+    per_round: int,
+    started: Callable[[str], None],
+    done: Callable[[], None],
+) -> dict[str, Measured]:
+    """`rounds` rounds of `per_round` requests of each method; round r starts with method
+    r (mod their count), so no method always follows the same one."""
+    measured = {method.label: Measured() for method in level.methods}
+    for index in range(rounds):
+        shift = index % len(level.methods)
+        for method in (*level.methods[shift:], *level.methods[:shift]):
+            started(f"{method.label}, round {index + 1}/{rounds}")
+            await level.settle()
+            await _round(method, level.concurrency, per_round, measured[method.label], done)
+    return measured
+
+
+async def _round(
+    method: Method, concurrency: int, requests: int, into: Measured, done: Callable[[], None]
+) -> None:
+    if method.pid is None:
+        into.samples += await run_load(requests, concurrency, method.send, done)
+        return
+    if not running(method.pid):
+        raise BenchFailure(f"{method.label} (pid {method.pid}) has exited: see its log")
+    into.rss_before_mb.append(rss_mb(method.pid))
+    reset_peak_rss(method.pid)
+    before = cpu_s(method.pid)
+    into.samples += await run_load(requests, concurrency, method.send, done)
+    into.cpu_s += cpu_s(method.pid) - before
+    into.rss_peak_mb.append(rss_mb(method.pid, "VmHWM"))

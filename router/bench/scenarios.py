@@ -1,0 +1,112 @@
+"""Each path at each concurrency, and the ways its requests are sent (the methods)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import httpx
+
+from router.bench.deployment import MODEL, Deployment
+from router.bench.options import BenchOptions
+from router.bench.script import Script
+from router.bench.streams import BenchFailure, Sample, chat_stream, direct_latency
+
+Path = Literal["latency", "native"]
+DIRECT = "direct"
+GATEWAY = "gateway"
+PULL_GATEWAY = "gateway-pull"
+VLLM_ROUTER = "vllm-router"
+BASELINE = "baseline"
+SETTLE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One way of sending a level's requests: `send(worker)`, and the process that relays
+    them (None when nothing does), whose CPU and memory are measured."""
+
+    label: str
+    send: Callable[[int], Awaitable[Sample]]
+    pid: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    path: Path
+    concurrency: int
+    pool: int | None  # TileRT nodes behind the gateway (latency path)
+    methods: tuple[Method, ...]
+    settle: Callable[[], Awaitable[None]]
+
+
+def levels(
+    options: BenchOptions, deployment: Deployment, client: httpx.AsyncClient, script: Script
+) -> list[Level]:
+    stack = deployment.stack
+    prefill_url = stack.prefills[0].url
+
+    async def direct(worker: int) -> Sample:
+        node = stack.nodes[worker]  # one worker per node: never double-booked
+        address = (node.host, node.ctrl_port)
+        return await direct_latency(client, prefill_url, node.url, address, MODEL, script)
+
+    async def nodes_idle() -> None:
+        await wait_nodes_idle(client, [node.url for node in stack.nodes])
+
+    found = []
+    for level in options.latency:
+        gateway = deployment.latency_gateways[options.pool_size(level)]
+        through = _chat(client, gateway.base_url, script, "latency")
+        methods: tuple[Method, ...] = (
+            Method(DIRECT, direct, None),
+            Method(GATEWAY, through, gateway.pid),
+        )
+        baseline = deployment.baseline_gateways.get(options.pool_size(level))
+        if baseline is not None:
+            earlier = _chat(client, baseline.base_url, script, "latency")
+            methods += (Method(BASELINE, earlier, baseline.pid),)
+        found.append(Level("latency", level, options.pool_size(level), methods, nodes_idle))
+    native: tuple[Method, ...] = (
+        Method(DIRECT, _chat(client, deployment.proxy_url + "/v1", script, None), None),
+        Method(
+            GATEWAY,
+            _chat(client, deployment.native_gateway.base_url, script, "throughput"),
+            deployment.native_gateway.pid,
+        ),
+    )
+    if deployment.pull_gateway is not None and deployment.vllm_router is not None:
+        pull, router = deployment.pull_gateway, deployment.vllm_router
+        native += (
+            Method(PULL_GATEWAY, _chat(client, pull.base_url, script, "throughput"), pull.pid),
+            Method(VLLM_ROUTER, _chat(client, router.base_url, script, None), router.pid),
+        )
+    for level in options.native_levels:
+        found.append(Level("native", level, None, native, _nothing))
+    return found
+
+
+def _chat(
+    client: httpx.AsyncClient, base_url: str, script: Script, route: str | None
+) -> Callable[[int], Awaitable[Sample]]:
+    async def send(worker: int) -> Sample:
+        return await chat_stream(client, base_url, MODEL, script, route)
+
+    return send
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def wait_nodes_idle(client: httpx.AsyncClient, node_urls: list[str]) -> None:
+    """Every node has released its slot: the previous round's decodes have all ended."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    for url in node_urls:
+        while (await client.get(url + "/decode_status")).json()["status"] != "idle":
+            if time.monotonic() > deadline:
+                raise BenchFailure(f"node {url} still busy")
+            await asyncio.sleep(0.005)

@@ -1,0 +1,108 @@
+"""`pd-gateway bench --quick`: every measure of every level is in the JSON, counted and
+finite, and the Markdown shows every target. Timing itself is never asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+LEVELS = [("latency", 1), ("latency", 2), ("native", 1), ("native", 4)]
+ROUNDS, REQUESTS = 2, 4  # the quick run's
+TARGETS = [
+    "TTFT added ≤ 1 ms p50, ≤ 3 ms p99",
+    "inter-chunk gap p99 added ≤ 0.5 ms",
+    "TTFT p99 added ≤ 5 ms",
+    "TTFT p50 added ≤ vllm-router's",
+    "CPU per request ≤ 2× vllm-router's",
+    "hand-off gap ≤ 1 ms p99",
+    "idle RSS ≤ 150 MB, one model",
+    "≤ 50 KB per open stream",
+    "capacity",
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("bench")
+    done = subprocess.run(
+        [sys.executable, "-m", "router.cli", "bench", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, done
+
+
+@pytest.fixture(scope="module")
+def results(run: tuple[Path, subprocess.CompletedProcess[str]]) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((run[0] / "results.json").read_text())
+    return document
+
+
+def expected_requests(concurrency: int) -> int:
+    return ROUNDS * max(concurrency, -(-REQUESTS // ROUNDS))
+
+
+def test_every_level_ran_every_request_of_each_method(results: dict[str, Any]) -> None:
+    assert [(lv["path"], lv["concurrency"]) for lv in results["levels"]] == LEVELS
+    for level in results["levels"]:
+        assert {"direct", "gateway"} <= set(level["methods"])
+        for method in level["methods"].values():
+            requests = expected_requests(level["concurrency"])
+            assert method["requests"] == requests
+            assert method["ttft_ms"]["count"] == requests
+            assert method["gap_ms"]["count"] == method["chunks"] - requests > 0
+
+
+def test_every_measure_is_there_and_finite(results: dict[str, Any]) -> None:
+    for level in results["levels"]:
+        for label, method in level["methods"].items():
+            for measure in ("ttft_ms", "gap_ms"):
+                figures = method[measure]
+                assert 0 <= figures["p50"] <= figures["p99"] <= figures["max"]
+                assert len(figures["cdf"]) == 101 and figures["cdf"] == sorted(figures["cdf"])
+            if label == "direct":
+                assert "cpu_ms_per_request" not in method
+                continue
+            assert method["cpu_ms_per_request"] >= 0
+            assert 20 < method["rss_idle_mb"] <= method["rss_peak_mb"]
+            assert math.isfinite(method["rss_per_stream_kb"])
+        assert set(level["added"]) == set(level["methods"]) - {"direct"}
+        for added in level["added"].values():
+            assert set(added) == {"ttft_p50_ms", "ttft_p99_ms", "gap_p50_ms", "gap_p99_ms"}
+            assert all(math.isfinite(value) for value in added.values())
+
+
+def test_the_run_is_described(results: dict[str, Any]) -> None:
+    assert results["command"].startswith("pd-gateway bench --quick")
+    assert results["settings"]["tokens"] == 32
+    assert results["machine"]["cpus"] >= 1
+    assert "vllm-router" in results["peers"]
+
+
+def test_markdown_shows_every_target_and_plots_are_drawn_or_explained(
+    run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    out, done = run
+    table = (out / "results.md").read_text()
+    for target in TARGETS:
+        assert target in table
+    assert table in done.stdout
+    plots = ["ttft_cdf.png", "gap_cdf.png", "overhead.png"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        for name in plots:
+            assert (out / name).read_bytes().startswith(b"\x89PNG")
+    else:
+        assert "pip install 'pd-gateway[bench]'" in done.stderr
+        assert not any((out / name).exists() for name in plots)
