@@ -370,6 +370,9 @@ class ServerConfig(_Strict):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
     # After SIGTERM: how long in-flight requests may run before they are cut off.
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0
+    workers: Annotated[int, Field(ge=1, le=64)] = 1
+    """Gateway processes on the one listening socket, an event loop (a core) each. More
+    than one needs `gate.backend: redis`, where the pool's state is shared."""
 
 
 class ClassificationConfig(_Strict):
@@ -480,6 +483,12 @@ class GatewayConfig(_Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"model listed twice: {sorted(dup)}")
+        if self.gate.backend == "memory" and self.server.workers > 1:
+            raise ValueError(
+                f"server.workers is {self.server.workers}, but gate.backend memory keeps the"
+                " TileRT pool in one process: several would double-book its nodes (use"
+                " gate.backend redis)"
+            )
         if self.gate.backend == "memory":
             # Each model's pool gates its nodes in memory: a node in two would serve both.
             nodes = [n.id for m in self.models if m.latency for n in m.latency.nodes]

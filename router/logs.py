@@ -20,6 +20,7 @@ LogFormat = Literal["text", "json"]
 LEVELS = ("critical", "error", "warning", "info", "debug")
 
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
+_in_a_worker = False  # one of several gateway processes (`server.workers`): lines name it
 
 
 class _RequestIdFilter(logging.Filter):
@@ -38,6 +39,8 @@ class JsonFormatter(logging.Formatter):
             "request_id": getattr(record, "request_id", "-"),
             "message": record.getMessage(),
         }
+        if _in_a_worker:
+            line["worker"] = record.process
         access = getattr(record, "access", None)
         if isinstance(access, dict):
             line.update(access)
@@ -48,7 +51,8 @@ class JsonFormatter(logging.Formatter):
 
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+        worker = " worker=%(process)d" if _in_a_worker else ""
+        super().__init__(f"%(asctime)s %(levelname)s %(name)s{worker} [%(request_id)s] %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
@@ -56,6 +60,15 @@ class TextFormatter(logging.Formatter):
         if isinstance(access, dict):
             text += " " + " ".join(f"{k}={v}" for k, v in access.items() if v is not None)
         return text
+
+
+def name_this_worker() -> None:
+    """From now on (this configuration and the next) every line names this process."""
+    global _in_a_worker
+    _in_a_worker = True
+    for handler in logging.getLogger().handlers:
+        json = isinstance(handler.formatter, JsonFormatter)
+        handler.setFormatter(JsonFormatter() if json else TextFormatter())
 
 
 def configure(level: str, fmt: LogFormat) -> None:

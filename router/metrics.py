@@ -10,6 +10,7 @@ built (`Metrics.gate`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -21,10 +22,12 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from router.gate import GateSnapshot
 from router.gate.metrics import GateMetrics
+from router.workers import METRICS_DIR_ENV
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -104,6 +107,14 @@ class Metrics:
         self._token_gap_children: dict[str, Any] = {}
         self._pools = _PoolCollector()
         r.register(self._pools)
+        # Several worker processes (`router.workers`): each scrape reads every worker's
+        # counters and histograms from the shared files, and this worker's pool gauges
+        # (the pool's state is shared, so any worker's picture is the whole one).
+        self._exposed = r
+        if shared_dir := os.environ.get(METRICS_DIR_ENV):
+            self._exposed = CollectorRegistry()
+            MultiProcessCollector(self._exposed, path=shared_dir)  # type: ignore[no-untyped-call]
+            self._exposed.register(self._pools)
         self.gate = GateMetrics(r)
 
     def request(self, model: str, path: str, rule: str, status: int) -> None:
@@ -144,7 +155,7 @@ class Metrics:
     def render(self, pools: Mapping[str, GateSnapshot]) -> bytes:
         """The exposition, with the pool gauges read from `pools` (model -> its snapshot)."""
         self._pools.snapshots = pools
-        return generate_latest(self.registry)
+        return generate_latest(self._exposed)
 
 
 class _PoolCollector(Collector):

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import signal
 import socket
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -18,6 +19,7 @@ from router.app import create_app
 from router.config import ConfigError, GatewayConfig
 from router.serving.live import LiveResponses
 from router.state import AppState
+from router.workers import supervise
 
 log = logging.getLogger("pd_gateway")
 
@@ -54,9 +56,11 @@ class _AnnouncingServer(uvicorn.Server):
     A second signal skips the waiting.
     """
 
-    def __init__(self, config: uvicorn.Config, url: str, app: FastAPI, grace_s: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, on_ready: Callable[[], None], app: FastAPI, grace_s: float
+    ) -> None:
         super().__init__(config)
-        self._url = url
+        self._on_ready = on_ready
         self._app = app
         self._grace_s = grace_s
 
@@ -95,7 +99,7 @@ class _AnnouncingServer(uvicorn.Server):
                 signal.SIGHUP, lambda: asyncio.ensure_future(_reload(state))
             )
         if self.started:
-            print(READY_PREFIX + self._url, flush=True)
+            self._on_ready()
 
 
 async def _reload(state: AppState) -> None:
@@ -107,12 +111,35 @@ async def _reload(state: AppState) -> None:
 
 
 def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:
-    """Serve until SIGTERM/SIGINT; `log_level` overrides `logging.level`."""
+    """Serve until SIGTERM/SIGINT; `log_level` overrides `logging.level`. With
+    `server.workers` > 1, that many processes share the socket (`router.workers`)."""
     sock = bind(config.server.host, config.server.port)  # OSError before anything else
     log_level = log_level or config.logging.level
     logs.configure(log_level, config.logging.format)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/v1"
+
+    def announce() -> None:
+        print(READY_PREFIX + url, flush=True)
+
+    if config.server.workers == 1:
+        _serve_on(sock, config, log_level, announce)
+        return
+    create_app(config)  # a secret that cannot be read fails here, not in every worker
+    status = supervise(
+        config.server.workers,
+        lambda ready: _serve_on(sock, config, log_level, ready),
+        announce,
+    )
+    if status:
+        raise SystemExit(status)
+
+
+def _serve_on(
+    sock: socket.socket, config: GatewayConfig, log_level: str, on_ready: Callable[[], None]
+) -> int:
+    """One gateway process on `sock` until it is stopped; its exit status."""
     app = create_app(config)
     uv_config = uvicorn.Config(
         app,
@@ -125,6 +152,6 @@ def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:
         # are connections closing.
         timeout_graceful_shutdown=int(CUT_GRACE_S),
     )
-    url = f"http://{shown}:{port}/v1"
-    server = _AnnouncingServer(uv_config, url, app, config.server.shutdown_grace_s)
+    server = _AnnouncingServer(uv_config, on_ready, app, config.server.shutdown_grace_s)
     server.run(sockets=[sock])
+    return 0 if server.started else 1

@@ -20,7 +20,7 @@ from typing import Any
 from router.bench.options import BenchOptions
 from router.bench.peers import VllmRouterChild, vllm_router_executable
 from router.bench.processes import GatewayChild
-from router.demo.lifeline import die_with_parent
+from router.lifeline import die_with_parent
 from sim.stack import NodeInfo, SimStack
 
 MODEL = "bench"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from router.demo.lifeline import die_with_parent
+from router.lifeline import die_with_parent
 
 VLLM_ROUTER = "vllm-router"
 READY_TIMEOUT_S = 30.0

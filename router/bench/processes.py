@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import yaml
 
-from router.demo.lifeline import die_with_parent
+from router.lifeline import die_with_parent
 from router.server import READY_PREFIX
 
 NODES_IN_SERVICE_TIMEOUT_S = 30.0

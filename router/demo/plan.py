@@ -126,7 +126,7 @@ class ModelPlan:
     def stack(self, *, pin_ports: bool) -> SimStack:
         """The model's `SimStack` (not started): configured ports, or free ones; its
         simulators die with the demo, however the demo ends."""
-        from router.demo.lifeline import die_with_parent
+        from router.lifeline import die_with_parent
         from sim.stack import SimStack
 
         latency = self.model.latency

@@ -12,8 +12,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from router.demo.lifeline import die_with_parent, dir_prefix
+from router.demo.lifeline import dir_prefix
 from router.demo.plan import DemoError
+from router.lifeline import die_with_parent
 
 HOST = "127.0.0.1"
 

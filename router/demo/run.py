@@ -28,11 +28,12 @@ import yaml
 
 from router.config import GatewayConfig, load_config, parse_config
 from router.demo.front import RoundRobinFront
-from router.demo.lifeline import die_with_parent, dir_prefix, remove_stale_dirs
+from router.demo.lifeline import dir_prefix, remove_stale_dirs
 from router.demo.plan import DemoError, ModelPlan, plan_stacks
 from router.demo.ports import Endpoints, rewrite, shifted, started
 from router.demo.redis import LocalRedis
 from router.demo.usage import usage
+from router.lifeline import die_with_parent
 from router.server import READY_PREFIX
 
 if TYPE_CHECKING:

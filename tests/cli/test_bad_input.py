@@ -38,6 +38,11 @@ CONFIG_CASES = [
         "node in the latency pools of two models: ['127.0.0.1:9']",
     ),
     (
+        "several workers on the memory gate",
+        GOOD_CONFIG + "server: {workers: 2}\n",
+        "server.workers is 2, but gate.backend memory keeps the TileRT pool in one process",
+    ),
+    (
         "node of another release than its pool",
         GOOD_CONFIG.replace("http_port: 9}", "http_port: 9, tilert: '0.1.5'}"),
         "node 127.0.0.1:9 says TileRT 0.1.5 in a pool of TileRT 0.1.6",
