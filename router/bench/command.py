@@ -52,7 +52,7 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> int:
 async def _measure_all(
     options: BenchOptions, deployment: Deployment, script: Script, console: Console
 ) -> list[dict[str, Any]]:
-    widest = max(*options.latency, *options.native_levels)
+    widest = options.widest
     limits = httpx.Limits(max_connections=4 * widest, max_keepalive_connections=4 * widest)
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:

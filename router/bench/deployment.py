@@ -6,7 +6,9 @@ proxy. One gateway serves each latency pool size (`BenchOptions.pool_size`), and
 serves the native path in proxy mode; each is a model of its own, so the figures of a
 gateway are those of one configured model. With a peer (vllm-router) installed, a vLLM
 decode server joins the prefill server for NIXL pull, behind the peer and behind a
-gateway in pull mode.
+gateway in pull mode. For the capacity curve, a second `both`-role vLLM answers at 20
+tokens/s per stream behind one gateway per count of worker processes (more than one run
+on the Redis gate, a local redis-server).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.bench.options import BenchOptions
 from router.bench.peers import VllmRouterChild, vllm_router_executable
 from router.bench.processes import GatewayChild
+from router.demo.redis import LocalRedis
 from router.lifeline import die_with_parent
 from sim.stack import NodeInfo, SimStack
 
@@ -35,6 +38,8 @@ class Deployment:
     native_gateway: GatewayChild
     pull_gateway: GatewayChild | None = None
     vllm_router: VllmRouterChild | None = None
+    capacity_url: str = ""  # the slow native server, direct
+    capacity_gateways: dict[int, GatewayChild] = field(default_factory=dict)  # by workers
 
     @property
     def proxy_url(self) -> str:
@@ -69,6 +74,17 @@ def native_model(stack: SimStack) -> dict[str, Any]:
 def pull_model(stack: SimStack) -> dict[str, Any]:
     pull = {"mode": "pull", "prefill": [stack.prefills[0].url], "decode": [stack.decodes[0].url]}
     return {"name": MODEL, "tokenizer": "deepseek", "throughput": pull}
+
+
+def capacity_config(
+    model: dict[str, Any], workers: int, redis: LocalRedis | None
+) -> dict[str, Any]:
+    config = gateway_config(model)
+    config["server"] = {"workers": workers}
+    if workers > 1:
+        assert redis is not None
+        config["gate"] = {"backend": "redis", "redis": {"url": redis.url}}
+    return config
 
 
 def gateway_config(model: dict[str, Any]) -> dict[str, Any]:
@@ -116,6 +132,33 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
         configs["native"] = gateway_config(native_model(stack))
         if peer:
             configs["pull"] = gateway_config(pull_model(stack))
+        capacity_url = ""
+        if options.capacity_levels:
+            slow = SimStack(
+                nodes=0,
+                prefills=0,
+                proxy=True,
+                model=MODEL,
+                proxy_args=[
+                    "--itl-ms",
+                    str(options.capacity_itl_ms),
+                    "--prefill-ms-per-token",
+                    "0",
+                ],
+                preexec_fn=die_with_parent(),
+            )
+            cleanup.enter_context(slow)
+            assert slow.proxy is not None
+            capacity_url = slow.proxy.url
+            redis = None
+            if max(options.capacity_workers) > 1:
+                redis = LocalRedis()
+                redis.start()
+                cleanup.callback(redis.close)
+            for workers in options.capacity_workers:
+                configs[f"capacity-{workers}w"] = capacity_config(
+                    native_model(slow), workers, redis
+                )
         children: dict[str, GatewayChild | VllmRouterChild] = {}
         for label, config in configs.items():
             children[label] = GatewayChild(config, work / label)
@@ -141,4 +184,6 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
             gateways["native"],
             gateways.get("pull"),
             router,
+            capacity_url,
+            {w: gateways[f"capacity-{w}w"] for w in options.capacity_workers if capacity_url},
         )

@@ -23,6 +23,12 @@ class BenchOptions:
     requests: int = 32
     rounds: int = 3
     native_itl_ms: float = 5.0
+    capacity_levels: tuple[int, ...] = (32, 64, 128)
+    """Native path streams at `capacity_itl_ms` per token, to find how many one gateway
+    relays within the gap target, with each count of worker processes."""
+    capacity_workers: tuple[int, ...] = (1, 2)
+    capacity_itl_ms: float = 50.0  # 20 tokens/s per stream
+    capacity_tokens: int = 40
     node_step_ms: float = NODE_STEP_MS
     node_tokens_per_step: float = NODE_TOKENS_PER_STEP
     peers: bool = True
@@ -44,6 +50,10 @@ class BenchOptions:
         beyond them (a TileRT node decodes one stream at a time)."""
         return max(self.nodes, concurrency)
 
+    @property
+    def widest(self) -> int:
+        return max(*self.latency, *self.native_levels, *self.capacity_levels)
+
     def per_round(self, concurrency: int) -> int:
         return max(concurrency, -(-self.requests // self.rounds))
 
@@ -59,4 +69,7 @@ def quick(options: BenchOptions) -> BenchOptions:
         requests=4,
         rounds=2,
         native_itl_ms=1.0,
+        capacity_levels=(4,),
+        capacity_itl_ms=10.0,
+        capacity_tokens=8,
     )

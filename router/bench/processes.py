@@ -20,11 +20,16 @@ NODES_IN_SERVICE_TIMEOUT_S = 30.0
 
 
 def cpu_s(pid: int) -> float:
-    """CPU time of process `pid` (its live threads), in seconds.
+    """CPU time of process `pid` and its children (a gateway's workers), in seconds.
 
     From the scheduler's nanosecond counters where the kernel keeps them: utime and stime
-    come in clock ticks (10 ms), too coarse for a few requests' worth of work.
+    come in clock ticks (10 ms), too coarse for a few requests' worth of work. Only live
+    threads count.
     """
+    return sum(_own_cpu_s(member) for member in [pid, *_children(pid)])
+
+
+def _own_cpu_s(pid: int) -> float:
     try:
         return (
             sum(
@@ -33,10 +38,19 @@ def cpu_s(pid: int) -> float:
             )
             / 1e9
         )
-    except (FileNotFoundError, IndexError, ValueError):
+    except FileNotFoundError:
+        return 0.0  # gone since it was listed
+    except (IndexError, ValueError):
         stat = Path(f"/proc/{pid}/stat").read_text()
         fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
 
 
 def running(pid: int) -> bool:
@@ -64,7 +78,10 @@ class GatewayChild:
     def __init__(self, config: dict[str, Any], workdir: Path, root: Path | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         config_path = workdir / "router.yaml"
-        document = {**config, "server": {"host": "127.0.0.1", "port": 0}}
+        document = {
+            **config,
+            "server": {**config.get("server", {}), "host": "127.0.0.1", "port": 0},
+        }
         config_path.write_text(yaml.safe_dump(document), encoding="utf-8")
         self.log_path = workdir / "gateway.log"
         self.base_url = ""

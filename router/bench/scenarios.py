@@ -12,10 +12,10 @@ import httpx
 
 from router.bench.deployment import MODEL, Deployment
 from router.bench.options import BenchOptions
-from router.bench.script import Script
+from router.bench.script import Script, make_script
 from router.bench.streams import BenchFailure, Sample, chat_stream, direct_latency
 
-Path = Literal["latency", "native"]
+Path = Literal["latency", "native", "capacity"]
 DIRECT = "direct"
 GATEWAY = "gateway"
 PULL_GATEWAY = "gateway-pull"
@@ -86,7 +86,29 @@ def levels(
         )
     for level in options.native_levels:
         found.append(Level("native", level, None, native, _nothing))
-    return found
+    return found + _capacity(options, deployment, client)
+
+
+def workers_label(workers: int) -> str:
+    """A capacity method: the gateway with this many worker processes."""
+    return GATEWAY if workers == 1 else f"{GATEWAY}-{workers}w"
+
+
+def _capacity(
+    options: BenchOptions, deployment: Deployment, client: httpx.AsyncClient
+) -> list[Level]:
+    """Many slow streams (20 tokens/s) on the native path: how many one gateway relays
+    within the gap target, by count of worker processes."""
+    if not deployment.capacity_gateways:
+        return []
+    script = make_script(options.capacity_tokens)
+    methods: tuple[Method, ...] = (
+        Method(DIRECT, _chat(client, deployment.capacity_url + "/v1", script, None), None),
+    )
+    for workers, gateway in sorted(deployment.capacity_gateways.items()):
+        send = _chat(client, gateway.base_url, script, "throughput")
+        methods += (Method(workers_label(workers), send, gateway.pid),)
+    return [Level("capacity", c, None, methods, _nothing) for c in options.capacity_levels]
 
 
 def _chat(

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-LEVELS = [("latency", 1), ("latency", 2), ("native", 1), ("native", 4)]
+LEVELS = [("latency", 1), ("latency", 2), ("native", 1), ("native", 4), ("capacity", 4)]
 ROUNDS, REQUESTS = 2, 4  # the quick run's
 TARGETS = [
     "TTFT added ≤ 1 ms p50, ≤ 3 ms p99",
@@ -56,6 +56,8 @@ def expected_requests(concurrency: int) -> int:
 
 def test_every_level_ran_every_request_of_each_method(results: dict[str, Any]) -> None:
     assert [(lv["path"], lv["concurrency"]) for lv in results["levels"]] == LEVELS
+    (capacity,) = [lv for lv in results["levels"] if lv["path"] == "capacity"]
+    assert set(capacity["methods"]) == {"direct", "gateway", "gateway-2w"}  # 1 and 2 workers
     for level in results["levels"]:
         assert {"direct", "gateway"} <= set(level["methods"])
         for method in level["methods"].values():
@@ -98,6 +100,7 @@ def test_markdown_shows_every_target_and_plots_are_drawn_or_explained(
     table = (out / "results.md").read_text()
     for target in TARGETS:
         assert target in table
+    assert "streams with 1 worker(s)" in table and "streams with 2 worker(s)" in table
     assert table in done.stdout
     plots = ["ttft_cdf.png", "gap_cdf.png", "overhead.png"]
     if importlib.util.find_spec("matplotlib") is not None:
