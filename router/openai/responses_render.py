@@ -62,8 +62,12 @@ class ResponsesRenderer:
         out = bytearray()
         if delta.reasoning:
             out += self._reasoning_delta(delta.reasoning)
-        if delta.content or (logprobs and not delta.tool_calls):
+        if delta.content:
             out += self._text_delta(delta.content, logprobs)
+        elif logprobs and self._open is not None and self._open["type"] == "message":
+            # Tokens whose text is still held back: their entries join the message's.
+            self._open["content"][0]["logprobs"].extend(_logprobs(logprobs))
+        # (Reasoning tokens' logprobs have no place in this API's output.)
         for call in delta.tool_calls:
             out += self._call_delta(call)
         return bytes(out) or None

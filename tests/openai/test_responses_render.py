@@ -153,6 +153,14 @@ def test_logprobs_ride_on_the_text_deltas() -> None:
     assert final.output[0].content[0].logprobs[0].logprob == -0.5
 
 
+def test_logprobs_of_reasoning_tokens_open_no_message() -> None:
+    r = renderer()
+    entry = TokenLogprob("x", -0.1, ())
+    out = (r.start() or b"") + (r.delta(ParsedDelta(reasoning="x"), logprobs=[entry]) or b"")
+    events = parse(out + r.finish("stop", None) + r.usage(USAGE))
+    assert [item.type for item in events[-1].response.output] == ["reasoning"]
+
+
 @pytest.mark.parametrize(
     ("message", "kinds"),
     [
