@@ -288,6 +288,17 @@ class Bench:
                 await asyncio.sleep(0.005)
 
 
+async def wait_in_service(client: httpx.AsyncClient, gateway: BenchGateway) -> None:
+    """Every node of the gateway's pool has been probed and is in service (a node is out
+    until the prober has seen what it can do)."""
+    url = gateway.base_url.removesuffix("/v1") + "/admin/pool"
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while any(pool["out"] for pool in (await client.get(url)).json()["models"].values()):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url}: nodes still out of service")
+        await asyncio.sleep(0.05)
+
+
 async def measure(
     args: argparse.Namespace, script: Script, stack: SimStack, gateways: dict[str, BenchGateway]
 ) -> dict[int, Cell]:
@@ -295,6 +306,8 @@ async def measure(
         await asyncio.wait_for(asyncio.to_thread(gateway.wait_ready), READY_TIMEOUT_S)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=TIMEOUT, limits=limits) as client:
+        for gateway in gateways.values():
+            await wait_in_service(client, gateway)
         bench = Bench(client, stack, gateways)
         await bench.warm_up(script)
         return {
