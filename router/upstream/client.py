@@ -20,6 +20,7 @@ import orjson
 from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.upstream.failures import Target, status_failure, transport_failure
+from router.upstream.transport import LeanTransport
 
 log = logging.getLogger("pd_gateway.upstream")
 
@@ -149,9 +150,8 @@ class Upstreams:
         if client is None:
             key = self._credentials.get(base)
             headers = {"authorization": f"Bearer {key}"} if key is not None else None
-            client = httpx.AsyncClient(
-                limits=self._limits, transport=self._transport, headers=headers
-            )
+            transport = self._transport or LeanTransport(self._limits)
+            client = httpx.AsyncClient(transport=transport, headers=headers)
             self._clients[base] = client
         return client
 
