@@ -1,4 +1,4 @@
-"""The one way the gateway calls a backend: `Upstreams` keeps one pooled HTTP client per
+"""The one way the gateway calls a backend: `Upstreams` keeps one connection pool per
 upstream server, sized by `upstreams` in router.yaml, with timeouts from `timeouts` only.
 
 A call names its `Target` (for errors) and how long each wait for the answer's bytes may
@@ -134,8 +134,8 @@ class Upstreams:
     together.
 
     Requests go to the pool's transport directly: httpx's client layer (redirects, auth
-    flows, a cookie jar shared by every request, event hooks) is nothing the gateway uses,
-    and it costs each request as much as its HTTP exchange.
+    flows, event hooks, a cookie jar that every answer updates and every request shares)
+    is nothing the gateway uses, and it costs every request a few layers.
 
     `transport` replaces the network (tests pass an `httpx.MockTransport`)."""
 
