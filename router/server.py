@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -98,8 +99,19 @@ class _AnnouncingServer(uvicorn.Server):
             asyncio.get_running_loop().add_signal_handler(
                 signal.SIGHUP, lambda: asyncio.ensure_future(_reload(state))
             )
+        freeze_heap()
         if self.started:
             self._on_ready()
+
+
+def freeze_heap() -> None:
+    """Move everything alive now (modules, tokenizers, templates, the app: ~90k objects)
+    out of the collector's sight. A full collection would otherwise walk all of it, ~25 ms
+    with the event loop stopped, several times a minute under load; it now walks only what
+    requests have made since."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 async def _reload(state: AppState) -> None:
@@ -108,6 +120,8 @@ async def _reload(state: AppState) -> None:
         await state.reload()
     except ConfigError as exc:
         log.error("SIGHUP: the configuration was not reloaded: %s", exc)
+        return
+    freeze_heap()  # the new models' objects too, and the old ones collected
 
 
 def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The one way the gateway calls a backend: `Upstreams` keeps one pooled HTTP client per
+"""The one way the gateway calls a backend: `Upstreams` keeps one connection pool per
 upstream server, sized by `upstreams` in router.yaml, with timeouts from `timeouts` only.
 
 A call names its `Target` (for errors) and how long each wait for the answer's bytes may
@@ -20,6 +20,7 @@ import orjson
 from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.upstream.failures import Target, status_failure, transport_failure
+from router.upstream.transport import LeanTransport
 
 log = logging.getLogger("pd_gateway.upstream")
 
@@ -40,6 +41,15 @@ HOP_BY_HOP = frozenset(
 # Besides hop-by-hop headers: the gateway's server frames the body itself and adds its own
 # date and server; bodies are relayed decoded, so no content-encoding either.
 NOT_FORWARDED = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
+
+# Every request's headers, as httpx's client sends them, but for an identity encoding:
+# bodies are relayed as they come.
+_REQUEST_HEADERS = {
+    "accept": "*/*",
+    "accept-encoding": "identity",
+    "connection": "keep-alive",
+    "user-agent": f"python-httpx/{httpx.__version__}",
+}
 
 
 class Reply:
@@ -120,7 +130,12 @@ class Reply:
 
 
 class Upstreams:
-    """Pooled clients, one per upstream base URL, made on first use and closed together.
+    """Pooled connections, one pool per upstream base URL, made on first use and closed
+    together.
+
+    Requests go to the pool's transport directly: httpx's client layer (redirects, auth
+    flows, event hooks, a cookie jar that every answer updates and every request shares)
+    is nothing the gateway uses, and it costs every request a few layers.
 
     `transport` replaces the network (tests pass an `httpx.MockTransport`)."""
 
@@ -140,27 +155,24 @@ class Upstreams:
             keepalive_expiry=pools.keepalive_expiry_s,
         )
         self._transport = transport
-        self._credentials = dict(credentials or {})
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._authorization = {base: f"Bearer {key}" for base, key in (credentials or {}).items()}
+        self._pools: dict[str, httpx.AsyncBaseTransport] = {}
         self._closed = False
 
-    def _client(self, base: str) -> httpx.AsyncClient:
-        client = self._clients.get(base)
-        if client is None:
-            key = self._credentials.get(base)
-            headers = {"authorization": f"Bearer {key}"} if key is not None else None
-            client = httpx.AsyncClient(
-                limits=self._limits, transport=self._transport, headers=headers
-            )
-            self._clients[base] = client
-        return client
+    def _pool(self, base: str) -> httpx.AsyncBaseTransport:
+        if self._transport is not None:
+            return self._transport
+        pool = self._pools.get(base)
+        if pool is None:
+            pool = self._pools[base] = LeanTransport(self._limits)
+        return pool
 
-    def _timeout(self, read_s: float | None) -> httpx.Timeout:
+    def _timeout(self, read_s: float | None) -> dict[str, float | None]:
         # `read_s` bounds each wait for the answer's bytes (None: as long as it takes, for
         # answers that arrive only when generation ends).
         t = self.timeouts
         write_s = t.prefill_s if read_s is None else read_s
-        return httpx.Timeout(connect=t.connect_s, read=read_s, write=write_s, pool=t.connect_s)
+        return {"connect": t.connect_s, "read": read_s, "write": write_s, "pool": t.connect_s}
 
     async def open(
         self,
@@ -178,24 +190,31 @@ class Upstreams:
         closed when `stack` unwinds, if one is given; otherwise by the caller."""
         if self._closed:
             raise target.failure("unreachable", "is not called: the gateway is closing", status=502)
-        headers = {"accept-encoding": "identity"}
+        headers = dict(_REQUEST_HEADERS)
+        authorization = self._authorization.get(base)
+        if authorization is not None:
+            headers["authorization"] = authorization
         if request_id is not None:
             headers["x-request-id"] = request_id
         content = None
         if body is not None:
             content = orjson.dumps(body)
             headers["content-type"] = "application/json"
-        client = self._client(base)
-        request = client.build_request(
-            method, base + path, content=content, headers=headers, timeout=self._timeout(read_s)
+        request = httpx.Request(
+            method,
+            base + path,
+            content=content,
+            headers=headers,
+            extensions={"timeout": self._timeout(read_s)},
         )
         try:
-            response = await client.send(request, stream=True)
+            response = await self._pool(base).handle_async_request(request)
         except httpx.HTTPError as exc:
             # Request legs are worth a line each; probes and cleanups fail quietly.
             level = logging.WARNING if request_id is not None else logging.DEBUG
             log.log(level, "%s %s%s failed (request %s): %r", method, base, path, request_id, exc)
             raise transport_failure(target, exc) from None
+        response.request = request
         reply = Reply(target, response)
         if stack is not None:
             stack.push_async_callback(reply.aclose)
@@ -229,6 +248,8 @@ class Upstreams:
 
     async def aclose(self) -> None:
         self._closed = True
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            await client.aclose()
+        pools, self._pools = list(self._pools.values()), {}
+        if self._transport is not None:
+            pools.append(self._transport)
+        for pool in pools:
+            await pool.aclose()

@@ -92,7 +92,8 @@ class DecodeStream:
     def __init__(self, reply: Reply, *, stall_s: float) -> None:
         self._reply = reply
         self._stall_s = stall_s
-        self._buffer: deque[str | BaseException | None] = deque()
+        self._loop = asyncio.get_running_loop()
+        self._buffer: deque[bytes | BaseException | None] = deque()
         self._arrived: asyncio.Future[None] | None = None
         self._reader = asyncio.ensure_future(self._read())
         self.ended = False  # the done line was read
@@ -100,18 +101,28 @@ class DecodeStream:
 
     async def _read(self) -> None:
         item: BaseException | None = None  # None: the body ended
+        partial = b""  # a line whose end has not arrived yet
         try:
-            async for raw in self._reply.lines():
-                if raw:
-                    self._put(raw)
+            # Lines are split here rather than by httpx: no text decoding, and one wake-up
+            # per chunk however many lines it carries.
+            async for chunk in self._reply.chunks():
+                if b"\n" not in chunk:
+                    partial += chunk
+                    continue
+                lines = (partial + chunk if partial else chunk).split(b"\n")
+                partial = lines.pop()
+                self._buffer.extend(line for line in lines if line and line != b"\r")
+                self._wake()
+            if partial:
+                self._buffer.append(partial)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # transport failures, broken encodings: the stream is cut
+        except Exception as exc:  # transport failures: the stream is cut
             item = exc
-        self._put(item)
-
-    def _put(self, item: str | BaseException | None) -> None:
         self._buffer.append(item)
+        self._wake()
+
+    def _wake(self) -> None:
         if self._arrived is not None and not self._arrived.done():
             self._arrived.set_result(None)
 
@@ -120,18 +131,21 @@ class DecodeStream:
         if not self._buffer:
             if self.eof:
                 return None
-            self._arrived = asyncio.get_running_loop().create_future()
+            # A timer on a future: what `asyncio.timeout` does, without its per-wait set-up.
+            arrived = self._arrived = self._loop.create_future()
+            timer = self._loop.call_later(self._stall_s, _time_out, arrived)
             try:
-                async with asyncio.timeout(self._stall_s):
-                    await self._arrived
+                await arrived
             except TimeoutError:
                 raise DecodeError(
                     f"the decode node sent nothing for {self._stall_s:g} s",
                     status=504,
                     code="decode_stalled",
                 ) from None
+            finally:
+                timer.cancel()
         item = self._buffer.popleft()
-        if isinstance(item, str):
+        if isinstance(item, bytes):
             return self._parse(item)
         self.eof = True
         if isinstance(item, BaseException):
@@ -146,7 +160,7 @@ class DecodeStream:
             )
         return None
 
-    def _parse(self, raw: str) -> NodeLine:
+    def _parse(self, raw: bytes) -> NodeLine:
         try:
             line = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -189,10 +203,14 @@ class DecodeStream:
         await self._reply.aclose()
 
 
-def _bad_line(raw: str) -> DecodeError:
-    return DecodeError(
-        f"the decode node sent a malformed line: {raw[:80]!r}", code="decode_bad_line"
-    )
+def _bad_line(raw: bytes) -> DecodeError:
+    shown = raw[:80].decode("utf-8", "replace")
+    return DecodeError(f"the decode node sent a malformed line: {shown!r}", code="decode_bad_line")
+
+
+def _time_out(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 async def open_decode(

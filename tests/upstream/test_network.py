@@ -1,0 +1,159 @@
+"""The upstream client on real sockets: connections are reused, a request leaves in one
+write, streams arrive line by line, and each way a connection fails keeps its error code."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from router.config import NodeConfig, TimeoutsConfig, UpstreamsConfig
+from router.errors import UpstreamError
+from router.upstream import Upstreams
+from router.upstream import tilert as node_api
+from router.upstream.failures import Target
+
+TARGET = Target("probe", "the probed server")
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def serving(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
+    """A loopback server running `handler` per connection; yields its URL and a list that
+    gets one entry per connection accepted."""
+    accepted: list[int] = []
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", accepted
+    finally:
+        server.close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.lower() == b"content-length":
+            length = int(value)
+    return head + await reader.readexactly(length)
+
+
+def answer(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+
+async def test_requests_share_one_connection() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(answer(b'{"ok": true}'))
+
+    async with serving(handler) as (url, accepted):
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        for _ in range(3):
+            reply = await upstreams.call(TARGET, "POST", url, "/x", body={"a": 1}, read_s=5)
+            assert reply.status == 200
+            assert await reply.json() == {"ok": True}
+        await upstreams.aclose()
+    assert len(accepted) == 1
+
+
+async def test_a_request_leaves_in_one_write() -> None:
+    first_reads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first_reads.append(await reader.read(65536))
+        writer.write(answer(b"{}"))
+
+    async with serving(handler) as (url, _):
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        await upstreams.call(TARGET, "POST", url, "/x", body={"key": "value"}, read_s=5)
+        await upstreams.aclose()
+    assert first_reads[0].endswith(b'\r\n\r\n{"key":"value"}')
+
+
+async def test_a_decode_stream_arrives_line_by_line() -> None:
+    release = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for part in (b'{"t": [1, 2]}\n{"t"', b": [3]}\n"):
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+        await release.wait()
+        done = b'{"done": true, "n": 3, "finish_reason": "length"}\n'
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+    async with serving(handler) as (url, _):
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        node = NodeConfig(host="127.0.0.1", http_port=int(url.rsplit(":", 1)[1]))
+        body = node_api.decode_body(
+            rid="r", first_token_id=1, max_tokens=3, sampling=None, timeout_s=1
+        )
+        stream = await node_api.open_decode(upstreams, node, body, stall_s=5)
+        assert await stream.next_line() == node_api.TokenLine([1, 2])
+        assert await stream.next_line() == node_api.TokenLine([3])
+        release.set()
+        assert await stream.next_line() == node_api.DoneLine(3, "length")
+        assert await stream.next_line() is None
+        await stream.aclose()
+        await upstreams.aclose()
+
+
+async def failure_of(handler: Handler | None, read_s: float = 5) -> UpstreamError:
+    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(connect_s=1))
+    try:
+        if handler is None:  # a port nobody listens on
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+            with pytest.raises(UpstreamError) as failed:
+                await upstreams.call(TARGET, "GET", url, "/", read_s=read_s)
+            return failed.value
+        async with serving(handler) as (url, _):
+            with pytest.raises(UpstreamError) as failed:
+                await upstreams.call(TARGET, "GET", url, "/", read_s=read_s)
+            return failed.value
+    finally:
+        await upstreams.aclose()
+
+
+async def test_a_refused_connection_is_unreachable() -> None:
+    error = await failure_of(None)
+    assert (error.code, error.status, error.in_doubt) == ("probe_unreachable", 502, False)
+
+
+async def test_a_silent_server_times_out() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(5)
+
+    error = await failure_of(handler, read_s=0.05)
+    assert (error.code, error.status, error.in_doubt) == ("probe_timeout", 504, True)
+
+
+async def test_a_body_cut_short_is_a_broken_connection() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{")
+        await writer.drain()
+
+    error = await failure_of(handler)
+    assert (error.code, error.status, error.in_doubt) == ("probe_failed", 502, True)
