@@ -28,12 +28,9 @@ class ModelRuntime:
     paths: Mapping[Path, ServePath]
     """The path serving each decision; a model lacks the paths it has no section for."""
     latency: LatencyPath | None
-
-    @property
-    def vocab_size(self) -> int:
-        """Token ids a request may name: 0 to vocab_size - 1."""
-        size: int = self.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
-        return size
+    vocab_size: int
+    """Token ids a request may name: 0 to vocab_size - 1 (asked of the tokenizer once: it
+    counts its added tokens on every call)."""
 
     @property
     def gate(self) -> Gate | None:
@@ -74,4 +71,5 @@ def build_model(
         paths["latency"] = (
             latency if throughput is None else Fallback(latency, throughput, metrics=deps.metrics)
         )
-    return ModelRuntime(config, tokenizer, counter, MappingProxyType(paths), latency)
+    vocab_size = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+    return ModelRuntime(config, tokenizer, counter, MappingProxyType(paths), latency, vocab_size)

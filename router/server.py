@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import socket
@@ -19,7 +18,7 @@ from router import logs
 from router.app import create_app
 from router.config import ConfigError, GatewayConfig
 from router.serving.live import LiveResponses
-from router.state import AppState
+from router.state import AppState, freeze_heap
 from router.workers import supervise
 
 log = logging.getLogger("pd_gateway")
@@ -104,24 +103,12 @@ class _AnnouncingServer(uvicorn.Server):
             self._on_ready()
 
 
-def freeze_heap() -> None:
-    """Move everything alive now (modules, tokenizers, templates, the app: ~90k objects)
-    out of the collector's sight. A full collection would otherwise walk all of it, ~25 ms
-    with the event loop stopped, several times a minute under load; it now walks only what
-    requests have made since."""
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-
-
 async def _reload(state: AppState) -> None:
     """SIGHUP: read the configuration file again; a bad one is logged and ignored."""
     try:
         await state.reload()
     except ConfigError as exc:
         log.error("SIGHUP: the configuration was not reloaded: %s", exc)
-        return
-    freeze_heap()  # the new models' objects too, and the old ones collected
 
 
 def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
 from collections.abc import Coroutine
 from typing import Any
@@ -100,6 +101,7 @@ class AppState:
                     prober.cancel()
                 await gate.close()
             log.info("configuration reloaded from %s: %s", config.source, changes.models or "same")
+            freeze_heap()  # the new models' objects too, and the old ones collected
             return changes.models
 
     def _found(self, model: str) -> list[NodeConfig]:
@@ -209,3 +211,13 @@ class AppState:
         for gate in self.gates.values():
             await gate.close()
         await self.upstreams.aclose()
+
+
+def freeze_heap() -> None:
+    """Move everything alive now (modules, tokenizers, templates, the app: ~90k objects)
+    out of the collector's sight. A full collection would otherwise walk all of it, ~25 ms
+    with the event loop stopped, several times a minute under load; it now walks only what
+    requests have made since. Done once serving, and after every reload."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
