@@ -8,15 +8,17 @@ upstream calls and the paths all read it from here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
 from policies.types import Endpoint
+from router.errors import GatewayError
 from router.openai.render import ChatRenderer, CompletionRenderer
 from router.openai.requests import ChatRequest, CompletionRequest, ResponsesRequest
-from router.openai.responses_render import ResponsesRenderer
+from router.openai.responses_render import ResponsesRenderer, failure_event
+from router.openai.sse import sse_failure
 
 Wire = Literal["chat", "completions"]
 WIRE_PATHS: Mapping[Wire, str] = MappingProxyType(
@@ -38,6 +40,9 @@ class EndpointSpec:
     disaggregates: bool = True
     """vLLM takes `kv_transfer_params` on this endpoint, so the native path may split it into
     prefill and decode legs; otherwise a decode instance serves it whole."""
+    stream_failure: Callable[[GatewayError], bytes] = sse_failure
+    """How an event stream of this endpoint ends when it fails after its first byte (an
+    upstream gone mid-stream, a shutdown's cut), when no renderer follows the stream."""
 
     @property
     def wire_path(self) -> str:
@@ -70,6 +75,7 @@ ENDPOINTS: Mapping[Endpoint, EndpointSpec] = MappingProxyType(
             parses_output=True,
             wire="chat",
             disaggregates=False,
+            stream_failure=failure_event,
         ),
     }
 )

@@ -271,6 +271,13 @@ class ResponsesRenderer:
         }
 
 
+def failure_event(error: GatewayError) -> bytes:
+    """An `error` event for a Responses stream relayed unparsed (the native path, a
+    shutdown's cut): its sequence number is not known, so it carries none."""
+    payload = {"type": "error", "code": error.code, "message": error.message, "param": error.param}
+    return b"event: error\ndata: " + orjson.dumps(payload) + _EVENT_END
+
+
 def _reasoning_item(text: str) -> dict[str, Any]:
     return {
         "id": _item_id("rs"),

@@ -20,3 +20,9 @@ def event(payload: dict[str, Any]) -> bytes:
 def error_event(error: GatewayError) -> bytes:
     """An error after the status was sent: one event, then the stream ends cleanly."""
     return b"data: " + error_json(error) + EVENT_END
+
+
+def sse_failure(error: GatewayError) -> bytes:
+    """How a chat or completions stream ends on a failure: the error, then the end marker
+    clients wait for."""
+    return error_event(error) + DONE_EVENT

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from router.errors import ClientGone, GatewayError, Unavailable
-from router.openai.sse import DONE_EVENT, EVENT_END, error_event
+from router.openai.sse import EVENT_END
 from router.serving.base import Answer, RoutedRequest, ServePath, error_answer, raw_headers
 from router.serving.live import LiveResponses
 
@@ -114,7 +114,7 @@ class PathResponse(Response):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         elif self._streaming:
             gap = b"" if self._tail.endswith(EVENT_END) else EVENT_END
-            last = gap + error_event(error) + DONE_EVENT
+            last = gap + self._request.endpoint.stream_failure(error)
             await send({"type": "http.response.body", "body": last, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -8,11 +8,11 @@ arrives, and a failure mid-way becomes an SSE error event on an event boundary.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Protocol
 
-from router.errors import UpstreamError
-from router.openai.sse import DONE_EVENT, EVENT_END, error_event
+from router.errors import GatewayError, UpstreamError
+from router.openai.sse import EVENT_END
 from router.serving import Answer, whole_answer
 from router.upstream import Reply
 
@@ -34,19 +34,28 @@ async def read_unless_streamed(reply: Reply) -> Reply:
     return reply
 
 
-def relay(reply: Reply, *, rewrite: ChunkFilter | None = None, body: bytes | None = None) -> Answer:
+def relay(
+    reply: Reply,
+    failure: Callable[[GatewayError], bytes],
+    *,
+    rewrite: ChunkFilter | None = None,
+    body: bytes | None = None,
+) -> Answer:
     """The client's view of `reply`: its status and end-to-end headers, then its body.
 
     A body read whole is sent as `body` if given (a rewritten copy), else as it came; an
-    event stream goes through `rewrite` chunk by chunk.
+    event stream goes through `rewrite` chunk by chunk, and ends with `failure(error)` if
+    the upstream fails mid-way (the endpoint's `stream_failure`).
     """
     headers = reply.forwarded_headers()
     if reply.content is not None:
         return whole_answer(reply.status, headers, reply.content if body is None else body)
-    return Answer(reply.status, headers, _stream(reply, rewrite))
+    return Answer(reply.status, headers, _stream(reply, failure, rewrite))
 
 
-async def _stream(reply: Reply, rewrite: ChunkFilter | None) -> AsyncGenerator[bytes, None]:
+async def _stream(
+    reply: Reply, failure: Callable[[GatewayError], bytes], rewrite: ChunkFilter | None
+) -> AsyncGenerator[bytes, None]:
     # After the first byte the status is spent: a failure becomes an SSE error event.
     last = EVENT_END
     try:
@@ -61,6 +70,4 @@ async def _stream(reply: Reply, rewrite: ChunkFilter | None) -> AsyncGenerator[b
         log.warning("%s (mid-stream): %s", reply.target.label, exc.message)
         error = reply.target.failure("failed", f"failed mid-stream: {exc.message}", status=502)
         gap = b"" if last.endswith(EVENT_END) else b"\n" if last.endswith(b"\n") else EVENT_END
-        # As the latency path ends a failed stream: the error, then the end marker clients
-        # wait for.
-        yield gap + error_event(error) + DONE_EVENT
+        yield gap + failure(error)

@@ -53,12 +53,13 @@ async def whole_on_decode(
 ) -> Answer:
     """An endpoint vLLM does not split into legs (`EndpointSpec.disaggregates`): the decode
     instance at `url` serves the client's body whole, prefill included."""
-    return relay(await send_decode(upstreams, stack, url, request, request.native_body))
+    reply = await send_decode(upstreams, stack, url, request, request.native_body)
+    return relay(reply, request.endpoint.stream_failure)
 
 
-def decode_answer(reply: Reply, prefill: NixlPrefilled) -> Answer:
+def decode_answer(reply: Reply, prefill: NixlPrefilled, request: RoutedRequest) -> Answer:
     """The decode leg's answer as the client sees it: unchanged but for `cached_tokens`."""
     rewriter = CachedTokensRewriter(prefill.cached_tokens)
     if reply.content is not None:
-        return relay(reply, body=rewriter.body(reply.content))
-    return relay(reply, rewrite=rewriter)
+        return relay(reply, request.endpoint.stream_failure, body=rewriter.body(reply.content))
+    return relay(reply, request.endpoint.stream_failure, rewrite=rewriter)

@@ -37,4 +37,4 @@ class ProxyPath:
             request_id=request.request_id,
             stack=stack,
         )
-        return relay(await read_unless_streamed(reply))
+        return relay(await read_unless_streamed(reply), request.endpoint.stream_failure)

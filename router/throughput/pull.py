@@ -33,4 +33,4 @@ class PullPath:
         decode_url = stack.enter_context(self._decode.hold(self._decode.pick()))
         body = pull_decode_body(request.body, prefill.kv_transfer_params)
         reply = await send_decode(self._upstreams, stack, decode_url, request, body)
-        return decode_answer(reply, prefill)
+        return decode_answer(reply, prefill, request)

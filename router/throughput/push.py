@@ -51,7 +51,7 @@ class PushPath:
             return await send_decode(self._upstreams, stack, decode_url, request, body)
 
         answer, reply = await both_or_cancel(prefill(), decode())
-        return decode_answer(reply, answer)
+        return decode_answer(reply, answer, request)
 
 
 A = TypeVar("A")

@@ -186,8 +186,14 @@ class VllmServer:
             record.status, record.finished = 200, time.time()
             return JSONResponse(view.response(steps, usage_body))
 
+        die_after = self.faults.take("die_after")
+
         async def events() -> AsyncIterator[bytes]:
+            sent = 0
             async for event in view.events(steps, usage_body, lambda: asyncio.sleep(itl_s)):
+                if die_after is not None and sent >= die_after:
+                    raise SimulatedDeath("simulated server death mid-stream")
+                sent += 1
                 yield event
             record.status, record.finished = 200, time.time()
 

@@ -53,14 +53,13 @@ def wait_for_draining(gw: GatewayProcess) -> httpx.Response:
         time.sleep(0.02)
 
 
-def stream_after_sigterm(gw: GatewayProcess) -> list[str]:
-    body = {
-        "model": "ds",
-        "messages": [{"role": "user", "content": directive(TEXT)}],
-        "stream": True,
-    }
+def stream_after_sigterm(gw: GatewayProcess, *, responses: bool = False) -> list[str]:
+    path, body = "/chat/completions", {"messages": [{"role": "user", "content": directive(TEXT)}]}
+    if responses:
+        path, body = "/responses", {"input": directive(TEXT)}
+    body = {"model": "ds", **body, "stream": True}
     lines = []
-    with httpx.stream("POST", gw.base_url + "/chat/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", gw.base_url + path, json=body, timeout=60) as r:
         events = r.iter_lines()
         lines.append(next(events))
         assert httpx.get(gw.url + "/ready", timeout=5).json() == {"status": "ready"}
@@ -102,6 +101,20 @@ def test_stream_past_the_grace_period_is_cut_and_the_node_cancelled(
         assert "Traceback" not in gw.log_path.read_text()
     (decode,) = request_decodes(sim_get(stack.nodes[0].url, "/sim/records")["decodes"])
     assert decode["finish_reason"] == "cancelled"
+    assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"
+
+
+def test_a_responses_stream_past_the_grace_period_ends_with_its_own_error_event(
+    stack: SimStack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    sim_post(stack.nodes[0].url, "/sim/faults", {"stall_after": 4, "count": 1})
+    with gateway(stack, tmp_path_factory, shutdown_grace_s=0.5) as gw:
+        lines = stream_after_sigterm(gw, responses=True)
+        assert gw.wait_exit() in (0, -signal.SIGTERM)
+    # The API's own error event, and no `[DONE]` (this API has none).
+    assert lines[-2:-1] == ["event: error"]
+    error = json.loads(lines[-1].removeprefix("data: "))
+    assert (error["type"], error["code"]) == ("error", "shutting_down")
     assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"
 
 

@@ -279,3 +279,19 @@ async def test_responses_go_whole_to_vllms_own_endpoint(
     assert HEX32.match(seen["headers"]["x-request-id"])
     # vLLM's Responses endpoint takes no kv_transfer_params: no prefill leg.
     assert await sims.requests(stack.prefills[0].url) == []
+
+
+async def test_a_responses_stream_failing_mid_way_ends_with_a_responses_error_event(
+    sims: Sims, aclient: openai.AsyncOpenAI
+) -> None:
+    proxy = sims.stack.proxy
+    assert proxy is not None
+    await sims.arm(proxy.url, {"die_after": 5, "count": 1})
+    body = {"model": MODEL, "input": directive(TEXT), "max_output_tokens": 40, "stream": True}
+    raw = await aclient.responses.with_raw_response.create(**body)
+    events = [event async for event in raw.parse()]
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert len(events) == 6  # five relayed, then the gateway's
+    assert events[-1].type == "error"
+    assert events[-1].code == "proxy_failed"
+    assert "failed mid-stream" in events[-1].message
