@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
+import trustme
 
 from router.config import NodeConfig, TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
@@ -21,9 +24,11 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 
 
 @asynccontextmanager
-async def serving(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
-    """A loopback server running `handler` per connection; yields its URL and a list that
-    gets one entry per connection accepted."""
+async def serving(
+    handler: Handler, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[tuple[str, list[int]]]:
+    """A loopback server running `handler` per connection (over TLS with `tls`); yields its
+    URL and a list that gets one entry per connection accepted."""
     accepted: list[int] = []
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -33,10 +38,10 @@ async def serving(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
         finally:
             writer.close()
 
-    server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+    server = await asyncio.start_server(on_connection, "127.0.0.1", 0, ssl=tls)
     port = server.sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}", accepted
+        yield f"{'https' if tls else 'http'}://localhost:{port}", accepted
     finally:
         server.close()
 
@@ -72,6 +77,47 @@ async def test_requests_share_one_connection() -> None:
             assert await reply.json() == {"ok": True}
         await upstreams.aclose()
     assert len(accepted) == 1
+
+
+async def test_an_https_upstream_is_verified_against_the_trusted_authorities(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    authority = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("localhost").configure_cert(server_tls)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await read_request(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            writer.write(answer(b'{"tls": true}'))
+
+    async with serving(handler, server_tls) as (url, accepted):
+        # Unknown authority: refused before anything is sent.
+        error = await failure_of_call(url)
+        assert (error.code, error.in_doubt) == ("probe_unreachable", False)
+        # Trusted through SSL_CERT_FILE, as an operator trusts a private authority.
+        ca_file = tmp_path / "ca.pem"
+        authority.cert_pem.write_to_path(str(ca_file))
+        monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        for _ in range(2):
+            reply = await upstreams.call(TARGET, "POST", url, "/x", body={"a": 1}, read_s=5)
+            assert await reply.json() == {"tls": True}
+        await upstreams.aclose()
+    assert len(accepted) == 1  # (the refused handshake never reached the handler) reused
+
+
+async def failure_of_call(url: str) -> UpstreamError:
+    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(connect_s=5))
+    try:
+        with pytest.raises(UpstreamError) as failed:
+            await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+        return failed.value
+    finally:
+        await upstreams.aclose()
 
 
 async def test_a_request_leaves_in_one_write() -> None:
