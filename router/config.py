@@ -370,6 +370,9 @@ class ServerConfig(_Strict):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
     # After SIGTERM: how long in-flight requests may run before they are cut off.
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0
+    keep_alive_s: Annotated[int, Field(ge=1)] = 75
+    """How long an idle client connection stays open: longer than the idle timeout of the
+    load balancer in front (60 s for most), or it may reuse a connection just closed."""
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     """Gateway processes on the one listening socket, an event loop (a core) each. More
     than one needs `gate.backend: redis`, where the pool's state is shared."""

@@ -149,6 +149,7 @@ def _serve_on(
         log_level=log_level,
         log_config=None,  # uvicorn's records go through our handler and format
         access_log=False,  # ours is richer: RequestContext
+        timeout_keep_alive=config.server.keep_alive_s,
         # Answers in flight were waited for, then cut (`_AnnouncingServer`): what is left
         # are connections closing.
         timeout_graceful_shutdown=int(CUT_GRACE_S),

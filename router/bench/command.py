@@ -53,7 +53,11 @@ async def _measure_all(
     options: BenchOptions, deployment: Deployment, script: Script, console: Console
 ) -> list[dict[str, Any]]:
     widest = options.widest
-    limits = httpx.Limits(max_connections=4 * widest, max_keepalive_connections=4 * widest)
+    # Idle connections are dropped well before any server closes them (uvicorn's default is
+    # 5 s), or a round may reuse one just closed.
+    limits = httpx.Limits(
+        max_connections=4 * widest, max_keepalive_connections=4 * widest, keepalive_expiry=2.0
+    )
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         plan = levels(options, deployment, client, script)
