@@ -327,7 +327,9 @@ class UpstreamsConfig(_Strict):
 
     max_connections: Annotated[int, Field(ge=1)] = 1024
     max_keepalive_connections: Annotated[int, Field(ge=0)] = 256
-    keepalive_expiry_s: Annotated[float, Field(gt=0)] = 30.0
+    # Below the upstream server's own idle timeout (vLLM and uvicorn close idle connections
+    # after 5 s), so the pool never sends a request down a connection its server is closing.
+    keepalive_expiry_s: Annotated[float, Field(gt=0)] = 4.0
 
 
 class TimeoutsConfig(_Strict):
