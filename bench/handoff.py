@@ -15,6 +15,11 @@ demo uses) holds the pool. Each setup runs two phases:
   prefill naming that node (release, the next grant, the waiter's wake-up, then its
   prefill call). Requests per second is the pool's throughput over the phase.
 
+The saturated phase also runs without a gateway ("direct"): the clients orchestrate the
+latency flow themselves and pass a node to the next waiting client through an asyncio
+queue the moment its decode response ends. That is the floor the simulators and this
+machine allow; "added" is a setup's gap minus direct's at the same quantile.
+
 With three replicas, clients go to the replicas in turn (a Service would spread them).
 Every answer is checked (status 200 on the latency path, some text). All five gateways
 run throughout; the setups take turns in rounds, so that noise from other processes on the
@@ -33,7 +38,7 @@ import statistics
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +47,7 @@ import httpx
 from harness import PROJECT_ROOT, latency_model, running_gateways
 
 from router.demo.redis import LocalRedis
-from sim.stack import SimStack
+from sim.stack import NodeInfo, SimStack
 
 MODEL = "ds"
 NODE_ARGS = ["--step-ms", "2", "--tokens-per-step", "3.2"]
@@ -50,6 +55,9 @@ PREFILL_ARGS = ["--itl-ms", "0", "--prefill-ms-per-token", "0"]
 TIMEOUT = httpx.Timeout(30.0)
 CLIENTS_PER_NODE = 3
 SETUPS = [("memory", 1), ("redis", 1), ("redis", 3)]
+DIRECT = "direct"
+
+Send = Callable[[httpx.AsyncClient, int], Awaitable[object]]
 
 
 @dataclass(slots=True)
@@ -104,6 +112,58 @@ async def one_request(client: httpx.AsyncClient, base_url: str, tokens: int) -> 
     return sent_wall, ttft
 
 
+class DirectPool:
+    """The hand-off floor: free nodes in an asyncio queue; a client takes one, runs the
+    latency flow by hand (prefill naming the node, then its `/pd/decode` stream) and puts
+    the node back as soon as the decode response has ended."""
+
+    def __init__(self, stack: SimStack, tokens: int) -> None:
+        self._prefill_url = stack.prefills[0].url
+        self._nodes = stack.nodes
+        self._tokens = tokens
+        self._free: asyncio.Queue[NodeInfo] | None = None
+
+    async def send(self, client: httpx.AsyncClient, _index: int) -> None:
+        if self._free is None:
+            self._free = asyncio.Queue()
+            for node in self._nodes:
+                self._free.put_nowait(node)
+        node = await self._free.get()
+        try:
+            await self._one(client, node)
+        finally:
+            self._free.put_nowait(node)
+
+    async def _one(self, client: httpx.AsyncClient, node: NodeInfo) -> None:
+        rid = uuid.uuid4().hex
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Say hello"}],
+            "max_tokens": 1,
+            "logprobs": True,
+            "top_logprobs": 1,
+            "kv_transfer_params": {"tilert_host": node.host, "tilert_ctrl_port": node.ctrl_port},
+        }
+        prefill = await client.post(
+            self._prefill_url + "/v1/chat/completions", json=body, headers={"X-Request-Id": rid}
+        )
+        prefill.raise_for_status()
+        token = prefill.json()["choices"][0]["logprobs"]["content"][0]["token"]
+        decode = {
+            "rid": rid,
+            "first_token_id": int(token.removeprefix("token_id:")),
+            "max_tokens": self._tokens,
+            "stream": True,
+        }
+        async with client.stream("POST", node.url + "/pd/decode", json=decode) as response:
+            response.raise_for_status()
+            ended = False
+            async for line in response.aiter_lines():
+                ended = ended or '"done"' in line or '"error"' in line
+            if not ended:
+                raise SystemExit(f"direct: {node.url} ended its decode without a last line")
+
+
 def prefill_arrivals(stack: SimStack) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     for server in stack.prefills:
@@ -156,7 +216,14 @@ async def idle_phase(stack: SimStack, urls: list[str], requests: int, tokens: in
     return phase
 
 
-async def saturated_phase(stack: SimStack, urls: list[str], requests: int, tokens: int) -> Phase:
+def through_gateways(urls: list[str], tokens: int) -> Send:
+    async def send(client: httpx.AsyncClient, index: int) -> float:
+        return (await one_request(client, urls[index % len(urls)], tokens))[1]
+
+    return send
+
+
+async def saturated_phase(stack: SimStack, send: Send, requests: int) -> Phase:
     phase = Phase()
     reset(stack)
     left = itertools.count()
@@ -164,9 +231,10 @@ async def saturated_phase(stack: SimStack, urls: list[str], requests: int, token
 
     async def worker(index: int) -> None:
         async with httpx.AsyncClient(timeout=TIMEOUT) as client:
-            url = urls[index % len(urls)]
             while next(left) < requests:
-                phase.ttft_s.append((await one_request(client, url, tokens))[1])
+                ttft = await send(client, index)
+                if isinstance(ttft, float):
+                    phase.ttft_s.append(ttft)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(clients)))
@@ -191,27 +259,47 @@ def ms(values: list[float], q: float | None = None) -> str:
     return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3:.2f}"
 
 
+def added_ms(values: list[float], floor: list[float], q: float) -> str:
+    if not values or not floor:
+        return "-"
+    return f"{(float(ms(values, q)) - float(ms(floor, q))):+.2f}"
+
+
 def report(results: list[Result]) -> str:
+    """One column per setup, direct last; the idle rows have no direct figure."""
     width = 14
-    head = f"{'':<34}" + "".join(f"{r.label:>{width}}" for r in results)
-    base = statistics.median(results[0].idle.ttft_s)
+    head = f"{'':<46}" + "".join(f"{r.label:>{width}}" for r in results)
+    gateways_only = [r for r in results if r.label != DIRECT]
+    base = statistics.median(gateways_only[0].idle.ttft_s)
+    floor = next(r.saturated.gaps_s for r in results if r.label == DIRECT)
+
+    def idle_added(r: Result) -> str:
+        if not r.idle.ttft_s:
+            return "-"
+        return f"{(statistics.median(r.idle.ttft_s) - base) * 1e3:+.2f}"
+
     rows: list[tuple[str, list[str]]] = [
         ("idle: TTFT p50 (ms)", [ms(r.idle.ttft_s) for r in results]),
         ("idle: TTFT p90 (ms)", [ms(r.idle.ttft_s, 0.9) for r in results]),
-        (
-            "idle: added TTFT p50 vs memory (ms)",
-            [f"{(statistics.median(r.idle.ttft_s) - base) * 1e3:+.2f}" for r in results],
-        ),
+        ("idle: added TTFT p50 vs memory (ms)", [idle_added(r) for r in results]),
         ("idle: gate+parse p50 (ms)", [ms(r.idle.before_prefill_s) for r in results]),
         ("idle: gate+parse p90 (ms)", [ms(r.idle.before_prefill_s, 0.9) for r in results]),
         ("saturated: hand-off gap p50 (ms)", [ms(r.saturated.gaps_s) for r in results]),
         ("saturated: hand-off gap p90 (ms)", [ms(r.saturated.gaps_s, 0.9) for r in results]),
         ("saturated: hand-off gap p99 (ms)", [ms(r.saturated.gaps_s, 0.99) for r in results]),
+        (
+            "saturated: hand-off p50 added vs direct (ms)",
+            [added_ms(r.saturated.gaps_s, floor, 0.5) for r in results],
+        ),
+        (
+            "saturated: hand-off p99 added vs direct (ms)",
+            [added_ms(r.saturated.gaps_s, floor, 0.99) for r in results],
+        ),
         ("saturated: hand-offs measured", [str(len(r.saturated.gaps_s)) for r in results]),
         ("saturated: requests/s", [f"{r.saturated.requests_per_s:.1f}" for r in results]),
     ]
     lines = [head]
-    lines += [f"{name:<34}" + "".join(f"{v:>{width}}" for v in values) for name, values in rows]
+    lines += [f"{name:<46}" + "".join(f"{v:>{width}}" for v in values) for name, values in rows]
     return "\n".join(lines)
 
 
@@ -219,9 +307,11 @@ async def run_rounds(
     stack: SimStack, setups: dict[str, list[str]], args: argparse.Namespace
 ) -> list[Result]:
     """Every setup's gateways run at once, idle between their turns; the setups take turns
-    in rounds (in a rotating order), so that noise from other processes hits each alike."""
-    results = {label: Result(label, Phase(), Phase()) for label in setups}
-    labels = list(setups)
+    in rounds (in a rotating order), so that noise from other processes hits each alike.
+    Direct takes its turns too, in the saturated phase only."""
+    labels = [*setups, DIRECT]
+    results = {label: Result(label, Phase(), Phase()) for label in labels}
+    direct = DirectPool(stack, args.tokens)
     idle_each = max(1, args.idle_requests // args.rounds)
     saturated_each = max(1, args.saturated_requests // args.rounds)
     async with httpx.AsyncClient(timeout=TIMEOUT) as client:
@@ -231,9 +321,15 @@ async def run_rounds(
     for round_ in range(args.rounds):
         order = labels[round_ % len(labels) :] + labels[: round_ % len(labels)]
         for label in order:
-            idle = await idle_phase(stack, setups[label], idle_each, args.tokens)
-            saturated = await saturated_phase(stack, setups[label], saturated_each, args.tokens)
             result = results[label]
+            if label == DIRECT:
+                saturated = await saturated_phase(stack, direct.send, saturated_each)
+                result.saturated.gaps_s += saturated.gaps_s
+                result.saturated.requests_per_s += saturated.requests_per_s / args.rounds
+                continue
+            idle = await idle_phase(stack, setups[label], idle_each, args.tokens)
+            send = through_gateways(setups[label], args.tokens)
+            saturated = await saturated_phase(stack, send, saturated_each)
             result.idle.ttft_s += idle.ttft_s
             result.idle.before_prefill_s += idle.before_prefill_s
             result.saturated.ttft_s += saturated.ttft_s

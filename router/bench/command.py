@@ -27,7 +27,7 @@ from router.bench.peers import peer_states
 from router.bench.plots import PlotsUnavailable, write_plots
 from router.bench.report import markdown
 from router.bench.results import document, level_document
-from router.bench.rounds import measure, warm_up
+from router.bench.rounds import measure
 from router.bench.scenarios import VLLM_ROUTER, Level, levels
 from router.bench.script import Script, make_script
 
@@ -81,8 +81,6 @@ async def _level(
     options: BenchOptions, level: Level, progress: Progress, task: TaskID
 ) -> dict[str, Any]:
     where = f"{level.path} path, {level.concurrency} stream(s)"
-    progress.update(task, description=f"{where}: warming up")
-    await warm_up(level)
     measured = await measure(
         level,
         options.rounds,

@@ -28,14 +28,11 @@ def method_document(measured: Measured, concurrency: int, relayed: bool) -> dict
         "gap_ms": distribution(gaps),
     }
     if relayed and samples:
-        growth = [
-            peak - before
-            for before, peak in zip(measured.rss_before_mb, measured.rss_peak_mb, strict=True)
-        ]
+        growth = max(measured.rss_peak_mb) - measured.rss_one_stream_mb
         entry["cpu_ms_per_request"] = round(measured.cpu_s / len(samples) * 1e3, 3)
         entry["rss_idle_mb"] = round(statistics.median(measured.rss_before_mb), 2)
         entry["rss_peak_mb"] = round(max(measured.rss_peak_mb), 2)
-        entry["rss_per_stream_kb"] = round(statistics.median(growth) * 1024 / concurrency, 1)
+        entry["rss_per_stream_kb"] = round(max(0.0, growth) * 1024 / max(1, concurrency - 1), 1)
     return entry
 
 

@@ -15,10 +15,12 @@ from router.bench.streams import BenchFailure, Sample
 @dataclass(slots=True)
 class Measured:
     """One method at one level: its samples, and its relay's CPU time (over all rounds)
-    and resident memory before and at the peak of each round."""
+    and resident memory: with one stream open (in the warm-up, before the first time this
+    level's streams were open at once), and before and at the peak of each round."""
 
     samples: list[Sample] = field(default_factory=list)
     cpu_s: float = 0.0
+    rss_one_stream_mb: float = 0.0
     rss_before_mb: list[float] = field(default_factory=list)
     rss_peak_mb: list[float] = field(default_factory=list)
 
@@ -44,11 +46,19 @@ async def run_load(
     return samples
 
 
-async def warm_up(level: Level) -> None:
-    """Connections, tokenizers and every node, before anything is measured."""
+async def _warm_up(level: Level, measured: dict[str, Measured]) -> None:
+    """Connections, tokenizers and every node, before anything is measured: one request,
+    then as many at once as the level runs (its streams' memory is counted from there, as
+    the peak over the resident size with one stream)."""
     for method in level.methods:
         await level.settle()
+        await run_load(1, 1, method.send)
+        if method.pid is not None:
+            measured[method.label].rss_one_stream_mb = rss_mb(method.pid)
+            reset_peak_rss(method.pid)
         await run_load(level.concurrency, level.concurrency, method.send)
+        if method.pid is not None:
+            measured[method.label].rss_peak_mb.append(rss_mb(method.pid, "VmHWM"))
 
 
 async def measure(
@@ -58,9 +68,11 @@ async def measure(
     started: Callable[[str], None],
     done: Callable[[], None],
 ) -> dict[str, Measured]:
-    """`rounds` rounds of `per_round` requests of each method; round r starts with method
-    r (mod their count), so no method always follows the same one."""
+    """A warm-up, then `rounds` rounds of `per_round` requests of each method; round r
+    starts with method r (mod their count), so no method always follows the same one."""
     measured = {method.label: Measured() for method in level.methods}
+    started("warming up")
+    await _warm_up(level, measured)
     for index in range(rounds):
         shift = index % len(level.methods)
         for method in (*level.methods[shift:], *level.methods[:shift]):
