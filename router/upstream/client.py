@@ -10,9 +10,9 @@ nothing above this package sees httpx.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -20,7 +20,7 @@ import orjson
 from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.upstream.failures import Target, status_failure, transport_failure
-from router.upstream.transport import LeanTransport
+from router.upstream.http1 import Http1Pool
 
 log = logging.getLogger("pd_gateway.upstream")
 
@@ -119,8 +119,13 @@ class Reply:
             raise transport_failure(self.target, exc) from None
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        response = self._response
+        # Bodies come as sent (requests ask for no encoding): straight off the transport,
+        # without httpx's decoder and chunker, unless a server encoded one all the same.
+        encoded = "content-encoding" in response.headers
+        source = response.aiter_bytes() if encoded else response.stream
         try:
-            async for chunk in self._response.aiter_bytes():
+            async for chunk in cast(AsyncIterable[bytes], source):
                 yield chunk
         except httpx.HTTPError as exc:
             raise transport_failure(self.target, exc) from None
@@ -164,7 +169,7 @@ class Upstreams:
             return self._transport
         pool = self._pools.get(base)
         if pool is None:
-            pool = self._pools[base] = LeanTransport(self._limits)
+            pool = self._pools[base] = Http1Pool(self._limits)
         return pool
 
     def _timeout(self, read_s: float | None) -> dict[str, float | None]:

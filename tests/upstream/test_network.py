@@ -1,5 +1,7 @@
-"""The upstream client on real sockets: connections are reused, a request leaves in one
-write, streams arrive line by line, and each way a connection fails keeps its error code."""
+"""The upstream client on real sockets: connections are reused while they can be and never
+when they cannot, a request leaves in one write, answers framed every way HTTP/1.1 frames
+them arrive whole, streams arrive line by line, and each way a connection fails keeps its
+error code."""
 
 from __future__ import annotations
 
@@ -200,6 +202,140 @@ async def test_a_body_cut_short_is_a_broken_connection() -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{")
         await writer.drain()
+
+    error = await failure_of(handler)
+    assert (error.code, error.status, error.in_doubt) == ("probe_failed", 502, True)
+
+
+async def serve_requests(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answers: list[bytes]
+) -> None:
+    """Answers each request on one connection with the next of `answers`."""
+    for reply in answers:
+        try:
+            await read_request(reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        writer.write(reply)
+        await writer.drain()
+    await reader.read()  # until the client closes
+
+
+async def test_every_framing_of_an_answer_arrives_whole() -> None:
+    chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    chunked += (
+        b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (b'{"a"', b": ", b"1}")) + b"0\r\n\r\n"
+    )
+    interim = b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n" + answer(b'{"after": "103"}')
+    no_content = b"HTTP/1.1 204 No Content\r\n\r\n"
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_requests(reader, writer, [chunked, interim, no_content])
+
+    async with serving(handler) as (url, accepted):
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        first = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+        assert await first.json() == {"a": 1}
+        second = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+        assert (second.status, await second.json()) == (200, {"after": "103"})
+        third = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+        assert (third.status, await third.read()) == (204, b"")
+        await upstreams.aclose()
+    assert len(accepted) == 1
+
+
+async def test_an_answer_that_ends_with_its_connection_is_read_to_the_end() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil ")
+        await writer.drain()
+        writer.write(b"the end")
+        await writer.drain()
+        writer.close()
+
+    async with serving(handler) as (url, accepted):
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        for _ in range(2):
+            reply = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+            assert await reply.read() == b"until the end"
+        await upstreams.aclose()
+    assert len(accepted) == 2  # its connection could not serve again
+
+
+async def test_a_connection_is_not_reused_after_connection_close_or_an_unread_body() -> None:
+    closing = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}"
+    big = answer(b"x" * 100_000)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_requests(reader, writer, [closing] if len(accepted) == 1 else [big, big])
+
+    async with serving(handler) as (url, accepted):
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        reply = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+        assert await reply.json() == {}
+        # Closed with most of its body unread: the connection goes, not back to the pool.
+        reply = await upstreams.open(TARGET, "GET", url, "/", read_s=5)
+        await reply.aclose()
+        reply = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+        assert len(await reply.read()) == 100_000
+        await upstreams.aclose()
+    assert len(accepted) == 3
+
+
+async def test_an_idle_connection_is_closed_when_it_expires() -> None:
+    closed = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_requests(reader, writer, [answer(b"{}")])
+        closed.set()  # the client closed its end
+
+    async with serving(handler) as (url, accepted):
+        upstreams = Upstreams(UpstreamsConfig(keepalive_expiry_s=0.05), TimeoutsConfig())
+        await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+        await asyncio.wait_for(closed.wait(), 5)
+        await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+        await upstreams.aclose()
+    assert len(accepted) == 2
+
+
+async def test_a_request_waits_for_a_free_connection_up_to_the_pool_timeout() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_requests(reader, writer, [answer(b'{"n": 1}'), answer(b'{"n": 2}')])
+
+    async with serving(handler) as (url, accepted):
+        pools = UpstreamsConfig(max_connections=1)
+        upstreams = Upstreams(pools, TimeoutsConfig(connect_s=0.1))
+        held = await upstreams.open(TARGET, "GET", url, "/", read_s=5)
+        error = await failure_of_request(upstreams, url)
+        assert (error.code, error.status, error.in_doubt) == ("probe_unreachable", 502, False)
+        waiting = asyncio.ensure_future(upstreams.call(TARGET, "GET", url, "/", read_s=5))
+        assert await held.json() == {"n": 1}  # read to its end: the connection is free
+        assert await (await waiting).json() == {"n": 2}
+        await held.aclose()
+        await upstreams.aclose()
+    assert len(accepted) == 1
+
+
+async def failure_of_request(upstreams: Upstreams, url: str) -> UpstreamError:
+    with pytest.raises(UpstreamError) as failed:
+        await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+    return failed.value
+
+
+async def test_an_answer_that_is_not_http_is_a_broken_connection() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    error = await failure_of(handler)
+    assert (error.code, error.status, error.in_doubt) == ("probe_failed", 502, True)
+
+
+async def test_a_server_that_closes_without_answering_is_a_broken_connection() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
 
     error = await failure_of(handler)
     assert (error.code, error.status, error.in_doubt) == ("probe_failed", 502, True)
