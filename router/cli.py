@@ -147,6 +147,13 @@ def _parser() -> argparse.ArgumentParser:
         help="another checkout of the project (a git worktree of an older commit, say):"
         " its gateway runs in the same latency rounds, before and after side by side",
     )
+    bench.add_argument(
+        "--readme",
+        type=Path,
+        metavar="FILE",
+        help="also write the table into FILE (the README), between its"
+        " <!-- pd-gateway bench: start --> and <!-- pd-gateway bench: end --> lines",
+    )
     bench.set_defaults(run=_bench)
 
     schema = commands.add_parser(
@@ -186,6 +193,7 @@ def _bench(args: argparse.Namespace) -> int:
     options = replace(
         options,
         out=args.out,
+        readme=args.readme,
         peers=not args.no_peers,
         baseline=args.baseline.resolve() if args.baseline else None,
         command=command or "pd-gateway bench",
@@ -193,6 +201,13 @@ def _bench(args: argparse.Namespace) -> int:
     )
     if options.tokens < 8:
         raise UsageError("--tokens: at least 8, so that every stream has several chunks")
+    if options.readme is not None:  # before minutes of measuring, not after
+        from router.bench.report import NoPlaceInReadme, embedded
+
+        try:
+            embedded(options.readme.read_text(encoding="utf-8"), "")
+        except (OSError, NoPlaceInReadme) as exc:
+            raise UsageError(f"--readme {options.readme}: {exc}") from None
     return run_bench(options)
 
 

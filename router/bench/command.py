@@ -25,7 +25,7 @@ from router.bench.deployment import Deployment, deployed
 from router.bench.options import BenchOptions
 from router.bench.peers import peer_states
 from router.bench.plots import PlotsUnavailable, write_plots
-from router.bench.report import markdown
+from router.bench.report import NoPlaceInReadme, embedded, markdown
 from router.bench.results import document, level_document
 from router.bench.rounds import measure
 from router.bench.scenarios import VLLM_ROUTER, Level, levels
@@ -46,6 +46,13 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> int:
         results = uvloop.run(_measure_all(options, deployment, script, console))
     doc = document(options, results, peer_states(measured=_peer_measured(results)))
     _write(doc, options.out, console)
+    if options.readme is not None:
+        try:
+            _embed(markdown(doc), options.readme)
+        except NoPlaceInReadme as exc:
+            console.print(f"error: {options.readme}: {exc}", markup=False, soft_wrap=True)
+            return 1
+        console.print(f"the table is in {options.readme}")
     return 0
 
 
@@ -89,6 +96,10 @@ async def _level(
         lambda: progress.advance(task),
     )
     return level_document(level, measured)
+
+
+def _embed(table: str, readme: Path) -> None:
+    readme.write_text(embedded(readme.read_text(encoding="utf-8"), table), encoding="utf-8")
 
 
 def _peer_measured(levels: list[dict[str, Any]]) -> bool:

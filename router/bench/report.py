@@ -10,6 +10,21 @@ from router.bench.scenarios import DIRECT, GATEWAY, PULL_GATEWAY, VLLM_ROUTER, w
 
 Row = tuple[str, str, str, str, str]
 NOT_RUN = "not run"
+README_START = "<!-- pd-gateway bench: start -->"
+README_END = "<!-- pd-gateway bench: end -->"
+
+
+class NoPlaceInReadme(Exception):
+    """The file given to `--readme` has no place marked for the table."""
+
+
+def embedded(readme: str, table: str) -> str:
+    """`readme` with `table` in place of whatever stands between its two marker lines."""
+    start, end = readme.find(README_START), readme.find(README_END)
+    if start < 0 or end < start:
+        raise NoPlaceInReadme(f"mark the table's place with {README_START} and {README_END}")
+    head = readme[: start + len(README_START)]
+    return f"{head}\n{table}{readme[end:]}"
 
 
 def markdown(doc: dict[str, Any]) -> str:

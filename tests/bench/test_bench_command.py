@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from router.bench.report import README_END, README_START
+
 pytestmark = pytest.mark.e2e
 
 LEVELS = [("latency", 1), ("latency", 2), ("native", 1), ("native", 4), ("capacity", 4)]
@@ -33,8 +35,10 @@ TARGETS = [
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("bench")
+    (out / "README.md").write_text(f"# Figures\n{README_START}\nold table\n{README_END}\nAfter.\n")
+    command = ["bench", "--quick", "--out", str(out), "--readme", str(out / "README.md")]
     done = subprocess.run(
-        [sys.executable, "-m", "router.cli", "bench", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "router.cli", *command],
         capture_output=True,
         text=True,
         timeout=100,
@@ -109,3 +113,27 @@ def test_markdown_shows_every_target_and_plots_are_drawn_or_explained(
     else:
         assert "pip install 'pd-gateway[bench]'" in done.stderr
         assert not any((out / name).exists() for name in plots)
+
+
+def test_the_readme_gets_the_table_in_its_marked_place(
+    run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    out, _ = run
+    table = (out / "results.md").read_text()
+    readme = (out / "README.md").read_text()
+    assert readme == f"# Figures\n{README_START}\n{table}{README_END}\nAfter.\n"
+
+
+def test_a_readme_without_a_marked_place_is_refused_before_measuring(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("# No markers\n")
+    command = ["bench", "--quick", "--out", str(tmp_path), "--readme", str(tmp_path / "README.md")]
+    done = subprocess.run(
+        [sys.executable, "-m", "router.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2
+    assert README_START in done.stderr
+    assert not (tmp_path / "results.json").exists()
