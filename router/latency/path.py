@@ -165,7 +165,9 @@ class LatencyPath:
         include_usage: bool,
         continuous: bool,
     ) -> AsyncGenerator[bytes, None]:
-        first = renderer.start()
+        # vLLM counts the prompt on the role chunk already, with no completion tokens.
+        opening = Usage(prefilled.prompt_tokens, 0, prefilled.cached_tokens) if continuous else None
+        first = renderer.start(opening)
         if first:
             yield first
         try:

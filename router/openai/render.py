@@ -52,7 +52,11 @@ None for EOS or the length limit."""
 
 
 class Renderer(Protocol):
-    def start(self) -> bytes | None: ...
+    def start(self, usage: Usage | None = None) -> bytes | None:
+        """The stream's opening event, if any; `usage`: the prompt's count, for
+        `stream_options.continuous_usage_stats`."""
+        ...
+
     def delta(
         self, delta: ParsedDelta, usage: Usage | None = None, logprobs: Logprobs = None
     ) -> bytes | None:
@@ -129,8 +133,8 @@ class _Base:
 class ChatRenderer(_Base):
     object_chunk = "chat.completion.chunk"
 
-    def start(self) -> bytes | None:
-        return self._chunk({"role": "assistant", "content": ""}, None, None, None)
+    def start(self, usage: Usage | None = None) -> bytes | None:
+        return self._chunk({"role": "assistant", "content": ""}, None, None, usage)
 
     def delta(
         self, delta: ParsedDelta, usage: Usage | None = None, logprobs: Logprobs = None
@@ -225,7 +229,7 @@ class CompletionRenderer(_Base):
         super().__init__(response_id=response_id, created=created, model=model)
         self._offset = 0  # where the next token's text starts in the whole output
 
-    def start(self) -> bytes | None:
+    def start(self, usage: Usage | None = None) -> bytes | None:
         return None
 
     def delta(

@@ -91,9 +91,10 @@ class _Generation(_Open):
 
     @property
     def continuous_usage(self) -> bool:
-        """Usage on every chunk (vLLM's `stream_options.continuous_usage_stats`)."""
+        """Usage on every chunk (vLLM's `stream_options.continuous_usage_stats`, which it
+        honours only beside `include_usage`)."""
         options = self.stream_options
-        return bool(self.stream and options and options.continuous_usage_stats)
+        return bool(self.include_usage and options and options.continuous_usage_stats)
 
     @property
     def token_budget(self) -> int | None:

@@ -50,7 +50,7 @@ class ResponsesRenderer:
 
     # Streaming --------------------------------------------------------------------------
 
-    def start(self) -> bytes | None:
+    def start(self, usage: Usage | None = None) -> bytes | None:
         created = self._response("in_progress", None)
         return self._emit("response.created", response=created) + self._emit(
             "response.in_progress", response=created

@@ -20,6 +20,7 @@ class StreamOptions(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
 
 
 class GenerationRequest(BaseModel):
@@ -47,6 +48,12 @@ class GenerationRequest(BaseModel):
     def include_usage(self) -> bool:
         """Whether a streaming answer ends with a usage chunk."""
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every streamed chunk carries the running usage."""
+        options = self.stream_options
+        return bool(self.include_usage and options and options.continuous_usage_stats)
 
     def sampling(self) -> dict[str, Any] | None:
         """Sampling parameters the TileRT connector forwards (None if all unset)."""

@@ -326,13 +326,22 @@ class VllmServer:
                 sent += 1
                 return b"data: " + payload + b"\n\n"
 
+            def counted(chunk: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
+                if request.continuous_usage:  # vLLM's running count on every chunk
+                    chunk["usage"] = usage(
+                        usage_body["prompt_tokens"],
+                        completion_tokens,
+                        usage_body["prompt_tokens_details"]["cached_tokens"],
+                    )
+                return chunk
+
             if formatter.endpoint == "chat":
-                yield event(orjson.dumps(formatter.role_chunk()))
+                yield event(orjson.dumps(counted(formatter.role_chunk(), 0)))
             offset = 0
             for index, step in enumerate(steps):
                 if index:
                     await asyncio.sleep(itl_s)
-                chunk = formatter.chunk(step, offset)
+                chunk = counted(formatter.chunk(step, offset), index + 1)
                 offset += len(step.text)
                 # vLLM skips steps that add nothing (e.g. half of a multi-byte character,
                 # or text a parser holds back).

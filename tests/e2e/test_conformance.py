@@ -39,6 +39,8 @@ FAST = ["--itl-ms", "0", "--prefill-ms-per-token", "0"]
 MASKED = {"id", "created", "tool_call_id"}
 
 TEXT = "Plain prose with café, naïve and 速度 — then an emoji 🌍 and the end."
+# Each emoji is two tokens: a budget of CUT_AT ends inside the third.
+CUT_TEXT, CUT_AT = "😀" * 6, 5
 CASES: dict[str, dict[str, Any]] = {
     "plain": {"messages": [{"role": "user", "content": directive(TEXT)}]},
     "stop string": {
@@ -50,12 +52,20 @@ CASES: dict[str, dict[str, Any]] = {
         "stop_token_ids": [],  # filled in by the fixture: the id of " gamma"
     },
     "length cut in a character": {
-        "messages": [{"role": "user", "content": directive("速度速度速度速度速度速度")}],
-        "max_tokens": 5,
+        "messages": [{"role": "user", "content": directive(CUT_TEXT)}],
+        "max_tokens": CUT_AT,
     },
     "usage in the stream": {
         "messages": [{"role": "user", "content": directive(TEXT)}],
         "stream_options": {"include_usage": True},
+    },
+    "usage on every chunk": {
+        "messages": [{"role": "user", "content": directive(TEXT)}],
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    },
+    "continuous usage without include_usage": {
+        "messages": [{"role": "user", "content": directive(TEXT)}],
+        "stream_options": {"continuous_usage_stats": True},
     },
     "reasoning and a tool call": {
         "messages": [
@@ -88,7 +98,7 @@ CASES: dict[str, dict[str, Any]] = {
 COMPLETIONS: dict[str, dict[str, Any]] = {
     "plain": {"prompt": directive(TEXT)},
     "stop string": {"prompt": directive("one two three STOP four five"), "stop": " STOP"},
-    "length cut in a character": {"prompt": directive("速度速度速度速度速度速度"), "max_tokens": 5},
+    "length cut in a character": {"prompt": directive(CUT_TEXT), "max_tokens": CUT_AT},
     "usage in the stream": {
         "prompt": directive(TEXT),
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
@@ -260,6 +270,14 @@ def differences(latency: Any, native: Any, path: str = "") -> list[str]:
     return [] if latency == native else [f"{path}: {latency!r} != {native!r}"]
 
 
+def test_the_length_cut_ends_inside_a_character() -> None:
+    from tests.support.parser_fixtures import load_tokenizer
+
+    tokenizer = load_tokenizer("deepseek")
+    ids = tokenizer.encode(CUT_TEXT, add_special_tokens=False).ids
+    assert tokenizer.decode(ids[:CUT_AT]).endswith("\ufffd")
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_whole_answers_are_the_same(http: httpx.Client, gateway: GatewayProcess, name: str) -> None:
     latency = whole(http, gateway, name, native=False)
@@ -302,6 +320,12 @@ def test_completion_streams_carry_the_same(
     assert texts[0] == texts[1]
     usages = [[e.get("usage") for e in s if not e["choices"]] for s in streams]
     assert usages[0] == usages[1]
+    # With continuous_usage_stats, every chunk carries the running count, ending at the total.
+    counted = [{"usage" in e for e in s if e["choices"]} for s in streams]
+    assert counted[0] == counted[1]
+    running = [[e["usage"]["completion_tokens"] for e in s if e.get("usage")] for s in streams]
+    assert running[0][-1:] == running[1][-1:]
+    assert all(r == sorted(r) for r in running)
     finishes = [
         [c["finish_reason"] for e in s for c in e["choices"] if c["finish_reason"]] for s in streams
     ]
@@ -324,7 +348,7 @@ RESPONSES: dict[str, dict[str, Any]] = {
             {"role": "user", "content": [{"type": "input_text", "text": directive(TEXT)}]},
         ],
     },
-    "length cut": {"input": directive("速度速度速度速度速度速度"), "max_output_tokens": 5},
+    "length cut in a character": {"input": directive(CUT_TEXT), "max_output_tokens": CUT_AT},
     "reasoning and a tool call": {
         "input": TOOL_CALL_TEXT,
         "tools": [WEATHER_TOOL],

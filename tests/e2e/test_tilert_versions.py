@@ -159,6 +159,25 @@ def test_completion_logprobs(client: openai.OpenAI, tilert_version: str, stream:
     assert all(len(top) == 1 for top in tops)
 
 
+# ignore_eos (guidellm sends it by default) ----------------------------------------------
+
+
+def test_ignore_eos_stays_on_the_latency_path_where_the_nodes_honour_it(
+    client: openai.OpenAI, tilert_version: str
+) -> None:
+    raw = client.completions.with_raw_response.create(
+        model=MODEL, prompt=directive(TEXT), max_tokens=24, extra_body={"ignore_eos": True}
+    )
+    if tilert_version == "0.1.5":  # 0.1.5 nodes do not report the feature
+        assert route(raw) == ("throughput", "ignore_eos")
+        return
+    assert route(raw) == ("latency", None)
+    # The node generated past the scripted text and its EOS, to the whole budget.
+    choice = raw.parse().choices[0]
+    assert choice.text.startswith(TEXT) and len(choice.text) > len(TEXT)
+    assert (choice.finish_reason, raw.parse().usage.completion_tokens) == ("length", 24)
+
+
 # Structured output ----------------------------------------------------------------------
 
 
