@@ -63,8 +63,17 @@ def running(pid: int) -> bool:
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
-    """Resident memory of process `pid` (`VmHWM` for its peak), in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    """Resident memory of process `pid` and its children (a gateway's workers; `VmHWM`: the
+    sum of their peaks), in MB."""
+    return sum(_own_rss_mb(member, field) for member in [pid, *_children(pid)])
+
+
+def _own_rss_mb(pid: int, field: str) -> float:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return 0.0  # gone since it was listed
+    for line in status.splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no {field} in /proc/{pid}/status: not Linux?")
@@ -144,5 +153,9 @@ class GatewayChild:
 
 
 def reset_peak_rss(pid: int) -> None:
-    """Start `VmHWM` of process `pid` again from its current resident size."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    """Start `VmHWM` of process `pid` and its children again from their resident size."""
+    for member in [pid, *_children(pid)]:
+        try:
+            Path(f"/proc/{member}/clear_refs").write_text("5")
+        except FileNotFoundError:
+            pass  # gone since it was listed
