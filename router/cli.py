@@ -192,7 +192,7 @@ def _bench(args: argparse.Namespace) -> int:
     command = " ".join(["pd-gateway", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else ""
     options = replace(
         options,
-        out=args.out,
+        out=args.out.resolve(),
         readme=args.readme,
         peers=not args.no_peers,
         baseline=args.baseline.resolve() if args.baseline else None,

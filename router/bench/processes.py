@@ -86,7 +86,7 @@ class GatewayChild:
 
     def __init__(self, config: dict[str, Any], workdir: Path, root: Path | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        config_path = workdir / "router.yaml"
+        config_path = (workdir / "router.yaml").resolve()  # the child runs in another folder
         document = {
             **config,
             "server": {**config.get("server", {}), "host": "127.0.0.1", "port": 0},

@@ -36,16 +36,23 @@ TARGETS = [
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("bench")
     (out / "README.md").write_text(f"# Figures\n{README_START}\nold table\n{README_END}\nAfter.\n")
-    command = ["bench", "--quick", "--out", str(out), "--readme", str(out / "README.md")]
-    done = subprocess.run(
+    done = bench(out, timeout_s=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, done
+
+
+def bench(out: Path, *, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`pd-gateway bench --quick` writing to `out`, its table into `out`'s README.md; run
+    from `out`'s parent with relative paths, as a user runs it in a checkout."""
+    command = ["bench", "--quick", "--out", out.name, "--readme", f"{out.name}/README.md"]
+    return subprocess.run(
         [sys.executable, "-m", "router.cli", *command],
         capture_output=True,
         text=True,
-        timeout=100,
+        timeout=timeout_s,
         stdin=subprocess.DEVNULL,
+        cwd=out.parent,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out, done
 
 
 @pytest.fixture(scope="module")
@@ -126,14 +133,7 @@ def test_the_readme_gets_the_table_in_its_marked_place(
 
 def test_a_readme_without_a_marked_place_is_refused_before_measuring(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text("# No markers\n")
-    command = ["bench", "--quick", "--out", str(tmp_path), "--readme", str(tmp_path / "README.md")]
-    done = subprocess.run(
-        [sys.executable, "-m", "router.cli", *command],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        stdin=subprocess.DEVNULL,
-    )
+    done = bench(tmp_path, timeout_s=30)
     assert done.returncode == 2
     assert README_START in done.stderr
     assert not (tmp_path / "results.json").exists()
