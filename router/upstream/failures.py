@@ -60,6 +60,7 @@ _NEVER_SENT = (
     httpx.ConnectTimeout,
     httpx.PoolTimeout,
     httpx.UnsupportedProtocol,
+    httpx.LocalProtocolError,  # a request that could not be written: nothing left
 )
 
 

@@ -256,7 +256,10 @@ class Http1Pool(httpx.AsyncBaseTransport):
             else b"".join([chunk async for chunk in cast(httpx.AsyncByteStream, request.stream)])
         )
         head = [b"%s %s HTTP/1.1\r\n" % (request.method.encode(), url.raw_path)]
-        head.extend(b"%s: %s\r\n" % pair for pair in request.headers.raw)
+        for name, value in request.headers.raw:
+            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+                raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
+            head.append(b"%s: %s\r\n" % (name, value))
         head.append(b"\r\n")
         connection = await self._acquire(origin, timeouts.get("pool"), timeouts.get("connect"))
         try:

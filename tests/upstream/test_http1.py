@@ -1,12 +1,14 @@
 """The upstream connection's reading, fed by hand (its sockets are tested in
 test_network.py): interim answers are skipped, reading pauses while too much body waits
-unread, and bytes nobody asked for end the connection."""
+unread, bytes nobody asked for end the connection, and a header that would split the request
+is never written."""
 
 from __future__ import annotations
 
 import asyncio
 
 import httpx
+import pytest
 
 from router.upstream.http1 import Http1Pool, _Connection
 
@@ -82,3 +84,13 @@ async def test_bytes_on_an_idle_connection_close_it() -> None:
     assert conn.complete and conn.reusable()
     conn.data_received(b"HTTP/1.1 408 Request Timeout\r\n\r\n")
     assert transport.closed and not conn.reusable()
+
+
+async def test_a_header_with_a_line_break_is_refused_before_any_connection() -> None:
+    pool = Http1Pool(httpx.Limits())
+    request = httpx.Request(
+        "GET", "http://node.invalid/", headers={"x-request-id": "a\r\nx-injected: 1"}
+    )
+    with pytest.raises(httpx.LocalProtocolError):
+        await pool.handle_async_request(request)
+    assert pool._open == 0  # no connection was even attempted (node.invalid does not resolve)
