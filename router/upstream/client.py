@@ -219,7 +219,8 @@ class Upstreams:
             level = logging.WARNING if request_id is not None else logging.DEBUG
             log.log(level, "%s %s%s failed (request %s): %r", method, base, path, request_id, exc)
             raise transport_failure(target, exc) from None
-        response.request = request
+        # The answer does not keep its request: a stream may stay open for minutes, and the
+        # request's body (a whole prompt) is not needed once sent.
         reply = Reply(target, response)
         if stack is not None:
             stack.push_async_callback(reply.aclose)

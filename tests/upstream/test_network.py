@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -339,3 +340,29 @@ async def test_a_server_that_closes_without_answering_is_a_broken_connection() -
 
     error = await failure_of(handler)
     assert (error.code, error.status, error.in_doubt) == ("probe_failed", 502, True)
+
+
+async def test_an_open_answer_does_not_keep_its_requests_body() -> None:
+    """A stream may stay open for minutes: the prompt it was asked with is not held."""
+    sent = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        sent.set()
+        await reader.read()  # the stream stays open until the client closes it
+
+    prompt = "x" * 2_000_000
+    async with serving(handler) as (url, _):
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        tracemalloc.start()
+        try:
+            reply = await upstreams.open(TARGET, "POST", url, "/", body={"p": prompt}, read_s=5)
+            await sent.wait()
+            held, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        await reply.aclose()
+        await upstreams.aclose()
+    assert held < 500_000, f"{held} bytes still traced with the answer open"
