@@ -92,14 +92,21 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def requests_per_worker(gateway: GatewayProcess) -> Counter[int]:
-    """Latency-path requests each worker answered, from the access lines naming it."""
-    lines = gateway.log_path.read_text().splitlines()
-    return Counter(
-        int(line.split(" worker=", 1)[1].split(" ", 1)[0])
-        for line in lines
-        if " path=latency" in line and " worker=" in line
-    )
+def requests_per_worker(gateway: GatewayProcess, total: int) -> Counter[int]:
+    """Latency-path requests each worker answered, from the access lines naming it, once
+    `total` lines are in the log (or 10 s have passed). A worker writes a request's line
+    after its answer has ended, so the client may have it before the log does."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = gateway.log_path.read_text().splitlines()
+        counts = Counter(
+            int(line.split(" worker=", 1)[1].split(" ", 1)[0])
+            for line in lines
+            if " path=latency" in line and " worker=" in line
+        )
+        if counts.total() >= total or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.05)
 
 
 def chat(gateway: GatewayProcess, client: httpx.Client) -> None:
@@ -144,7 +151,7 @@ def test_both_workers_serve_and_every_scrape_counts_all_of_them(gateway: Gateway
     pids = workers(gateway)
     assert len(pids) == WORKERS
     served(gateway, 40)
-    per_worker = requests_per_worker(gateway)
+    per_worker = requests_per_worker(gateway, 40)
     assert sorted(per_worker) == pids, f"not every worker served: {per_worker}"
     assert sum(per_worker.values()) == 40
     # A scrape lands on either worker (a new connection each time): every one counts 40.
