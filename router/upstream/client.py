@@ -9,7 +9,10 @@ nothing above this package sees httpx.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, cast
@@ -20,7 +23,7 @@ import orjson
 from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.upstream.failures import Target, status_failure, transport_failure
-from router.upstream.http1 import Http1Pool
+from router.upstream.http1 import Body, Http1Pool
 
 log = logging.getLogger("pd_gateway.upstream")
 
@@ -56,11 +59,12 @@ class Reply:
     """An upstream's answer whose status and headers have arrived; its body is read through
     the methods below, which translate failures. Close it (`aclose`) on every path."""
 
-    __slots__ = ("_response", "content", "target")
+    __slots__ = ("_pump", "_response", "content", "target")
 
     def __init__(self, target: Target, response: httpx.Response) -> None:
         self.target = target
         self._response = response
+        self._pump: _Pump | None = None
         self.content: bytes | None = None
         """The whole body, once `read()` has run."""
 
@@ -130,8 +134,62 @@ class Reply:
         except httpx.HTTPError as exc:
             raise transport_failure(self.target, exc) from None
 
+    async def receive(self, timeout_s: float | None) -> bytes:
+        """The body's next bytes, as many as have arrived; b"" once it has ended. Raises
+        TimeoutError if none arrive within `timeout_s`; a timeout or a cancelled caller loses
+        nothing, the next call goes on from there. Not to be mixed with `chunks()`."""
+        stream = self._response.stream
+        try:
+            if isinstance(stream, Body) and "content-encoding" not in self._response.headers:
+                return await stream.receive(timeout_s)
+            if self._pump is None:  # another transport's body (tests): read by a task
+                self._pump = _Pump(self.chunks())
+            return await self._pump.receive(timeout_s)
+        except httpx.HTTPError as exc:
+            raise transport_failure(self.target, exc) from None
+
     async def aclose(self) -> None:
+        if self._pump is not None:
+            await self._pump.aclose()
         await self._response.aclose()
+
+
+class _Pump:
+    """`receive` over any body: a task reads it into a buffer, so a timed-out or cancelled
+    wait never interrupts the read itself."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self._buffer: deque[bytes | BaseException] = deque()
+        self._arrived = asyncio.Event()
+        self._reader = asyncio.ensure_future(self._read(chunks))
+
+    async def _read(self, chunks: AsyncIterator[bytes]) -> None:
+        try:
+            async for chunk in chunks:
+                self._buffer.append(chunk)
+                self._arrived.set()
+            self._buffer.append(EOFError())
+        except Exception as exc:
+            self._buffer.append(exc)
+        self._arrived.set()
+
+    async def receive(self, timeout_s: float | None) -> bytes:
+        while not self._buffer:
+            self._arrived.clear()
+            async with asyncio.timeout(timeout_s):
+                await self._arrived.wait()
+        item = self._buffer[0]
+        if isinstance(item, EOFError):
+            return b""  # the end stays in the buffer: every later call sees it too
+        self._buffer.popleft()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def aclose(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
 
 
 class Upstreams:

@@ -155,13 +155,13 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
         return data
 
-    async def wait(self, timeout: float | None, timed_out: type[httpx.TimeoutException]) -> None:  # noqa: ASYNC109
+    async def wait(self, timeout: float | None) -> None:  # noqa: ASYNC109
+        """Until the answer moves on (head, body bytes, its end or a failure); TimeoutError
+        after `timeout` seconds. Cancelling or timing out loses nothing."""
         waiter = self.waiter = self.loop.create_future()
         timer = None if timeout is None else self.loop.call_later(timeout, _time_out, waiter)
         try:
             await waiter
-        except TimeoutError:
-            raise timed_out("timed out") from None
         finally:
             self.waiter = None
             if timer is not None:
@@ -197,29 +197,43 @@ class _Connection(asyncio.Protocol):
             self.waiter.set_result(None)
 
 
-class _Body(httpx.AsyncByteStream):
+class Body(httpx.AsyncByteStream):
     """An answer's body, read off its connection; the connection goes back to the pool
-    when the body has been read to its end, and is closed if it is closed before."""
+    when the body has been read to its end, and is closed if it is closed before.
+
+    Read it by iterating (each wait for bytes bounded by the read timeout) or with
+    `receive`, which a timeout or a cancelled caller can interrupt without losing a byte."""
 
     def __init__(self, pool: Http1Pool, connection: _Connection, read_s: float | None) -> None:
         self._pool = pool
         self._connection: _Connection | None = connection
         self._read_s = read_s
+        self._ended = False
+
+    async def receive(self, timeout: float | None) -> bytes:  # noqa: ASYNC109
+        """The body's next bytes, however many have arrived; b"" once it has ended.
+        TimeoutError if none arrive within `timeout` seconds: they are read by the next call."""
+        connection = self._connection
+        while connection is not None:
+            if connection.body:
+                return connection.take_body()
+            if connection.complete:
+                self._ended = True
+                await self.aclose()
+                break
+            if connection.error is not None:
+                raise connection.error
+            await connection.wait(timeout)
+        if not self._ended:
+            raise httpx.StreamClosed()
+        return b""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        connection = self._connection
-        if connection is None:
-            raise httpx.StreamClosed()
-        while True:
-            if connection.body:
-                yield connection.take_body()
-            elif connection.complete:
-                break
-            elif connection.error is not None:
-                raise connection.error
-            else:
-                await connection.wait(self._read_s, httpx.ReadTimeout)
-        await self.aclose()
+        try:
+            while chunk := await self.receive(self._read_s):
+                yield chunk
+        except TimeoutError:
+            raise httpx.ReadTimeout("timed out") from None
 
     async def aclose(self) -> None:
         connection, self._connection = self._connection, None
@@ -268,7 +282,11 @@ class Http1Pool(httpx.AsyncBaseTransport):
             while not connection.head_done:
                 if connection.error is not None:
                     raise connection.error
-                await connection.wait(timeouts.get("read"), httpx.ReadTimeout)
+                await connection.wait(timeouts.get("read"))
+        except TimeoutError:
+            connection.close()
+            self.release(connection)
+            raise httpx.ReadTimeout("timed out") from None
         except BaseException:
             connection.close()
             self.release(connection)
@@ -276,7 +294,7 @@ class Http1Pool(httpx.AsyncBaseTransport):
         return httpx.Response(
             status_code=connection.status,
             headers=connection.headers,
-            stream=_Body(self, connection, timeouts.get("read")),
+            stream=Body(self, connection, timeouts.get("read")),
             extensions={"http_version": b"HTTP/1.1"},
         )
 

@@ -10,7 +10,6 @@ The other calls (`cancel`, `consume_transfer`, `drain`, `flush`, `wait_idle`, `i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections import deque
@@ -83,82 +82,64 @@ def decode_body(
 class DecodeStream:
     """An open `/pd/decode` ndjson stream. Always `aclose()` it (idempotent).
 
-    One reader task reads the body into a buffer as it arrives; `next_line` waits on the
-    buffer with the stall timeout. A stall or a cancelled caller therefore never interrupts
-    the read itself: the stream stays readable to its end (the node releases its lock only
-    when its response has ended).
+    `next_line` reads the body as it needs lines, each wait bounded by the stall timeout. A
+    stall or a cancelled caller interrupts only the wait, never the read: the stream stays
+    readable to its end (the node releases its lock only when its response has ended).
     """
 
     def __init__(self, reply: Reply, *, stall_s: float) -> None:
         self._reply = reply
         self._stall_s = stall_s
-        self._loop = asyncio.get_running_loop()
-        self._buffer: deque[bytes | BaseException | None] = deque()
-        self._arrived: asyncio.Future[None] | None = None
-        self._reader = asyncio.ensure_future(self._read())
+        self._lines: deque[bytes] = deque()
+        self._partial = b""  # a line whose end has not arrived yet
+        self._cut: DecodeError | None = None  # how the body ended early, until reported
         self.ended = False  # the done line was read
         self.eof = False  # the body has ended (the node has released its lock)
 
-    async def _read(self) -> None:
-        item: BaseException | None = None  # None: the body ended
-        partial = b""  # a line whose end has not arrived yet
-        try:
-            # Lines are split here rather than by httpx: no text decoding, and one wake-up
-            # per chunk however many lines it carries.
-            async for chunk in self._reply.chunks():
-                if b"\n" not in chunk:
-                    partial += chunk
-                    continue
-                lines = (partial + chunk if partial else chunk).split(b"\n")
-                partial = lines.pop()
-                self._buffer.extend(line for line in lines if line and line != b"\r")
-                self._wake()
-            if partial:
-                self._buffer.append(partial)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # transport failures: the stream is cut
-            item = exc
-        self._buffer.append(item)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._arrived is not None and not self._arrived.done():
-            self._arrived.set_result(None)
-
     async def next_line(self) -> NodeLine | None:
         """The next line; None when the body has ended after the done line."""
-        if not self._buffer:
+        while not self._lines:
             if self.eof:
+                cut, self._cut = self._cut, None
+                if cut is not None:
+                    raise cut
                 return None
-            # A timer on a future: what `asyncio.timeout` does, without its per-wait set-up.
-            arrived = self._arrived = self._loop.create_future()
-            timer = self._loop.call_later(self._stall_s, _time_out, arrived)
-            try:
-                await arrived
-            except TimeoutError:
-                raise DecodeError(
-                    f"the decode node sent nothing for {self._stall_s:g} s",
-                    status=504,
-                    code="decode_stalled",
-                ) from None
-            finally:
-                timer.cancel()
-        item = self._buffer.popleft()
-        if isinstance(item, bytes):
-            return self._parse(item)
-        self.eof = True
-        if isinstance(item, BaseException):
-            cause = item.message if isinstance(item, UpstreamError) else type(item).__name__
+            await self._receive()
+        return self._parse(self._lines.popleft())
+
+    async def _receive(self) -> None:
+        try:
+            chunk = await self._reply.receive(self._stall_s)
+        except TimeoutError:
             raise DecodeError(
-                f"the decode node's stream ended without its last line ({cause})",
+                f"the decode node sent nothing for {self._stall_s:g} s",
+                status=504,
+                code="decode_stalled",
+            ) from None
+        except UpstreamError as exc:  # the stream is cut
+            self._end(f" ({exc.message})")
+            return
+        if not chunk:
+            if self._partial:
+                self._lines.append(self._partial)
+            self._end("")
+            return
+        # Lines are split here, on bytes: no text decoding, and one wake-up per network read
+        # however many lines it carries.
+        if b"\n" not in chunk:
+            self._partial += chunk
+            return
+        lines = (self._partial + chunk if self._partial else chunk).split(b"\n")
+        self._partial = lines.pop()
+        self._lines.extend(line for line in lines if line and line != b"\r")
+
+    def _end(self, cause: str) -> None:
+        self.eof = True
+        if cause or not self.ended:
+            self._cut = DecodeError(
+                f"the decode node's stream ended without its last line{cause}",
                 code="decode_truncated",
             )
-        if not self.ended:
-            raise DecodeError(
-                "the decode node's stream ended without its last line", code="decode_truncated"
-            )
-        return None
 
     def _parse(self, raw: bytes) -> NodeLine:
         try:
@@ -196,21 +177,12 @@ class DecodeStream:
         raise DecodeError(message, code="decode_failed")
 
     async def aclose(self) -> None:
-        if not self._reader.done():
-            self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
         await self._reply.aclose()
 
 
 def _bad_line(raw: bytes) -> DecodeError:
     shown = raw[:80].decode("utf-8", "replace")
     return DecodeError(f"the decode node sent a malformed line: {shown!r}", code="decode_bad_line")
-
-
-def _time_out(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 async def open_decode(

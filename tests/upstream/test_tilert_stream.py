@@ -1,10 +1,11 @@
 """The node's decode stream as the gateway reads it: a stall or a cancelled reader never
-kills the stream (it can still be read to its end), and malformed lines are node errors."""
+kills the stream (it can still be read to its end), and malformed lines are node errors;
+each on a real socket through the connection pool and through another transport."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
@@ -15,6 +16,10 @@ from router.upstream import Upstreams
 from router.upstream import tilert as node_api
 
 NODE = NodeConfig(host="node", http_port=5557)
+Opener = Callable[
+    [list[bytes], dict[int, asyncio.Event], float],
+    Awaitable[tuple[Upstreams, node_api.DecodeStream]],
+]
 
 
 class Lines(httpx.AsyncByteStream):
@@ -31,19 +36,75 @@ class Lines(httpx.AsyncByteStream):
             yield line + b"\n"
 
 
-async def open_stream(lines: list[bytes], gates: dict[int, asyncio.Event], stall_s: float):
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, stream=Lines(lines, gates))
+@pytest.fixture(params=["network", "mock"])
+def network(request: pytest.FixtureRequest) -> bool:
+    """On a loopback socket through the connection pool, or through another transport."""
+    return request.param == "network"
 
-    http = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=httpx.MockTransport(handler))
-    body = node_api.decode_body(rid="r", first_token_id=1, max_tokens=8, sampling=None, timeout_s=1)
-    return http, await node_api.open_decode(http, NODE, body, stall_s=stall_s)
+
+@pytest.fixture
+async def open_stream(network: bool) -> AsyncIterator[Opener]:
+    """Opens a decode stream whose body is `lines`, line `i` sent once `gates[i]` is set."""
+    servers: list[asyncio.Server] = []
+    writers: list[asyncio.StreamWriter] = []
+    upstreams: list[Upstreams] = []
+    streams: list[node_api.DecodeStream] = []
+
+    async def open_(lines: list[bytes], gates: dict[int, asyncio.Event], stall_s: float):
+        body = node_api.decode_body(
+            rid="r", first_token_id=1, max_tokens=8, sampling=None, timeout_s=1
+        )
+        node = NODE
+        if network:
+            server = await asyncio.start_server(
+                _answering(Lines(lines, gates), writers), "127.0.0.1", 0
+            )
+            servers.append(server)
+            node = NodeConfig(host="127.0.0.1", http_port=server.sockets[0].getsockname()[1])
+            http = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        else:
+
+            def handler(request: httpx.Request) -> httpx.Response:
+                return httpx.Response(200, stream=Lines(lines, gates))
+
+            http = Upstreams(
+                UpstreamsConfig(), TimeoutsConfig(), transport=httpx.MockTransport(handler)
+            )
+        upstreams.append(http)
+        streams.append(await node_api.open_decode(http, node, body, stall_s=stall_s))
+        return http, streams[-1]
+
+    yield open_
+    for stream in streams:
+        await stream.aclose()
+    for http in upstreams:
+        await http.aclose()
+    for writer in writers:
+        writer.close()
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+def _answering(body: Lines, writers: list[asyncio.StreamWriter]):
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        async for line in body:
+            writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    return on_connection
 
 
 DONE = b'{"done": true, "n": 3, "seq_len": 9, "finish_reason": "stop", "timing_ms": {}}'
 
 
-async def test_a_stall_does_not_kill_the_stream() -> None:
+async def test_a_stall_does_not_kill_the_stream(open_stream: Opener) -> None:
     release = asyncio.Event()
     http, stream = await open_stream([b'{"t": [1, 2]}', b'{"t": [3]}', DONE], {1: release}, 0.05)
     assert await stream.next_line() == node_api.TokenLine([1, 2])
@@ -57,7 +118,7 @@ async def test_a_stall_does_not_kill_the_stream() -> None:
     await http.aclose()
 
 
-async def test_a_cancelled_reader_leaves_the_rest_for_drain() -> None:
+async def test_a_cancelled_reader_leaves_the_rest_for_drain(open_stream: Opener) -> None:
     release = asyncio.Event()
     http, stream = await open_stream([b'{"t": [1]}', b'{"t": [2]}', DONE], {1: release}, 5)
     await stream.next_line()
@@ -72,7 +133,7 @@ async def test_a_cancelled_reader_leaves_the_rest_for_drain() -> None:
     await http.aclose()
 
 
-async def test_drain_reports_a_node_that_never_ends() -> None:
+async def test_drain_reports_a_node_that_never_ends(open_stream: Opener) -> None:
     never = asyncio.Event()
     http, stream = await open_stream([b'{"t": [1]}', DONE], {1: never}, 0.05)
     assert await node_api.drain(stream, limit_s=1) is False
@@ -91,7 +152,7 @@ async def test_drain_reports_a_node_that_never_ends() -> None:
         b"{not json",
     ],
 )
-async def test_malformed_lines_are_node_errors(line: bytes) -> None:
+async def test_malformed_lines_are_node_errors(open_stream: Opener, line: bytes) -> None:
     http, stream = await open_stream([line, DONE], {}, 5)
     with pytest.raises(DecodeError) as bad:
         await stream.next_line()
@@ -99,7 +160,7 @@ async def test_malformed_lines_are_node_errors(line: bytes) -> None:
     await http.aclose()
 
 
-async def test_an_error_line_is_a_decode_failure() -> None:
+async def test_an_error_line_is_a_decode_failure(open_stream: Opener) -> None:
     http, stream = await open_stream([b'{"t": [1]}', b'{"error": "decode stalled"}'], {}, 5)
     await stream.next_line()
     with pytest.raises(DecodeError, match="decode stalled") as failed:
