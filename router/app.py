@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from router import __version__
 from router.config import ConfigError, GatewayConfig
@@ -19,6 +20,7 @@ from router.endpoints import ENDPOINTS, EndpointSpec
 from router.errors import GatewayError, InvalidRequest, ModelNotFound, NotFound
 from router.request_context import RequestContext
 from router.responses import error_response, json_response
+from router.serving.response import SERVER_SEND
 from router.state import AppState
 
 log = logging.getLogger("pd_gateway")
@@ -39,7 +41,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         finally:
             await state.aclose()
 
-    app = FastAPI(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = GatewayApp(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(RequestContext, access_log=config.logging.access_log)
 
     for endpoint in ENDPOINTS.values():
@@ -139,6 +141,16 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return error_response(GatewayError("internal error in the gateway"))
 
     return app
+
+
+class GatewayApp(FastAPI):
+    """FastAPI, with the server's own `send` in each request's scope: a stream's body
+    chunks go straight to it (`PathResponse`), past the middlewares' wrappers of `send`,
+    which only look at a response's start and end."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 # OpenAI API families a client may try; anything else is counted as `other`.

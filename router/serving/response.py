@@ -25,6 +25,11 @@ from router.serving.live import LiveResponses
 
 log = logging.getLogger("pd_gateway")
 
+SERVER_SEND = "pd_gateway.server_send"
+"""A scope key: the ASGI server's own `send`, set by the app before any middleware.
+The chunks of a body in progress go to it directly; the middlewares' `send` wrappers see
+the start and the end of every answer, which is all they look at."""
+
 
 class PathResponse(Response):
     """Sends what `path` answers for `request`, with `request.headers` added."""
@@ -56,14 +61,16 @@ class PathResponse(Response):
         if self._live is not None:
             self._live.add(self)
         try:
-            await self._serve(receive, send)
+            await self._serve(receive, send, scope.get(SERVER_SEND, send))
         finally:
             if self._live is not None:
                 self._live.discard(self)
 
-    async def _serve(self, receive: Receive, send: Send) -> None:
+    async def _serve(self, receive: Receive, send: Send, server_send: Send) -> None:
         stack = AsyncExitStack()
-        exchange = self._exchange_task = asyncio.ensure_future(self._exchange(stack, send))
+        exchange = self._exchange_task = asyncio.ensure_future(
+            self._exchange(stack, send, server_send)
+        )
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait((exchange, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -91,7 +98,7 @@ class PathResponse(Response):
         except OSError:
             log.debug("client went away while being sent the answer")
 
-    async def _exchange(self, stack: AsyncExitStack, send: Send) -> None:
+    async def _exchange(self, stack: AsyncExitStack, send: Send, server_send: Send) -> None:
         try:
             answer = await self._path.open(self._request, stack)
         except GatewayError as error:
@@ -99,8 +106,10 @@ class PathResponse(Response):
         await self._start(send, answer)
         async with aclosing(answer.chunks) as chunks:
             async for chunk in chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 if chunk:
+                    await server_send(
+                        {"type": "http.response.body", "body": chunk, "more_body": True}
+                    )
                     self._tail = chunk[-2:]
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

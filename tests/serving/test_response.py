@@ -12,6 +12,7 @@ import orjson
 from router.errors import Overloaded, UpstreamError
 from router.serving import Answer, PathResponse, RoutedRequest, once
 from router.serving.live import LiveResponses
+from router.serving.response import SERVER_SEND
 from tests.throughput.support import routed
 
 OpenFn = Callable[[RoutedRequest, AsyncExitStack], Awaitable[Answer]]
@@ -82,6 +83,25 @@ async def test_headers_given_or_set_later_override_the_upstreams() -> None:
     assert client.body == b"{}"
     assert client.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
     assert closed == ["upstream"]
+
+
+async def test_a_bodys_chunks_go_to_the_servers_send_and_its_start_and_end_through_the_app() -> (
+    None
+):
+    async def chunks() -> AsyncGenerator[bytes, None]:
+        for chunk in (b"data: 1\n\n", b"", b"data: 2\n\n"):
+            yield chunk
+
+    async def open_upstream(request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        return Answer(200, [(b"content-type", b"text/event-stream")], chunks())
+
+    app, server = Client(), Client()
+    scope = {**SCOPE, SERVER_SEND: server.send}
+    await respond(open_upstream, {})(scope, app.receive, app.send)
+    assert [m["type"] for m in app.sent] == ["http.response.start", "http.response.body"]
+    assert app.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert [m["body"] for m in server.sent] == [b"data: 1\n\n", b"data: 2\n\n"]
+    assert all(m["more_body"] for m in server.sent)
 
 
 async def test_gateway_error_is_rendered_with_its_own_headers() -> None:
