@@ -59,12 +59,12 @@ class Reply:
     """An upstream's answer whose status and headers have arrived; its body is read through
     the methods below, which translate failures. Close it (`aclose`) on every path."""
 
-    __slots__ = ("_pump", "_response", "content", "target")
+    __slots__ = ("_response", "_source", "content", "target")
 
     def __init__(self, target: Target, response: httpx.Response) -> None:
         self.target = target
         self._response = response
-        self._pump: _Pump | None = None
+        self._source: Body | _Pump | None = None  # what `receive` reads
         self.content: bytes | None = None
         """The whole body, once `read()` has run."""
 
@@ -138,19 +138,21 @@ class Reply:
         """The body's next bytes, as many as have arrived; b"" once it has ended. Raises
         TimeoutError if none arrive within `timeout_s`; a timeout or a cancelled caller loses
         nothing, the next call goes on from there. Not to be mixed with `chunks()`."""
-        stream = self._response.stream
-        try:
+        source = self._source
+        if source is None:
+            stream = self._response.stream
             if isinstance(stream, Body) and "content-encoding" not in self._response.headers:
-                return await stream.receive(timeout_s)
-            if self._pump is None:  # another transport's body (tests): read by a task
-                self._pump = _Pump(self.chunks())
-            return await self._pump.receive(timeout_s)
+                source = self._source = stream
+            else:  # another transport's body (tests), or an encoded one: read by a task
+                source = self._source = _Pump(self.chunks())
+        try:
+            return await source.receive(timeout_s)
         except httpx.HTTPError as exc:
             raise transport_failure(self.target, exc) from None
 
     async def aclose(self) -> None:
-        if self._pump is not None:
-            await self._pump.aclose()
+        if isinstance(self._source, _Pump):
+            await self._source.aclose()
         await self._response.aclose()
 
 

@@ -46,6 +46,9 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.waiter: asyncio.Future[None] | None = None
+        # The wait's deadline, checked by one timer that outlives the waits (`wait`).
+        self.deadline: float | None = None
+        self.deadline_timer: asyncio.TimerHandle | None = None
         self.drained: asyncio.Future[None] | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
         self._reading_paused = False
@@ -159,13 +162,37 @@ class _Connection(asyncio.Protocol):
         """Until the answer moves on (head, body bytes, its end or a failure); TimeoutError
         after `timeout` seconds. Cancelling or timing out loses nothing."""
         waiter = self.waiter = self.loop.create_future()
-        timer = None if timeout is None else self.loop.call_later(timeout, _time_out, waiter)
+        if timeout is not None:
+            # A stream waits once per chunk, each wait far shorter than its timeout: rather
+            # than a timer made and cancelled per wait, one timer runs until the deadline it
+            # was set for and, if a later wait has moved the deadline on, sets itself again.
+            deadline = self.deadline = self.loop.time() + timeout
+            timer = self.deadline_timer
+            if timer is not None and timer.when() > deadline:
+                timer.cancel()
+                timer = None
+            if timer is None:
+                self.deadline_timer = self.loop.call_at(deadline, self._check_deadline)
         try:
             await waiter
         finally:
             self.waiter = None
-            if timer is not None:
-                timer.cancel()
+            self.deadline = None
+
+    def disarm(self) -> None:
+        """No wait is left to time out (the exchange is over)."""
+        if self.deadline_timer is not None:
+            self.deadline_timer.cancel()
+            self.deadline_timer = None
+
+    def _check_deadline(self) -> None:
+        self.deadline_timer = None
+        if self.deadline is None:  # no wait now: the next one sets a timer
+            return
+        if self.loop.time() < self.deadline:
+            self.deadline_timer = self.loop.call_at(self.deadline, self._check_deadline)
+        elif self.waiter is not None:
+            _time_out(self.waiter)
 
     async def drain(self, timeout: float | None) -> None:  # noqa: ASYNC109
         drained = self.drained
@@ -184,6 +211,7 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self.disarm()
         if self.transport is not None:
             self.transport.close()
 
@@ -373,6 +401,7 @@ class Http1Pool(httpx.AsyncBaseTransport):
             self._open -= 1
         else:
             connection.parser = None
+            connection.disarm()
             if self._expiry is not None:
                 connection.idle_timer = self.loop.call_later(self._expiry, connection.close)
             self._idle.setdefault(connection.origin, []).append(connection)

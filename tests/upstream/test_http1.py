@@ -94,3 +94,27 @@ async def test_a_header_with_a_line_break_is_refused_before_any_connection() -> 
     with pytest.raises(httpx.LocalProtocolError):
         await pool.handle_async_request(request)
     assert pool._open == 0  # no connection was even attempted (node.invalid does not resolve)
+
+
+async def test_each_wait_times_out_after_its_own_timeout_however_the_last_was_set() -> None:
+    conn, _ = connection()
+    loop = asyncio.get_running_loop()
+    conn.data_received(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+
+    async def ended_by_data(limit_s: float) -> None:
+        loop.call_soon(conn.data_received, b"2\r\nab\r\n")  # the answer moves on
+        await conn.wait(limit_s)
+        assert conn.take_body() == b"ab"
+
+    async def timed_out(limit_s: float) -> float:
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await conn.wait(limit_s)
+        return loop.time() - started
+
+    await ended_by_data(0.05)
+    assert await timed_out(0.2) >= 0.19  # not cut short by the earlier wait's timer
+    await ended_by_data(60)
+    assert await timed_out(0.05) < 5  # not left waiting for the earlier wait's timer
+    conn.close()
+    assert conn.deadline_timer is None
