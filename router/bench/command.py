@@ -25,6 +25,7 @@ from router.bench.deployment import Deployment, deployed
 from router.bench.options import BenchOptions
 from router.bench.peers import peer_states
 from router.bench.plots import PlotsUnavailable, write_plots
+from router.bench.processes import StartFailure
 from router.bench.report import NoPlaceInReadme, embedded, markdown
 from router.bench.results import document, level_document
 from router.bench.rounds import measure
@@ -42,7 +43,11 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> int:
     script = make_script(options.tokens)
     with ExitStack() as cleanup:
         with console.status("starting the simulated stack and the gateways"):
-            deployment = cleanup.enter_context(deployed(options))
+            try:
+                deployment = cleanup.enter_context(deployed(options))
+            except StartFailure as exc:
+                console.print(f"error: {exc}", markup=False, soft_wrap=True)
+                return 1
         results = uvloop.run(_measure_all(options, deployment, script, console))
     doc = document(options, results, peer_states(measured=_peer_measured(results)))
     _write(doc, options.out, console)

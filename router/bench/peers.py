@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from router.bench.processes import StartFailure
 from router.lifeline import die_with_parent
 
 VLLM_ROUTER = "vllm-router"
@@ -71,7 +72,7 @@ class VllmRouterChild:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"vllm-router did not start:\n{self.log_path.read_text()[-3000:]}")
+        raise StartFailure("vllm-router did not start (--no-peers leaves it out)", self.log_path)
 
     def stop(self) -> None:
         if self.popen.poll() is None:

@@ -17,6 +17,15 @@ from router.lifeline import die_with_parent
 from router.server import READY_PREFIX
 
 NODES_IN_SERVICE_TIMEOUT_S = 30.0
+LOG_TAIL_CHARS = 3000
+
+
+class StartFailure(RuntimeError):
+    """A relay under test did not start; the message names its log and ends with its tail."""
+
+    def __init__(self, what: str, log_path: Path) -> None:
+        tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        super().__init__(f"{what} (its log: {log_path}):\n{tail}")
 
 
 def cpu_s(pid: int) -> float:
@@ -123,7 +132,7 @@ class GatewayChild:
                 self.base_url = line[len(READY_PREFIX) :].strip()
                 self._wait_nodes_in_service()
                 return self.base_url
-        raise RuntimeError(f"the gateway did not start:\n{self.log_path.read_text()}")
+        raise StartFailure("the gateway did not start", self.log_path)
 
     def _wait_nodes_in_service(self) -> None:
         """Until no node is out: gateways sharing the nodes (`--baseline`) probe them at
@@ -137,8 +146,7 @@ class GatewayChild:
             if not any(model["out"] for model in answer.json()["models"].values()):
                 return
             time.sleep(0.1)
-        log = self.log_path.read_text()
-        raise RuntimeError(f"the gateway's nodes stayed out of service:\n{log}")
+        raise StartFailure("the gateway's nodes stayed out of service", self.log_path)
 
     def stop(self) -> None:
         if self.popen.poll() is None:

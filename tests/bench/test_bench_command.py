@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,39 @@ def test_a_readme_without_a_marked_place_is_refused_before_measuring(tmp_path: P
     assert done.returncode == 2
     assert README_START in done.stderr
     assert not (tmp_path / "results.json").exists()
+
+
+def test_a_peer_that_cannot_start_is_an_error_naming_its_log(tmp_path: Path) -> None:
+    """An installed vllm-router that dies at once (its package installed without its
+    dependencies, say): the run stops with what it said, not a traceback."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "vllm-router"
+    fake.write_text(
+        "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'setproctitle'\"\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "router.cli",
+            "bench",
+            "--quick",
+            "--no-capacity",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "error: vllm-router did not start" in done.stderr
+    assert "No module named 'setproctitle'" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (out / "results.json").exists()
