@@ -183,9 +183,9 @@ class _Pump:
         item = self._buffer[0]
         if isinstance(item, EOFError):
             return b""  # the end stays in the buffer: every later call sees it too
-        self._buffer.popleft()
         if isinstance(item, BaseException):
-            raise item
+            raise item  # so does a failure
+        self._buffer.popleft()
         return item
 
     async def aclose(self) -> None:

@@ -93,6 +93,9 @@ class DecodeStream:
         self._lines: deque[bytes] = deque()
         self._partial = b""  # a line whose end has not arrived yet
         self._cut: DecodeError | None = None  # how the body ended early, until reported
+        # One reader of the body at a time: a drain may start beside a relay being stopped,
+        # and a connection wakes one waiter.
+        self._reading = asyncio.Lock()
         self.ended = False  # the done line was read
         self.eof = False  # the body has ended (the node has released its lock)
 
@@ -104,7 +107,9 @@ class DecodeStream:
                 if cut is not None:
                     raise cut
                 return None
-            await self._receive()
+            async with self._reading:
+                if not self._lines and not self.eof:  # another reader may have read them
+                    await self._receive()
         return self._parse(self._lines.popleft())
 
     async def _receive(self) -> None:

@@ -168,3 +168,18 @@ async def test_an_error_line_is_a_decode_failure(open_stream: Opener) -> None:
     assert failed.value.code == "decode_failed"
     assert await node_api.drain(stream, limit_s=5) is True  # the body did end
     await http.aclose()
+
+
+async def test_two_readers_at_once_each_get_a_line_and_neither_is_left_waiting(
+    open_stream: Opener,
+) -> None:
+    """A drain may start while a relay that is being stopped still waits for a line."""
+    release = asyncio.Event()
+    _, stream = await open_stream([b'{"t": [1]}', b'{"t": [2]}', DONE], {0: release}, 5)
+    first = asyncio.ensure_future(stream.next_line())
+    second = asyncio.ensure_future(stream.next_line())
+    await asyncio.sleep(0)
+    release.set()
+    lines = await asyncio.wait_for(asyncio.gather(first, second), timeout=3)
+    assert sorted(line.ids for line in lines) == [[1], [2]]
+    assert await node_api.drain(stream, limit_s=5) is True
