@@ -100,6 +100,23 @@ async def test_an_expired_lease_and_its_stale_release_are_counted(
     assert sample("pd_gateway_gate_lease_fencing_rejections_total") == rejections + 1
 
 
+async def test_a_lease_released_while_the_renewer_renews_it_is_not_counted_as_lost(
+    gate: RedisGate, sample: Sample
+) -> None:
+    """The renewer takes its batch of leases, then a request releases one of them before the
+    renewal reaches the server: the server no longer knows the lease, by our own hand."""
+    expiries = sample("pd_gateway_gate_lease_expiries_total")
+    rejections = sample("pd_gateway_gate_lease_fencing_rejections_total")
+    lease = await gate.acquire(priority=0, wait_s=1, holder="a")
+    assert isinstance(lease, RedisLease)
+    batch = [lease]
+    await lease.release()
+
+    await gate._renew(batch)  # the renewer's own call, its batch taken before the release
+    assert sample("pd_gateway_gate_lease_expiries_total") == expiries
+    assert sample("pd_gateway_gate_lease_fencing_rejections_total") == rejections
+
+
 async def test_a_renewal_that_cannot_reach_redis_is_counted(
     gate: RedisGate, own_server: RedisServer, sample: Sample
 ) -> None:

@@ -365,6 +365,8 @@ class RedisGate:
             return
         self._metrics.renewed(sum(1 for ok in held if ok))
         for lease, ok in zip(leases, held, strict=True):
+            if lease.released:
+                continue  # given back while the renewal was on its way: not lost, just gone
             lease.renewed(sent_at=sent_at, ttl_s=self._config.lease_ttl_s, held=bool(ok))
             if not ok:
                 self._metrics.expired()
