@@ -23,7 +23,7 @@ import orjson
 from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.upstream.failures import Target, status_failure, transport_failure
-from router.upstream.http1 import Body, Http1Pool
+from router.upstream.http1 import Body, Http1Pool, Origin, header_lines
 
 log = logging.getLogger("pd_gateway.upstream")
 
@@ -54,50 +54,50 @@ _REQUEST_HEADERS = {
     "user-agent": f"python-httpx/{httpx.__version__}",
 }
 
+RawHeaders = list[tuple[bytes, bytes]]
+
 
 class Reply:
     """An upstream's answer whose status and headers have arrived; its body is read through
     the methods below, which translate failures. Close it (`aclose`) on every path."""
 
-    __slots__ = ("_response", "_source", "content", "target")
+    __slots__ = ("_body", "_headers", "_raw_headers", "_source", "content", "status", "target")
 
-    def __init__(self, target: Target, response: httpx.Response) -> None:
+    def __init__(
+        self, target: Target, status: int, headers: RawHeaders, body: httpx.AsyncByteStream
+    ) -> None:
         self.target = target
-        self._response = response
+        self.status = status
+        self._raw_headers = headers
+        self._headers: httpx.Headers | None = None
+        self._body = body
         self._source: Body | _Pump | None = None  # what `receive` reads
         self.content: bytes | None = None
         """The whole body, once `read()` has run."""
 
     @property
-    def status(self) -> int:
-        return self._response.status_code
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        return self._response.headers
+    def headers(self) -> httpx.Headers:
+        if self._headers is None:
+            self._headers = httpx.Headers(self._raw_headers)
+        return self._headers
 
     def is_event_stream(self) -> bool:
-        content_type: str = self._response.headers.get("content-type", "")
-        return content_type.startswith("text/event-stream")
+        content_type = self._header(b"content-type") or b""
+        return content_type.startswith(b"text/event-stream")
 
-    def forwarded_headers(self) -> list[tuple[bytes, bytes]]:
+    def forwarded_headers(self) -> RawHeaders:
         """End-to-end headers only: hop-by-hop ones, and any the Connection header names, go."""
-        headers = self._response.headers
-        dropped = NOT_FORWARDED | {
-            token.strip().lower() for token in headers.get("connection", "").split(",")
-        }
+        named = (self._header(b"connection") or b"").decode("latin-1")
+        dropped = NOT_FORWARDED | {token.strip().lower() for token in named.split(",")}
         return [
             (name.lower(), value)
-            for name, value in headers.raw
+            for name, value in self._raw_headers
             if name.lower().decode("latin-1") not in dropped
         ]
 
     async def read(self) -> bytes:
         if self.content is None:
-            try:
-                self.content = await self._response.aread()
-            except httpx.HTTPError as exc:
-                raise transport_failure(self.target, exc) from None
+            self.content = b"".join([chunk async for chunk in self.chunks()])
         return self.content
 
     async def json(self) -> Any:
@@ -115,21 +115,15 @@ class Reply:
             content = b""
         return status_failure(self.target, self.status, content)
 
-    async def lines(self) -> AsyncIterator[str]:
-        try:
-            async for line in self._response.aiter_lines():
-                yield line
-        except httpx.HTTPError as exc:
-            raise transport_failure(self.target, exc) from None
-
     async def chunks(self) -> AsyncIterator[bytes]:
-        response = self._response
         # Bodies come as sent (requests ask for no encoding): straight off the transport,
-        # without httpx's decoder and chunker, unless a server encoded one all the same.
-        encoded = "content-encoding" in response.headers
-        source = response.aiter_bytes() if encoded else response.stream
+        # unless a server encoded one all the same: then through httpx's decoder.
+        source: AsyncIterable[bytes] = self._body
+        if self._encoded():
+            decoded = httpx.Response(self.status, headers=self._raw_headers, stream=self._body)
+            source = decoded.aiter_bytes()
         try:
-            async for chunk in cast(AsyncIterable[bytes], source):
+            async for chunk in source:
                 yield chunk
         except httpx.HTTPError as exc:
             raise transport_failure(self.target, exc) from None
@@ -140,9 +134,9 @@ class Reply:
         nothing, the next call goes on from there. Not to be mixed with `chunks()`."""
         source = self._source
         if source is None:
-            stream = self._response.stream
-            if isinstance(stream, Body) and "content-encoding" not in self._response.headers:
-                source = self._source = stream
+            body = self._body
+            if isinstance(body, Body) and not self._encoded():
+                source = self._source = body
             else:  # another transport's body (tests), or an encoded one: read by a task
                 source = self._source = _Pump(self.chunks())
         try:
@@ -153,7 +147,16 @@ class Reply:
     async def aclose(self) -> None:
         if isinstance(self._source, _Pump):
             await self._source.aclose()
-        await self._response.aclose()
+        await self._body.aclose()
+
+    def _header(self, name: bytes) -> bytes | None:
+        for key, value in self._raw_headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    def _encoded(self) -> bool:
+        return self._header(b"content-encoding") is not None
 
 
 class _Pump:
@@ -221,23 +224,16 @@ class Upstreams:
         )
         self._transport = transport
         self._authorization = {base: f"Bearer {key}" for base, key in (credentials or {}).items()}
-        self._pools: dict[str, httpx.AsyncBaseTransport] = {}
+        self._upstreams: dict[str, _Upstream] = {}
         self._closed = False
 
-    def _pool(self, base: str) -> httpx.AsyncBaseTransport:
-        if self._transport is not None:
-            return self._transport
-        pool = self._pools.get(base)
-        if pool is None:
-            pool = self._pools[base] = Http1Pool(self._limits)
-        return pool
-
-    def _timeout(self, read_s: float | None) -> dict[str, float | None]:
-        # `read_s` bounds each wait for the answer's bytes (None: as long as it takes, for
-        # answers that arrive only when generation ends).
-        t = self.timeouts
-        write_s = t.prefill_s if read_s is None else read_s
-        return {"connect": t.connect_s, "read": read_s, "write": write_s, "pool": t.connect_s}
+    def _upstream(self, base: str) -> _Upstream:
+        upstream = self._upstreams.get(base)
+        if upstream is None:
+            upstream = self._upstreams[base] = _Upstream(
+                base, Http1Pool(self._limits), self._authorization.get(base)
+            )
+        return upstream
 
     async def open(
         self,
@@ -255,25 +251,29 @@ class Upstreams:
         closed when `stack` unwinds, if one is given; otherwise by the caller."""
         if self._closed:
             raise target.failure("unreachable", "is not called: the gateway is closing", status=502)
-        headers = dict(_REQUEST_HEADERS)
-        authorization = self._authorization.get(base)
-        if authorization is not None:
-            headers["authorization"] = authorization
-        if request_id is not None:
-            headers["x-request-id"] = request_id
-        content = None
-        if body is not None:
-            content = orjson.dumps(body)
-            headers["content-type"] = "application/json"
-        request = httpx.Request(
-            method,
-            base + path,
-            content=content,
-            headers=headers,
-            extensions={"timeout": self._timeout(read_s)},
-        )
+        content = None if body is None else orjson.dumps(body)
+        t = self.timeouts
+        # `read_s` bounds each wait for the answer's bytes (None: as long as it takes, for
+        # answers that arrive only when generation ends).
+        write_s = t.prefill_s if read_s is None else read_s
         try:
-            response = await self._pool(base).handle_async_request(request)
+            if self._transport is not None:
+                response = await self._foreign(
+                    method, base, path, content, request_id, t.connect_s, write_s, read_s
+                )
+                answer = cast(httpx.AsyncByteStream, response.stream)
+                status, headers = response.status_code, response.headers.raw
+            else:
+                upstream = self._upstream(base)
+                answer = await upstream.pool.exchange(
+                    upstream.origin,
+                    upstream.request(method, path, content, request_id),
+                    pool_s=t.connect_s,
+                    connect_s=t.connect_s,
+                    write_s=write_s,
+                    read_s=read_s,
+                )
+                status, headers = answer.status, answer.headers
         except httpx.HTTPError as exc:
             # Request legs are worth a line each; probes and cleanups fail quietly.
             level = logging.WARNING if request_id is not None else logging.DEBUG
@@ -281,10 +281,33 @@ class Upstreams:
             raise transport_failure(target, exc) from None
         # The answer does not keep its request: a stream may stay open for minutes, and the
         # request's body (a whole prompt) is not needed once sent.
-        reply = Reply(target, response)
+        reply = Reply(target, status, headers, answer)
         if stack is not None:
             stack.push_async_callback(reply.aclose)
         return reply
+
+    async def _foreign(
+        self,
+        method: str,
+        base: str,
+        path: str,
+        content: bytes | None,
+        request_id: str | None,
+        connect_s: float,
+        write_s: float,
+        read_s: float | None,
+    ) -> httpx.Response:
+        """The request through the transport given in place of the network."""
+        assert self._transport is not None
+        timeout = {"connect": connect_s, "read": read_s, "write": write_s, "pool": connect_s}
+        request = httpx.Request(
+            method,
+            base + path,
+            content=content,
+            headers=_headers(self._authorization.get(base), request_id, content),
+            extensions={"timeout": timeout},
+        )
+        return await self._transport.handle_async_request(request)
 
     async def call(
         self,
@@ -298,24 +321,71 @@ class Upstreams:
         request_id: str | None = None,
     ) -> Reply:
         """Send a request and read its whole answer."""
-        async with AsyncExitStack() as stack:
-            reply = await self.open(
-                target,
-                method,
-                base,
-                path,
-                body=body,
-                read_s=read_s,
-                request_id=request_id,
-                stack=stack,
-            )
+        reply = await self.open(
+            target, method, base, path, body=body, read_s=read_s, request_id=request_id
+        )
+        try:
             await reply.read()
+        finally:
+            await reply.aclose()
         return reply
 
     async def aclose(self) -> None:
         self._closed = True
-        pools, self._pools = list(self._pools.values()), {}
+        upstreams, self._upstreams = list(self._upstreams.values()), {}
+        for upstream in upstreams:
+            await upstream.pool.aclose()
         if self._transport is not None:
-            pools.append(self._transport)
-        for pool in pools:
-            await pool.aclose()
+            await self._transport.aclose()
+
+
+def _headers(
+    authorization: str | None, request_id: str | None, content: bytes | None
+) -> dict[str, str]:
+    headers = dict(_REQUEST_HEADERS)
+    if authorization is not None:
+        headers["authorization"] = authorization
+    if request_id is not None:
+        headers["x-request-id"] = request_id
+    if content is not None:
+        headers["content-type"] = "application/json"
+    return headers
+
+
+class _Upstream:
+    """One upstream base URL: its pool, and the headers every request to it carries, in
+    bytes once for all its requests."""
+
+    __slots__ = ("_common", "_prefix", "origin", "pool")
+
+    def __init__(self, base: str, pool: Http1Pool, authorization: str | None) -> None:
+        url = httpx.URL(base)
+        port = url.port or _DEFAULT_PORTS[url.scheme]
+        self.pool = pool
+        self.origin: Origin = (url.raw_scheme, url.raw_host, port)
+        self._prefix = url.raw_path.rstrip(b"/")
+        host = url.raw_host if url.port is None else b"%s:%d" % (url.raw_host, port)
+        common = [(b"host", host)] + [
+            (name.encode(), value.encode())
+            for name, value in _headers(authorization, None, None).items()
+        ]
+        self._common = header_lines(common)
+
+    def request(
+        self, method: str, path: str, content: bytes | None, request_id: str | None
+    ) -> bytes:
+        """A whole request in bytes: its line, its headers, its body."""
+        extra = []
+        if request_id is not None:
+            extra.append((b"x-request-id", request_id.encode("latin-1")))
+        if content is not None:
+            extra.append((b"content-type", b"application/json"))
+            extra.append((b"content-length", b"%d" % len(content)))
+        elif method in ("POST", "PUT", "PATCH"):
+            extra.append((b"content-length", b"0"))
+        target = self._prefix + path.encode("ascii")
+        line = b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), target)
+        return b"".join((line, self._common, header_lines(extra), b"\r\n", content or b""))
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}

@@ -6,10 +6,12 @@ receive buffer and a context manager per read, about half the gateway's CPU per 
 chunk. Here the parser hands body bytes to a callback, and a reader wakes once per network
 read however many chunks of the body it carries.
 
-The pool is an `httpx.AsyncBaseTransport`, so requests and answers stay httpx's types, and
-its failures are httpx's exceptions (`failures.transport_failure` translates them). It
-speaks what the gateway needs: requests whose body is in hand, answers framed by length,
-by chunks or by the connection's end; no HEAD, no upgrades, no pipelining.
+`Http1Pool.exchange` sends a request already in bytes and returns its answer's `Body`
+(status and headers included): no per-request objects beyond the bytes themselves. The
+pool is also an `httpx.AsyncBaseTransport` over the same exchange. Its failures are
+httpx's exceptions (`failures.transport_failure` translates them). It speaks what the
+gateway needs: requests whose body is in hand, answers framed by length, by chunks or by
+the connection's end; no HEAD, no upgrades, no pipelining.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import ssl
 import sys
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import cast
 
 import httptools
@@ -226,13 +228,16 @@ class _Connection(asyncio.Protocol):
 
 
 class Body(httpx.AsyncByteStream):
-    """An answer's body, read off its connection; the connection goes back to the pool
-    when the body has been read to its end, and is closed if it is closed before.
+    """An answer whose head has arrived (`status`, raw `headers`), and its body, read off
+    its connection; the connection goes back to the pool when the body has been read to its
+    end, and is closed if it is closed before.
 
     Read it by iterating (each wait for bytes bounded by the read timeout) or with
     `receive`, which a timeout or a cancelled caller can interrupt without losing a byte."""
 
     def __init__(self, pool: Http1Pool, connection: _Connection, read_s: float | None) -> None:
+        self.status = connection.status
+        self.headers = connection.headers
         self._pool = pool
         self._connection: _Connection | None = connection
         self._read_s = read_s
@@ -297,20 +302,42 @@ class Http1Pool(httpx.AsyncBaseTransport):
             if isinstance(request.stream, httpx.ByteStream)
             else b"".join([chunk async for chunk in cast(httpx.AsyncByteStream, request.stream)])
         )
-        head = [b"%s %s HTTP/1.1\r\n" % (request.method.encode(), url.raw_path)]
-        for name, value in request.headers.raw:
-            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
-                raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
-            head.append(b"%s: %s\r\n" % (name, value))
-        head.append(b"\r\n")
-        connection = await self._acquire(origin, timeouts.get("pool"), timeouts.get("connect"))
+        head = request_head(request.method.encode(), url.raw_path, request.headers.raw)
+        answer = await self.exchange(
+            origin,
+            head + body,
+            pool_s=timeouts.get("pool"),
+            connect_s=timeouts.get("connect"),
+            write_s=timeouts.get("write"),
+            read_s=timeouts.get("read"),
+        )
+        return httpx.Response(
+            status_code=answer.status,
+            headers=answer.headers,
+            stream=answer,
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    async def exchange(
+        self,
+        origin: Origin,
+        request: bytes,
+        *,
+        pool_s: float | None,
+        connect_s: float | None,
+        write_s: float | None,
+        read_s: float | None,
+    ) -> Body:
+        """Send `request` (its head and body, in bytes) to `origin` on a pooled connection;
+        return once the answer's head has arrived. `read_s` bounds each wait for bytes."""
+        connection = await self._acquire(origin, pool_s, connect_s)
         try:
-            connection.start(b"".join(head) + body)
-            await connection.drain(timeouts.get("write"))
+            connection.start(request)
+            await connection.drain(write_s)
             while not connection.head_done:
                 if connection.error is not None:
                     raise connection.error
-                await connection.wait(timeouts.get("read"))
+                await connection.wait(read_s)
         except TimeoutError:
             connection.close()
             self.release(connection)
@@ -319,12 +346,7 @@ class Http1Pool(httpx.AsyncBaseTransport):
             connection.close()
             self.release(connection)
             raise
-        return httpx.Response(
-            status_code=connection.status,
-            headers=connection.headers,
-            stream=Body(self, connection, timeouts.get("read")),
-            extensions={"http_version": b"HTTP/1.1"},
-        )
+        return Body(self, connection, read_s)
 
     async def _acquire(
         self,
@@ -436,3 +458,19 @@ class Http1Pool(httpx.AsyncBaseTransport):
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def request_head(method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """A request's line and headers, up to the blank line."""
+    return b"%s %s HTTP/1.1\r\n%s\r\n" % (method, target, header_lines(headers))
+
+
+def header_lines(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """`name: value` lines; LocalProtocolError for a header that holds a line break (it
+    would split the request)."""
+    lines = []
+    for name, value in headers:
+        if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+            raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
+        lines.append(b"%s: %s\r\n" % (name, value))
+    return b"".join(lines)

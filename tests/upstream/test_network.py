@@ -137,6 +137,54 @@ async def test_a_request_leaves_in_one_write() -> None:
     assert first_reads[0].endswith(b'\r\n\r\n{"key":"value"}')
 
 
+async def test_a_request_carries_its_upstreams_path_host_key_and_id() -> None:
+    requests: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                requests.append(await read_request(reader))
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(answer(b"{}"))
+
+    async with serving(handler) as (url, accepted):
+        base = url + "/prefix"
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), credentials={base: "sk-1"})
+        body = {"key": "välue"}
+        await upstreams.call(TARGET, "POST", base, "/x", body=body, read_s=5, request_id="r1")
+        await upstreams.call(TARGET, "GET", base, "/status", read_s=5)
+        await upstreams.call(TARGET, "POST", url, "/cancel", read_s=5)
+        with pytest.raises(UpstreamError) as split:
+            await upstreams.call(TARGET, "GET", url, "/", read_s=5, request_id="a\r\nx-evil: 1")
+        await upstreams.aclose()
+    # The split request was never sent; each base URL has its own pool, hence connection.
+    assert split.value.code == "probe_unreachable" and len(requests) == 3 and len(accepted) == 2
+
+    def head(request: bytes) -> tuple[bytes, dict[bytes, bytes]]:
+        line, *fields = request.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
+        pairs = [field.split(b": ", 1) for field in fields]
+        assert len({name for name, _ in pairs}) == len(pairs), request  # none twice
+        return line, {name.lower(): value for name, value in pairs}
+
+    port = url.rsplit(":", 1)[1].encode()
+    line, fields = head(requests[0])
+    content = '{"key":"välue"}'.encode()
+    assert line == b"POST /prefix/x HTTP/1.1" and requests[0].endswith(b"\r\n\r\n" + content)
+    assert fields[b"host"] == b"localhost:" + port
+    assert fields[b"authorization"] == b"Bearer sk-1"
+    assert fields[b"x-request-id"] == b"r1"
+    assert fields[b"content-type"] == b"application/json"
+    assert fields[b"content-length"] == b"%d" % len(content)
+    assert fields[b"accept-encoding"] == b"identity"
+    line, fields = head(requests[1])
+    assert line == b"GET /prefix/status HTTP/1.1" and b"content-length" not in fields
+    assert b"x-request-id" not in fields and b"content-type" not in fields
+    line, fields = head(requests[2])  # another base: no key of its own
+    assert line == b"POST /cancel HTTP/1.1" and fields[b"content-length"] == b"0"
+    assert b"authorization" not in fields
+
+
 async def test_a_decode_stream_arrives_line_by_line() -> None:
     release = asyncio.Event()
 
