@@ -13,10 +13,10 @@ from policies import (
     Capabilities,
     Decision,
     ModelCapabilities,
+    PromptTokensRequired,
     RuleSet,
     classify,
     features_from_request,
-    needs_prompt_tokens,
 )
 from policies.types import Endpoint
 from router.config import GatewayConfig, ModelConfig
@@ -89,7 +89,9 @@ class Classifier:
         features = features_from_request(
             body, endpoint=endpoint, headers=headers, api_key_name=api_key_name
         )
-        if needs_prompt_tokens(features, self._rules, self._capabilities):
+        try:  # one pass over the rules when the cheap bounds decide, as they mostly do
+            return classify(features, self._rules, self._capabilities)
+        except PromptTokensRequired:
             counter = self._counters[features.model]
             async with self._counting:
                 features.prompt_tokens = await counter.count(
