@@ -61,7 +61,7 @@ class Reply:
     """An upstream's answer whose status and headers have arrived; its body is read through
     the methods below, which translate failures. Close it (`aclose`) on every path."""
 
-    __slots__ = ("_body", "_headers", "_raw_headers", "_source", "content", "status", "target")
+    __slots__ = ("_body", "_raw_headers", "_source", "content", "status", "target")
 
     def __init__(
         self, target: Target, status: int, headers: RawHeaders, body: httpx.AsyncByteStream
@@ -69,17 +69,10 @@ class Reply:
         self.target = target
         self.status = status
         self._raw_headers = headers
-        self._headers: httpx.Headers | None = None
         self._body = body
         self._source: Body | _Pump | None = None  # what `receive` reads
         self.content: bytes | None = None
         """The whole body, once `read()` has run."""
-
-    @property
-    def headers(self) -> httpx.Headers:
-        if self._headers is None:
-            self._headers = httpx.Headers(self._raw_headers)
-        return self._headers
 
     def is_event_stream(self) -> bool:
         content_type = self._header(b"content-type") or b""
