@@ -23,7 +23,7 @@ import orjson
 from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.upstream.failures import Target, status_failure, transport_failure
-from router.upstream.http1 import Body, Http1Pool, Origin, header_lines
+from router.upstream.http1 import Body, Http1Pool, header_lines, origin_of
 
 log = logging.getLogger("pd_gateway.upstream")
 
@@ -353,11 +353,10 @@ class _Upstream:
 
     def __init__(self, base: str, pool: Http1Pool, authorization: str | None) -> None:
         url = httpx.URL(base)
-        port = url.port or _DEFAULT_PORTS[url.scheme]
         self.pool = pool
-        self.origin: Origin = (url.raw_scheme, url.raw_host, port)
+        self.origin = origin_of(url)
         self._prefix = url.raw_path.rstrip(b"/")
-        host = url.raw_host if url.port is None else b"%s:%d" % (url.raw_host, port)
+        host = url.raw_host if url.port is None else b"%s:%d" % (url.raw_host, url.port)
         common = [(b"host", host)] + [
             (name.encode(), value.encode())
             for name, value in _headers(authorization, None, None).items()
@@ -379,6 +378,3 @@ class _Upstream:
         target = self._prefix + path.encode("ascii")
         line = b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), target)
         return b"".join((line, self._common, header_lines(extra), b"\r\n", content or b""))
-
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}

@@ -295,7 +295,7 @@ class Http1Pool(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        origin: Origin = (url.raw_scheme, url.raw_host, url.port or _DEFAULT_PORTS[url.scheme])
+        origin = origin_of(url)
         timeouts = request.extensions.get("timeout", {})
         body = (
             request.content
@@ -458,6 +458,11 @@ class Http1Pool(httpx.AsyncBaseTransport):
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: httpx.URL) -> Origin:
+    """The pool's key for `url`: scheme, host, and port (the scheme's own if none is given)."""
+    return (url.raw_scheme, url.raw_host, url.port or _DEFAULT_PORTS[url.scheme])
 
 
 def request_head(method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
