@@ -37,7 +37,6 @@ import itertools
 import statistics
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -46,6 +45,8 @@ from typing import Any
 import httpx
 from harness import PROJECT_ROOT, latency_model, running_gateways
 
+from router.bench import handoff
+from router.bench.handoff import NodeQueue
 from router.demo.redis import LocalRedis
 from sim.stack import NodeInfo, SimStack
 
@@ -113,26 +114,17 @@ async def one_request(client: httpx.AsyncClient, base_url: str, tokens: int) -> 
 
 
 class DirectPool:
-    """The hand-off floor: free nodes in an asyncio queue; a client takes one, runs the
-    latency flow by hand (prefill naming the node, then its `/pd/decode` stream) and puts
-    the node back as soon as the decode response has ended."""
+    """The hand-off floor: a client takes a free node, runs the latency flow by hand
+    (prefill naming the node, then its `/pd/decode` stream) and puts the node back as soon
+    as the decode response has ended."""
 
     def __init__(self, stack: SimStack, tokens: int) -> None:
         self._prefill_url = stack.prefills[0].url
-        self._nodes = stack.nodes
+        self._free = NodeQueue(stack.nodes)
         self._tokens = tokens
-        self._free: asyncio.Queue[NodeInfo] | None = None
 
     async def send(self, client: httpx.AsyncClient, _index: int) -> None:
-        if self._free is None:
-            self._free = asyncio.Queue()
-            for node in self._nodes:
-                self._free.put_nowait(node)
-        node = await self._free.get()
-        try:
-            await self._one(client, node)
-        finally:
-            self._free.put_nowait(node)
+        await self._free.run(lambda node: self._one(client, node))
 
     async def _one(self, client: httpx.AsyncClient, node: NodeInfo) -> None:
         rid = uuid.uuid4().hex
@@ -171,39 +163,12 @@ def prefill_arrivals(stack: SimStack) -> list[dict[str, Any]]:
     return records
 
 
-def reset(stack: SimStack) -> None:
-    for server in stack.prefills:
-        httpx.post(server.url + "/sim/reset", timeout=TIMEOUT)
-    for node in stack.nodes:
-        httpx.post(node.url + "/sim/reset", timeout=TIMEOUT)
-
-
-def handoff_gaps(stack: SimStack) -> list[float]:
-    """Per node: each decode's end to the next prefill naming that node."""
-    prefills: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for record in prefill_arrivals(stack):
-        params = (record.get("body") or {}).get("kv_transfer_params") or {}
-        if "tilert_host" in params:
-            prefills[(params["tilert_host"], params["tilert_ctrl_port"])].append(record["received"])
-    gaps = []
-    for node in stack.nodes:
-        decodes = httpx.get(node.url + "/sim/records", timeout=TIMEOUT).json()["decodes"]
-        arrivals = sorted(prefills[(node.host, node.ctrl_port)])
-        for decode in decodes:
-            if decode["end"] is None:
-                continue
-            later = [t for t in arrivals if t > decode["end"]]
-            if later:
-                gaps.append(later[0] - decode["end"])
-    return gaps
-
-
 async def idle_phase(stack: SimStack, urls: list[str], requests: int, tokens: int) -> Phase:
     phase = Phase()
     sent: list[float] = []
     turn = itertools.cycle(urls)
-    reset(stack)
     async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        await handoff.forget(client, stack, stack.nodes)
         for _ in range(requests):
             sent_wall, ttft = await one_request(client, next(turn), tokens)
             sent.append(sent_wall)
@@ -225,7 +190,8 @@ def through_gateways(urls: list[str], tokens: int) -> Send:
 
 async def saturated_phase(stack: SimStack, send: Send, requests: int) -> Phase:
     phase = Phase()
-    reset(stack)
+    async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        await handoff.forget(client, stack, stack.nodes)
     left = itertools.count()
     clients = CLIENTS_PER_NODE * len(stack.nodes)
 
@@ -239,7 +205,8 @@ async def saturated_phase(stack: SimStack, send: Send, requests: int) -> Phase:
     started = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(clients)))
     phase.requests_per_s = requests / (time.perf_counter() - started)
-    phase.gaps_s = handoff_gaps(stack)
+    async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        phase.gaps_s = await handoff.measured(client, stack, stack.nodes)
     return phase
 
 

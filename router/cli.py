@@ -131,6 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--no-capacity", action="store_true", help="leave the capacity curve out")
     bench.add_argument(
+        "--no-handoff", action="store_true", help="leave the slot hand-off measure out"
+    )
+    bench.add_argument(
         "--capacity-workers",
         type=_levels,
         metavar="N,N,...",
@@ -189,6 +192,8 @@ def _bench(args: argparse.Namespace) -> int:
     }
     if args.no_capacity:
         given["capacity_levels"] = ()
+    if args.no_handoff:
+        given["handoff_requests"] = 0
     command = " ".join(["pd-gateway", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else ""
     options = replace(
         options,

@@ -73,10 +73,7 @@ async def _measure_all(
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         plan = levels(options, deployment, client, script)
-        total = sum(
-            len(level.methods) * options.rounds * options.per_round(level.concurrency)
-            for level in plan
-        )
+        total = sum(len(level.methods) * options.rounds * level.per_round for level in plan)
         columns = (
             TextColumn("{task.description}"),
             BarColumn(),
@@ -96,7 +93,6 @@ async def _level(
     measured = await measure(
         level,
         options.rounds,
-        options.per_round(level.concurrency),
         lambda what: progress.update(task, description=f"{where}: {what}"),
         lambda: progress.advance(task),
     )

@@ -2,7 +2,7 @@
 
 The stack runs one TileRT node per latency stream at the highest level, a vLLM prefill
 server for them, and a `both`-role vLLM server standing in for a native disaggregation
-proxy. One gateway serves each latency pool size (`BenchOptions.pool_size`), and one
+proxy. One gateway serves each latency pool size (`BenchOptions.pools`), and one
 serves the native path in proxy mode; each is a model of its own, so the figures of a
 gateway are those of one configured model. With a peer (vllm-router) installed, a vLLM
 decode server joins the prefill server for NIXL pull, behind the peer and behind a
@@ -88,8 +88,8 @@ def capacity_config(
 
 
 def gateway_config(model: dict[str, Any]) -> dict[str, Any]:
-    """Every request of the model on its configured path; none waits behind a full pool
-    for long (the bench never sends more streams than the pool has nodes)."""
+    """Every request of the model on its configured path, queueing for a node when the
+    pool is full (only the hand-off sends more streams than the pool has nodes)."""
     path = "latency" if "latency" in model else "throughput"
     rule = {"name": "bench", "path": path, "on_saturation": "queue"}
     return {"models": [model], "classification": {"rules": {"default": rule}}}
@@ -124,7 +124,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
     work.mkdir(parents=True, exist_ok=True)
     with ExitStack() as cleanup:
         cleanup.enter_context(stack)
-        pools = sorted({options.pool_size(level) for level in options.latency})
+        pools = options.pools
         configs = {
             f"latency-{size}": gateway_config(latency_model(stack, stack.nodes[:size]))
             for size in pools

@@ -8,6 +8,7 @@ from pathlib import Path
 # The issue's reference load: 256-token outputs at ~600 tokens/s per stream, 4 nodes.
 NODE_STEP_MS = 5.0
 NODE_TOKENS_PER_STEP = 3.0
+HANDOFF_CLIENTS_PER_NODE = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,10 @@ class BenchOptions:
     capacity_workers: tuple[int, ...] = (1, 2)
     capacity_itl_ms: float = 50.0  # 20 tokens/s per stream
     capacity_tokens: int = 40
+    handoff_requests: int = 300
+    """Short latency requests (`handoff_tokens`) from `HANDOFF_CLIENTS_PER_NODE` clients
+    per node, so that a freed node always has a waiter: how long the hand-off takes."""
+    handoff_tokens: int = 16
     node_step_ms: float = NODE_STEP_MS
     node_tokens_per_step: float = NODE_TOKENS_PER_STEP
     peers: bool = True
@@ -52,11 +57,26 @@ class BenchOptions:
         return max(self.nodes, concurrency)
 
     @property
-    def widest(self) -> int:
-        return max(*self.latency, *self.native_levels, *self.capacity_levels)
+    def handoff_clients(self) -> int:
+        return HANDOFF_CLIENTS_PER_NODE * self.nodes if self.handoff_requests else 0
 
-    def per_round(self, concurrency: int) -> int:
-        return max(concurrency, -(-self.requests // self.rounds))
+    @property
+    def pools(self) -> list[int]:
+        """The pool sizes the latency gateways have: one per latency level's, and the
+        configured nodes for the hand-off."""
+        sizes = {self.pool_size(level) for level in self.latency}
+        return sorted(sizes | ({self.nodes} if self.handoff_clients else set()))
+
+    @property
+    def widest(self) -> int:
+        levels = (*self.latency, *self.native_levels, *self.capacity_levels)
+        return max(*levels, self.handoff_clients)
+
+    def per_round(self, concurrency: int, requests: int | None = None) -> int:
+        """Requests per method in a round: its share of `requests` (default: the run's),
+        and at least one per stream."""
+        total = self.requests if requests is None else requests
+        return max(concurrency, -(-total // self.rounds))
 
 
 def quick(options: BenchOptions) -> BenchOptions:
@@ -73,4 +93,6 @@ def quick(options: BenchOptions) -> BenchOptions:
         capacity_levels=(4,),
         capacity_itl_ms=10.0,
         capacity_tokens=8,
+        handoff_requests=8,
+        handoff_tokens=8,
     )

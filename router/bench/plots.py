@@ -1,5 +1,5 @@
-"""PNG plots of a run, from its JSON document: TTFT and inter-chunk gap CDFs per level, and
-what the gateway adds as concurrency grows. Needs matplotlib (the `bench` extra)."""
+"""PNG plots of a run, from its JSON document: TTFT, inter-chunk gap and hand-off CDFs per
+level, and what the gateway adds as concurrency grows. Needs matplotlib (the `bench` extra)."""
 
 from __future__ import annotations
 
@@ -24,13 +24,15 @@ def write_plots(doc: dict[str, Any], out: Path) -> list[Path]:
         _cdfs(doc, "gap_ms", "inter-chunk gap (ms)", out / "gap_cdf.png"),
         _overhead(doc, out / "overhead.png"),
     ]
+    if any(_measured(level, "handoff_ms") for level in doc["levels"]):
+        written.append(_cdfs(doc, "handoff_ms", "slot hand-off gap (ms)", out / "handoff_cdf.png"))
     return written
 
 
 def _cdfs(doc: dict[str, Any], measure: str, title: str, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    levels = doc["levels"]
+    levels = [level for level in doc["levels"] if _measured(level, measure)]
     figure, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.2), squeeze=False)
     for axis, level in zip(axes[0], levels, strict=True):
         for label, method in level["methods"].items():
@@ -46,6 +48,10 @@ def _cdfs(doc: dict[str, Any], measure: str, title: str, path: Path) -> Path:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def _measured(level: dict[str, Any], measure: str) -> bool:
+    return all(measure in method for method in level["methods"].values())
 
 
 def _overhead(doc: dict[str, Any], path: Path) -> Path:

@@ -27,6 +27,8 @@ def method_document(measured: Measured, concurrency: int, relayed: bool) -> dict
         "ttft_ms": distribution(ttft),
         "gap_ms": distribution(gaps),
     }
+    if measured.handoffs_s:
+        entry["handoff_ms"] = distribution([g * 1e3 for g in measured.handoffs_s])
     if relayed and samples:
         growth = max(measured.rss_peak_mb) - measured.rss_one_stream_mb
         entry["cpu_ms_per_request"] = round(measured.cpu_s / len(samples) * 1e3, 3)
@@ -37,10 +39,12 @@ def method_document(measured: Measured, concurrency: int, relayed: bool) -> dict
 
 
 def added(relay: dict[str, Any], direct: dict[str, Any]) -> dict[str, float]:
-    """What a relay adds to direct orchestration, in ms."""
+    """What a relay adds to direct orchestration, in ms: to the TTFT and the gaps, and to
+    the hand-off where both measured it."""
+    measures = [m for m in ("ttft", "gap", "handoff") if f"{m}_ms" in relay and f"{m}_ms" in direct]
     return {
         f"{measure}_{q}_ms": round(relay[f"{measure}_ms"][q] - direct[f"{measure}_ms"][q], 4)
-        for measure in ("ttft", "gap")
+        for measure in measures
         for q in ("p50", "p99")
     }
 

@@ -19,6 +19,7 @@ class Measured:
     level's streams were open at once), and before and at the peak of each round."""
 
     samples: list[Sample] = field(default_factory=list)
+    handoffs_s: list[float] = field(default_factory=list)
     cpu_s: float = 0.0
     rss_one_stream_mb: float = 0.0
     rss_before_mb: list[float] = field(default_factory=list)
@@ -62,13 +63,9 @@ async def _warm_up(level: Level, measured: dict[str, Measured]) -> None:
 
 
 async def measure(
-    level: Level,
-    rounds: int,
-    per_round: int,
-    started: Callable[[str], None],
-    done: Callable[[], None],
+    level: Level, rounds: int, started: Callable[[str], None], done: Callable[[], None]
 ) -> dict[str, Measured]:
-    """A warm-up, then `rounds` rounds of `per_round` requests of each method; round r
+    """A warm-up, then `rounds` rounds of the level's requests for each method; round r
     starts with method r (mod their count), so no method always follows the same one."""
     measured = {method.label: Measured() for method in level.methods}
     started("warming up")
@@ -78,13 +75,14 @@ async def measure(
         for method in (*level.methods[shift:], *level.methods[:shift]):
             started(f"{method.label}, round {index + 1}/{rounds}")
             await level.settle()
-            await _round(method, level.concurrency, per_round, measured[method.label], done)
+            await _round(method, level, measured[method.label], done)
+            if level.handoffs is not None:
+                measured[method.label].handoffs_s += await level.handoffs()
     return measured
 
 
-async def _round(
-    method: Method, concurrency: int, requests: int, into: Measured, done: Callable[[], None]
-) -> None:
+async def _round(method: Method, level: Level, into: Measured, done: Callable[[], None]) -> None:
+    requests, concurrency = level.per_round, level.concurrency
     if method.pid is None:
         into.samples += await run_load(requests, concurrency, method.send, done)
         return

@@ -10,12 +10,15 @@ from typing import Literal
 
 import httpx
 
+from router.bench import handoff
 from router.bench.deployment import MODEL, Deployment
+from router.bench.handoff import NodeQueue
 from router.bench.options import BenchOptions
 from router.bench.script import Script, make_script
 from router.bench.streams import BenchFailure, Sample, chat_stream, direct_latency
+from sim.stack import NodeInfo
 
-Path = Literal["latency", "native", "capacity"]
+Path = Literal["latency", "handoff", "native", "capacity"]
 DIRECT = "direct"
 GATEWAY = "gateway"
 PULL_GATEWAY = "gateway-pull"
@@ -36,11 +39,17 @@ class Method:
 
 @dataclass(frozen=True, slots=True)
 class Level:
+    """One path at one concurrency: each method's rounds of `per_round` requests, each
+    round once `settle` says the previous one has left nothing behind; for the hand-off,
+    `handoffs` reads the gaps of the round just run."""
+
     path: Path
     concurrency: int
     pool: int | None  # TileRT nodes behind the gateway (latency path)
     methods: tuple[Method, ...]
     settle: Callable[[], Awaitable[None]]
+    per_round: int
+    handoffs: Callable[[], Awaitable[list[float]]] | None = None
 
 
 def levels(
@@ -69,7 +78,9 @@ def levels(
         if baseline is not None:
             earlier = _chat(client, baseline.base_url, script, "latency")
             methods += (Method(BASELINE, earlier, baseline.pid),)
-        found.append(Level("latency", level, options.pool_size(level), methods, nodes_idle))
+        pool = options.pool_size(level)
+        found.append(Level("latency", level, pool, methods, nodes_idle, options.per_round(level)))
+    found += _handoff(options, deployment, client)
     native: tuple[Method, ...] = (
         Method(DIRECT, _chat(client, deployment.proxy_url + "/v1", script, None), None),
         Method(
@@ -85,8 +96,51 @@ def levels(
             Method(VLLM_ROUTER, _chat(client, router.base_url, script, None), router.pid),
         )
     for level in options.native_levels:
-        found.append(Level("native", level, None, native, _nothing))
+        found.append(Level("native", level, None, native, _nothing, options.per_round(level)))
     return found + _capacity(options, deployment, client)
+
+
+def _handoff(
+    options: BenchOptions, deployment: Deployment, client: httpx.AsyncClient
+) -> list[Level]:
+    """Short requests from more clients than the pool has nodes: how long a freed node
+    waits for its next prefill, through the gateway and with clients passing nodes to each
+    other directly."""
+    if not options.handoff_clients:
+        return []
+    stack, script = deployment.stack, make_script(options.handoff_tokens)
+    nodes = stack.nodes[: options.nodes]
+    prefill_url = stack.prefills[0].url
+    free = NodeQueue(nodes)
+
+    async def direct(worker: int) -> Sample:
+        async def on(node: NodeInfo) -> Sample:
+            address = (node.host, node.ctrl_port)
+            return await direct_latency(client, prefill_url, node.url, address, MODEL, script)
+
+        sample, waited_s = await free.run(on)
+        sample.ttft_s += waited_s  # as a client of the gateway waits in its queue
+        return sample
+
+    async def settle() -> None:
+        await wait_nodes_idle(client, [node.url for node in nodes])
+        await handoff.forget(client, stack, nodes)
+
+    async def handoffs() -> list[float]:
+        return await handoff.measured(client, stack, nodes)
+
+    gateway = deployment.latency_gateways[options.nodes]
+    methods: tuple[Method, ...] = (
+        Method(DIRECT, direct, None),
+        Method(GATEWAY, _chat(client, gateway.base_url, script, "latency"), gateway.pid),
+    )
+    baseline = deployment.baseline_gateways.get(options.nodes)
+    if baseline is not None:
+        earlier = _chat(client, baseline.base_url, script, "latency")
+        methods += (Method(BASELINE, earlier, baseline.pid),)
+    clients = options.handoff_clients
+    per_round = options.per_round(clients, options.handoff_requests)
+    return [Level("handoff", clients, options.nodes, methods, settle, per_round, handoffs)]
 
 
 def workers_label(workers: int) -> str:
@@ -108,7 +162,10 @@ def _capacity(
     for workers, gateway in sorted(deployment.capacity_gateways.items()):
         send = _chat(client, gateway.base_url, script, "throughput")
         methods += (Method(workers_label(workers), send, gateway.pid),)
-    return [Level("capacity", c, None, methods, _nothing) for c in options.capacity_levels]
+    return [
+        Level("capacity", c, None, methods, _nothing, options.per_round(c))
+        for c in options.capacity_levels
+    ]
 
 
 def _chat(

@@ -18,8 +18,15 @@ from router.bench.report import README_END, README_START
 
 pytestmark = pytest.mark.e2e
 
-LEVELS = [("latency", 1), ("latency", 2), ("native", 1), ("native", 4), ("capacity", 4)]
-ROUNDS, REQUESTS = 2, 4  # the quick run's
+LEVELS = [
+    ("latency", 1),
+    ("latency", 2),
+    ("handoff", 6),
+    ("native", 1),
+    ("native", 4),
+    ("capacity", 4),
+]
+ROUNDS, REQUESTS, NODES, HANDOFF_REQUESTS = 2, 4, 2, 8  # the quick run's
 TARGETS = [
     "TTFT added ≤ 1 ms p50, ≤ 3 ms p99",
     "inter-chunk gap p99 added ≤ 0.5 ms",
@@ -62,8 +69,9 @@ def results(run: tuple[Path, subprocess.CompletedProcess[str]]) -> dict[str, Any
     return document
 
 
-def expected_requests(concurrency: int) -> int:
-    return ROUNDS * max(concurrency, -(-REQUESTS // ROUNDS))
+def expected_requests(level: dict[str, Any]) -> int:
+    requests = HANDOFF_REQUESTS if level["path"] == "handoff" else REQUESTS
+    return ROUNDS * max(level["concurrency"], -(-requests // ROUNDS))
 
 
 def test_every_level_ran_every_request_of_each_method(results: dict[str, Any]) -> None:
@@ -73,7 +81,7 @@ def test_every_level_ran_every_request_of_each_method(results: dict[str, Any]) -
     for level in results["levels"]:
         assert {"direct", "gateway"} <= set(level["methods"])
         for method in level["methods"].values():
-            requests = expected_requests(level["concurrency"])
+            requests = expected_requests(level)
             assert method["requests"] == requests
             assert method["ttft_ms"]["count"] == requests
             assert method["gap_ms"]["count"] == method["chunks"] - requests > 0
@@ -93,9 +101,24 @@ def test_every_measure_is_there_and_finite(results: dict[str, Any]) -> None:
             assert 20 < method["rss_idle_mb"] <= method["rss_peak_mb"]
             assert math.isfinite(method["rss_per_stream_kb"])
         assert set(level["added"]) == set(level["methods"]) - {"direct"}
+        measures = ["ttft", "gap"] + (["handoff"] if level["path"] == "handoff" else [])
         for added in level["added"].values():
-            assert set(added) == {"ttft_p50_ms", "ttft_p99_ms", "gap_p50_ms", "gap_p99_ms"}
+            assert set(added) == {f"{m}_{q}_ms" for m in measures for q in ("p50", "p99")}
             assert all(math.isfinite(value) for value in added.values())
+
+
+def test_every_hand_off_of_a_round_is_measured(results: dict[str, Any]) -> None:
+    """In each round, every decode but each node's last is followed on its node by the
+    next prefill: that many gaps, each one positive."""
+    (level,) = [lv for lv in results["levels"] if lv["path"] == "handoff"]
+    assert level["pool_nodes"] == NODES
+    for method in level["methods"].values():
+        figures = method["handoff_ms"]
+        assert figures["count"] == method["requests"] - ROUNDS * NODES
+        assert 0 < figures["cdf"][0] <= figures["p50"] <= figures["p99"] <= figures["max"]
+    for level in results["levels"]:
+        if level["path"] != "handoff":
+            assert not any("handoff_ms" in method for method in level["methods"].values())
 
 
 def test_the_run_is_described(results: dict[str, Any]) -> None:
@@ -113,8 +136,10 @@ def test_markdown_shows_every_target_and_plots_are_drawn_or_explained(
     for target in TARGETS:
         assert target in table
     assert "streams with 1 worker(s)" in table and "streams with 2 worker(s)" in table
+    (handoff,) = [line for line in table.splitlines() if "hand-off gap ≤ 1 ms p99" in line]
+    assert "not run" not in handoff and "2 nodes, 6 clients" in handoff
     assert table in done.stdout
-    plots = ["ttft_cdf.png", "gap_cdf.png", "overhead.png"]
+    plots = ["ttft_cdf.png", "gap_cdf.png", "overhead.png", "handoff_cdf.png"]
     if importlib.util.find_spec("matplotlib") is not None:
         for name in plots:
             assert (out / name).read_bytes().startswith(b"\x89PNG")
