@@ -4,7 +4,8 @@ written by `RequestContext` when the response ends."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -27,3 +28,10 @@ class AccessRecord:
     status: int | None = None
     duration_ms: float | None = None
     client_gone: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name, for the log line (flat values: no deep copy needed)."""
+        return {name: getattr(self, name) for name in _FIELDS}
+
+
+_FIELDS = tuple(field.name for field in fields(AccessRecord))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import asdict
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -73,7 +72,7 @@ class RequestContext:
                     scope["method"],
                     scope["path"],
                     record.status,
-                    extra={"access": asdict(record)},
+                    extra={"access": record.to_dict()},
                 )
             request_id.reset(token)
 

@@ -3,11 +3,13 @@ API request, and the id on every log line written while the request runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 import pytest
 
+from router.access import AccessRecord
 from router.logs import request_id
 from router.request_context import RequestContext
 
@@ -75,6 +77,7 @@ async def test_one_access_line_with_the_decision(
         "agents",
     )
     assert record["status"] == 200 and record["client_gone"] is False
+    assert set(record) == {field.name for field in dataclasses.fields(AccessRecord)}
     assert request_id.get() == "-", "the id does not leak past its request"
 
 
