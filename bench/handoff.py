@@ -16,9 +16,10 @@ demo uses) holds the pool. Each setup runs two phases:
   prefill call). Requests per second is the pool's throughput over the phase.
 
 The saturated phase also runs without a gateway ("direct"): the clients orchestrate the
-latency flow themselves and pass a node to the next waiting client through an asyncio
-queue the moment its decode response ends. That is the floor the simulators and this
-machine allow; "added" is a setup's gap minus direct's at the same quantile.
+latency flow themselves and hand a node to the longest-waiting client the moment its
+decode response ends (`router.bench.handoff.NodeQueue`). That is what clients would manage
+on their own, in this process; "added" is a setup's gap minus direct's at the same
+quantile.
 
 With three replicas, clients go to the replicas in turn (a Service would spread them).
 Every answer is checked (status 200 on the latency path, some text). All five gateways
@@ -114,7 +115,7 @@ async def one_request(client: httpx.AsyncClient, base_url: str, tokens: int) -> 
 
 
 class DirectPool:
-    """The hand-off floor: a client takes a free node, runs the latency flow by hand
+    """Hand-offs without a gateway: a client takes a free node, runs the latency flow by hand
     (prefill naming the node, then its `/pd/decode` stream) and puts the node back as soon
     as the decode response has ended."""
 

@@ -4,9 +4,11 @@ queue for the pool.
 The gap of a node is read from the simulators' own records: from the end of one decode's
 response on the node to the arrival at the prefill server of the next prefill naming that
 node. Whatever a relay does in between (release, the next grant, the waiter's wake-up, its
-prefill call) is in it. Without a gateway, clients pass a node to each other through an
-asyncio queue the moment its decode response ends: the floor the simulators and the
-machine allow.
+prefill call) is in it, and so is the prefill server's own handling of the request up to
+its record. Without a gateway ("direct"), the clients run the latency flow themselves and
+a node goes to the longest-waiting client the moment its decode response ends: what the
+clients would manage on their own, in the load generator's process, beside its other
+streams.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -27,26 +29,46 @@ T = TypeVar("T")
 
 
 class NodeQueue:
-    """Free nodes in an asyncio queue: a client takes one, runs its request on it and puts
-    it back as soon as the request has ended, so a waiting client gets it at once."""
+    """Free nodes handed to waiting clients in the order they asked, as a gate does: a
+    client takes one, runs its request on it, and gives it up the moment the request has
+    ended, to the longest waiter if there is one. (An asyncio.Queue would let the client
+    that just gave a node back take it again at once, ahead of every waiter.)"""
 
     def __init__(self, nodes: Sequence[NodeInfo]) -> None:
-        self._nodes = nodes
-        self._free: asyncio.Queue[NodeInfo] | None = None  # made in the running loop
+        self._free = deque(nodes)
+        self._waiters: deque[asyncio.Future[NodeInfo]] = deque()
 
     async def run(self, request: Callable[[NodeInfo], Awaitable[T]]) -> tuple[T, float]:
         """`request(node)` on a free node, and how long it waited for one (s)."""
-        if self._free is None:
-            self._free = asyncio.Queue()
-            for node in self._nodes:
-                self._free.put_nowait(node)
         asked = time.perf_counter()
-        node = await self._free.get()
+        node = await self._take()
         waited = time.perf_counter() - asked
         try:
             return await request(node), waited
         finally:
-            self._free.put_nowait(node)
+            self._give_back(node)
+
+    async def _take(self) -> NodeInfo:
+        if self._free and not self._waiters:
+            return self._free.popleft()
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._give_back(waiter.result())  # handed over as it was cancelled
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def _give_back(self, node: NodeInfo) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(node)
+                return
+        self._free.append(node)
 
 
 def gaps(

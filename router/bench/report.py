@@ -44,7 +44,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "ms unless stated. TTFT: from sending the request to the first node line (direct"
         " latency), or SSE event with content; gap: between consecutive chunks of a stream;"
         " hand-off: from the simulators' records, with clients queueing for the pool"
-        " (direct: passing nodes to each other through a queue)."
+        " (direct: the clients hand a node to the longest waiter among them)."
         " CPU and memory are each relay process's own, from /proc.",
     ]
     peers = ", ".join(f"{name}: {state}" for name, state in doc["peers"].items())

@@ -104,8 +104,8 @@ def _handoff(
     options: BenchOptions, deployment: Deployment, client: httpx.AsyncClient
 ) -> list[Level]:
     """Short requests from more clients than the pool has nodes: how long a freed node
-    waits for its next prefill, through the gateway and with clients passing nodes to each
-    other directly."""
+    waits for its next prefill, through the gateway and with the clients handing nodes to
+    each other themselves."""
     if not options.handoff_clients:
         return []
     stack, script = deployment.stack, make_script(options.handoff_tokens)

@@ -3,11 +3,13 @@ first prefill naming that node after it."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from router.bench.handoff import gaps
+from router.bench.handoff import NodeQueue, gaps
+from sim.stack import NodeInfo
 
 A, B = ("10.0.0.1", 5000), ("10.0.0.2", 5000)
 
@@ -35,3 +37,26 @@ def test_decodes_that_never_ended_and_prefills_for_no_node_are_left_out() -> Non
     ]
     decodes = {A: [decode(None), decode(1.0)], B: [decode(1.1)]}
     assert gaps(prefills, decodes) == pytest.approx([1.0])
+
+
+async def test_a_node_given_back_goes_to_the_longest_waiter_not_back_to_its_giver() -> None:
+    """Two clients, one node: each takes it in turn, however fast the giver asks again."""
+    node = NodeInfo("127.0.0.1", 1, 2, None, 0)
+    queue, order = NodeQueue([node]), []
+    both_asking = asyncio.Event()
+
+    async def client(name: str, asking: list[str]) -> None:
+        for _ in range(3):
+            asking.append(name)
+            if len(asking) == 2:
+                both_asking.set()
+
+            async def request(_: NodeInfo) -> None:
+                order.append(name)
+                await both_asking.wait()
+
+            await queue.run(request)
+
+    asking: list[str] = []
+    await asyncio.gather(client("a", asking), client("b", asking))
+    assert order == ["a", "b", "a", "b", "a", "b"]
