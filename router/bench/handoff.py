@@ -51,7 +51,7 @@ class NodeQueue:
     async def _take(self) -> NodeInfo:
         if self._free and not self._waiters:
             return self._free.popleft()
-        waiter = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[NodeInfo] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
             return await waiter
