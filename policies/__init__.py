@@ -2,9 +2,11 @@
 
 rules = load_rules("rules.yaml")                       # or parse_rules(inline_dict)
 features = features_from_request(body, endpoint="chat", headers=h, api_key_name=k)
-if needs_prompt_tokens(features, rules, capabilities):
-    features.prompt_tokens = ...                       # counted off the event loop
-decision = classify(features, rules, capabilities)
+try:
+    decision = classify(features, rules, capabilities)  # the cheap bounds mostly decide
+except PromptTokensRequired:
+    features.prompt_tokens = ...                        # counted off the event loop
+    decision = classify(features, rules, capabilities)
 """
 
 from policies.capabilities import (

@@ -29,6 +29,6 @@ class RulesError(PolicyError, ValueError):
 class PromptTokensRequired(PolicyError):
     """The decision depends on the prompt's token count and none was given.
 
-    Call `needs_prompt_tokens()` first; when it says so, count the prompt off the event
-    loop and set `features.prompt_tokens` before calling `classify()`.
+    Count the prompt off the event loop, set `features.prompt_tokens` and call `classify()`
+    again; `needs_prompt_tokens()` answers the same question without deciding.
     """

@@ -1,8 +1,8 @@
 """What classification looks at: the features of one chat or completions request.
 
 The gateway fills a `RequestFeatures` from the parsed body with `features_from_request`
-(cheap: no tokenizer) and, only if `needs_prompt_tokens()` says so, sets `prompt_tokens`
-from a count taken off the event loop.
+(cheap: no tokenizer) and, only if `classify()` says it needs it (`PromptTokensRequired`),
+sets `prompt_tokens` from a count taken off the event loop.
 """
 
 from __future__ import annotations

@@ -1,14 +1,18 @@
 """Classification: first matching rule, client route request, then the capability guard.
 
-Two phases keep token counting off the gateway's event loop and away from requests that
-do not need it:
+Token counting stays off the gateway's event loop and away from requests that do not
+need it: `classify` decides on cheap bounds of the token count (`TokenBounds`) and raises
+`PromptTokensRequired` only when they leave the decision open; the caller then counts the
+prompt off the loop and classifies again:
 
-    if needs_prompt_tokens(features, rules, capabilities):
+    try:
+        decision = classify(features, rules, capabilities)
+    except PromptTokensRequired:
         features.prompt_tokens = await run_in_thread(count_tokens, ...)
-    decision = classify(features, rules, capabilities)
+        decision = classify(features, rules, capabilities)
 
-Both run the same evaluation over cheap bounds on the token count (`TokenBounds`), so
-`classify` decides without the count exactly when `needs_prompt_tokens` says False.
+`needs_prompt_tokens` runs the same evaluation and says whether the count is needed,
+for callers that want to know without deciding.
 """
 
 from __future__ import annotations
