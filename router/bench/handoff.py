@@ -76,7 +76,7 @@ def gaps(
 ) -> list[float]:
     """Per node, each ended decode to the first prefill naming the node after it, in seconds:
     `prefills` are the prefill servers' request records, `decodes` each node's decode records
-    (wall-clock times, the same machine's)."""
+    (wall-clock times, the same machine's; a stream ends at its last write)."""
     arrivals: dict[Address, list[float]] = defaultdict(list)
     for record in prefills:
         params = (record.get("body") or {}).get("kv_transfer_params") or {}
@@ -87,11 +87,14 @@ def gaps(
     for address, records in decodes.items():
         later = sorted(arrivals[address])
         for record in records:
-            if record["end"] is None:
+            # A stream's end is when its last bytes were written: `end` is noted after the
+            # write, and a node preempted in between would note it after the next prefill.
+            ended = record.get("last_write") or record["end"]
+            if ended is None:
                 continue
-            index = bisect.bisect_right(later, record["end"])
+            index = bisect.bisect_right(later, ended)
             if index < len(later):
-                found.append(later[index] - record["end"])
+                found.append(later[index] - ended)
     return found
 
 

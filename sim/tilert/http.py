@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -45,12 +46,14 @@ class NdjsonStream:
     def __init__(
         self,
         session: DecodeSession,
+        record: DecodeRecord,
         on_end: Callable[[], None],
         batched: bool,
         interval_s: float,
         top_logprobs: int | None,
     ) -> None:
         self._session = session
+        self._record = record
         self._on_end = on_end
         self._batched = batched
         self._interval = interval_s
@@ -114,6 +117,7 @@ class NdjsonStream:
                     body = orjson.dumps(final) + b"\n"
                     await send({"type": "http.response.body", "body": body, "more_body": True})
                 break
+            self._record.last_write = time.time()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self._on_end()
@@ -196,7 +200,8 @@ def build_app(node: Node) -> Starlette:
         top = body.top_logprobs if node.v16 else None
         if body.stream:
             interval = node.config.stream_interval_ms / 1000
-            return NdjsonStream(session, ender(session, record, 200), node.v16, interval, top)
+            end = ender(session, record, 200)
+            return NdjsonStream(session, record, end, node.v16, interval, top)
         await session.finished()
         ender(session, record, 200)()  # the real node frees its lock before it answers
         if session.finish_reason == "died":

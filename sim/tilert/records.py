@@ -16,6 +16,9 @@ class DecodeRecord:
     rid: str
     start: float
     end: float | None = None
+    last_write: float | None = None
+    """A stream's end handed to the server: no reader can see it earlier. `end` is noted
+    after the write, a moment later (or, if the node is preempted, later still)."""
     status: int | None = None
     n: int = 0
     finish_reason: str | None = None

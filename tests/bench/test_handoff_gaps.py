@@ -60,3 +60,11 @@ async def test_a_node_given_back_goes_to_the_longest_waiter_not_back_to_its_give
     asking: list[str] = []
     await asyncio.gather(client("a", asking), client("b", asking))
     assert order == ["a", "b", "a", "b", "a", "b"]
+
+
+def test_a_stream_ends_at_its_last_write_even_if_its_end_was_noted_after_the_next_prefill() -> None:
+    """A node preempted between its last write and noting `end` notes it after the next
+    prefill has arrived: the last write still pairs the two."""
+    prefills = [prefill(A, 1.0), prefill(A, 2.0)]
+    decodes = {A: [{"end": 2.5, "last_write": 1.5}]}
+    assert gaps(prefills, decodes) == pytest.approx([0.5])

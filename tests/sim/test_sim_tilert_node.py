@@ -93,7 +93,9 @@ async def test_transfer_then_streamed_decode(client: httpx.AsyncClient, node: No
         (rid, "accepted"),
         (rid, "complete"),
     ]
-    assert records["decodes"][0]["finish_reason"] == "stop"
+    (decoded,) = records["decodes"]
+    assert decoded["finish_reason"] == "stop"
+    assert decoded["start"] < decoded["last_write"] <= decoded["end"]
     assert records["max_overlap"] == 1
 
 
