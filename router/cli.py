@@ -17,10 +17,10 @@ from policies.types import ENDPOINTS as POLICY_ENDPOINTS
 from policies.types import Endpoint
 from router import __version__
 from router.config import ConfigError, GatewayConfig, compile_rules, load_config
-from router.logs import LEVELS
+from router.telemetry.logs import LEVELS
 
 if TYPE_CHECKING:
-    from router.prompt_tokens import PromptCounter
+    from router.tokens.prompt_tokens import PromptCounter
 
 
 class UsageError(Exception):
@@ -167,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from router.schema import dumps
+    from router.config.json_schema import dumps
 
     sys.stdout.write(dumps())
     return 0
@@ -258,7 +258,7 @@ def _port(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from router.server import serve
+    from router.process.server import serve
 
     config = load_config(args.config)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
@@ -275,7 +275,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check_tokenizer_files(config: GatewayConfig) -> None:
-    from router.tokenizer import tokenizer_path
+    from router.tokens.tokenizer import tokenizer_path
 
     for i, model in enumerate(config.models):
         try:
@@ -288,8 +288,8 @@ def _check_tokenizer_files(config: GatewayConfig) -> None:
 
 def _load_tokenizers(config: GatewayConfig) -> None:
     """Load every tokenizer and chat template, as `serve` will."""
-    from router.prompt_tokens import PromptCounter
-    from router.tokenizer import load_tokenizer, tokenizer_path
+    from router.tokens.prompt_tokens import PromptCounter
+    from router.tokens.tokenizer import load_tokenizer, tokenizer_path
 
     _check_tokenizer_files(config)
     for i, model in enumerate(config.models):
@@ -437,8 +437,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _classify(args: argparse.Namespace) -> int:
     """Print `Decision.explain()` and the response headers the decision implies."""
     from router.classify import Classifier
-    from router.endpoints import ENDPOINTS
     from router.errors import InvalidRequest
+    from router.openai.endpoints import ENDPOINTS
     from router.openai.requests import parse_body, validate
 
     config = load_config(args.config)
@@ -483,8 +483,8 @@ class _Counters(Mapping[str, "PromptCounter"]):
         self._config = config
 
     def __getitem__(self, name: str) -> PromptCounter:
-        from router.prompt_tokens import PromptCounter
-        from router.tokenizer import load_tokenizer, tokenizer_path
+        from router.tokens.prompt_tokens import PromptCounter
+        from router.tokens.tokenizer import load_tokenizer, tokenizer_path
 
         model = self._config.model(name)
         if model is None:

@@ -23,7 +23,7 @@ from router.bench.options import BenchOptions
 from router.bench.peers import VllmRouterChild, vllm_router_executable
 from router.bench.processes import GatewayChild
 from router.demo.redis import LocalRedis
-from router.lifeline import die_with_parent
+from router.process.lifeline import die_with_parent
 from sim.stack import NodeInfo, SimStack
 
 MODEL = "bench"

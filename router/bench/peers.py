@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from router.bench.processes import StartFailure
-from router.lifeline import die_with_parent
+from router.process.lifeline import die_with_parent
 
 VLLM_ROUTER = "vllm-router"
 READY_TIMEOUT_S = 30.0

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import yaml
 
-from router.lifeline import die_with_parent
-from router.server import READY_PREFIX
+from router.process.lifeline import die_with_parent
+from router.process.server import READY_PREFIX
 
 NODES_IN_SERVICE_TIMEOUT_S = 30.0
 LOG_TAIL_CHARS = 3000

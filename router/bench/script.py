@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from router.tokenizer import tokenizer_path
+from router.tokens.tokenizer import tokenizer_path
 
 SENTENCES = [
     "The gateway relays token ids from the decode node to the client as text.",

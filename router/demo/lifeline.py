@@ -1,7 +1,7 @@
 """What keeps the demo from leaving anything behind when it is killed outright.
 
 Every child the demo starts (simulators, gateway replicas, Redis) dies with it
-(`router.lifeline.die_with_parent`), so even a `kill -9` of the demo takes every child
+(`router.process.lifeline.die_with_parent`), so even a `kill -9` of the demo takes every child
 with it. A directory the demo could not remove
 (it was killed) carries the demo's pid in its name and is removed by the next demo once
 that pid is gone.

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from router.config import GatewayConfig, ModelConfig, NodeConfig
-from router.tokenizer import BUILTIN
+from router.tokens.tokenizer import BUILTIN
 
 if TYPE_CHECKING:
     from sim.stack import SimStack
@@ -126,7 +126,7 @@ class ModelPlan:
     def stack(self, *, pin_ports: bool) -> SimStack:
         """The model's `SimStack` (not started): configured ports, or free ones; its
         simulators die with the demo, however the demo ends."""
-        from router.lifeline import die_with_parent
+        from router.process.lifeline import die_with_parent
         from sim.stack import SimStack
 
         latency = self.model.latency

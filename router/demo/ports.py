@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from router.config import GatewayConfig
 from router.demo.plan import DemoError, ModelPlan, absolute
-from router.tokenizer import BUILTIN
+from router.tokens.tokenizer import BUILTIN
 
 if TYPE_CHECKING:
     from sim.stack import SimStack

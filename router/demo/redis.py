@@ -14,7 +14,7 @@ from pathlib import Path
 
 from router.demo.lifeline import dir_prefix
 from router.demo.plan import DemoError
-from router.lifeline import die_with_parent
+from router.process.lifeline import die_with_parent
 
 HOST = "127.0.0.1"
 

@@ -33,8 +33,8 @@ from router.demo.plan import DemoError, ModelPlan, plan_stacks
 from router.demo.ports import Endpoints, rewrite, shifted, started
 from router.demo.redis import LocalRedis
 from router.demo.usage import usage
-from router.lifeline import die_with_parent
-from router.server import READY_PREFIX
+from router.process.lifeline import die_with_parent
+from router.process.server import READY_PREFIX
 
 if TYPE_CHECKING:
     from sim.stack import SimStack

@@ -1,6 +1,6 @@
 """The gate's lease metrics: plain counters, recorded where a backend already grants,
 renews or releases (nothing per token), registered with the application's registry by
-`router.metrics.Metrics`."""
+`router.telemetry.metrics.Metrics`."""
 
 from __future__ import annotations
 

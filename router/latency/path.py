@@ -10,7 +10,6 @@ from contextlib import AsyncExitStack
 
 import orjson
 
-from router.balance import LeastOutstanding
 from router.config import LatencyConfig
 from router.errors import GatewayError, Overloaded, UpstreamError
 from router.gate import Gate, GateRejected, Lease
@@ -18,8 +17,9 @@ from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.relay import DecodeRelay, RelayEnd
 from router.latency.sampling import SamplingDefaults, decode_options
 from router.openai.render import Renderer, Usage
+from router.selection.least_outstanding import LeastOutstanding
 from router.serving import Answer, RoutedRequest, json_answer
-from router.tokenizer import LoadedTokenizer
+from router.tokens.tokenizer import LoadedTokenizer
 from router.upstream.vllm import Prefilled
 
 log = logging.getLogger("pd_gateway.latency")

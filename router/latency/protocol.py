@@ -20,10 +20,10 @@ from typing import Any
 from router.config import TimeoutsConfig
 from router.errors import DecodeError, NodeRefused, PrefillError
 from router.gate import Lease, NodeFailure, failure_for
-from router.gate.facts import NodeFactsBook
 from router.latency.sampling import DecodeOptions
-from router.metrics import Metrics
+from router.nodes.facts import NodeFactsBook
 from router.serving import RoutedRequest
+from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams, tilert, vllm
 from router.upstream.tilert import DecodeStream, NodeLine
 from router.upstream.vllm import Prefilled

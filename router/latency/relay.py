@@ -1,8 +1,8 @@
 """The decode relay: a node's token lines in, the client's message deltas out.
 
-Ids go through the relay pipeline (stop ids, detokenizer, stop strings, the family's
-reasoning and tool-call parser); the relay counts completion tokens as vLLM does, decides
-`finish_reason`, and records the latency metrics (TTFT, time per token, duration).
+Ids go through the text pipeline (`router.text`: stop ids, detokenizer, stop strings, then
+the family's reasoning and tool-call parser); the relay counts completion tokens as vLLM
+does, decides `finish_reason`, and records the latency metrics (TTFT, time per token, duration).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from router.latency.logprobs import LogprobTrack
 from router.latency.protocol import NodeSession
-from router.metrics import Metrics
 from router.openai.render import StopReason, TokenLogprob
 from router.parsers import ParsedDelta, ParsedMessage, ToolCallDelta, finish_reason
-from router.relay.pipeline import RelayPipeline
 from router.serving import RoutedRequest
-from router.tokenizer import LoadedTokenizer
+from router.telemetry.metrics import Metrics
+from router.text.pipeline import RelayPipeline
+from router.tokens.tokenizer import LoadedTokenizer
 from router.upstream.tilert import DoneLine, TokenLine
 from router.upstream.vllm import Prefilled
 

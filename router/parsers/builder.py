@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from router.parsers.arguments import ToolSchemas
 from router.parsers.base import (
     ParsedDelta,
     ParsedMessage,
@@ -18,7 +19,6 @@ from router.parsers.base import (
     ToolCallDelta,
     new_tool_call_id,
 )
-from router.parsers.schema import ToolSchemas
 
 
 class MessageBuilder:

@@ -13,10 +13,10 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import Any
 
+from router.parsers.arguments import NO_FIT, ToolSchemas, coerce, parse_json
 from router.parsers.builder import MessageBuilder
 from router.parsers.machine import MarkupParser
 from router.parsers.scanner import Markers
-from router.parsers.schema import NO_FIT, ToolSchemas, coerce, parse_json
 
 THINK_CLOSE = "</think>"
 BLOCK_OPEN = "<｜DSML｜function_calls>"

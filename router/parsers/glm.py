@@ -12,10 +12,10 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import Any
 
+from router.parsers.arguments import NO_FIT, ToolSchemas, coerce
 from router.parsers.builder import MessageBuilder
 from router.parsers.machine import MarkupParser
 from router.parsers.scanner import Markers
-from router.parsers.schema import NO_FIT, ToolSchemas, coerce
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from router.parsers.arguments import ToolSchemas
 from router.parsers.base import ParsedDelta, ParsedMessage
-from router.parsers.schema import ToolSchemas
 
 
 class PlainParser:

@@ -62,7 +62,7 @@ def make_output_parser(
     `chat_template_kwargs` decides whether the output starts in reasoning.
     Raises ValueError for a name not in `OUTPUT_PARSERS`.
     """
-    from router.parsers.schema import ToolSchemas
+    from router.parsers.arguments import ToolSchemas
 
     spec = spec_of(name)
     thinking = _flag(chat_template_kwargs or {}, default=spec.thinks_by_default)

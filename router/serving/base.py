@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from policies import Decision
-from router.access import AccessRecord
-from router.endpoints import EndpointSpec
 from router.errors import GatewayError, error_json
+from router.openai.endpoints import EndpointSpec
 from router.openai.requests import ChatRequest, CompletionRequest
+from router.telemetry.access import AccessRecord
 
 
 @dataclass(slots=True)

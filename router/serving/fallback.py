@@ -7,8 +7,8 @@ from contextlib import AsyncExitStack
 
 from policies.decision import REROUTE_HEADER, ROUTE_HEADER
 from router.errors import GatewayError, NodeRefused, Overloaded, PrefillError, UpstreamError
-from router.metrics import Metrics
 from router.serving.base import Answer, RoutedRequest, ServePath, new_request_id
+from router.telemetry.metrics import Metrics
 
 
 class Fallback:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from router.balance import LeastOutstanding
 from router.config import ProxyConfig
+from router.selection.least_outstanding import LeastOutstanding
 from router.serving import Answer, RoutedRequest
 from router.throughput.answer import read_unless_streamed, relay
 from router.upstream import Upstreams

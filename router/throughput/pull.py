@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from router.balance import LeastOutstanding
 from router.config import PullConfig
+from router.selection.least_outstanding import LeastOutstanding
 from router.serving import Answer, RoutedRequest
 from router.throughput.legs import decode_answer, run_prefill, send_decode, whole_on_decode
 from router.upstream import Upstreams

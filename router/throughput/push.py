@@ -14,8 +14,8 @@ from typing import TypeVar
 
 import anyio
 
-from router.balance import LeastOutstanding
 from router.config import PushConfig
+from router.selection.least_outstanding import LeastOutstanding
 from router.serving import Answer, RoutedRequest
 from router.throughput.legs import decode_answer, run_prefill, send_decode, whole_on_decode
 from router.upstream import Reply, Upstreams

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from router.server import READY_PREFIX
+from router.process.server import READY_PREFIX
 from tests.support.demo import (
     Demo,
     alive,

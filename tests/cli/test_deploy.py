@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from router.config import GatewayConfig, load_config, parse_config
-from router.server import CUT_GRACE_S
+from router.process.server import CUT_GRACE_S
 from tests.deploy.render import (
     DEPLOY,
     INSTALLATIONS,

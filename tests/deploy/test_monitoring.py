@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from router.gate import GateSnapshot
-from router.metrics import Metrics
+from router.telemetry.metrics import Metrics
 from tests.deploy.render import KUSTOMIZE
 
 MONITORING = KUSTOMIZE / "components" / "monitoring"

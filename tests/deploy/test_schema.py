@@ -14,7 +14,7 @@ import yaml
 
 from router.cli import main
 from router.config import parse_config
-from router.schema import dumps, router_schema
+from router.config.json_schema import dumps, router_schema
 from tests.deploy.render import ROOT, shipped_configs
 
 SHIPPED = ROOT / "deploy" / "router.schema.json"

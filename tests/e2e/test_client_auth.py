@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from router.auth import digest
+from router.runtime.auth import digest
 from sim.stack import SimStack
 from tests.support.classify_fixtures import proxy_throughput
 from tests.support.deployment import directive, latency_model, sim_get

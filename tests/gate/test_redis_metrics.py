@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from router.config import GateConfig, RedisGateConfig
 from router.gate import make_gate
 from router.gate.redis import RedisGate, RedisLease
-from router.metrics import Metrics
+from router.telemetry.metrics import Metrics
 from tests.gate.conftest import nodes
 from tests.gate.redis_server import RedisServer
 

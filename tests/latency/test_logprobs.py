@@ -10,7 +10,7 @@ import pytest
 from router.latency.logprobs import UNAVAILABLE, LogprobTrack
 from router.openai.render import ChatRenderer, CompletionRenderer, TokenLogprob, Usage
 from router.parsers import ParsedDelta, ParsedMessage
-from router.tokenizer import load_tokenizer
+from router.tokens.tokenizer import load_tokenizer
 from router.upstream.tilert import TokenLine
 from router.upstream.vllm import Prefilled
 

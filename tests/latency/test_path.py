@@ -10,12 +10,12 @@ import pytest
 
 from router.config import LatencyConfig, NodeConfig, TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
-from router.gate.facts import NodeFactsBook
 from router.latency.path import LatencyPath
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
-from router.metrics import Metrics
-from router.tokenizer import load_tokenizer
+from router.nodes.facts import NodeFactsBook
+from router.telemetry.metrics import Metrics
+from router.tokens.tokenizer import load_tokenizer
 from router.upstream import Upstreams
 from tests.throughput.support import routed
 

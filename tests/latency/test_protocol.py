@@ -16,11 +16,11 @@ import pytest
 from router.config import NodeConfig, TimeoutsConfig, UpstreamsConfig
 from router.errors import DecodeError, NodeRefused, PrefillError
 from router.gate import NodeFailure
-from router.gate.facts import NodeFactsBook
 from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.sampling import SamplingDefaults, decode_options
-from router.metrics import Metrics
+from router.nodes.facts import NodeFactsBook
 from router.serving import RoutedRequest
+from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams
 from router.upstream.tilert import DoneLine, NodeFacts, TokenLine
 from router.upstream.vllm import Prefilled

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from router.latency.relay import DecodeRelay, RelayEnd
-from router.metrics import Metrics
 from router.parsers import ParsedDelta
-from router.tokenizer import LoadedTokenizer, load_tokenizer
+from router.telemetry.metrics import Metrics
+from router.tokens.tokenizer import LoadedTokenizer, load_tokenizer
 from router.upstream.tilert import DoneLine, NodeLine, TokenLine
 from router.upstream.vllm import Prefilled
 from tests.throughput.support import routed

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.endpoints import ENDPOINTS
 from router.errors import InvalidRequest
+from router.openai.endpoints import ENDPOINTS
 from router.openai.requests import ChatRequest, CompletionRequest, parse_body, validate
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -16,8 +16,8 @@ from router.errors import (
     PrefillError,
     UpstreamError,
 )
-from router.metrics import Metrics
 from router.serving import Answer, Fallback, RoutedRequest, json_answer
+from router.telemetry.metrics import Metrics
 from tests.throughput.support import routed
 
 

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from router.server import READY_PREFIX
+from router.process.server import READY_PREFIX
 from tests.support.deployment import gateway_config
 
 

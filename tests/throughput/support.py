@@ -18,9 +18,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from policies import Decision
-from router.balance import LeastOutstanding
 from router.config import TimeoutsConfig, UpstreamsConfig
-from router.endpoints import ENDPOINTS
+from router.openai.endpoints import ENDPOINTS
+from router.selection.least_outstanding import LeastOutstanding
 from router.serving import PathResponse, RoutedRequest, ServePath
 from router.upstream import Upstreams as UpstreamClients
 

@@ -1,0 +1,61 @@
+"""Loading `router.yaml`: read the file, apply environment overrides, validate, and
+compile the classification rules, so that a configuration that loads can be served."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from policies import Action, RulesError, RuleSet, load_rules, parse_rules
+from router.config.environment import apply_environment
+from router.config.errors import ConfigError, describe
+from router.config.schema import GatewayConfig
+
+
+def parse_config(
+    data: Any, *, base_dir: Path = Path("."), source: str = "router.yaml"
+) -> GatewayConfig:
+    """Validate an already-parsed router.yaml document, its rules included; `source` names
+    the file in messages."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping")
+    try:
+        config = GatewayConfig.model_validate({**data, "base_dir": base_dir, "source": source})
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, source)) from None
+    compile_rules(config)
+    return config
+
+
+def compile_rules(config: GatewayConfig) -> RuleSet:
+    """The classification rules of `config`; ConfigError names the rule and field."""
+    source = config.classification
+    try:
+        if source.rules_file is not None:
+            path = Path(source.rules_file)
+            return load_rules(path if path.is_absolute() else config.base_dir / path)
+        if source.rules is not None:
+            return parse_rules(source.rules, source="classification.rules")
+    except RulesError as exc:
+        raise ConfigError(f"{config.source}: classification: {exc}") from None
+    return RuleSet(default=Action(name="default", path="latency"))
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+    """The file at `path`, with `PDGW_...` overrides from `environ` (the process's own by
+    default) applied before validation."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if isinstance(data, dict):
+        data = apply_environment(data, os.environ if environ is None else environ)
+    return parse_config(data, base_dir=path.resolve().parent, source=str(path))

@@ -1,0 +1,486 @@
+"""`router.yaml`'s schema: strict, frozen pydantic models, one per section.
+
+Models reject unknown fields and validate values where they are read; `loading` turns a
+file into a `GatewayConfig` and names the offending field when one is wrong.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from router.parsers.registry import OUTPUT_PARSERS
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+TileRTVersion = Literal["0.1.5", "0.1.6"]
+"""The TileRT release of a pool's nodes and of its prefill servers' connector: the two
+speak incompatible control planes, so each pool holds one version (docs/protocols.md §1.6)."""
+
+
+class NodeConfig(StrictModel):
+    """One TileRT decode node: one slot."""
+
+    host: str
+    ctrl_port: Annotated[int, Field(ge=1, le=65535)] = 5556
+    http_port: Annotated[int, Field(ge=1, le=65535)] = 5557
+    name: str | None = None
+    tilert: TileRTVersion | None = None
+    """The TileRT release the node must run: its pool's (set from the pool)."""
+    pool: str | None = None
+    """The pool the node belongs to (set from the pool)."""
+
+    @property
+    def id(self) -> str:
+        return self.name or f"{self.host}:{self.http_port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+
+class DiscoveryConfig(StrictModel):
+    """TileRT nodes found by resolving a DNS name (e.g. the headless Service of the nodes'
+    StatefulSet): every address is a node with these ports. Looked up every `interval_s`;
+    an address that appears joins the pool at once, one that disappears finishes its
+    request and leaves; a failed lookup changes nothing."""
+
+    dns: Annotated[str, Field(min_length=1)]
+    ctrl_port: Annotated[int, Field(ge=1, le=65535)] = 5556
+    http_port: Annotated[int, Field(ge=1, le=65535)] = 5557
+    interval_s: Annotated[float, Field(gt=0)] = 10.0
+    family: Literal["ipv4", "ipv6", "any"] = "any"
+
+
+class LatencyPoolConfig(StrictModel):
+    """TileRT decode nodes and the vLLM prefill servers that push KV state to them: a
+    request's prefill is always sent to a prefill server of its node's pool."""
+
+    name: str = "default"
+    tilert: TileRTVersion = "0.1.6"
+    prefill: Annotated[list[str], Field(min_length=1)]
+    nodes: list[NodeConfig] = []
+    discover: DiscoveryConfig | None = None
+    """Nodes found by DNS (a headless Service's records), beside the listed `nodes`."""
+
+    @field_validator("prefill")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        return [_check_url(u) for u in urls]
+
+    @model_validator(mode="after")
+    def _nodes_of_this_pool(self) -> LatencyPoolConfig:
+        if not self.nodes and self.discover is None:
+            raise ValueError(f"pool {self.name!r} needs `nodes`, `discover` or both")
+        for node in self.nodes:
+            if node.tilert not in (None, self.tilert):
+                raise ValueError(
+                    f"node {node.id} says TileRT {node.tilert} in a pool of TileRT {self.tilert}"
+                )
+        object.__setattr__(self, "nodes", [self.member(n) for n in self.nodes])
+        return self
+
+    def member(self, node: NodeConfig) -> NodeConfig:
+        """`node` as one of this pool's: its release and its pool named."""
+        return node.model_copy(update={"tilert": self.tilert, "pool": self.name})
+
+
+class LatencyConfig(StrictModel):
+    """The latency path of one model: pools of TileRT nodes, each with its prefill servers.
+
+    One pool may be written inline (`prefill`, `nodes` and optionally `tilert` directly
+    under `latency`); several (a 0.1.5 and a 0.1.6 pool during an upgrade) under `pools`.
+    """
+
+    pools: Annotated[list[LatencyPoolConfig], Field(min_length=1)]
+    max_seq_len: Annotated[int, Field(ge=2)] = 131072
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inline_pool(cls, data: Any) -> Any:
+        inline = ("name", "tilert", "prefill", "nodes", "discover")
+        if isinstance(data, dict) and any(key in data for key in inline):
+            if "pools" in data:
+                raise ValueError("give either `pools` or one inline pool (prefill, nodes)")
+            pool = {key: data[key] for key in inline if key in data}
+            data = {k: v for k, v in data.items() if k not in inline} | {"pools": [pool]}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent_pools(self) -> LatencyConfig:
+        ids = [n.id for n in self.nodes]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"node listed twice: {sorted(dup)}")
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool names must be unique: {names}")
+        versions: dict[str, str] = {}
+        for pool in self.pools:
+            for url in pool.prefill:
+                if versions.setdefault(url, pool.tilert) != pool.tilert:
+                    raise ValueError(
+                        f"prefill server {url} is in pools of TileRT {versions[url]} and "
+                        f"{pool.tilert}: a prefill server's connector speaks one version"
+                    )
+        return self
+
+    @property
+    def nodes(self) -> list[NodeConfig]:
+        """Every node of every pool."""
+        return [node for pool in self.pools for node in pool.nodes]
+
+    @property
+    def prefill(self) -> list[str]:
+        """Every prefill server of every pool, each once."""
+        return list(dict.fromkeys(url for pool in self.pools for url in pool.prefill))
+
+    @property
+    def discovers(self) -> bool:
+        return any(pool.discover is not None for pool in self.pools)
+
+
+class ProxyConfig(StrictModel):
+    """Throughput via an existing native disaggregation proxy (docs/protocols.md §2.1)."""
+
+    mode: Literal["proxy"]
+    urls: Annotated[list[str], Field(min_length=1)]
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        return [_check_url(u) for u in urls]
+
+
+class PullConfig(StrictModel):
+    """Throughput by orchestrating vLLM's NIXL pull legs (docs/protocols.md §2.2)."""
+
+    mode: Literal["pull"]
+    prefill: Annotated[list[str], Field(min_length=1)]
+    decode: Annotated[list[str], Field(min_length=1)]
+
+    @field_validator("prefill", "decode")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        return [_check_url(u) for u in urls]
+
+
+class PrefillEngineConfig(StrictModel):
+    """A prefill instance as push-mode decode legs must name it (its NIXL side channel)."""
+
+    url: str
+    engine_id: str
+    side_channel_host: str
+    side_channel_port: Annotated[int, Field(ge=1, le=65535)]
+    tp_size: Annotated[int, Field(ge=1)] = 1
+    pp_size: Annotated[int, Field(ge=1)] = 1
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return _check_url(url)
+
+
+class PushConfig(StrictModel):
+    """Throughput by orchestrating vLLM's NIXL push legs (docs/protocols.md §2.3)."""
+
+    mode: Literal["push"]
+    prefill: Annotated[list[PrefillEngineConfig], Field(min_length=1)]
+    decode: Annotated[list[str], Field(min_length=1)]
+
+    @field_validator("decode")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        return [_check_url(u) for u in urls]
+
+
+ThroughputConfig = Annotated[ProxyConfig | PullConfig | PushConfig, Field(discriminator="mode")]
+
+
+class RedisGateConfig(StrictModel):
+    """The shared gate state of `gate.backend: redis`: several gateway replicas, one pool."""
+
+    url: str
+    # The password, one way at most: a mounted secret (`password_file`, an absolute path),
+    # the URL's own (redis://:PASSWORD@host), or `password`, best given in the environment
+    # as PDGW_GATE__REDIS__PASSWORD (or PDGW_GATE__REDIS__PASSWORD_FILE).
+    password_file: str | None = None
+    password: str | None = None
+    # Every key and channel starts with this: one prefix per deployment sharing a Redis.
+    key_prefix: str = "pdgw"
+    socket_timeout_s: Annotated[float, Field(gt=0)] = 1.0
+    # A held node's lease lives this long unless renewed; it is renewed every renew_every_s.
+    lease_ttl_s: Annotated[float, Field(gt=0)] = 10.0
+    renew_every_s: Annotated[float, Field(gt=0)] = 3.0
+    # Waiters wake on a published release; this bounded poll covers a lost message.
+    poll_s: Annotated[float, Field(gt=0)] = 1.0
+
+    @property
+    def url_has_password(self) -> bool:
+        userinfo = self.url.partition("://")[2].split("/")[0].rpartition("@")[0]
+        return bool(userinfo.partition(":")[2])
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        scheme, _, rest = url.partition("://")
+        if scheme not in ("redis", "rediss") or not rest.split("/")[0].rpartition("@")[2]:
+            raise ValueError("not a redis:// or rediss:// URL with a host")
+        return url
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix(cls, prefix: str) -> str:
+        if not prefix or any(c.isspace() or c in "{}|" for c in prefix):
+            raise ValueError("key_prefix must be non-empty, without spaces, braces or '|'")
+        return prefix
+
+    @model_validator(mode="after")
+    def _settings(self) -> RedisGateConfig:
+        ways = [
+            ("password_file", self.password_file is not None),
+            ("the url's password", self.url_has_password),
+            ("password", self.password is not None),
+        ]
+        if sum(given for _, given in ways) > 1:
+            given = " and ".join(name for name, set_ in ways if set_)
+            raise ValueError(f"give the Redis password one way only, not {given}")
+        if self.renew_every_s * 2 > self.lease_ttl_s:
+            raise ValueError(
+                f"renew_every_s ({self.renew_every_s}) must be at most half of lease_ttl_s"
+                f" ({self.lease_ttl_s}), so that one missed renewal does not lose a node"
+            )
+        return self
+
+
+class GateConfig(StrictModel):
+    """How requests wait for a TileRT slot."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    redis: RedisGateConfig | None = None
+    max_queue: Annotated[int, Field(ge=0)] = 256
+    max_queue_wait_ms: Annotated[int, Field(ge=0)] = 30_000
+    # Node health: soft failures in a row that take a node out (hard ones do at once),
+    # how long it stays out before probing, and how often out nodes are probed.
+    failure_threshold: Annotated[int, Field(ge=1)] = 3
+    node_cooldown_s: Annotated[float, Field(ge=0)] = 5.0
+    probe_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    # How often every node is asked for its TileRT release and features (/capabilities).
+    capabilities_interval_s: Annotated[float, Field(gt=0)] = 30.0
+
+    @model_validator(mode="after")
+    def _backend_settings(self) -> GateConfig:
+        if self.backend == "redis" and self.redis is None:
+            raise ValueError("gate.redis (at least its url) is required with backend: redis")
+        return self
+
+
+class LimitsConfig(StrictModel):
+    """What one request may carry, checked before any work; an excess is a 400 naming it."""
+
+    # orjson re-encodes at most 254 levels: the ceiling keeps every accepted body sendable.
+    max_json_depth: Annotated[int, Field(ge=8, le=200)] = 64
+    max_messages: Annotated[int, Field(ge=1)] = 4096
+    max_tools: Annotated[int, Field(ge=0)] = 256
+    max_prompts: Annotated[int, Field(ge=1)] = 256
+    max_stop_strings: Annotated[int, Field(ge=0)] = 32
+    max_stop_chars: Annotated[int, Field(ge=1)] = 512
+
+
+class UpstreamCredential(StrictModel):
+    """The API key a backend expects (vLLM's `--api-key`), sent as `Authorization: Bearer`
+    on every call to `url`; never the client's own."""
+
+    url: str
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return _check_url(url)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> UpstreamCredential:
+        _exactly_one(self.url, api_key_env=self.api_key_env, api_key_file=self.api_key_file)
+        return self
+
+
+class UpstreamsConfig(StrictModel):
+    """Connection pools, one per upstream server (each vLLM URL, each TileRT node)."""
+
+    credentials: list[UpstreamCredential] = []
+
+    max_connections: Annotated[int, Field(ge=1)] = 1024
+    max_keepalive_connections: Annotated[int, Field(ge=0)] = 256
+    # Below the upstream server's own idle timeout (vLLM and uvicorn close idle connections
+    # after 5 s), so the pool never sends a request down a connection its server is closing.
+    keepalive_expiry_s: Annotated[float, Field(gt=0)] = 4.0
+
+
+class TimeoutsConfig(StrictModel):
+    connect_s: Annotated[float, Field(gt=0)] = 5.0
+    prefill_s: Annotated[float, Field(gt=0)] = 600.0
+    kv_transfer_s: Annotated[float, Field(gt=0)] = 120.0
+    decode_stall_s: Annotated[float, Field(gt=0)] = 30.0
+    cancel_s: Annotated[float, Field(gt=0)] = 5.0
+
+
+class ModelConfig(StrictModel):
+    """One served model as clients see it."""
+
+    name: str
+    tokenizer: str
+    output_parser: str = "none"
+    generation_config: str | None = None
+    """The model's generation_config.json (or its directory): sampling defaults for what a
+    latency request leaves unset, as vLLM applies them (else vLLM's own defaults)."""
+    latency: LatencyConfig | None = None
+    throughput: ThroughputConfig | None = None
+
+    @field_validator("output_parser")
+    @classmethod
+    def _parser(cls, name: str) -> str:
+        if name not in OUTPUT_PARSERS:
+            raise ValueError(f"unknown output parser {name!r}; one of {sorted(OUTPUT_PARSERS)}")
+        return name
+
+    @model_validator(mode="after")
+    def _some_path(self) -> ModelConfig:
+        if self.latency is None and self.throughput is None:
+            raise ValueError(f"model {self.name!r} needs a latency or a throughput section")
+        return self
+
+
+class ServerConfig(StrictModel):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
+    # After SIGTERM: how long in-flight requests may run before they are cut off.
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0
+    keep_alive_s: Annotated[int, Field(ge=1)] = 75
+    """How long an idle client connection stays open: longer than the idle timeout of the
+    load balancer in front (60 s for most), or it may reuse a connection just closed."""
+    workers: Annotated[int, Field(ge=1, le=64)] = 1
+    """Gateway processes on the one listening socket, an event loop (a core) each. More
+    than one needs `gate.backend: redis`, where the pool's state is shared."""
+
+
+class ClassificationConfig(StrictModel):
+    """Where the rules come from (a file, or inline), and how API keys are named.
+
+    With neither `rules_file` nor `rules`, every request for a model with a TileRT pool
+    takes the latency path (and the capability guard still applies).
+    """
+
+    rules_file: str | None = None
+    rules: Any = None
+    api_key_name_header: str = "x-pd-api-key-name"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ClassificationConfig:
+        if self.rules_file is not None and self.rules is not None:
+            raise ValueError("give either rules_file or rules, not both")
+        return self
+
+
+class LoggingConfig(StrictModel):
+    """Log lines on stderr; `serve --log-level` overrides `level`."""
+
+    level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    format: Literal["text", "json"] = "text"
+    access_log: bool = True
+    """One line per API request: id, model, path, rule, node, waits, tokens, status."""
+
+
+class ApiKeyConfig(StrictModel):
+    """One client API key, known by `name` (what rules match as `api_key_name`): the key's
+    SHA-256 in hex, or the key itself from an environment variable or a file."""
+
+    name: Annotated[str, Field(min_length=1)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    key_env: str | None = None
+    key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiKeyConfig:
+        _exactly_one(
+            f"key {self.name!r}", sha256=self.sha256, key_env=self.key_env, key_file=self.key_file
+        )
+        return self
+
+
+class AuthConfig(StrictModel):
+    """Client authentication. With `api_keys`, every API request needs
+    `Authorization: Bearer <key>` and its key's name is what rules see as `api_key_name`."""
+
+    api_keys: list[ApiKeyConfig] = []
+    trust_key_name_header: bool = False
+    """Without api_keys: take `classification.api_key_name_header` from the request even
+    when listening beyond loopback (an authenticating proxy in front sets it)."""
+
+
+class AdminConfig(StrictModel):
+    """`/admin/*` endpoints; with a key they require `Authorization: Bearer <key>`. The key
+    is given as `api_key`, or better through `api_key_env` or `api_key_file`."""
+
+    api_key: str | None = None
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+
+
+class GatewayConfig(StrictModel):
+    server: ServerConfig = ServerConfig()
+    admin: AdminConfig = AdminConfig()
+    auth: AuthConfig = AuthConfig()
+    classification: ClassificationConfig = ClassificationConfig()
+    gate: GateConfig = GateConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    upstreams: UpstreamsConfig = UpstreamsConfig()
+    limits: LimitsConfig = LimitsConfig()
+    logging: LoggingConfig = LoggingConfig()
+    models: Annotated[list[ModelConfig], Field(min_length=1)]
+    base_dir: Path = Path(".")
+    source: str = "router.yaml"
+    """The file it came from, for messages."""
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> GatewayConfig:
+        names = [m.name for m in self.models]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"model listed twice: {sorted(dup)}")
+        if self.gate.backend == "memory" and self.server.workers > 1:
+            raise ValueError(
+                f"server.workers is {self.server.workers}, but gate.backend memory keeps the"
+                " TileRT pool in one process: several would double-book its nodes (use"
+                " gate.backend redis)"
+            )
+        if self.gate.backend == "memory":
+            # Each model's pool gates its nodes in memory: a node in two would serve both.
+            nodes = [n.id for m in self.models if m.latency for n in m.latency.nodes]
+            if shared := sorted({n for n in nodes if nodes.count(n) > 1}):
+                raise ValueError(
+                    f"node in the latency pools of two models: {shared} (with gate.backend"
+                    " memory a node belongs to one model; the redis backend shares it)"
+                )
+        return self
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def _exactly_one(what: str, **sources: str | None) -> None:
+    if sum(v is not None for v in sources.values()) != 1:
+        raise ValueError(f"{what}: give exactly one of {', '.join(sources)}")
+
+
+def _check_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return url.rstrip("/")

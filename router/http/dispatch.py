@@ -1,0 +1,107 @@
+"""From an HTTP request to the path that serves it: parse, validate, classify, serve.
+
+What happens on saturation or a failure before the first byte (queue, spill, reject) is
+the paths' business (`router.serving.Fallback`); nothing here depends on the path.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
+
+from policies import Decision
+from router.errors import ClientGone, GatewayError, InvalidRequest, ModelNotFound
+from router.openai.endpoints import EndpointSpec
+from router.openai.limits import check_limits, check_token_ids, strip_transfer_params
+from router.openai.requests import ChatRequest, ResponsesRequest, parse_body, validate
+from router.openai.responses_input import chat_body
+from router.runtime.state import AppState
+from router.serving import PathResponse, RoutedRequest, new_request_id
+from router.telemetry.access import AccessRecord
+
+
+class Dispatcher:
+    def __init__(self, state: AppState) -> None:
+        self._state = state
+
+    async def handle(self, request: Request, endpoint: EndpointSpec) -> Response:
+        state = self._state
+        current = state.epoch  # one configuration for the whole request
+        key_name = current.keys.client.key_name(request.headers)
+        _check_content_type(request.headers.get("content-type"))
+        raw = await _read_body(request, current.config.server.max_body_bytes)
+        body = parse_body(raw)
+        check_limits(body, current.config.limits)
+        strip_transfer_params(body)
+        parsed = validate(endpoint.request, body)
+        client_body = None
+        if isinstance(parsed, ResponsesRequest):
+            client_body, body = body, chat_body(parsed, body)
+            parsed = validate(ChatRequest, body)
+        model = current.models.get(parsed.model)
+        if model is None:
+            shown = parsed.model if len(parsed.model) <= 100 else parsed.model[:100] + "…"
+            raise ModelNotFound(f"the model '{shown}' does not exist", param="model")
+        check_token_ids(body, model.vocab_size)
+        access: AccessRecord = request.state.access
+        access.model = parsed.model
+        decision = await current.classifier.decide(
+            body, endpoint=endpoint.name, headers=request.headers, api_key_name=key_name
+        )
+        headers = decision.response_headers()
+        if decision.reroute_reason is not None:
+            state.metrics.reroute(parsed.model, decision.reroute_reason.value)
+        path = model.paths.get(decision.path)
+        if decision.unavailable is not None or path is None:
+            error = _unavailable(decision)
+            error.headers = {**headers, **error.headers}
+            raise error
+        access.upstream_request_id = new_request_id()
+        routed = RoutedRequest(
+            endpoint,
+            parsed,
+            body,
+            decision,
+            access.upstream_request_id,
+            headers,
+            access,
+            client_body,
+        )
+        return PathResponse(path, routed, state.live)
+
+
+def _unavailable(decision: Decision) -> GatewayError:
+    reason = decision.reroute_reason.value if decision.reroute_reason else decision.unavailable
+    return InvalidRequest(
+        f"this model has no {decision.path} path, which the request needs ({reason})",
+        param=reason,
+        code=decision.unavailable,
+    )
+
+
+def _check_content_type(value: str | None) -> None:
+    """JSON or nothing (clients that send no type mean JSON, as FastAPI assumes)."""
+    if value is None:
+        return
+    media = value.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise InvalidRequest(
+            f"the request body must be JSON (Content-Type: application/json), not {media[:100]!r}",
+            status=415,
+            code="unsupported_media_type",
+        )
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    chunks = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise InvalidRequest(f"the request body exceeds {limit} bytes", status=413)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone("the client left before sending its whole request") from None
+    return b"".join(chunks)

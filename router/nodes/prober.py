@@ -1,0 +1,116 @@
+"""Keeps each node's service state true to the node: learns its TileRT release and features,
+takes out a node whose release contradicts its pool, and lets a node that was out back in
+only after flushing it (it may hold an orphaned transfer) and finding it healthy and idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from router.config import NodeConfig
+from router.gate.base import PoolAdmin
+from router.nodes.facts import NodeFactsBook
+from router.telemetry.metrics import Metrics
+from router.upstream import Upstreams, tilert
+
+log = logging.getLogger("pd_gateway.health")
+
+FLUSH_CLAIM_S = 60.0
+"""How long a prober keeps a node to itself to flush it: more than a flush can take."""
+
+
+async def probe_forever(
+    pool: PoolAdmin,
+    upstreams: Upstreams,
+    facts: NodeFactsBook,
+    metrics: Metrics,
+    *,
+    interval_s: float,
+    facts_every_s: float,
+) -> None:
+    """Run until cancelled: every interval, probe the nodes out of service that are due;
+    every `facts_every_s`, ask every node for its facts again."""
+    facts_due = time.monotonic() + facts_every_s
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            if time.monotonic() >= facts_due:
+                facts_due = time.monotonic() + facts_every_s
+                nodes = await pool.nodes()
+                await asyncio.gather(*(learn(pool, upstreams, facts, n) for n in nodes))
+            due = await pool.due_for_probe()
+            await asyncio.gather(
+                *(_probe_out_node(pool, upstreams, facts, metrics, n) for n in due)
+            )
+        except Exception:  # nothing may end the prober: out nodes would never come back
+            log.exception("probing the nodes failed")
+
+
+async def learn(
+    pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, node: NodeConfig
+) -> bool:
+    """Ask the node for its release and features; False (and the node taken out) if its
+    release is not its pool's. An unreachable node keeps what was known of it."""
+    found = await tilert.node_facts(upstreams, node)
+    if found is None:
+        return True
+    if node.tilert is not None and found.version != node.tilert:
+        facts.forget(node.id)
+        reason = f"tilert_version_mismatch: node runs {found.version}, pool is {node.tilert}"
+        log.error("node %s: %s; out of service", node.id, reason)
+        await pool.take_out(node.id, reason)
+        return False
+    facts.learn(node.id, found)
+    return True
+
+
+async def _probe_out_node(
+    pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, metrics: Metrics, node: NodeConfig
+) -> None:
+    if not await learn(pool, upstreams, facts, node):
+        return
+    if not await pool.claim_for_probe(node.id, for_s=FLUSH_CLAIM_S):
+        return
+    if await flushed_and_ready(upstreams, metrics, node):
+        log.info("node %s is back in service", node.id)
+        await pool.readmit(node.id)
+
+
+async def flushed_and_ready(upstreams: Upstreams, metrics: Metrics, node: NodeConfig) -> bool:
+    """Healthy, flushed of any orphaned transfer, and idle."""
+    if not await tilert.is_ready(upstreams, node):
+        return False
+    clean = await tilert.flush(upstreams, node, idle_within_s=upstreams.timeouts.connect_s)
+    metrics.flushed(node.id, clean=clean)
+    return clean
+
+
+async def admit_ready_nodes(
+    pool: PoolAdmin,
+    upstreams: Upstreams,
+    facts: NodeFactsBook,
+    metrics: Metrics,
+    *,
+    sole_user: bool,
+) -> None:
+    """At start-up: learn every node's facts. A node that is down, still decoding (a previous
+    gateway's request) or of the wrong release starts out of service. `sole_user` (one
+    gateway process owns the pool): flush each node now, since a previous process may have
+    died between a prefill and its decode; with a shared pool, other replicas may be using
+    the nodes, and orphans are found by their expired leases instead."""
+    nodes = await pool.nodes()
+
+    async def admit(node: NodeConfig) -> None:
+        if not await learn(pool, upstreams, facts, node):
+            return
+        if sole_user:
+            ready = await flushed_and_ready(upstreams, metrics, node)
+        else:
+            ready = await tilert.is_ready(upstreams, node)
+        if not ready:
+            log.warning("node %s is not ready at start-up: out of service until it is", node.id)
+            await pool.take_out(node.id, "not_ready_at_start")
+
+    await asyncio.gather(*(admit(node) for node in nodes))

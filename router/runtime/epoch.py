@@ -1,0 +1,135 @@
+"""Everything a configuration decides, built as one `ConfigEpoch` and swapped whole: at
+start-up, and on a reload (SIGHUP or `POST /admin/reload`).
+
+A reload builds everything that can fail first (keys, rules, tokenizers): a configuration
+that does not load leaves the running epoch untouched. Only then does it touch the
+pools, which live on across epochs: a kept model keeps its runtime, a changed one
+keeps its pool (its node list updated: new nodes join, removed ones finish their request
+and leave). Requests in flight hold their own epoch's objects and are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from router.classify import Classifier
+from router.config import ConfigError, GatewayConfig, ModelConfig, NodeConfig, compile_rules
+from router.gate import Gate
+from router.latency.protocol import LatencyDeps
+from router.latency.sampling import SamplingDefaults
+from router.runtime.auth import Keys
+from router.runtime.models import ModelRuntime, build_model
+from router.tokens.prompt_tokens import PromptCounter
+from router.tokens.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_path
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEpoch:
+    """One configuration's objects: its rules, keys and models, used together by every
+    request that starts while it is current."""
+
+    config: GatewayConfig
+    classifier: Classifier
+    keys: Keys
+    models: Mapping[str, ModelRuntime]
+
+    @property
+    def gates(self) -> dict[str, Gate]:
+        """Each model's TileRT pool, for the models that have one."""
+        return {name: m.gate for name, m in self.models.items() if m.gate is not None}
+
+
+@dataclass(slots=True)
+class Changes:
+    """What a new epoch did to the pools, for the caller to start or stop probers."""
+
+    new_gates: dict[str, Gate] = field(default_factory=dict)
+    dropped_gates: dict[str, Gate] = field(default_factory=dict)
+    models: dict[str, str] = field(default_factory=dict)  # name -> added/changed/removed
+
+
+async def build_epoch(
+    config: GatewayConfig,
+    deps: LatencyDeps,
+    previous: ConfigEpoch | None = None,
+    *,
+    keys: Keys | None = None,
+    found: Callable[[str], list[NodeConfig]] = lambda model: [],
+) -> tuple[ConfigEpoch, Changes]:
+    """Raises ConfigError (before any pool is touched) when `config` cannot be used.
+    `keys`: already loaded from `config` (else loaded here); `found`: the nodes discovery
+    gave each model's pools, kept in them across a reload."""
+    keys = keys if keys is not None else Keys.load(config)
+    rules = compile_rules(config)
+    old = previous.models if previous is not None else {}
+    # One model at a time: transformers' lazy imports are not safe from two threads at once
+    # (a chat template's tokenizer class may fail to import).
+    loaded = [await _tokenizer(m, config, old.get(m.name)) for m in config.models]
+    sampling = {
+        m.name: await asyncio.to_thread(_sampling_defaults, m, config) for m in config.models
+    }
+
+    changes = Changes()
+    models: dict[str, ModelRuntime] = {}
+    for model, (tokenizer, counter) in zip(config.models, loaded, strict=True):
+        before = old.get(model.name)
+        if before is not None and before.config == model and previous is not None:
+            if previous.config.gate == config.gate:
+                models[model.name] = before
+                continue
+        gate = before.gate if before is not None and model.latency is not None else None
+        if gate is not None and model.latency is not None:
+            listed = {n.id for n in model.latency.nodes}
+            extra = [n for n in found(model.name) if n.id not in listed]
+            await gate.set_nodes([*model.latency.nodes, *extra])
+        runtime = build_model(
+            model,
+            tokenizer=tokenizer,
+            counter=counter,
+            gate_config=config.gate,
+            deps=deps,
+            gate=gate,
+            sampling_defaults=sampling[model.name],
+        )
+        models[model.name] = runtime
+        changes.models[model.name] = "changed" if before is not None else "added"
+        if runtime.gate is not None and runtime.gate is not gate:
+            changes.new_gates[model.name] = runtime.gate
+        if before is not None and before.gate is not None and runtime.gate is not before.gate:
+            changes.dropped_gates[model.name] = before.gate
+    for name, before in old.items():
+        if name not in models:
+            changes.models[name] = "removed"
+            if before.gate is not None:
+                changes.dropped_gates[name] = before.gate
+    counters = {name: m.counter for name, m in models.items()}
+    classifier = Classifier(config, rules, counters, deps.facts)
+    return ConfigEpoch(config, classifier, keys, models), changes
+
+
+def _sampling_defaults(model: ModelConfig, config: GatewayConfig) -> SamplingDefaults:
+    if model.generation_config is None:
+        return SamplingDefaults()
+    path = Path(model.generation_config)
+    try:
+        return SamplingDefaults.from_generation_config(
+            path if path.is_absolute() else config.base_dir / path
+        )
+    except ValueError as exc:
+        raise ConfigError(f"models[{model.name}].generation_config: {exc}") from None
+
+
+async def _tokenizer(
+    model: ModelConfig, config: GatewayConfig, before: ModelRuntime | None
+) -> tuple[LoadedTokenizer, PromptCounter]:
+    """The model's tokenizer and prompt counter: the running ones if the tokenizer is the
+    same, else loaded off the event loop (about a second each)."""
+    if before is not None and before.config.tokenizer == model.tokenizer:
+        return before.tokenizer, before.counter
+    tokenizer = await asyncio.to_thread(load_tokenizer, model.tokenizer, base_dir=config.base_dir)
+    path = tokenizer_path(model.tokenizer, base_dir=config.base_dir)
+    counter = await asyncio.to_thread(PromptCounter, tokenizer, path)
+    return tokenizer, counter

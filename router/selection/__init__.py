@@ -1,0 +1,1 @@
+"""Choosing among equivalent upstream servers."""

@@ -1,0 +1,194 @@
+"""Prometheus metrics, declared once: typed recorders for the call sites, and gauges read
+from the pools at scrape time (so the hot path never updates them).
+
+Names are layered `pd_gateway_<area>_<what>`; label values come from bounded sets (model
+and rule names from the configuration, paths, status codes, error codes).
+
+The gate's lease metrics (`GateMetrics`) are handed to the gate backends when a pool is
+built (`Metrics.gate`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from router.gate import GateSnapshot
+from router.gate.metrics import GateMetrics
+
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""Where worker processes keep their shared counters (prometheus_client's multiprocess
+mode): set by the supervisor, read by each worker's metrics."""
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TOKEN_GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` series double the output for no use here
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._requests = Counter(
+            "pd_gateway_requests",
+            "Answered requests by model, path, rule and HTTP status.",
+            ["model", "path", "rule", "status"],
+            registry=r,
+        )
+        self._unsupported = Counter(
+            "pd_gateway_unsupported_requests",
+            "Requests for OpenAI endpoints the gateway does not serve, by endpoint family.",
+            ["endpoint"],
+            registry=r,
+        )
+        self._reroutes = Counter(
+            "pd_gateway_reroutes",
+            "Requests moved to the throughput path, by reason.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self._flushes = Counter(
+            "pd_gateway_node_flushes",
+            "Flushes of a TileRT node that may hold an orphaned transfer, by node and outcome"
+            " (clean: idle afterwards; not_clean: busy or unreachable, tried again later).",
+            ["node", "outcome"],
+            registry=r,
+        )
+        self._queue_wait = Histogram(
+            "pd_gateway_queue_wait_seconds",
+            "Time spent waiting for a TileRT slot.",
+            ["model", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._ttft = Histogram(
+            "pd_gateway_latency_ttft_seconds",
+            "Latency path: from the request to its first output text.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._token_gap = Histogram(
+            "pd_gateway_latency_inter_token_seconds",
+            "Latency path: time per output token between the node's stream lines.",
+            ["model"],
+            buckets=TOKEN_GAP_BUCKETS,
+            registry=r,
+        )
+        self._duration = Histogram(
+            "pd_gateway_latency_request_seconds",
+            "Latency path: from the request to the end of its output, by finish reason.",
+            ["model", "finish_reason"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self._upstream_errors = Counter(
+            "pd_gateway_upstream_errors",
+            "Upstream failures on the latency path, by code.",
+            ["model", "code"],
+            registry=r,
+        )
+        self._cancellations = Counter(
+            "pd_gateway_cancellations",
+            "Decodes the gateway cancelled on a node, by reason.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self._token_gap_children: dict[str, Any] = {}
+        self._pools = _PoolCollector()
+        r.register(self._pools)
+        # Several worker processes (`router.process.workers`): each scrape reads every worker's
+        # counters and histograms from the shared files, and this worker's pool gauges
+        # (the pool's state is shared, so any worker's picture is the whole one).
+        self._exposed = r
+        if shared_dir := os.environ.get(METRICS_DIR_ENV):
+            self._exposed = CollectorRegistry()
+            MultiProcessCollector(self._exposed, path=shared_dir)  # type: ignore[no-untyped-call]
+            self._exposed.register(self._pools)
+        self.gate = GateMetrics(r)
+
+    def request(self, model: str, path: str, rule: str, status: int) -> None:
+        self._requests.labels(model, path, rule, str(status)).inc()
+
+    def unsupported(self, endpoint: str) -> None:
+        self._unsupported.labels(endpoint).inc()
+
+    def flushed(self, node: str, *, clean: bool) -> None:
+        self._flushes.labels(node, "clean" if clean else "not_clean").inc()
+
+    def reroute(self, model: str, reason: str) -> None:
+        self._reroutes.labels(model, reason).inc()
+
+    def queue_wait(self, model: str, seconds: float, *, granted: bool) -> None:
+        self._queue_wait.labels(model, "granted" if granted else "rejected").observe(seconds)
+
+    def first_token(self, model: str, seconds: float) -> None:
+        self._ttft.labels(model).observe(seconds)
+
+    def token_gap(self, model: str, seconds: float, tokens: int) -> None:
+        """Per node line: the labelled child is looked up once per model, not per line."""
+        if tokens > 0:
+            child = self._token_gap_children.get(model)
+            if child is None:
+                child = self._token_gap_children[model] = self._token_gap.labels(model)
+            child.observe(seconds / tokens)
+
+    def finished(self, model: str, seconds: float, finish_reason: str) -> None:
+        self._duration.labels(model, finish_reason).observe(seconds)
+
+    def upstream_error(self, model: str, code: str) -> None:
+        self._upstream_errors.labels(model, code).inc()
+
+    def cancelled(self, model: str, reason: str) -> None:
+        self._cancellations.labels(model, reason).inc()
+
+    def render(self, pools: Mapping[str, GateSnapshot]) -> bytes:
+        """The exposition, with the pool gauges read from `pools` (model -> its snapshot)."""
+        self._pools.snapshots = pools
+        return generate_latest(self._exposed)
+
+
+class _PoolCollector(Collector):
+    """Slot occupancy, node health and queue depth, from the pools' snapshots taken for
+    this scrape (a shared pool's state can only be read asynchronously)."""
+
+    def __init__(self) -> None:
+        self.snapshots: Mapping[str, GateSnapshot] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        busy = GaugeMetricFamily(
+            "pd_gateway_pool_slot_busy",
+            "1 while a TileRT node's slot is held.",
+            labels=["model", "node"],
+        )
+        up = GaugeMetricFamily(
+            "pd_gateway_pool_node_in_service",
+            "1 while a TileRT node is in service.",
+            labels=["model", "node"],
+        )
+        waiting = GaugeMetricFamily(
+            "pd_gateway_pool_queue_depth",
+            "Requests waiting for a TileRT slot.",
+            labels=["model"],
+        )
+        for model, snapshot in self.snapshots.items():
+            for node, holder in snapshot.busy.items():
+                busy.add_metric([model, node], 0 if holder is None else 1)
+                up.add_metric([model, node], 0 if node in snapshot.out else 1)
+            waiting.add_metric([model], snapshot.waiting)
+        yield busy
+        yield up
+        yield waiting

@@ -1,0 +1,87 @@
+"""The application's routes in process: the generation endpoints (served past FastAPI's
+routing) answer failures as every route does, with the request's id, and any other method
+on their paths is named."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+
+from router.config import parse_config
+from router.errors import Overloaded
+from router.http.app import create_app
+
+MODELS = [
+    {"name": "m", "tokenizer": "deepseek", "throughput": {"mode": "proxy", "urls": ["http://p:1"]}}
+]
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+class Raising:
+    """A dispatcher that fails with `error` (the routes' only way into the paths)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.requests: list[str] = []
+
+    async def handle(self, request: Request, endpoint: Any) -> None:
+        self.requests.append(endpoint.path)
+        raise self.error
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> FastAPI:
+    return create_app(parse_config({"models": MODELS}, base_dir=tmp_path))
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        yield client
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses"])
+async def test_a_failure_the_gateway_did_not_expect_is_an_openai_500_with_the_request_id(
+    app: FastAPI, client: httpx.AsyncClient, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app.state.dispatcher = dispatcher = Raising(RuntimeError("a bug"))
+    with caplog.at_level(logging.ERROR, "pd_gateway"):
+        response = await client.post(path, json=CHAT, headers={"x-request-id": "req-7"})
+    assert dispatcher.requests == [path]
+    assert response.status_code == 500
+    assert response.json()["error"]["message"] == "internal error in the gateway"
+    assert response.headers["x-request-id"] == "req-7"
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        f"unexpected error serving {path}"
+    ]
+
+
+async def test_a_gateway_error_keeps_its_status_code_and_headers(
+    app: FastAPI, client: httpx.AsyncClient
+) -> None:
+    app.state.dispatcher = Raising(Overloaded("busy", retry_after_s=3, code="queue_full"))
+    response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "3"
+    assert response.json()["error"]["code"] == "queue_full"
+    assert len(response.headers["x-request-id"]) == 32
+
+
+async def test_another_method_on_a_generation_path_is_named_and_never_dispatched(
+    app: FastAPI, client: httpx.AsyncClient
+) -> None:
+    app.state.dispatcher = dispatcher = Raising(RuntimeError("never called"))
+    got = await client.get("/v1/chat/completions")
+    assert got.status_code == 404
+    assert got.json()["error"]["code"] == "unsupported_endpoint"
+    assert "GET /v1/chat/completions" in got.json()["error"]["message"]
+    options = await client.options("/v1/completions")
+    assert options.status_code == 405 and "error" in options.json()
+    assert dispatcher.requests == []

@@ -1,0 +1,103 @@
+"""The prober against scripted nodes: facts learned, a node of the wrong release taken out,
+an out node flushed before it is readmitted, and nothing flushed that is not claimed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+
+from router.config import GateConfig, NodeConfig, TimeoutsConfig, UpstreamsConfig
+from router.gate import make_gate
+from router.nodes.facts import NodeFactsBook
+from router.nodes.prober import _probe_out_node, admit_ready_nodes
+from router.telemetry.metrics import Metrics
+from router.upstream import Upstreams
+
+NODE = NodeConfig(host="node", http_port=5557, tilert="0.1.6")
+METRICS = Metrics()
+CAPABILITIES = {"profile": "glm5", "engine": "Stub", "capabilities": {"logprobs": True}}
+
+
+class ScriptedNode:
+    """A node's probe endpoints; records the paths asked and the decodes sent."""
+
+    def __init__(self, *, capabilities: tuple[int, Any] = (200, CAPABILITIES)) -> None:
+        self.capabilities = capabilities
+        self.status = "idle"
+        self.calls: list[str] = []
+        self.decodes: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        self.calls.append(path)
+        if path == "/capabilities":
+            status, body = self.capabilities
+            return httpx.Response(status, content=orjson.dumps(body))
+        if path == "/health":
+            return httpx.Response(200, content=b'{"status": "ok"}')
+        if path == "/decode_status":
+            return httpx.Response(200, content=orjson.dumps({"status": self.status}))
+        if path == "/pd/decode":
+            self.decodes.append(orjson.loads(request.content))
+            return httpx.Response(504, content=b'{"error": "kv_transfer_timeout"}')
+        return httpx.Response(404)
+
+
+def upstreams(node: ScriptedNode) -> Upstreams:
+    return Upstreams(
+        UpstreamsConfig(), TimeoutsConfig(connect_s=1), transport=httpx.MockTransport(node)
+    )
+
+
+async def test_start_up_learns_the_facts_and_flushes_each_node_it_owns() -> None:
+    node, facts = ScriptedNode(), NodeFactsBook()
+    gate = make_gate(GateConfig(), [NODE])
+    await admit_ready_nodes(gate, upstreams(node), facts, Metrics(), sole_user=True)
+    assert facts.features([NODE.id]) == {"logprobs"}
+    assert [d["rid"].startswith("pdgwflush") for d in node.decodes] == [True]
+    assert node.decodes[0]["max_tokens"] == 1 and node.decodes[0]["stream"] is False
+    assert (await gate.snapshot()).out == {}
+
+
+async def test_a_shared_pool_is_not_flushed_at_start_up() -> None:
+    node = ScriptedNode()
+    gate = make_gate(GateConfig(), [NODE])
+    await admit_ready_nodes(gate, upstreams(node), NodeFactsBook(), Metrics(), sole_user=False)
+    assert node.decodes == []
+
+
+async def test_a_node_of_another_release_is_taken_out_with_the_reason() -> None:
+    node, facts = ScriptedNode(capabilities=(404, {"detail": "Not Found"})), NodeFactsBook()
+    gate = make_gate(GateConfig(), [NODE])
+    await admit_ready_nodes(gate, upstreams(node), facts, Metrics(), sole_user=True)
+    assert (await gate.snapshot()).out == {
+        NODE.id: "tilert_version_mismatch: node runs 0.1.5, pool is 0.1.6"
+    }
+    assert node.decodes == [] and facts.get(NODE.id) is None
+    await _probe_out_node(gate, upstreams(node), facts, METRICS, NODE)  # still 0.1.5: stays out
+    assert NODE.id in (await gate.snapshot()).out
+
+
+async def test_an_out_node_is_flushed_then_readmitted_once_idle() -> None:
+    node, facts = ScriptedNode(), NodeFactsBook()
+    gate = make_gate(GateConfig(node_cooldown_s=0), [NODE])
+    await gate.take_out(NODE.id, "decode_unfinished")
+    node.status = "busy"
+    await _probe_out_node(gate, upstreams(node), facts, METRICS, NODE)
+    assert node.decodes == [] and NODE.id in (await gate.snapshot()).out  # busy: not touched
+    node.status = "idle"
+    metrics = Metrics()
+    await _probe_out_node(gate, upstreams(node), facts, metrics, NODE)
+    assert len(node.decodes) == 1
+    assert (await gate.snapshot()).out == {}
+    flushes = {"node": NODE.id, "outcome": "clean"}
+    assert metrics.registry.get_sample_value("pd_gateway_node_flushes_total", flushes) == 1
+
+
+async def test_a_node_in_service_is_never_flushed_by_the_prober() -> None:
+    node = ScriptedNode()
+    gate = make_gate(GateConfig(), [NODE])
+    await _probe_out_node(gate, upstreams(node), NodeFactsBook(), METRICS, NODE)
+    assert node.decodes == []
