@@ -315,6 +315,7 @@ def _check(args: argparse.Namespace) -> int:
 async def _probe_nodes(config: GatewayConfig) -> int:
     """`check --probe`: every TileRT node's release and features, one line each; 1 if a node
     cannot be reached or runs another release than its pool."""
+    from router.node import Node
     from router.upstream import Upstreams, tilert
 
     failed = 0
@@ -322,10 +323,9 @@ async def _probe_nodes(config: GatewayConfig) -> int:
     try:
         for model in config.models:
             for pool in model.latency.pools if model.latency is not None else []:
-                found = await asyncio.gather(
-                    *(tilert.node_facts(upstreams, node) for node in pool.nodes)
-                )
-                for node, facts in zip(pool.nodes, found, strict=True):
+                nodes = [Node.of_pool(pool, node) for node in pool.nodes]
+                found = await asyncio.gather(*(tilert.node_facts(upstreams, n) for n in nodes))
+                for node, facts in zip(nodes, found, strict=True):
                     where = f"node {node.id} (model {model.name}, pool {pool.name})"
                     if facts is None:
                         print(f"error: {where}: cannot reach {node.url}", file=sys.stderr)

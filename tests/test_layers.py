@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {"telemetry"},
     {"gate", "upstream", "openai", "tokens", "selection"},
     {"text"},
+    {"node"},
     {"config"},
     {"parsers"},
     {"errors", "version"},

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from router.config import GateConfig, NodeConfig
+from router.config import GateConfig
 from router.gate.base import Gate, GateRejected, GateSnapshot, Lease, PoolAdmin, SlotGate
 from router.gate.health import NodeFailure, failure_for
 from router.gate.memory import MemoryGate
 from router.gate.metrics import GateMetrics
 from router.gate.redis import make_redis_gate
+from router.node import Node
 
 __all__ = [
     "Gate",
@@ -24,7 +25,7 @@ __all__ = [
 
 def make_gate(
     config: GateConfig,
-    nodes: list[NodeConfig],
+    nodes: list[Node],
     metrics: GateMetrics | None = None,
     *,
     pool_id: str = "",

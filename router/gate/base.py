@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from router.config import NodeConfig
 from router.gate.health import NodeFailure
+from router.node import Node
 
 RejectReason = Literal[
     "queue_full", "wait_timeout", "pool_saturated", "no_node", "gate_unavailable"
@@ -33,7 +33,7 @@ class Lease(Protocol):
     """One held slot. `release` is idempotent and must be called on every path."""
 
     @property
-    def node(self) -> NodeConfig: ...
+    def node(self) -> Node: ...
 
     @property
     def released(self) -> bool: ...
@@ -84,9 +84,9 @@ class PoolAdmin(Protocol):
 
     async def snapshot(self) -> GateSnapshot: ...
 
-    async def nodes(self) -> list[NodeConfig]: ...
+    async def nodes(self) -> list[Node]: ...
 
-    async def due_for_probe(self) -> list[NodeConfig]:
+    async def due_for_probe(self) -> list[Node]:
         """Nodes out of service long enough to be probed."""
         ...
 
@@ -111,7 +111,7 @@ class PoolAdmin(Protocol):
 
     async def undrain(self, node_id: str) -> bool: ...
 
-    async def set_nodes(self, nodes: list[NodeConfig]) -> None:
+    async def set_nodes(self, nodes: list[Node]) -> None:
         """A reload: nodes new to the pool join at once; nodes no longer in it finish their
         current request, take no more, and leave; a node whose settings changed keeps its
         state."""

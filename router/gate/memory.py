@@ -14,17 +14,17 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from router.config import NodeConfig
 from router.gate.base import GateRejected, GateSnapshot
 from router.gate.health import NodeFailure, NodeHealth
 from router.gate.hold_times import HoldTimeEstimator
 from router.gate.metrics import GateMetrics
+from router.node import Node
 
 
 @dataclass(order=True, slots=True)
 class _Waiter:
     key: tuple[int, int]  # (-priority, arrival): heap order is service order
-    future: asyncio.Future[NodeConfig] = field(compare=False)
+    future: asyncio.Future[Node] = field(compare=False)
     holder: str = field(compare=False)
     active: bool = field(default=True, compare=False)
 
@@ -32,7 +32,7 @@ class _Waiter:
 class MemoryLease:
     __slots__ = ("_acquired_at", "_gate", "_node", "_released", "holder")
 
-    def __init__(self, gate: MemoryGate, node: NodeConfig, holder: str) -> None:
+    def __init__(self, gate: MemoryGate, node: Node, holder: str) -> None:
         self._gate = gate
         self._node = node
         self._acquired_at = time.monotonic()
@@ -40,7 +40,7 @@ class MemoryLease:
         self.holder = holder
 
     @property
-    def node(self) -> NodeConfig:
+    def node(self) -> Node:
         return self._node
 
     @property
@@ -63,7 +63,7 @@ class MemoryLease:
 class MemoryGate:
     def __init__(
         self,
-        nodes: list[NodeConfig],
+        nodes: list[Node],
         *,
         max_queue: int,
         failure_threshold: int = 3,
@@ -75,7 +75,7 @@ class MemoryGate:
         self._health = NodeHealth(
             (n.id for n in nodes), threshold=failure_threshold, cooldown_s=cooldown_s
         )
-        self._free: deque[NodeConfig] = deque(nodes)
+        self._free: deque[Node] = deque(nodes)
         self._holders: dict[str, str | None] = {n.id: None for n in nodes}
         self._waiters: list[_Waiter] = []
         self._waiting = 0
@@ -136,11 +136,11 @@ class MemoryGate:
             retry_after_s=self._retry_after_s(),
         )
 
-    async def due_for_probe(self) -> list[NodeConfig]:
+    async def due_for_probe(self) -> list[Node]:
         due = set(self._health.due_for_probe())
         return [n for n in self._nodes if n.id in due]
 
-    async def nodes(self) -> list[NodeConfig]:
+    async def nodes(self) -> list[Node]:
         return list(self._nodes)
 
     async def take_out(self, node_id: str, reason: str) -> None:
@@ -173,7 +173,7 @@ class MemoryGate:
             self._back_in_service(node_id)
         return True
 
-    async def set_nodes(self, nodes: list[NodeConfig]) -> None:
+    async def set_nodes(self, nodes: list[Node]) -> None:
         wanted = {n.id: n for n in nodes}
         for node in nodes:
             known = next((i for i, n in enumerate(self._nodes) if n.id == node.id), None)
@@ -216,7 +216,7 @@ class MemoryGate:
                 self._waiting -= 1
                 waiter.future.cancel()
 
-    def _grant(self, node: NodeConfig, holder: str) -> MemoryLease:
+    def _grant(self, node: Node, holder: str) -> MemoryLease:
         self._metrics.granted("memory")
         self._holders[node.id] = holder
         self._held_since[node.id] = time.monotonic()
@@ -244,7 +244,7 @@ class MemoryGate:
             self._pass_on(node)
 
     def _release(
-        self, node: NodeConfig, held_s: float, failure: NodeFailure | None, *, judged: bool
+        self, node: Node, held_s: float, failure: NodeFailure | None, *, judged: bool
     ) -> None:
         self._hold_times.observe(held_s)
         self._holders[node.id] = None
@@ -253,7 +253,7 @@ class MemoryGate:
             self._health.record(node.id, failure)
         self._pass_on(node)
 
-    def _pass_on(self, node: NodeConfig) -> None:
+    def _pass_on(self, node: Node) -> None:
         """A node just let go: to the next waiter if it is in service."""
         if node.id in self._leaving:
             self._forget(node.id)
@@ -276,7 +276,7 @@ class MemoryGate:
         self._waiters.clear()
         self._stale = 0
 
-    def _hand_over(self, node: NodeConfig) -> None:
+    def _hand_over(self, node: Node) -> None:
         while self._waiters:
             waiter = heapq.heappop(self._waiters)
             if not waiter.active:

@@ -13,8 +13,9 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 
-from router.config import DiscoveryConfig, LatencyConfig, NodeConfig
+from router.config import DiscoveryConfig, LatencyConfig
 from router.gate.base import PoolAdmin
+from router.node import Node, configured_nodes
 from router.nodes.facts import NodeFactsBook
 
 log = logging.getLogger("pd_gateway.discovery")
@@ -51,18 +52,18 @@ class Discovery:
         self.pool = pool
         self._facts = facts
         self._resolve = resolve
-        self._found: dict[str, list[NodeConfig]] = {}  # pool name -> nodes found by DNS
+        self._found: dict[str, list[Node]] = {}  # pool name -> nodes found by DNS
 
-    def found(self) -> list[NodeConfig]:
+    def found(self) -> list[Node]:
         """The nodes DNS gave for the pools that still discover."""
         latency = self._latency()
         pools = latency.pools if latency is not None else []
         return [node for p in pools if p.discover for node in self._found.get(p.name, [])]
 
-    def nodes(self) -> list[NodeConfig]:
+    def nodes(self) -> list[Node]:
         """Every node of the model's pools: listed, then found."""
         latency = self._latency()
-        listed = latency.nodes if latency is not None else []
+        listed = configured_nodes(latency) if latency is not None else []
         seen = {n.id for n in listed}
         return [*listed, *(n for n in self.found() if n.id not in seen)]
 
@@ -77,12 +78,12 @@ class Discovery:
             if found is None:
                 continue
             nodes = [
-                pool.member(
-                    NodeConfig(
-                        host=address,
-                        ctrl_port=pool.discover.ctrl_port,
-                        http_port=pool.discover.http_port,
-                    )
+                Node(
+                    host=address,
+                    ctrl_port=pool.discover.ctrl_port,
+                    http_port=pool.discover.http_port,
+                    tilert=pool.tilert,
+                    pool=pool.name,
                 )
                 for address in found
             ]

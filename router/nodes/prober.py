@@ -9,8 +9,8 @@ import asyncio
 import logging
 import time
 
-from router.config import NodeConfig
 from router.gate.base import PoolAdmin
+from router.node import Node
 from router.nodes.facts import NodeFactsBook
 from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams, tilert
@@ -48,9 +48,7 @@ async def probe_forever(
             log.exception("probing the nodes failed")
 
 
-async def learn(
-    pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, node: NodeConfig
-) -> bool:
+async def learn(pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, node: Node) -> bool:
     """Ask the node for its release and features; False (and the node taken out) if its
     release is not its pool's. An unreachable node keeps what was known of it."""
     found = await tilert.node_facts(upstreams, node)
@@ -67,7 +65,7 @@ async def learn(
 
 
 async def _probe_out_node(
-    pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, metrics: Metrics, node: NodeConfig
+    pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, metrics: Metrics, node: Node
 ) -> None:
     if not await learn(pool, upstreams, facts, node):
         return
@@ -78,7 +76,7 @@ async def _probe_out_node(
         await pool.readmit(node.id)
 
 
-async def flushed_and_ready(upstreams: Upstreams, metrics: Metrics, node: NodeConfig) -> bool:
+async def flushed_and_ready(upstreams: Upstreams, metrics: Metrics, node: Node) -> bool:
     """Healthy, flushed of any orphaned transfer, and idle."""
     if not await tilert.is_ready(upstreams, node):
         return False
@@ -102,7 +100,7 @@ async def admit_ready_nodes(
     the nodes, and orphans are found by their expired leases instead."""
     nodes = await pool.nodes()
 
-    async def admit(node: NodeConfig) -> None:
+    async def admit(node: Node) -> None:
         if not await learn(pool, upstreams, facts, node):
             return
         if sole_user:

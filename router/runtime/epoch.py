@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from router.classify import Classifier
-from router.config import ConfigError, GatewayConfig, ModelConfig, NodeConfig, compile_rules
+from router.config import ConfigError, GatewayConfig, ModelConfig, compile_rules
 from router.gate import Gate
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
+from router.node import Node, configured_nodes
 from router.runtime.auth import Keys
 from router.runtime.models import ModelRuntime, build_model
 from router.tokens.prompt_tokens import PromptCounter
@@ -57,7 +58,7 @@ async def build_epoch(
     previous: ConfigEpoch | None = None,
     *,
     keys: Keys | None = None,
-    found: Callable[[str], list[NodeConfig]] = lambda model: [],
+    found: Callable[[str], list[Node]] = lambda model: [],
 ) -> tuple[ConfigEpoch, Changes]:
     """Raises ConfigError (before any pool is touched) when `config` cannot be used.
     `keys`: already loaded from `config` (else loaded here); `found`: the nodes discovery
@@ -82,9 +83,9 @@ async def build_epoch(
                 continue
         gate = before.gate if before is not None and model.latency is not None else None
         if gate is not None and model.latency is not None:
-            listed = {n.id for n in model.latency.nodes}
-            extra = [n for n in found(model.name) if n.id not in listed]
-            await gate.set_nodes([*model.latency.nodes, *extra])
+            listed = configured_nodes(model.latency)
+            ids = {n.id for n in listed}
+            await gate.set_nodes([*listed, *(n for n in found(model.name) if n.id not in ids)])
         runtime = build_model(
             model,
             tokenizer=tokenizer,

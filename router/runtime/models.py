@@ -14,6 +14,7 @@ from router.gate import Gate, make_gate
 from router.latency.path import LatencyPath
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
+from router.node import configured_nodes
 from router.serving import Fallback, ServePath
 from router.throughput import make_throughput_path
 from router.tokens.prompt_tokens import PromptCounter
@@ -62,7 +63,12 @@ def build_model(
             config.latency,
             output_parser=config.output_parser,
             gate=gate
-            or make_gate(gate_config, config.latency.nodes, deps.metrics.gate, pool_id=config.name),
+            or make_gate(
+                gate_config,
+                configured_nodes(config.latency),
+                deps.metrics.gate,
+                pool_id=config.name,
+            ),
             tokenizer=tokenizer,
             deps=deps,
             default_wait_ms=gate_config.max_queue_wait_ms,

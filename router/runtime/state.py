@@ -14,9 +14,10 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from router.config import GatewayConfig, LatencyConfig, NodeConfig, load_config
+from router.config import GatewayConfig, LatencyConfig, load_config
 from router.gate import Gate, GateSnapshot
 from router.latency.protocol import LatencyDeps
+from router.node import Node, configured_nodes
 from router.nodes.discovery import Discovery
 from router.nodes.facts import NodeFactsBook
 from router.nodes.prober import admit_ready_nodes, probe_forever
@@ -102,7 +103,7 @@ class AppState:
             freeze_heap()  # the new models' objects too, and the old ones collected
             return changes.models
 
-    def _found(self, model: str) -> list[NodeConfig]:
+    def _found(self, model: str) -> list[Node]:
         """The nodes DNS gave the model's pools (none without discovery)."""
         discovery = self._discoveries.get(model)
         return discovery[0].found() if discovery is not None else []
@@ -160,7 +161,8 @@ class AppState:
         """Each node of the model's pool: the TileRT release its pool expects, and what the
         node last reported (nothing yet: it has not answered, or runs another release)."""
         runtime = self.epoch.models[model]
-        nodes = runtime.config.latency.nodes if runtime.config.latency is not None else []
+        latency = runtime.config.latency
+        nodes = configured_nodes(latency) if latency is not None else []
         if model in self._discoveries:
             nodes = self._discoveries[model][0].nodes()
         out: dict[str, dict[str, Any]] = {}

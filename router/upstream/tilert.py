@@ -18,8 +18,9 @@ from typing import Any
 
 import orjson
 
-from router.config import NodeConfig, TileRTVersion
+from router.config import TileRTVersion
 from router.errors import DecodeError, NodeRefused, UpstreamError
+from router.node import Node
 from router.upstream.client import Reply, Upstreams
 from router.upstream.failures import Target
 
@@ -191,7 +192,7 @@ def _bad_line(raw: bytes) -> DecodeError:
 
 
 async def open_decode(
-    upstreams: Upstreams, node: NodeConfig, body: dict[str, Any], *, stall_s: float
+    upstreams: Upstreams, node: Node, body: dict[str, Any], *, stall_s: float
 ) -> DecodeStream:
     """POST /pd/decode (stream) and wait for the node's answer, at most the transfer timeout."""
     reply = await upstreams.open(
@@ -247,7 +248,7 @@ def _refusal(status: int, detail: dict[str, Any]) -> DecodeError:
 
 
 async def consume_transfer(
-    upstreams: Upstreams, node: NodeConfig, *, rid: str, first_token_id: int, timeout_s: float
+    upstreams: Upstreams, node: Node, *, rid: str, first_token_id: int, timeout_s: float
 ) -> None:
     """Consume a claimed transfer nobody will read (the client has gone): decode one token."""
     try:
@@ -263,7 +264,7 @@ async def consume_transfer(
 
 
 async def _one_token(
-    upstreams: Upstreams, node: NodeConfig, *, rid: str, first_token_id: int, timeout_s: float
+    upstreams: Upstreams, node: Node, *, rid: str, first_token_id: int, timeout_s: float
 ) -> Reply:
     """A one-token, non-streamed decode of `rid`'s transfer, waited for at most `timeout_s`
     (a 0.1.6 node that refuses first drains for up to 30 s more)."""
@@ -280,7 +281,7 @@ async def _one_token(
     )
 
 
-async def cancel(upstreams: Upstreams, node: NodeConfig, rid: str) -> bool:
+async def cancel(upstreams: Upstreams, node: Node, rid: str) -> bool:
     """POST /pd/cancel; True if the node knew the rid."""
     try:
         reply = await upstreams.call(
@@ -318,7 +319,7 @@ FLUSH_WAIT_S = 1.0
 """How long a flush's decode waits for a transfer that is not coming."""
 
 
-async def flush(upstreams: Upstreams, node: NodeConfig, *, idle_within_s: float) -> bool:
+async def flush(upstreams: Upstreams, node: Node, *, idle_within_s: float) -> bool:
     """Clear any transfer the node holds that no request will consume (an orphan: a gateway
     that died between prefill and decode, a consume that never arrived), then True once
     the node is idle. Only while nobody may use the node (it is held or out of service).
@@ -357,7 +358,7 @@ FEATURES = ("penalties", "ignore_eos", "logprobs", "grammar")
 which refuse grammars (absent means unsupported)."""
 
 
-async def node_facts(upstreams: Upstreams, node: NodeConfig) -> NodeFacts | None:
+async def node_facts(upstreams: Upstreams, node: Node) -> NodeFacts | None:
     """`GET /capabilities`: 0.1.6 with its features, 404 means 0.1.5; None if unreachable."""
     reply = await _probe(upstreams, node, "/capabilities")
     if reply is None:
@@ -376,7 +377,7 @@ async def node_facts(upstreams: Upstreams, node: NodeConfig) -> NodeFacts | None
     return NodeFacts("0.1.6", features, engine if isinstance(engine, str) else None)
 
 
-async def _probe(upstreams: Upstreams, node: NodeConfig, path: str) -> Reply | None:
+async def _probe(upstreams: Upstreams, node: Node, path: str) -> Reply | None:
     try:
         return await upstreams.call(
             NODE, "GET", node.url, path, read_s=upstreams.timeouts.connect_s
@@ -385,7 +386,7 @@ async def _probe(upstreams: Upstreams, node: NodeConfig, path: str) -> Reply | N
         return None
 
 
-async def is_idle(upstreams: Upstreams, node: NodeConfig) -> bool:
+async def is_idle(upstreams: Upstreams, node: Node) -> bool:
     """/decode_status says idle (its lock is free)."""
     reply = await _probe(upstreams, node, "/decode_status")
     if reply is None or reply.status != 200:
@@ -394,14 +395,14 @@ async def is_idle(upstreams: Upstreams, node: NodeConfig) -> bool:
     return isinstance(status, dict) and status.get("status") == "idle"
 
 
-async def is_ready(upstreams: Upstreams, node: NodeConfig) -> bool:
+async def is_ready(upstreams: Upstreams, node: Node) -> bool:
     """Healthy (`/health` answers 200) and idle."""
     health = await _probe(upstreams, node, "/health")
     return health is not None and health.status == 200 and await is_idle(upstreams, node)
 
 
 async def wait_idle(
-    upstreams: Upstreams, node: NodeConfig, *, limit_s: float, every_s: float = 0.1
+    upstreams: Upstreams, node: Node, *, limit_s: float, every_s: float = 0.1
 ) -> bool:
     """Poll /decode_status until the node is idle; False if it is not within `limit_s`."""
     try:

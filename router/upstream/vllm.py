@@ -14,8 +14,9 @@ from types import MappingProxyType
 from typing import Any
 
 from policies.types import Endpoint
-from router.config import NodeConfig, PrefillEngineConfig
+from router.config import PrefillEngineConfig
 from router.errors import PrefillError
+from router.node import Node
 from router.upstream.client import Upstreams
 from router.upstream.failures import Target
 
@@ -80,7 +81,7 @@ def prefill_body(
     return out
 
 
-def tilert_params(node: NodeConfig) -> dict[str, Any]:
+def tilert_params(node: Node) -> dict[str, Any]:
     """Where the TileRT connector pushes the prompt's KV state (§1.1)."""
     return {"tilert_host": node.host, "tilert_ctrl_port": node.ctrl_port}
 

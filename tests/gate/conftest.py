@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
-from router.config import GateConfig, NodeConfig, RedisGateConfig
+from router.config import GateConfig, RedisGateConfig
 from router.gate import Gate, make_gate
+from router.node import Node
 from tests.gate.redis_server import RedisServer, running_redis
 
 MakeGate = Callable[..., Gate]
@@ -25,8 +26,8 @@ BACKENDS = [pytest.param("memory"), pytest.param("redis", marks=pytest.mark.e2e)
 SUITE_POLL_S = 30.0
 
 
-def nodes(n: int) -> list[NodeConfig]:
-    return [NodeConfig(host="127.0.0.1", http_port=6000 + i, ctrl_port=7000 + i) for i in range(n)]
+def nodes(n: int) -> list[Node]:
+    return [Node(host="127.0.0.1", http_port=6000 + i, ctrl_port=7000 + i) for i in range(n)]
 
 
 async def eventually(
@@ -82,7 +83,7 @@ async def gate_of(request: pytest.FixtureRequest, key_prefix: str) -> AsyncItera
     built: list[Gate] = []
 
     def build(
-        node_list: list[NodeConfig],
+        node_list: list[Node],
         *,
         max_queue: int,
         failure_threshold: int = 3,

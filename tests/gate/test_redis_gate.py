@@ -16,9 +16,10 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from router.config import GateConfig, NodeConfig, RedisGateConfig
+from router.config import GateConfig, RedisGateConfig
 from router.gate import GateRejected, make_gate
 from router.gate.redis import GateUnavailable, RedisGate, RedisLease
+from router.node import Node
 from tests.gate.conftest import eventually, nodes, waiting
 from tests.gate.partition import PartitionableLink
 from tests.gate.redis_server import RedisServer
@@ -33,7 +34,7 @@ Replica = Callable[..., RedisGate]
 
 def replicas_on(url: str, prefix: str, built: list[RedisGate]) -> Replica:
     def build(
-        node_list: list[NodeConfig], *, max_queue: int = 64, pool_id: str = "", **settings: float
+        node_list: list[Node], *, max_queue: int = 64, pool_id: str = "", **settings: float
     ) -> RedisGate:
         config = GateConfig(
             backend="redis",
@@ -421,7 +422,7 @@ async def test_a_node_another_replica_found_is_granted_with_its_settings(
 ) -> None:
     """Discovery gave one replica a node the other has not found yet: the queue they share
     may hand it to the other, which reads the node's settings from the pool's registry."""
-    listed, found = nodes(1), nodes(2)[1].model_copy(update={"tilert": "0.1.5", "pool": "p"})
+    listed, found = nodes(1), dataclasses.replace(nodes(2)[1], tilert="0.1.5", pool="p")
     a, b = replica(listed, pool_id="m"), replica(listed, pool_id="m")
     await a.set_nodes([*listed, found])
     first = await a.acquire(priority=0, wait_s=1, holder="first")

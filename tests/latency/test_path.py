@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from router.config import LatencyConfig, NodeConfig, TimeoutsConfig, UpstreamsConfig
+from router.config import LatencyConfig, TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.latency.path import LatencyPath
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
+from router.node import Node
 from router.nodes.facts import NodeFactsBook
 from router.telemetry.metrics import Metrics
 from router.tokens.tokenizer import load_tokenizer
@@ -25,7 +26,7 @@ CONFIG = LatencyConfig.model_validate(
 
 
 class Lease:
-    def __init__(self, node: NodeConfig) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         self.released: list[bool] = []
 
@@ -44,7 +45,7 @@ class Gate:
 
 
 async def test_a_node_of_a_release_without_prefill_servers_is_given_back() -> None:
-    lease = Lease(NodeConfig(host="new", tilert="0.1.5"))
+    lease = Lease(Node(host="new", tilert="0.1.5"))
     upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
     deps = LatencyDeps(
         upstreams=upstreams,

@@ -5,6 +5,7 @@ with the right verdict on the node's health."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,11 +14,12 @@ import httpx
 import orjson
 import pytest
 
-from router.config import NodeConfig, TimeoutsConfig, UpstreamsConfig
+from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import DecodeError, NodeRefused, PrefillError
 from router.gate import NodeFailure
 from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.sampling import SamplingDefaults, decode_options
+from router.node import Node
 from router.nodes.facts import NodeFactsBook
 from router.serving import RoutedRequest
 from router.telemetry.metrics import Metrics
@@ -26,7 +28,7 @@ from router.upstream.tilert import DoneLine, NodeFacts, TokenLine
 from router.upstream.vllm import Prefilled
 from tests.throughput.support import routed
 
-NODE = NodeConfig(host="node", ctrl_port=5556, http_port=5557)
+NODE = Node(host="node", ctrl_port=5556, http_port=5557)
 PREFILL_URL = "http://prefill:8000"
 TIMEOUTS = TimeoutsConfig(connect_s=1, kv_transfer_s=0.5, decode_stall_s=0.5, cancel_s=0.5)
 Handler = Callable[[httpx.Request], Coroutine[Any, Any, httpx.Response]]
@@ -502,7 +504,7 @@ async def test_a_transfer_timeout_on_a_0_1_5_node_takes_it_out_to_be_flushed(
 ) -> None:
     """0.1.5 admits a transfer that arrives after its 504: an orphan. 0.1.6 refuses it."""
     r = run(Node(decode=json_reply({"error": "kv_transfer_timeout"}, 504)))
-    r.lease.node = NODE.model_copy(update={"tilert": version})
+    r.lease.node = dataclasses.replace(NODE, tilert=version)
     with pytest.raises(DecodeError):
         await r.start(request(), max_seq_len=100)
     assert await r.finished() == (NodeFailure("kv_transfer_timeout", hard=hard), True)

@@ -8,14 +8,15 @@ from typing import Any
 import httpx
 import orjson
 
-from router.config import GateConfig, NodeConfig, TimeoutsConfig, UpstreamsConfig
+from router.config import GateConfig, TimeoutsConfig, UpstreamsConfig
 from router.gate import make_gate
+from router.node import Node
 from router.nodes.facts import NodeFactsBook
 from router.nodes.prober import _probe_out_node, admit_ready_nodes
 from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams
 
-NODE = NodeConfig(host="node", http_port=5557, tilert="0.1.6")
+NODE = Node(host="node", http_port=5557, tilert="0.1.6")
 METRICS = Metrics()
 CAPABILITIES = {"profile": "glm5", "engine": "Stub", "capabilities": {"logprobs": True}}
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import trustme
 
-from router.config import NodeConfig, TimeoutsConfig, UpstreamsConfig
+from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
+from router.node import Node
 from router.upstream import Upstreams
 from router.upstream import tilert as node_api
 from router.upstream.failures import Target
@@ -200,7 +201,7 @@ async def test_a_decode_stream_arrives_line_by_line() -> None:
 
     async with serving(handler) as (url, _):
         upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
-        node = NodeConfig(host="127.0.0.1", http_port=int(url.rsplit(":", 1)[1]))
+        node = Node(host="127.0.0.1", http_port=int(url.rsplit(":", 1)[1]))
         body = node_api.decode_body(
             rid="r", first_token_id=1, max_tokens=3, sampling=None, timeout_s=1
         )

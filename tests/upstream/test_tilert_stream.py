@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from router.config import NodeConfig, TimeoutsConfig, UpstreamsConfig
+from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import DecodeError
+from router.node import Node
 from router.upstream import Upstreams
 from router.upstream import tilert as node_api
 
-NODE = NodeConfig(host="node", http_port=5557)
+NODE = Node(host="node", http_port=5557)
 Opener = Callable[
     [list[bytes], dict[int, asyncio.Event], float],
     Awaitable[tuple[Upstreams, node_api.DecodeStream]],
@@ -60,7 +61,7 @@ async def open_stream(network: bool) -> AsyncIterator[Opener]:
                 _answering(Lines(lines, gates), writers), "127.0.0.1", 0
             )
             servers.append(server)
-            node = NodeConfig(host="127.0.0.1", http_port=server.sockets[0].getsockname()[1])
+            node = Node(host="127.0.0.1", http_port=server.sockets[0].getsockname()[1])
             http = Upstreams(UpstreamsConfig(), TimeoutsConfig())
         else:
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from router.config import NodeConfig
 from router.errors import PrefillError
+from router.node import Node
 from router.upstream.vllm import parse_prefilled, tilert_params
 from router.upstream.vllm import prefill_body as vllm_prefill_body
 
 
-def prefill_body(body: dict, *, chat: bool, node: NodeConfig) -> dict:
+def prefill_body(body: dict, *, chat: bool, node: Node) -> dict:
     endpoint = "chat" if chat else "completions"
     return vllm_prefill_body(body, tilert_params(node), first_token_of=endpoint)
 
@@ -19,7 +19,7 @@ def parse_prefill_response(data: object, *, chat: bool):
     return parse_prefilled(data, "chat" if chat else "completions")
 
 
-NODE = NodeConfig(host="10.1.2.3", ctrl_port=5556, http_port=5557)
+NODE = Node(host="10.1.2.3", ctrl_port=5556, http_port=5557)
 
 
 def test_chat_body_changes_only_what_the_protocol_lists() -> None:

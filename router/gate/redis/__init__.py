@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from router.config import ConfigError, GateConfig, NodeConfig, RedisGateConfig, read_secret
+from router.config import ConfigError, GateConfig, RedisGateConfig, read_secret
 from router.gate.metrics import GateMetrics
 from router.gate.redis.gate import GateUnavailable, RedisGate
 from router.gate.redis.lease import RedisLease
+from router.node import Node
 
 __all__ = ["GateUnavailable", "RedisGate", "RedisLease", "make_redis_gate", "redis_password"]
 
@@ -25,7 +26,7 @@ def redis_password(config: RedisGateConfig) -> str | None:
 
 def make_redis_gate(
     config: GateConfig,
-    nodes: list[NodeConfig],
+    nodes: list[Node],
     metrics: GateMetrics | None = None,
     *,
     pool_id: str = "",

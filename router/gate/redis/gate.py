@@ -23,13 +23,14 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+import orjson
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
-from router.config import NodeConfig, RedisGateConfig
+from router.config import RedisGateConfig
 from router.errors import GatewayError
 from router.gate.base import GateRejected, GateSnapshot, RejectReason
 from router.gate.health import NodeFailure
@@ -38,6 +39,7 @@ from router.gate.redis.lease import Grant, RedisLease
 from router.gate.redis.picture import Picture
 from router.gate.redis.scripts import SCRIPTS
 from router.gate.redis.wakeups import WakeUps
+from router.node import Node
 
 log = logging.getLogger("pd_gateway.gate")
 
@@ -60,7 +62,7 @@ class GateUnavailable(GatewayError):
 class RedisGate:
     def __init__(
         self,
-        nodes: list[NodeConfig],
+        nodes: list[Node],
         *,
         config: RedisGateConfig,
         password: str | None,
@@ -72,7 +74,7 @@ class RedisGate:
     ) -> None:
         self._metrics = metrics or GateMetrics()
         self._nodes = {n.id: n for n in nodes}  # the pool, in grant order
-        self._leaving: dict[str, NodeConfig] = {}  # removed by a reload, maybe still held
+        self._leaving: dict[str, Node] = {}  # removed by a reload, maybe still held
         self._known = dict(self._nodes)  # every node this gate may still hold a lease on
         self._config = config
         self._max_queue = max_queue
@@ -177,10 +179,10 @@ class RedisGate:
             )
         return picture.snapshot()
 
-    async def nodes(self) -> list[NodeConfig]:
+    async def nodes(self) -> list[Node]:
         return list(self._nodes.values())
 
-    async def due_for_probe(self) -> list[NodeConfig]:
+    async def due_for_probe(self) -> list[Node]:
         try:
             picture = await self._picture()
         except UNAVAILABLE as exc:
@@ -211,7 +213,7 @@ class RedisGate:
     async def undrain(self, node_id: str) -> bool:
         return await self._change(node_id, "undrain", strict=True)
 
-    async def set_nodes(self, nodes: list[NodeConfig]) -> None:
+    async def set_nodes(self, nodes: list[Node]) -> None:
         """This replica's pool changes (other replicas change theirs on their own reload):
         a new node serves the queue at once; a removed one is no longer granted and leaves
         the snapshot once free. A node's shared state (lease, health) is kept throughout."""
@@ -314,7 +316,7 @@ class RedisGate:
             raw = await self._redis.hget(self._nodes_key, node_id)
             if raw is None:
                 raise GateRejected("no_node", await self.retry_after_s())
-            node = self._known[node_id] = NodeConfig.model_validate_json(raw)
+            node = self._known[node_id] = Node(**orjson.loads(raw))
         lease = RedisLease(
             Grant(node, owner, holder, int(reply[2])),
             valid_until=time.monotonic() + self._config.lease_ttl_s - self._config.socket_timeout_s,
@@ -398,15 +400,13 @@ class RedisGate:
                 async with asyncio.timeout(self._config.socket_timeout_s):
                     await self._waiters.subscribed.wait()
 
-    async def _publish_nodes(self, nodes: list[NodeConfig]) -> None:
+    async def _publish_nodes(self, nodes: list[Node]) -> None:
         """Every replica may grant any node of the pool to any other: each one's settings
         are kept where all can read them."""
         if not nodes:
             return
         try:
-            await self._redis.hset(
-                self._nodes_key, mapping={n.id: n.model_dump_json() for n in nodes}
-            )
+            await self._redis.hset(self._nodes_key, mapping={n.id: orjson.dumps(n) for n in nodes})
         except UNAVAILABLE as exc:
             log.warning("could not share this pool's node settings: %s", exc)
 

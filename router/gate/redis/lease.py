@@ -7,13 +7,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from router.config import NodeConfig
 from router.gate.health import NodeFailure
+from router.node import Node
 
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    node: NodeConfig
+    node: Node
     owner: str  # <replica>|<n>: the replica and the acquire that holds the node
     holder: str
     token: int  # fencing: grows with every grant of the node
@@ -40,7 +40,7 @@ class RedisLease:
         self._lost = False
 
     @property
-    def node(self) -> NodeConfig:
+    def node(self) -> Node:
         return self.grant.node
 
     @property
