@@ -176,8 +176,8 @@ def _schema(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from router.bench import BenchOptions, run_bench
-    from router.bench.options import quick
+    from bench import BenchOptions, run_bench
+    from bench.options import quick
 
     options = quick(BenchOptions()) if args.quick else BenchOptions()
     given = {
@@ -207,7 +207,7 @@ def _bench(args: argparse.Namespace) -> int:
     if options.tokens < 8:
         raise UsageError("--tokens: at least 8, so that every stream has several chunks")
     if options.readme is not None:  # before minutes of measuring, not after
-        from router.bench.report import NoPlaceInReadme, embedded
+        from bench.report import NoPlaceInReadme, embedded
 
         try:
             embedded(options.readme.read_text(encoding="utf-8"), "")

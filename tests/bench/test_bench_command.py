@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from router.bench.report import README_END, README_START
+from bench.report import README_END, README_START
 
 pytestmark = pytest.mark.e2e
 

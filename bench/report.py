@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.bench.scenarios import DIRECT, GATEWAY, PULL_GATEWAY, VLLM_ROUTER, workers_label
+from bench.scenarios import DIRECT, GATEWAY, PULL_GATEWAY, VLLM_ROUTER, workers_label
 
 Row = tuple[str, str, str, str, str]
 NOT_RUN = "not run"

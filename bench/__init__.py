@@ -5,7 +5,7 @@ direct orchestration and the gateway (and any installed peer) on both paths at s
 concurrencies, and writes the results as JSON, a Markdown table and PNG plots.
 """
 
-from router.bench.command import run_bench
-from router.bench.options import BenchOptions
+from bench.command import run_bench
+from bench.options import BenchOptions
 
 __all__ = ["BenchOptions", "run_bench"]

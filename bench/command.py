@@ -21,16 +21,16 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from router.bench.deployment import Deployment, deployed
-from router.bench.options import BenchOptions
-from router.bench.peers import peer_states
-from router.bench.plots import PlotsUnavailable, write_plots
-from router.bench.processes import StartFailure
-from router.bench.report import NoPlaceInReadme, embedded, markdown
-from router.bench.results import document, level_document
-from router.bench.rounds import measure
-from router.bench.scenarios import VLLM_ROUTER, Level, levels
-from router.bench.script import Script, make_script
+from bench.deployment import Deployment, deployed
+from bench.options import BenchOptions
+from bench.peers import peer_states
+from bench.plots import PlotsUnavailable, write_plots
+from bench.processes import StartFailure
+from bench.report import NoPlaceInReadme, embedded, markdown
+from bench.results import document, level_document
+from bench.rounds import measure
+from bench.scenarios import VLLM_ROUTER, Level, levels
+from bench.script import Script, make_script
 
 REQUEST_TIMEOUT_S = 60.0
 
