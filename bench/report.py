@@ -1,4 +1,4 @@
-"""The Markdown the README embeds: every target of the performance campaign with its
+"""The Markdown docs/benchmarks.md embeds: every target of the performance campaign with its
 measured value beside direct orchestration, then every level in full. Built from the JSON
 document alone, so a saved run can be rendered again."""
 
@@ -10,21 +10,21 @@ from bench.scenarios import DIRECT, GATEWAY, PULL_GATEWAY, VLLM_ROUTER, workers_
 
 Row = tuple[str, str, str, str, str]
 NOT_RUN = "not run"
-README_START = "<!-- pd-gateway bench: start -->"
-README_END = "<!-- pd-gateway bench: end -->"
+REPORT_START = "<!-- pd-gateway bench: start -->"
+REPORT_END = "<!-- pd-gateway bench: end -->"
 
 
-class NoPlaceInReadme(Exception):
-    """The file given to `--readme` has no place marked for the table."""
+class NoPlaceInReport(Exception):
+    """The file given to `--report` has no place marked for the table."""
 
 
-def embedded(readme: str, table: str) -> str:
-    """`readme` with `table` in place of whatever stands between its two marker lines."""
-    start, end = readme.find(README_START), readme.find(README_END)
+def embedded(report: str, table: str) -> str:
+    """`report` with `table` in place of whatever stands between its two marker lines."""
+    start, end = report.find(REPORT_START), report.find(REPORT_END)
     if start < 0 or end < start:
-        raise NoPlaceInReadme(f"mark the table's place with {README_START} and {README_END}")
-    head = readme[: start + len(README_START)]
-    return f"{head}\n{table}{readme[end:]}"
+        raise NoPlaceInReport(f"mark the table's place with {REPORT_START} and {REPORT_END}")
+    head = report[: start + len(REPORT_START)]
+    return f"{head}\n{table}{report[end:]}"
 
 
 def markdown(doc: dict[str, Any]) -> str:

@@ -72,7 +72,7 @@ def document(
     settings = asdict(options)
     settings["out"] = str(options.out)
     settings["baseline"] = str(options.baseline) if options.baseline else None
-    settings["readme"] = str(options.readme) if options.readme else None
+    settings["report"] = str(options.report) if options.report else None
     settings["latency_levels"] = list(options.latency)
     return {
         "command": options.command,
