@@ -176,6 +176,10 @@ def _schema(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from router.demo.equipment import missing_equipment
+
+    if (problem := missing_equipment("pd-gateway bench", "bench", "sim")) is not None:
+        raise UsageError(problem)
     from bench import BenchOptions, run_bench
     from bench.options import quick
 
