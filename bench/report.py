@@ -19,12 +19,17 @@ class NoPlaceInReport(Exception):
 
 
 def embedded(report: str, table: str) -> str:
-    """`report` with `table` in place of whatever stands between its two marker lines."""
-    start, end = report.find(REPORT_START), report.find(REPORT_END)
-    if start < 0 or end < start:
-        raise NoPlaceInReport(f"mark the table's place with {REPORT_START} and {REPORT_END}")
-    head = report[: start + len(REPORT_START)]
-    return f"{head}\n{table}{report[end:]}"
+    """`report` with `table` in place of whatever stands between its two marker lines (each
+    a line of its own: the page may quote the markers in its text)."""
+    lines = report.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.strip() == REPORT_START]
+    ends = [i for i, line in enumerate(lines) if line.strip() == REPORT_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise NoPlaceInReport(
+            f"mark the table's place with one line {REPORT_START} and, below it, one line"
+            f" {REPORT_END}"
+        )
+    return "".join(lines[: starts[0] + 1]) + table + "".join(lines[ends[0] :])
 
 
 def markdown(doc: dict[str, Any]) -> str:

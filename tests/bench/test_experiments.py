@@ -40,4 +40,8 @@ def test_every_experiment_is_on_the_benchmarks_page_and_every_command_there_exis
 def test_the_benchmarks_page_has_the_tables_place() -> None:
     page = BENCHMARKS.read_text(encoding="utf-8")
     marked = "<the table of a run>\n"
-    assert embedded(page, marked).count(marked) == 1
+    rewritten = embedded(page, marked)
+    assert rewritten.count(marked) == 1
+    before, after = rewritten.split(marked)
+    assert page.startswith(before) and page.endswith(after)  # the text around it is kept
+    assert "| target | measure |" not in before + after  # the old table is gone

@@ -42,3 +42,15 @@ def test_every_relative_link_leads_somewhere(page: Path) -> None:
         assert linked.exists(), f"{page.name}: {target}"
         if anchor:
             assert anchor in anchors(linked), f"{page.name}: {target}"
+
+
+def test_the_readmes_performance_figures_are_those_of_the_benchmarks_page() -> None:
+    """Regenerating docs/benchmarks.md makes the README's summary wrong until it is
+    updated: each measured figure there must be one of the page's."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Performance\n")[1].split("\n## ")[0]
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    table = page.split("\n<!-- pd-gateway bench: start -->\n")[1].split("\n<!-- pd-gateway")[0]
+    figures = re.findall(r"[-+]?\d+\.\d+", section)
+    assert len(figures) > 10
+    assert [f for f in figures if f not in table] == []
