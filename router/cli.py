@@ -151,10 +151,10 @@ def _parser() -> argparse.ArgumentParser:
         " its gateway runs in the same latency rounds, before and after side by side",
     )
     bench.add_argument(
-        "--readme",
+        "--report",
         type=Path,
         metavar="FILE",
-        help="also write the table into FILE (the README), between its"
+        help="also write the table into FILE (docs/benchmarks.md), between its"
         " <!-- pd-gateway bench: start --> and <!-- pd-gateway bench: end --> lines",
     )
     bench.set_defaults(run=_bench)
@@ -176,8 +176,12 @@ def _schema(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from router.bench import BenchOptions, run_bench
-    from router.bench.options import quick
+    from router.demo.equipment import missing_equipment
+
+    if (problem := missing_equipment("pd-gateway bench", "bench", "sim")) is not None:
+        raise UsageError(problem)
+    from bench import BenchOptions, run_bench
+    from bench.options import quick
 
     options = quick(BenchOptions()) if args.quick else BenchOptions()
     given = {
@@ -198,7 +202,7 @@ def _bench(args: argparse.Namespace) -> int:
     options = replace(
         options,
         out=args.out.resolve(),
-        readme=args.readme,
+        report=args.report,
         peers=not args.no_peers,
         baseline=args.baseline.resolve() if args.baseline else None,
         command=command or "pd-gateway bench",
@@ -206,13 +210,13 @@ def _bench(args: argparse.Namespace) -> int:
     )
     if options.tokens < 8:
         raise UsageError("--tokens: at least 8, so that every stream has several chunks")
-    if options.readme is not None:  # before minutes of measuring, not after
-        from router.bench.report import NoPlaceInReadme, embedded
+    if options.report is not None:  # before minutes of measuring, not after
+        from bench.report import NoPlaceInReport, embedded
 
         try:
-            embedded(options.readme.read_text(encoding="utf-8"), "")
-        except (OSError, NoPlaceInReadme) as exc:
-            raise UsageError(f"--readme {options.readme}: {exc}") from None
+            embedded(options.report.read_text(encoding="utf-8"), "")
+        except (OSError, NoPlaceInReport) as exc:
+            raise UsageError(f"--report {options.report}: {exc}") from None
     return run_bench(options)
 
 

@@ -19,6 +19,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -27,6 +30,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from router.config import GatewayConfig, load_config, parse_config
+from router.demo.equipment import missing_equipment
 from router.demo.front import RoundRobinFront
 from router.demo.lifeline import dir_prefix, remove_stale_dirs
 from router.demo.plan import DemoError, ModelPlan, plan_stacks
@@ -39,8 +43,9 @@ from router.process.server import READY_PREFIX
 if TYPE_CHECKING:
     from sim.stack import SimStack
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = PROJECT_ROOT / "router.yaml"
+# The folder this `router` package was imported from: the gateways' children import the
+# same code (a checkout, or site-packages).
+IMPORT_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
 # Beyond server.shutdown_grace_s: the gateway's own slot cleanups (10 s) and a margin.
 GATEWAY_STOP_MARGIN_S = 15.0
@@ -76,6 +81,8 @@ def run_demo(
     """
     if replicas < 1:
         raise DemoError(f"--replicas must be at least 1, not {replicas}")
+    if (problem := missing_equipment("pd-gateway demo", "sim")) is not None:
+        raise DemoError(problem)
     config, plans = _load(config_path, port_offset)
     if port is None:
         port = 0 if free_ports else config.server.port
@@ -185,11 +192,19 @@ def _pid(redis: LocalRedis) -> int:
     return redis.popen.pid
 
 
+@contextmanager
+def bundled_config() -> Iterator[Path]:
+    """The demo's own router.yaml, shipped in this package."""
+    with resources.as_file(resources.files("router.demo").joinpath("router.yaml")) as path:
+        yield path
+
+
 def _load(config_path: Path | None, port_offset: int) -> tuple[GatewayConfig, list[ModelPlan]]:
-    path = config_path or DEFAULT_CONFIG
-    if not path.is_file() and config_path is None:
-        raise DemoError(f"no bundled router.yaml at {path}; pass --config")
-    config = load_config(path)
+    if config_path is None:
+        with bundled_config() as path:
+            config = load_config(path)
+    else:
+        config = load_config(config_path)
     plans = plan_stacks(config)
     if port_offset:
         server_port = config.server.port + port_offset if config.server.port else 0
@@ -221,7 +236,7 @@ def describe(plans: list[ModelPlan], stacks: list[SimStack], config_file: Path) 
     """The simulators, where they listen, and the configuration the gateway runs on."""
     lines = ["Simulated backends (no GPU):"]
     for plan, stack in zip(plans, stacks, strict=True):
-        lines.append(f"  {plan.model.name} (tokenizer {plan.model.tokenizer})")
+        lines.append(f"  {plan.model.name} (tokenizer {plan.tokenizer})")
         for node in stack.nodes:
             lines.append(f"    TileRT node    {node.url}  ctrl port {node.ctrl_port}")
         servers = [*zip(plan.prefill_kind, stack.prefills, strict=True)]
@@ -245,9 +260,7 @@ class _Gateway:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # transformers warns at import that PyTorch is absent; the gateway needs only tokenizers.
         env.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])
-        )
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(IMPORT_ROOT), env.get("PYTHONPATH")]))
         argv = [sys.executable, "-m", "router.cli", "serve", "--config", str(config_file)]
         self.popen = subprocess.Popen(
             [*argv, "--log-level", log_level],

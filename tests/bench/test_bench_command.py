@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from router.bench.report import README_END, README_START
+from bench.report import REPORT_END, REPORT_START
 
 pytestmark = pytest.mark.e2e
 
@@ -43,16 +43,16 @@ TARGETS = [
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("bench")
-    (out / "README.md").write_text(f"# Figures\n{README_START}\nold table\n{README_END}\nAfter.\n")
+    (out / "benchmarks.md").write_text(f"# Figures\n{REPORT_START}\nold\n{REPORT_END}\nAfter.\n")
     done = bench(out, timeout_s=100)
     assert done.returncode == 0, done.stderr[-3000:]
     return out, done
 
 
 def bench(out: Path, *, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """`pd-gateway bench --quick` writing to `out`, its table into `out`'s README.md; run
+    """`pd-gateway bench --quick` writing to `out`, its table into `out`'s benchmarks.md; run
     from `out`'s parent with relative paths, as a user runs it in a checkout."""
-    command = ["bench", "--quick", "--out", out.name, "--readme", f"{out.name}/README.md"]
+    command = ["bench", "--quick", "--out", out.name, "--report", f"{out.name}/benchmarks.md"]
     return subprocess.run(
         [sys.executable, "-m", "router.cli", *command],
         capture_output=True,
@@ -148,20 +148,20 @@ def test_markdown_shows_every_target_and_plots_are_drawn_or_explained(
         assert not any((out / name).exists() for name in plots)
 
 
-def test_the_readme_gets_the_table_in_its_marked_place(
+def test_the_report_gets_the_table_in_its_marked_place(
     run: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
     out, _ = run
     table = (out / "results.md").read_text()
-    readme = (out / "README.md").read_text()
-    assert readme == f"# Figures\n{README_START}\n{table}{README_END}\nAfter.\n"
+    report = (out / "benchmarks.md").read_text()
+    assert report == f"# Figures\n{REPORT_START}\n{table}{REPORT_END}\nAfter.\n"
 
 
-def test_a_readme_without_a_marked_place_is_refused_before_measuring(tmp_path: Path) -> None:
-    (tmp_path / "README.md").write_text("# No markers\n")
+def test_a_report_without_a_marked_place_is_refused_before_measuring(tmp_path: Path) -> None:
+    (tmp_path / "benchmarks.md").write_text("# No markers\n")
     done = bench(tmp_path, timeout_s=30)
     assert done.returncode == 2
-    assert README_START in done.stderr
+    assert REPORT_START in done.stderr
     assert not (tmp_path / "results.json").exists()
 
 

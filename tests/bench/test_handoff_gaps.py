@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from router.bench.handoff import NodeQueue, gaps
+from bench.handoff import NodeQueue, gaps
 from sim.stack import NodeInfo
 
 A, B = ("10.0.0.1", 5000), ("10.0.0.2", 5000)

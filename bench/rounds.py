@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from router.bench.processes import cpu_s, reset_peak_rss, rss_mb, running
-from router.bench.scenarios import Level, Method
-from router.bench.streams import BenchFailure, Sample
+from bench.processes import cpu_s, reset_peak_rss, rss_mb, running
+from bench.scenarios import Level, Method
+from bench.streams import BenchFailure, Sample
 
 
 @dataclass(slots=True)

@@ -21,16 +21,16 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from router.bench.deployment import Deployment, deployed
-from router.bench.options import BenchOptions
-from router.bench.peers import peer_states
-from router.bench.plots import PlotsUnavailable, write_plots
-from router.bench.processes import StartFailure
-from router.bench.report import NoPlaceInReadme, embedded, markdown
-from router.bench.results import document, level_document
-from router.bench.rounds import measure
-from router.bench.scenarios import VLLM_ROUTER, Level, levels
-from router.bench.script import Script, make_script
+from bench.deployment import Deployment, deployed
+from bench.options import BenchOptions
+from bench.peers import peer_states
+from bench.plots import PlotsUnavailable, write_plots
+from bench.processes import StartFailure
+from bench.report import NoPlaceInReport, embedded, markdown
+from bench.results import document, level_document
+from bench.rounds import measure
+from bench.scenarios import VLLM_ROUTER, Level, levels
+from bench.script import Script, make_script
 
 REQUEST_TIMEOUT_S = 60.0
 
@@ -51,13 +51,13 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> int:
         results = uvloop.run(_measure_all(options, deployment, script, console))
     doc = document(options, results, peer_states(measured=_peer_measured(results)))
     _write(doc, options.out, console)
-    if options.readme is not None:
+    if options.report is not None:
         try:
-            _embed(markdown(doc), options.readme)
-        except NoPlaceInReadme as exc:
-            console.print(f"error: {options.readme}: {exc}", markup=False, soft_wrap=True)
+            _embed(markdown(doc), options.report)
+        except NoPlaceInReport as exc:
+            console.print(f"error: {options.report}: {exc}", markup=False, soft_wrap=True)
             return 1
-        console.print(f"the table is in {options.readme}")
+        console.print(f"the table is in {options.report}")
     return 0
 
 
@@ -99,8 +99,8 @@ async def _level(
     return level_document(level, measured)
 
 
-def _embed(table: str, readme: Path) -> None:
-    readme.write_text(embedded(readme.read_text(encoding="utf-8"), table), encoding="utf-8")
+def _embed(table: str, report: Path) -> None:
+    report.write_text(embedded(report.read_text(encoding="utf-8"), table), encoding="utf-8")
 
 
 def _peer_measured(levels: list[dict[str, Any]]) -> bool:

@@ -1,6 +1,6 @@
-"""What the benchmark scripts share: `pd-gateway serve` as a child process on a free
-loopback port (router.bench's), and the router.yaml model entry for a simulated stack's
-latency path."""
+"""What the experiments share: `pd-gateway serve` as a child process on a free loopback
+port (the one `pd-gateway bench` runs), and the router.yaml model entry for a simulated
+stack's latency path."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from router.bench.processes import GatewayChild, rss_mb
+from bench.processes import GatewayChild, rss_mb
 from sim.stack import SimStack
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def latency_model(stack: SimStack, name: str, **entry: Any) -> dict[str, Any]:
@@ -33,9 +31,9 @@ def latency_model(stack: SimStack, name: str, **entry: Any) -> dict[str, Any]:
 
 
 class BenchGateway(GatewayChild):
-    """`pd-gateway serve` from the checkout at `root` (this one by default)."""
+    """`pd-gateway serve` as installed, or from the checkout at `root`."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path, root: Path = PROJECT_ROOT) -> None:
+    def __init__(self, config: dict[str, Any], workdir: Path, root: Path | None = None) -> None:
         super().__init__(config, workdir, root)
 
     def peak_rss_mb(self) -> float:
@@ -44,11 +42,12 @@ class BenchGateway(GatewayChild):
 
 @contextmanager
 def running_gateways(
-    config: dict[str, Any], roots: dict[str, Path] | None = None
+    config: dict[str, Any], roots: dict[str, Path | None] | None = None
 ) -> Iterator[dict[str, BenchGateway]]:
-    """One gateway per labelled checkout (by default this one, as `gateway`), all with
-    `config`; stopped on the way out. Wait for each with `wait_ready`."""
-    roots = roots or {"gateway": PROJECT_ROOT}
+    """One gateway per label, all with `config`: each from its checkout, or as installed
+    (None; by default one such, as `gateway`); stopped on the way out. Wait for each with
+    `wait_ready`."""
+    roots = roots or {"gateway": None}
     with tempfile.TemporaryDirectory(prefix="pd-gateway-bench-") as workdir:
         gateways: dict[str, BenchGateway] = {}
         try:

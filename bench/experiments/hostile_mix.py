@@ -1,4 +1,5 @@
-"""Normal streams alongside a hostile client, side by side with the same streams alone.
+"""Can a hostile client slow the normal streams beside it? The same streams alone, then
+alongside a client that sends bodies built to cost the gateway the most.
 
 Starts the simulators and `pd-gateway serve` (rules that make it count long prompts), then
 alternates rounds of C concurrent streamed latency requests, first alone, then while a
@@ -8,7 +9,7 @@ vocabulary, and garbage. Reported per phase: inter-chunk gap p50/p99/max of the 
 streams and their TTFT, the hostile requests answered and their statuses, and the
 gateway's peak resident memory.
 
-Run: `python bench/hostile_mix.py [--rounds R] [--concurrency C]`.
+Run: `python -m bench.experiments.hostile_mix [--rounds R] [--concurrency C]`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import os
 import random
 import time
 from collections import Counter
+from typing import Any
 
 import httpx
 import orjson
 import uvloop
-from harness import BenchGateway, latency_model, running_gateways
 
+from bench.experiments.harness import BenchGateway, latency_model, running_gateways
 from sim.stack import SimStack
 
 MODEL = "ds"
@@ -48,7 +50,11 @@ RULES = {
 
 def hostile_bodies() -> list[tuple[str, bytes, str]]:
     """(name, body, path) of each hostile request."""
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    chat: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+    }
     nested = b'{"model": "ds", "metadata": ' + b"[" * 600 + b"]" * 600 + b"}"
     return [
         (

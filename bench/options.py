@@ -39,7 +39,7 @@ class BenchOptions:
     peers: bool = True
     baseline: Path | None = None  # another checkout of the project, measured alongside
     command: str = "pd-gateway bench"
-    readme: Path | None = None  # a Markdown file whose marked place gets the table
+    report: Path | None = None  # a Markdown file whose marked place gets the table
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -1,8 +1,9 @@
-"""Output-parser cost per token on long outputs, for each parser family.
+"""Does an output parser's cost per token stay flat as the output grows? Each parser family
+on long outputs.
 
 Builds outputs of 1k/4k/16k reasoning tokens followed by 20 tool calls, splits them
 into real token pieces with DeepSeek's tokenizer, and times `feed` per piece. The
-cost per token should stay flat as the output grows. Run: `python bench/parser_cost.py`.
+cost per token should stay flat as the output grows. Run: `python -m bench.experiments.parser_cost`.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ from typing import Literal
 
 import httpx
 
-from router.bench import handoff
-from router.bench.deployment import MODEL, Deployment
-from router.bench.handoff import NodeQueue
-from router.bench.options import BenchOptions
-from router.bench.script import Script, make_script
-from router.bench.streams import BenchFailure, Sample, chat_stream, direct_latency
+from bench import handoff
+from bench.deployment import MODEL, Deployment
+from bench.handoff import NodeQueue
+from bench.options import BenchOptions
+from bench.script import Script, make_script
+from bench.streams import BenchFailure, Sample, chat_stream, direct_latency
 from sim.stack import NodeInfo
 
 Path = Literal["latency", "handoff", "native", "capacity"]

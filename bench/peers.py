@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from router.bench.processes import StartFailure
+from bench.processes import StartFailure
 from router.process.lifeline import die_with_parent
 
 VLLM_ROUTER = "vllm-router"

@@ -7,7 +7,7 @@ queues a request under a `queue` rule and measures how long it waits for its slo
 (until its first byte, less the prefill). A client that waits R seconds should usually
 get in: the report is the distribution of W - R and the share of probes with W <= R.
 
-Run: `python bench/retry_after.py [--probes N]`.
+Run: `python -m bench.experiments.retry_after [--probes N]`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 
 import httpx
 import uvloop
-from harness import latency_model, running_gateways
 
+from bench.experiments.harness import latency_model, running_gateways
 from sim.stack import SimStack
 
 MODEL = "ds"

@@ -10,11 +10,11 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from bench.options import BenchOptions
+from bench.rounds import Measured
+from bench.scenarios import DIRECT, Level
+from bench.stats import distribution
 from router import __version__
-from router.bench.options import BenchOptions
-from router.bench.rounds import Measured
-from router.bench.scenarios import DIRECT, Level
-from router.bench.stats import distribution
 
 
 def method_document(measured: Measured, concurrency: int, relayed: bool) -> dict[str, Any]:
@@ -72,7 +72,7 @@ def document(
     settings = asdict(options)
     settings["out"] = str(options.out)
     settings["baseline"] = str(options.baseline) if options.baseline else None
-    settings["readme"] = str(options.readme) if options.readme else None
+    settings["report"] = str(options.report) if options.report else None
     settings["latency_levels"] = list(options.latency)
     return {
         "command": options.command,

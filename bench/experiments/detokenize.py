@@ -1,4 +1,5 @@
-"""Per-token detokenization cost: IncrementalDetokenizer against trailing-window re-decoding.
+"""What does detokenizing cost per token: IncrementalDetokenizer against re-decoding a
+trailing window, as TileRT's own router does?
 
 The output is 8k tokens of mixed English/Chinese/Japanese prose with accents, emoji and
 code, encoded with DeepSeek's real tokenizer and fed in batches of 3 ids, as a decode
@@ -11,7 +12,7 @@ tokens, holding text back while it ends in U+FFFD: two decodes of ~W tokens per 
 for W = 8, 16 and 32. Every run's full output is checked against
 `tokenizer.decode(all_ids)`.
 
-Run: `python bench/detokenize.py [--tokens N] [--batch K] [--windows W ...]`.
+Run: `python -m bench.experiments.detokenize [--tokens N] [--batch K] [--windows W ...]`.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.bench.options import BenchOptions
-from router.bench.peers import VllmRouterChild, vllm_router_executable
-from router.bench.processes import GatewayChild
+from bench.options import BenchOptions
+from bench.peers import VllmRouterChild, vllm_router_executable
+from bench.processes import GatewayChild
 from router.demo.redis import LocalRedis
 from router.process.lifeline import die_with_parent
 from sim.stack import NodeInfo, SimStack

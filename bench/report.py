@@ -1,4 +1,4 @@
-"""The Markdown the README embeds: every target of the performance campaign with its
+"""The Markdown docs/benchmarks.md embeds: every target of the performance campaign with its
 measured value beside direct orchestration, then every level in full. Built from the JSON
 document alone, so a saved run can be rendered again."""
 
@@ -6,25 +6,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.bench.scenarios import DIRECT, GATEWAY, PULL_GATEWAY, VLLM_ROUTER, workers_label
+from bench.scenarios import DIRECT, GATEWAY, PULL_GATEWAY, VLLM_ROUTER, workers_label
 
 Row = tuple[str, str, str, str, str]
 NOT_RUN = "not run"
-README_START = "<!-- pd-gateway bench: start -->"
-README_END = "<!-- pd-gateway bench: end -->"
+REPORT_START = "<!-- pd-gateway bench: start -->"
+REPORT_END = "<!-- pd-gateway bench: end -->"
 
 
-class NoPlaceInReadme(Exception):
-    """The file given to `--readme` has no place marked for the table."""
+class NoPlaceInReport(Exception):
+    """The file given to `--report` has no place marked for the table."""
 
 
-def embedded(readme: str, table: str) -> str:
-    """`readme` with `table` in place of whatever stands between its two marker lines."""
-    start, end = readme.find(README_START), readme.find(README_END)
-    if start < 0 or end < start:
-        raise NoPlaceInReadme(f"mark the table's place with {README_START} and {README_END}")
-    head = readme[: start + len(README_START)]
-    return f"{head}\n{table}{readme[end:]}"
+def embedded(report: str, table: str) -> str:
+    """`report` with `table` in place of whatever stands between its two marker lines (each
+    a line of its own: the page may quote the markers in its text)."""
+    lines = report.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.strip() == REPORT_START]
+    ends = [i for i, line in enumerate(lines) if line.strip() == REPORT_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise NoPlaceInReport(
+            f"mark the table's place with one line {REPORT_START} and, below it, one line"
+            f" {REPORT_END}"
+        )
+    return "".join(lines[: starts[0] + 1]) + table + "".join(lines[ends[0] :])
 
 
 def markdown(doc: dict[str, Any]) -> str:

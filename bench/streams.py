@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 
-from router.bench.script import Script
+from bench.script import Script
 
 
 class BenchFailure(RuntimeError):
