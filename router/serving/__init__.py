@@ -9,7 +9,7 @@ from router.serving.base import (
     error_answer,
     json_answer,
     new_request_id,
-    once,
+    single_chunk,
     whole_answer,
 )
 from router.serving.fallback import Fallback
@@ -24,6 +24,6 @@ __all__ = [
     "error_answer",
     "json_answer",
     "new_request_id",
-    "once",
+    "single_chunk",
     "whole_answer",
 ]

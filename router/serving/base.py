@@ -72,7 +72,8 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-async def once(content: bytes) -> AsyncGenerator[bytes, None]:
+async def single_chunk(content: bytes) -> AsyncGenerator[bytes, None]:
+    """A body sent whole, as one chunk."""
     yield content
 
 
@@ -82,7 +83,7 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 def whole_answer(status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> Answer:
     """An answer whose body is known in full: sent in one piece, with its length."""
     length = [(b"content-length", str(len(content)).encode())]
-    return Answer(status, headers + length, once(content))
+    return Answer(status, headers + length, single_chunk(content))
 
 
 def json_answer(content: bytes, *, status: int = 200) -> Answer:

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from router.errors import Overloaded, UpstreamError
-from router.serving import Answer, PathResponse, RoutedRequest, once
+from router.serving import Answer, PathResponse, RoutedRequest, single_chunk
 from router.serving.live import LiveResponses
 from router.serving.response import SERVER_SEND
 from tests.throughput.support import routed
@@ -68,7 +68,7 @@ async def test_headers_given_or_set_later_override_the_upstreams() -> None:
     async def open_upstream(request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         stack.callback(closed.append, "upstream")
         headers = [(b"content-type", b"application/json"), (b"x-pd-route", b"upstream")]
-        return Answer(201, headers, once(b"{}"))
+        return Answer(201, headers, single_chunk(b"{}"))
 
     response = respond(open_upstream, {"X-PD-Route": "throughput"})
     response._request.headers["x-request-id"] = "abc"  # a path may change them, as a spill does
@@ -145,7 +145,7 @@ async def test_client_gone_on_send_is_not_an_application_error() -> None:
 
     async def open_upstream(request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         stack.callback(closed.append, "leg")
-        return Answer(200, [], once(b"x"))
+        return Answer(200, [], single_chunk(b"x"))
 
     async def broken_send(message: dict[str, Any]) -> None:
         raise OSError("connection reset")
