@@ -312,7 +312,8 @@ class UpstreamCredential(StrictModel):
 
 
 class UpstreamsConfig(StrictModel):
-    """Connection pools, one per upstream server (each vLLM URL, each TileRT node)."""
+    """Connection pools, one per upstream base URL (each vLLM URL, each TileRT node), and
+    what an upstream's answer may hold."""
 
     credentials: list[UpstreamCredential] = []
 
@@ -321,6 +322,11 @@ class UpstreamsConfig(StrictModel):
     # Below the upstream server's own idle timeout (vLLM and uvicorn close idle connections
     # after 5 s), so the pool never sends a request down a connection its server is closing.
     keepalive_expiry_s: Annotated[float, Field(gt=0)] = 4.0
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    """An answer's status line and headers (vLLM's are a few hundred bytes)."""
+    # A whole non-streamed answer: n choices of a long generation with top logprobs run to
+    # megabytes; a streamed body is relayed as it comes and not capped.
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
 
 
 class TimeoutsConfig(StrictModel):

@@ -1,29 +1,38 @@
 """The one way the gateway calls a backend: `Upstreams` keeps one connection pool per
-upstream server, sized by `upstreams` in router.yaml, with timeouts from `timeouts` only.
+upstream base URL, held to `upstreams` in router.yaml, with timeouts from `timeouts` only.
 
 A call names its `Target` (for errors) and how long each wait for the answer's bytes may
 last; its answer is a `Reply`, whose body is read whole, line by line or chunk by chunk.
-Every httpx failure, at any of those steps, surfaces as a `router.errors.UpstreamError`:
-nothing above this package sees httpx.
+Every transport failure, at any of those steps, surfaces as a `router.errors.UpstreamError`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+import zlib
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
-from typing import Any, cast
+from typing import Any
 
-import httpx
 import orjson
 
+from router import __version__
 from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.upstream.failures import Target, status_failure, transport_failure
-from router.upstream.http1 import Body, Http1Pool, header_lines, origin_of
+from router.upstream.http1 import Http1Transport
+from router.upstream.transport import (
+    Answer,
+    BaseURL,
+    Broken,
+    Limits,
+    Pool,
+    RawHeaders,
+    TimedOut,
+    Transport,
+    TransportFailure,
+    Waits,
+)
 
 log = logging.getLogger("pd_gateway.upstream")
 
@@ -45,32 +54,50 @@ HOP_BY_HOP = frozenset(
 # date and server; bodies are relayed decoded, so no content-encoding either.
 NOT_FORWARDED = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
 
-# Every request's headers, as httpx's client sends them, but for an identity encoding:
-# bodies are relayed as they come.
-_REQUEST_HEADERS = {
-    "accept": "*/*",
-    "accept-encoding": "identity",
-    "connection": "keep-alive",
-    "user-agent": f"python-httpx/{httpx.__version__}",
-}
+# Every request's headers: bodies are asked for as they are, to be relayed as they come.
+_REQUEST_HEADERS = (
+    (b"accept", b"*/*"),
+    (b"accept-encoding", b"identity"),
+    (b"connection", b"keep-alive"),
+    (b"user-agent", f"pd-gateway/{__version__}".encode("ascii")),
+)
 
-RawHeaders = list[tuple[bytes, bytes]]
+
+def limits_of(config: UpstreamsConfig) -> Limits:
+    return Limits(
+        max_connections=config.max_connections,
+        max_idle_connections=config.max_keepalive_connections,
+        idle_expiry_s=config.keepalive_expiry_s,
+        max_header_bytes=config.max_header_bytes,
+        max_body_bytes=config.max_body_bytes,
+    )
 
 
 class Reply:
     """An upstream's answer whose status and headers have arrived; its body is read through
     the methods below, which translate failures. Close it (`aclose`) on every path."""
 
-    __slots__ = ("_body", "_raw_headers", "_source", "content", "status", "target")
+    __slots__ = (
+        "_answer",
+        "_max_body_bytes",
+        "_raw_headers",
+        "_read_s",
+        "_source",
+        "content",
+        "status",
+        "target",
+    )
 
     def __init__(
-        self, target: Target, status: int, headers: RawHeaders, body: httpx.AsyncByteStream
+        self, target: Target, answer: Answer, *, read_s: float | None, max_body_bytes: int
     ) -> None:
         self.target = target
-        self.status = status
-        self._raw_headers = headers
-        self._body = body
-        self._source: Body | _Pump | None = None  # what `receive` reads
+        self.status = answer.status
+        self._raw_headers = answer.headers
+        self._answer = answer
+        self._read_s = read_s
+        self._max_body_bytes = max_body_bytes
+        self._source: Answer | _Decoded | None = None  # what `receive` reads
         self.content: bytes | None = None
         """The whole body, once `read()` has run."""
 
@@ -89,9 +116,27 @@ class Reply:
         ]
 
     async def read(self) -> bytes:
+        """The whole body, at most `max_body_bytes` of it (decoded): a longer one is a
+        broken answer, and its connection is closed."""
         if self.content is None:
-            self.content = b"".join([chunk async for chunk in self.chunks()])
+            cap = self._max_body_bytes
+            declared = self._header(b"content-length")
+            if declared is not None and declared.strip().isdigit() and int(declared) > cap:
+                await self._answer.aclose()
+                raise self._too_long()
+            parts, size = [], 0
+            async for chunk in self.chunks():
+                size += len(chunk)
+                if size > cap:
+                    await self._answer.aclose()
+                    raise self._too_long()
+                parts.append(chunk)
+            self.content = b"".join(parts)
         return self.content
+
+    def _too_long(self) -> UpstreamError:
+        cap = Broken(f"sent a body over max_body_bytes ({self._max_body_bytes} bytes)")
+        return transport_failure(self.target, cap)
 
     async def json(self) -> Any:
         """The body parsed as JSON; None if it is not JSON."""
@@ -109,38 +154,35 @@ class Reply:
         return status_failure(self.target, self.status, content)
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        # Bodies come as sent (requests ask for no encoding): straight off the transport,
-        # unless a server encoded one all the same: then through httpx's decoder.
-        source: AsyncIterable[bytes] = self._body
-        if self._encoded():
-            decoded = httpx.Response(self.status, headers=self._raw_headers, stream=self._body)
-            source = decoded.aiter_bytes()
-        try:
-            async for chunk in source:
-                yield chunk
-        except httpx.HTTPError as exc:
-            raise transport_failure(self.target, exc) from None
+        """The body as it arrives, each wait bounded by the call's `read_s`."""
+        while True:
+            try:
+                chunk = await self.receive(self._read_s)
+            except TimeoutError:
+                stalled = TimedOut(f"no body bytes within {self._read_s} s")
+                raise transport_failure(self.target, stalled) from None
+            if not chunk:
+                return
+            yield chunk
 
     async def receive(self, timeout_s: float | None) -> bytes:
         """The body's next bytes, as many as have arrived; b"" once it has ended. Raises
         TimeoutError if none arrive within `timeout_s`; a timeout or a cancelled caller loses
-        nothing, the next call goes on from there. Not to be mixed with `chunks()`."""
+        nothing, the next call goes on from there."""
         source = self._source
         if source is None:
-            body = self._body
-            if isinstance(body, Body) and not self._encoded():
-                source = self._source = body
-            else:  # another transport's body (tests), or an encoded one: read by a task
-                source = self._source = _Pump(self.chunks())
+            coding = self._header(b"content-encoding")
+            if coding is None or coding.strip().lower() == b"identity":
+                source = self._source = self._answer
+            else:  # asked for none, but a server may encode all the same
+                source = self._source = _Decoded(self._answer, coding.strip().lower())
         try:
             return await source.receive(timeout_s)
-        except httpx.HTTPError as exc:
+        except TransportFailure as exc:
             raise transport_failure(self.target, exc) from None
 
     async def aclose(self) -> None:
-        if isinstance(self._source, _Pump):
-            await self._source.aclose()
-        await self._body.aclose()
+        await self._answer.aclose()
 
     def _header(self, name: bytes) -> bytes | None:
         for key, value in self._raw_headers:
@@ -148,57 +190,53 @@ class Reply:
                 return value
         return None
 
-    def _encoded(self) -> bool:
-        return self._header(b"content-encoding") is not None
+
+# How much a decoder hands out at once: a small body cannot expand into a large buffer.
+_DECODED_PIECE = 256 * 1024
+# gzip's wrapping, or zlib's (what HTTP calls deflate).
+_ZLIB_WINDOW = {
+    b"gzip": 16 + zlib.MAX_WBITS,
+    b"x-gzip": 16 + zlib.MAX_WBITS,
+    b"deflate": zlib.MAX_WBITS,
+}
 
 
-class _Pump:
-    """`receive` over any body: a task reads it into a buffer, so a timed-out or cancelled
-    wait never interrupts the read itself."""
+class _Decoded:
+    """A gzip or deflate body, decoded as it is received."""
 
-    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
-        self._buffer: deque[bytes | BaseException] = deque()
-        self._arrived = asyncio.Event()
-        self._reader = asyncio.ensure_future(self._read(chunks))
-
-    async def _read(self, chunks: AsyncIterator[bytes]) -> None:
-        try:
-            async for chunk in chunks:
-                self._buffer.append(chunk)
-                self._arrived.set()
-            self._buffer.append(EOFError())
-        except Exception as exc:
-            self._buffer.append(exc)
-        self._arrived.set()
+    def __init__(self, answer: Answer, coding: bytes) -> None:
+        self._answer = answer
+        self._coding = coding.decode("latin-1")
+        window = _ZLIB_WINDOW.get(coding)
+        self._zlib = None if window is None else zlib.decompressobj(window)
+        self._ended = False
 
     async def receive(self, timeout_s: float | None) -> bytes:
-        while not self._buffer:
-            self._arrived.clear()
-            async with asyncio.timeout(timeout_s):
-                await self._arrived.wait()
-        item = self._buffer[0]
-        if isinstance(item, EOFError):
-            return b""  # the end stays in the buffer: every later call sees it too
-        if isinstance(item, BaseException):
-            raise item  # so does a failure
-        self._buffer.popleft()
-        return item
-
-    async def aclose(self) -> None:
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        decoder = self._zlib
+        if decoder is None:
+            raise Broken(f"sent a body encoded as {self._coding!r}, which is not decoded")
+        while not self._ended:
+            data = decoder.unconsumed_tail
+            if not data:
+                data = await self._answer.receive(timeout_s)
+                if not data:
+                    self._ended = True
+                    return decoder.flush()
+            try:
+                out = decoder.decompress(data, _DECODED_PIECE)
+            except zlib.error as exc:
+                raise Broken(f"sent a body that is not valid {self._coding}: {exc}") from None
+            if out:
+                return out
+        return b""
 
 
 class Upstreams:
     """Pooled connections, one pool per upstream base URL, made on first use and closed
     together.
 
-    Requests go to the pool's transport directly: httpx's client layer (redirects, auth
-    flows, event hooks, a cookie jar that every answer updates and every request shares)
-    is nothing the gateway uses, and it costs every request a few layers.
-
-    `transport` replaces the network (tests pass an `httpx.MockTransport`)."""
+    `transport` makes the pools: the gateway's own (`Http1Transport`) unless another is
+    given (`HttpxTransport`: httpx's pool, or a script of the upstreams in tests)."""
 
     def __init__(
         self,
@@ -206,27 +244,24 @@ class Upstreams:
         timeouts: TimeoutsConfig,
         *,
         credentials: Mapping[str, str] | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
     ) -> None:
         """`credentials`: base URL -> the API key that backend expects."""
         self.timeouts = timeouts
-        self._limits = httpx.Limits(
-            max_connections=pools.max_connections,
-            max_keepalive_connections=pools.max_keepalive_connections,
-            keepalive_expiry=pools.keepalive_expiry_s,
-        )
-        self._transport = transport
+        self.limits = limits_of(pools)
+        self._transport = transport or Http1Transport()
         self._authorization = {base: f"Bearer {key}" for base, key in (credentials or {}).items()}
-        self._upstreams: dict[str, _Upstream] = {}
+        self._pools: dict[str, Pool] = {}
         self._closed = False
 
-    def _upstream(self, base: str) -> _Upstream:
-        upstream = self._upstreams.get(base)
-        if upstream is None:
-            upstream = self._upstreams[base] = _Upstream(
-                base, Http1Pool(self._limits), self._authorization.get(base)
-            )
-        return upstream
+    def _pool(self, base: str) -> Pool:
+        pool = self._pools.get(base)
+        if pool is None:
+            headers = list(_REQUEST_HEADERS)
+            if (authorization := self._authorization.get(base)) is not None:
+                headers.append((b"authorization", authorization.encode("latin-1")))
+            pool = self._pools[base] = self._transport.pool(BaseURL(base, headers), self.limits)
+        return pool
 
     async def open(
         self,
@@ -245,62 +280,29 @@ class Upstreams:
         if self._closed:
             raise target.failure("unreachable", "is not called: the gateway is closing", status=502)
         content = None if body is None else orjson.dumps(body)
+        headers: RawHeaders = []
+        if request_id is not None:
+            headers.append((b"x-request-id", request_id.encode("latin-1")))
+        if content is not None:
+            headers.append((b"content-type", b"application/json"))
         t = self.timeouts
         # `read_s` bounds each wait for the answer's bytes (None: as long as it takes, for
         # answers that arrive only when generation ends).
         write_s = t.prefill_s if read_s is None else read_s
+        waits = Waits(pool_s=t.connect_s, connect_s=t.connect_s, write_s=write_s, read_s=read_s)
         try:
-            if self._transport is not None:
-                response = await self._foreign(
-                    method, base, path, content, request_id, t.connect_s, write_s, read_s
-                )
-                answer = cast(httpx.AsyncByteStream, response.stream)
-                status, headers = response.status_code, response.headers.raw
-            else:
-                upstream = self._upstream(base)
-                answer = await upstream.pool.exchange(
-                    upstream.origin,
-                    upstream.request(method, path, content, request_id),
-                    pool_s=t.connect_s,
-                    connect_s=t.connect_s,
-                    write_s=write_s,
-                    read_s=read_s,
-                )
-                status, headers = answer.status, answer.headers
-        except httpx.HTTPError as exc:
+            answer = await self._pool(base).send(method, path, headers, content, waits)
+        except TransportFailure as exc:
             # Request legs are worth a line each; probes and cleanups fail quietly.
             level = logging.WARNING if request_id is not None else logging.DEBUG
             log.log(level, "%s %s%s failed (request %s): %r", method, base, path, request_id, exc)
             raise transport_failure(target, exc) from None
         # The answer does not keep its request: a stream may stay open for minutes, and the
         # request's body (a whole prompt) is not needed once sent.
-        reply = Reply(target, status, headers, answer)
+        reply = Reply(target, answer, read_s=read_s, max_body_bytes=self.limits.max_body_bytes)
         if stack is not None:
             stack.push_async_callback(reply.aclose)
         return reply
-
-    async def _foreign(
-        self,
-        method: str,
-        base: str,
-        path: str,
-        content: bytes | None,
-        request_id: str | None,
-        connect_s: float,
-        write_s: float,
-        read_s: float | None,
-    ) -> httpx.Response:
-        """The request through the transport given in place of the network."""
-        assert self._transport is not None
-        timeout = {"connect": connect_s, "read": read_s, "write": write_s, "pool": connect_s}
-        request = httpx.Request(
-            method,
-            base + path,
-            content=content,
-            headers=_headers(self._authorization.get(base), request_id, content),
-            extensions={"timeout": timeout},
-        )
-        return await self._transport.handle_async_request(request)
 
     async def call(
         self,
@@ -325,56 +327,7 @@ class Upstreams:
 
     async def aclose(self) -> None:
         self._closed = True
-        upstreams, self._upstreams = list(self._upstreams.values()), {}
-        for upstream in upstreams:
-            await upstream.pool.aclose()
-        if self._transport is not None:
-            await self._transport.aclose()
-
-
-def _headers(
-    authorization: str | None, request_id: str | None, content: bytes | None
-) -> dict[str, str]:
-    headers = dict(_REQUEST_HEADERS)
-    if authorization is not None:
-        headers["authorization"] = authorization
-    if request_id is not None:
-        headers["x-request-id"] = request_id
-    if content is not None:
-        headers["content-type"] = "application/json"
-    return headers
-
-
-class _Upstream:
-    """One upstream base URL: its pool, and the headers every request to it carries, in
-    bytes once for all its requests."""
-
-    __slots__ = ("_common", "_prefix", "origin", "pool")
-
-    def __init__(self, base: str, pool: Http1Pool, authorization: str | None) -> None:
-        url = httpx.URL(base)
-        self.pool = pool
-        self.origin = origin_of(url)
-        self._prefix = url.raw_path.rstrip(b"/")
-        host = url.raw_host if url.port is None else b"%s:%d" % (url.raw_host, url.port)
-        common = [(b"host", host)] + [
-            (name.encode(), value.encode())
-            for name, value in _headers(authorization, None, None).items()
-        ]
-        self._common = header_lines(common)
-
-    def request(
-        self, method: str, path: str, content: bytes | None, request_id: str | None
-    ) -> bytes:
-        """A whole request in bytes: its line, its headers, its body."""
-        extra = []
-        if request_id is not None:
-            extra.append((b"x-request-id", request_id.encode("latin-1")))
-        if content is not None:
-            extra.append((b"content-type", b"application/json"))
-            extra.append((b"content-length", b"%d" % len(content)))
-        elif method in ("POST", "PUT", "PATCH"):
-            extra.append((b"content-length", b"0"))
-        target = self._prefix + path.encode("ascii")
-        line = b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), target)
-        return b"".join((line, self._common, header_lines(extra), b"\r\n", content or b""))
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.aclose()
+        await self._transport.aclose()

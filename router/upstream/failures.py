@@ -2,11 +2,13 @@
 status map, one reader of error bodies.
 
 A `Target` names an upstream as errors and codes show it (`prefill_unreachable`, ...). A
-transport failure is one of three kinds, by how far the request got:
+transport failure (`transport.TransportFailure`) is one of three kinds, by how far the
+request got:
 
     unreachable  nothing was sent (refused, no route, connect or pool timeout)   502
     timeout      sent, but the answer did not come in time                       504, in doubt
-    broken       sent, then the connection broke off                             502, in doubt
+    broken       sent, then the connection broke off, or the answer broke a      502, in doubt
+                 rule of HTTP or a cap (max_header_bytes, max_body_bytes)
 
 "In doubt" means the upstream may have acted on the request: a prefill server may have
 pushed a KV transfer, a node may be decoding.
@@ -19,10 +21,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-import httpx
 import orjson
 
 from router.errors import UpstreamError
+from router.upstream.transport import TransportFailure
 
 FailureKind = Literal["unreachable", "timeout", "broken", "failed"]
 """`failed`: the upstream answered with an error status."""
@@ -55,22 +57,22 @@ class Target:
 _CODE_SUFFIX: Mapping[FailureKind, str] = MappingProxyType(
     {"unreachable": "unreachable", "timeout": "timeout", "broken": "failed", "failed": "failed"}
 )
-_NEVER_SENT = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.UnsupportedProtocol,
-    httpx.LocalProtocolError,  # a request that could not be written: nothing left
+_STATUS: Mapping[FailureKind, int] = MappingProxyType(
+    {"unreachable": 502, "timeout": 504, "broken": 502}
+)
+_MESSAGE: Mapping[FailureKind, str] = MappingProxyType(
+    {"unreachable": "is unreachable", "timeout": "timed out", "broken": "broke off"}
 )
 
 
-def transport_failure(target: Target, exc: httpx.HTTPError) -> UpstreamError:
-    """The one translation of an httpx failure into a gateway error."""
-    if isinstance(exc, _NEVER_SENT):
-        return target.failure("unreachable", f"is unreachable: {type(exc).__name__}", status=502)
-    if isinstance(exc, httpx.TimeoutException):
-        return target.failure("timeout", "timed out", status=504, in_doubt=True)
-    return target.failure("broken", f"broke off: {type(exc).__name__}", status=502, in_doubt=True)
+def transport_failure(target: Target, exc: TransportFailure) -> UpstreamError:
+    """The one translation of a transport failure into a gateway error."""
+    return target.failure(
+        exc.kind,
+        f"{_MESSAGE[exc.kind]}: {exc}" if str(exc) else _MESSAGE[exc.kind],
+        status=_STATUS[exc.kind],
+        in_doubt=exc.in_doubt,
+    )
 
 
 def upstream_status(status: int) -> int:

@@ -1,35 +1,59 @@
-"""HTTP/1.1 to the upstreams: a keep-alive connection pool per upstream, on asyncio
-protocols, with answers read by httptools (llhttp, the C parser uvicorn serves with).
+"""HTTP/1.1 to the upstreams: the gateway's own keep-alive pool, on asyncio protocols, with
+answers read by httptools (llhttp, the C parser uvicorn serves with).
 
 httpx's own pool (httpcore over h11) parses every answer in Python: a state machine, a
 receive buffer and a context manager per read, about half the gateway's CPU per relayed
 chunk. Here the parser hands body bytes to a callback, and a reader wakes once per network
-read however many chunks of the body it carries.
+read however many chunks of the body it carries. A request is written in bytes, the base
+URL's part of it prepared once per pool.
 
-`Http1Pool.exchange` sends a request already in bytes and returns its answer's `Body`
-(status and headers included): no per-request objects beyond the bytes themselves. The
-pool is also an `httpx.AsyncBaseTransport` over the same exchange. Its failures are
-httpx's exceptions (`failures.transport_failure` translates them). It speaks what the
-gateway needs: requests whose body is in hand, answers framed by length, by chunks or by
-the connection's end; no HEAD, no upgrades, no pipelining.
+It speaks what the gateway needs: requests whose body is in hand, answers framed by
+length, by chunks or by the connection's end; no HEAD, no upgrades, no pipelining, no
+proxy. Its failures are `transport`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-import sys
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 import httptools
-import httpx
+
+from router.upstream.transport import (
+    BaseURL,
+    Broken,
+    Limits,
+    RawHeaders,
+    TimedOut,
+    TransportFailure,
+    Unreachable,
+    Waits,
+    tls_context,
+)
 
 # How much unread body a connection buffers before it stops reading from its socket.
 _READ_HIGH_WATER = 256 * 1024
 
-Origin = tuple[bytes, bytes, int]  # scheme, host, port
+
+class Http1Transport:
+    """The gateway's own pool for each upstream; one TLS context shared by them all."""
+
+    def __init__(self) -> None:
+        self._tls: ssl.SSLContext | None = None
+
+    def pool(self, base: BaseURL, limits: Limits) -> Http1Pool:
+        return Http1Pool(base, limits, self._tls_context)
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = tls_context()
+        return self._tls
+
+    async def aclose(self) -> None:
+        pass
 
 
 def _time_out(waiter: asyncio.Future[None]) -> None:
@@ -37,80 +61,83 @@ def _time_out(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TimeoutError())
 
 
-class _Connection(asyncio.Protocol):
-    """One socket and the answer being read on it: its head, the body bytes that arrived
-    and were not read yet, and whoever waits for more."""
+class Exchange:
+    """One request and its answer on a connection: the answer's head as it arrives, the body
+    bytes not read yet, and the reader waiting for more. It is the pool's `Answer`: its
+    connection goes back to the pool when the body has been read to its end, and is closed
+    if the answer is closed before.
 
-    def __init__(self, pool: Http1Pool, origin: Origin) -> None:
-        self.pool = pool
-        self.origin = origin
-        self.loop = pool.loop
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.waiter: asyncio.Future[None] | None = None
-        # The wait's deadline, checked by one timer that outlives the waits (`wait`).
-        self.deadline: float | None = None
-        self.deadline_timer: asyncio.TimerHandle | None = None
-        self.drained: asyncio.Future[None] | None = None
-        self.idle_timer: asyncio.TimerHandle | None = None
-        self._reading_paused = False
-        # The answer in progress (parser is None between exchanges).
-        self.parser: httptools.HttpResponseParser | None = None
+    `receive` can be interrupted (a timeout, a cancelled caller) without losing a byte."""
+
+    __slots__ = (
+        "_connection",
+        "_deadline",
+        "_deadline_timer",
+        "_ended",
+        "_head_bytes",
+        "_max_header_bytes",
+        "_pool",
+        "_waiter",
+        "body",
+        "buffered",
+        "complete",
+        "ends_with_connection",
+        "error",
+        "head_done",
+        "headers",
+        "keep_alive",
+        "parser",
+        "status",
+    )
+
+    def __init__(self, pool: Http1Pool, connection: _Connection, max_header_bytes: int) -> None:
+        self._pool = pool
+        self._connection: _Connection | None = connection  # None once released
+        self._max_header_bytes = max_header_bytes
+        self.parser = httptools.HttpResponseParser(self)
+        # The answer as it arrives.
         self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers: RawHeaders = []
+        self._head_bytes = 0
         self.head_done = False
-        self.complete = False
         self.keep_alive = False
         self.ends_with_connection = False
-        self.body: list[bytes] = []
+        self.body: list[bytes] = []  # arrived, not read yet
         self.buffered = 0
-        self.error: httpx.TransportError | None = None
+        self.complete = False
+        self.error: TransportFailure | None = None
+        self._ended = False  # read to its end by `receive`
+        # The one reader's wait, and its deadline, checked by one timer that outlives the
+        # waits (`wait`).
+        self._waiter: asyncio.Future[None] | None = None
+        self._deadline: float | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
 
-    # asyncio.Protocol
+    # What the connection hands over
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
-
-    def data_received(self, data: bytes) -> None:
-        parser = self.parser
-        if parser is None or self.complete:  # bytes nobody asked for: never reuse this socket
-            self.close()
-            return
+    def feed(self, data: bytes) -> None:
+        if not self.head_done:
+            self._head_bytes += len(data)  # a bound before httptools has a whole header
         try:
-            parser.feed_data(data)
+            self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(httpx.RemoteProtocolError(f"the answer is not valid HTTP/1.1: {exc}"))
-            self.close()
+            cause = exc.__context__
+            self.fail(
+                cause
+                if isinstance(cause, Broken)
+                else Broken(f"the answer is not valid HTTP/1.1: {exc}")
+            )
             return
-        if self.buffered > _READ_HIGH_WATER and self.transport is not None:
-            self.transport.pause_reading()
-            self._reading_paused = True
+        if not self.head_done and self._head_bytes > self._max_header_bytes:
+            self.fail(self._head_too_large())
 
-    def eof_received(self) -> bool:
-        if self.head_done and self.ends_with_connection and not self.complete:
-            self.on_message_complete()  # this body's end is the connection's end
-        return False  # the transport closes itself
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.parser is not None and not self.complete:
-            if exc is not None:
-                self._fail(httpx.ReadError(str(exc) or type(exc).__name__))
-            elif self.head_done:
-                self._fail(httpx.RemoteProtocolError("the connection closed inside the body"))
-            else:
-                self._fail(httpx.RemoteProtocolError("the server closed without an answer"))
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-        self.pool.forget_idle(self)
-
-    def pause_writing(self) -> None:
-        self.drained = self.loop.create_future()
-
-    def resume_writing(self) -> None:
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-        self.drained = None
+    def fail(self, error: TransportFailure) -> None:
+        """The answer cannot go on: its connection is closed, its reader told."""
+        if self.error is None:
+            self.error = error
+        if self._connection is not None:
+            self._connection.close()
+        self._wake()
 
     # httptools' callbacks
 
@@ -118,8 +145,10 @@ class _Connection(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        assert self.parser is not None
         self.status = self.parser.get_status_code()
+        size = sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > self._max_header_bytes:
+            raise self._head_too_large()  # httptools stops; `feed` fails the exchange
         if self.status < 200:  # an interim answer (103, ...): the real one follows
             return
         self.head_done = True
@@ -136,241 +165,248 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
-        if not self.head_done:  # the end of an interim answer
+        if not self.head_done:  # the end of an interim answer; its headers still count
             self.headers = []
             return
         self.complete = True
         self._wake()
 
-    # The pool's side
+    def _head_too_large(self) -> Broken:
+        return Broken(f"sent a head over max_header_bytes ({self._max_header_bytes} bytes)")
 
-    def start(self, request: bytes) -> None:
-        """Send a request (one write) and get ready for its answer."""
-        self.parser = httptools.HttpResponseParser(self)
-        self.status, self.headers, self.head_done, self.complete = 0, [], False, False
-        self.body, self.buffered, self.error = [], 0, None
-        assert self.transport is not None
-        self.transport.write(request)
+    # The reader's side
+
+    async def head(self, timeout_s: float | None) -> None:
+        """Until the answer's head has arrived."""
+        while not self.head_done:
+            if self.error is not None:
+                raise self.error
+            try:
+                await self.wait(timeout_s)
+            except TimeoutError:
+                raise TimedOut(f"no answer within {timeout_s} s") from None
+
+    async def receive(self, timeout_s: float | None) -> bytes:
+        while self._connection is not None:
+            if self.body:
+                return self.take_body()
+            if self.complete:
+                self._ended = True
+                await self.aclose()
+                break
+            if self.error is not None:
+                raise self.error
+            await self.wait(timeout_s)
+        if not self._ended:
+            raise self.error or Broken("the answer was closed before its end")
+        return b""
 
     def take_body(self) -> bytes:
         data = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body, self.buffered = [], 0
-        if self._reading_paused and self.transport is not None and not self.closed:
-            self._reading_paused = False
-            self.transport.resume_reading()
+        if self._connection is not None:
+            self._connection.resume_reading()
         return data
 
-    async def wait(self, timeout: float | None) -> None:  # noqa: ASYNC109
+    async def wait(self, timeout_s: float | None) -> None:
         """Until the answer moves on (head, body bytes, its end or a failure); TimeoutError
-        after `timeout` seconds. Cancelling or timing out loses nothing."""
-        waiter = self.waiter = self.loop.create_future()
-        if timeout is not None:
+        after `timeout_s`. Cancelling or timing out loses nothing."""
+        loop = self._pool.loop
+        waiter = self._waiter = loop.create_future()
+        if timeout_s is not None:
             # A stream waits once per chunk, each wait far shorter than its timeout: rather
             # than a timer made and cancelled per wait, one timer runs until the deadline it
             # was set for and, if a later wait has moved the deadline on, sets itself again.
-            deadline = self.deadline = self.loop.time() + timeout
-            timer = self.deadline_timer
+            deadline = self._deadline = loop.time() + timeout_s
+            timer = self._deadline_timer
             if timer is not None and timer.when() > deadline:
                 timer.cancel()
                 timer = None
             if timer is None:
-                self.deadline_timer = self.loop.call_at(deadline, self._check_deadline)
+                self._deadline_timer = loop.call_at(deadline, self._check_deadline)
         try:
             await waiter
         finally:
-            self.waiter = None
-            self.deadline = None
-
-    def disarm(self) -> None:
-        """No wait is left to time out (the exchange is over)."""
-        if self.deadline_timer is not None:
-            self.deadline_timer.cancel()
-            self.deadline_timer = None
+            self._waiter = None
+            self._deadline = None
 
     def _check_deadline(self) -> None:
-        self.deadline_timer = None
-        if self.deadline is None:  # no wait now: the next one sets a timer
+        self._deadline_timer = None
+        if self._deadline is None:  # no wait now: the next one sets a timer
             return
-        if self.loop.time() < self.deadline:
-            self.deadline_timer = self.loop.call_at(self.deadline, self._check_deadline)
-        elif self.waiter is not None:
-            _time_out(self.waiter)
+        if self._pool.loop.time() < self._deadline:
+            self._deadline_timer = self._pool.loop.call_at(self._deadline, self._check_deadline)
+        elif self._waiter is not None:
+            _time_out(self._waiter)
 
-    async def drain(self, timeout: float | None) -> None:  # noqa: ASYNC109
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.body and self.error is None
+
+    async def aclose(self) -> None:
+        """Done with the answer (each exchange releases its connection once)."""
+        connection, self._connection = self._connection, None
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        if connection is not None:
+            self._pool.release(connection, self)
+
+
+class _Connection(asyncio.Protocol):
+    """One socket, and the exchange it carries now if any."""
+
+    def __init__(self, pool: Http1Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self.closed = False
+        self.drained: asyncio.Future[None] | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self._reading_paused = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        exchange = self.exchange
+        if exchange is None or exchange.complete:  # bytes nobody asked for: never reuse
+            self.close()
+            return
+        exchange.feed(data)
+        if exchange.buffered > _READ_HIGH_WATER and self.transport is not None:
+            self.transport.pause_reading()
+            self._reading_paused = True
+
+    def eof_received(self) -> bool:
+        exchange = self.exchange
+        if exchange is not None and exchange.head_done and exchange.ends_with_connection:
+            if not exchange.complete:
+                exchange.on_message_complete()  # this body's end is the connection's end
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        exchange = self.exchange
+        if exchange is not None and not exchange.complete:
+            if exc is not None:
+                exchange.fail(Broken(f"the connection failed: {exc or type(exc).__name__}"))
+            elif exchange.head_done:
+                exchange.fail(Broken("the connection closed inside the body"))
+            else:
+                exchange.fail(Broken("the server closed without an answer"))
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+        self.pool.forget_idle(self)
+
+    def pause_writing(self) -> None:
+        self.drained = self.pool.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+        self.drained = None
+
+    # The pool's side
+
+    def start(self, exchange: Exchange, request: bytes) -> None:
+        """Send a request (one write) for `exchange` to read the answer to."""
+        self.exchange = exchange
+        assert self.transport is not None
+        self.transport.write(request)
+
+    async def drain(self, timeout_s: float | None) -> None:
         drained = self.drained
         if drained is None:
             return
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout_s):
                 await asyncio.shield(drained)
         except TimeoutError:
-            raise httpx.WriteTimeout("timed out") from None
-        if self.closed and self.error is None:
-            raise httpx.WriteError("the connection closed while the request was sent")
+            raise TimedOut(f"the request was not sent within {timeout_s} s") from None
+        if self.closed:
+            raise Broken("the connection closed while the request was sent")
 
-    def reusable(self) -> bool:
-        return self.complete and self.keep_alive and not self.closed and not self.body
+    def resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self.closed:
+            self._reading_paused = False
+            self.transport.resume_reading()
 
     def close(self) -> None:
         self.closed = True
-        self.disarm()
         if self.transport is not None:
             self.transport.close()
 
-    def _fail(self, error: httpx.TransportError) -> None:
-        if self.error is None:
-            self.error = error
-        self._wake()
 
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
+class Http1Pool:
+    """Keep-alive connections to one upstream base URL, held to its `Limits`."""
 
-
-class Body(httpx.AsyncByteStream):
-    """An answer whose head has arrived (`status`, raw `headers`), and its body, read off
-    its connection; the connection goes back to the pool when the body has been read to its
-    end, and is closed if it is closed before.
-
-    Read it by iterating (each wait for bytes bounded by the read timeout) or with
-    `receive`, which a timeout or a cancelled caller can interrupt without losing a byte."""
-
-    def __init__(self, pool: Http1Pool, connection: _Connection, read_s: float | None) -> None:
-        self.status = connection.status
-        self.headers = connection.headers
-        self._pool = pool
-        self._connection: _Connection | None = connection
-        self._read_s = read_s
-        self._ended = False
-
-    async def receive(self, timeout: float | None) -> bytes:  # noqa: ASYNC109
-        """The body's next bytes, however many have arrived; b"" once it has ended.
-        TimeoutError if none arrive within `timeout` seconds: they are read by the next call."""
-        connection = self._connection
-        while connection is not None:
-            if connection.body:
-                return connection.take_body()
-            if connection.complete:
-                self._ended = True
-                await self.aclose()
-                break
-            if connection.error is not None:
-                raise connection.error
-            await connection.wait(timeout)
-        if not self._ended:
-            raise httpx.StreamClosed()
-        return b""
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            while chunk := await self.receive(self._read_s):
-                yield chunk
-        except TimeoutError:
-            raise httpx.ReadTimeout("timed out") from None
-
-    async def aclose(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            self._pool.release(connection)
-
-
-class Http1Pool(httpx.AsyncBaseTransport):
-    """Keep-alive connections per origin, at most `limits.max_connections` open at once
-    (a request waits for one up to its pool timeout), at most
-    `limits.max_keepalive_connections` of them idle, each idle one closed after
-    `limits.keepalive_expiry` seconds."""
-
-    def __init__(self, limits: httpx.Limits) -> None:
+    def __init__(self, base: BaseURL, limits: Limits, tls: Callable[[], ssl.SSLContext]) -> None:
         self.loop = asyncio.get_running_loop()
-        unlimited = sys.maxsize  # what None means in httpx's limits
-        self._max_connections = limits.max_connections or unlimited
-        idle = limits.max_keepalive_connections
-        self._max_idle = unlimited if idle is None else idle
-        self._expiry = limits.keepalive_expiry
-        self._ssl_context: ssl.SSLContext | None = None
-        self._idle: dict[Origin, list[_Connection]] = {}
+        self._base = base
+        self._limits = limits
+        self._tls = tls
+        self._head = header_lines(base.headers)
+        self._prefix = base.prefix.encode("ascii")
+        self._idle: list[_Connection] = []
         self._open = 0
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        origin = origin_of(url)
-        timeouts = request.extensions.get("timeout", {})
-        body = (
-            request.content
-            if isinstance(request.stream, httpx.ByteStream)
-            else b"".join([chunk async for chunk in cast(httpx.AsyncByteStream, request.stream)])
-        )
-        head = request_head(request.method.encode(), url.raw_path, request.headers.raw)
-        answer = await self.exchange(
-            origin,
-            head + body,
-            pool_s=timeouts.get("pool"),
-            connect_s=timeouts.get("connect"),
-            write_s=timeouts.get("write"),
-            read_s=timeouts.get("read"),
-        )
-        return httpx.Response(
-            status_code=answer.status,
-            headers=answer.headers,
-            stream=answer,
-            extensions={"http_version": b"HTTP/1.1"},
-        )
-
-    async def exchange(
+    async def send(
         self,
-        origin: Origin,
-        request: bytes,
-        *,
-        pool_s: float | None,
-        connect_s: float | None,
-        write_s: float | None,
-        read_s: float | None,
-    ) -> Body:
-        """Send `request` (its head and body, in bytes) to `origin` on a pooled connection;
-        return once the answer's head has arrived. `read_s` bounds each wait for bytes."""
-        connection = await self._acquire(origin, pool_s, connect_s)
+        method: str,
+        path: str,
+        headers: RawHeaders,
+        content: bytes | None,
+        waits: Waits,
+    ) -> Exchange:
+        request = self._request(method, path, headers, content)
+        connection = await self._acquire(waits.pool_s, waits.connect_s)
+        exchange = Exchange(self, connection, self._limits.max_header_bytes)
         try:
-            connection.start(request)
-            await connection.drain(write_s)
-            while not connection.head_done:
-                if connection.error is not None:
-                    raise connection.error
-                await connection.wait(read_s)
-        except TimeoutError:
-            connection.close()
-            self.release(connection)
-            raise httpx.ReadTimeout("timed out") from None
+            connection.start(exchange, request)
+            await connection.drain(waits.write_s)
+            await exchange.head(waits.read_s)
         except BaseException:
             connection.close()
-            self.release(connection)
+            await exchange.aclose()
             raise
-        return Body(self, connection, read_s)
+        return exchange
 
-    async def _acquire(
-        self,
-        origin: Origin,
-        pool_s: float | None,
-        connect_s: float | None,
-    ) -> _Connection:
+    def _request(self, method: str, path: str, headers: RawHeaders, content: bytes | None) -> bytes:
+        """A whole request in bytes: its line, its headers, its body."""
+        line = b"%s %s%s HTTP/1.1\r\n" % (method.encode("ascii"), self._prefix, path.encode())
+        if content is not None:
+            length = b"content-length: %d\r\n" % len(content)
+        elif method in ("POST", "PUT", "PATCH"):
+            length = b"content-length: 0\r\n"
+        else:
+            length = b""
+        return b"".join((line, self._head, header_lines(headers), length, b"\r\n", content or b""))
+
+    async def _acquire(self, pool_s: float | None, connect_s: float | None) -> _Connection:
         deadline = None if pool_s is None else self.loop.time() + pool_s
         while True:
             if self._closed:
-                raise httpx.ConnectError("the connection pool is closed")
-            idle = self._idle.get(origin)
-            while idle:
-                connection = idle.pop()  # the most recently used: the rest may expire
+                raise Unreachable("the connection pool is closed")
+            while self._idle:
+                connection = self._idle.pop()  # the most recently used: the rest may expire
                 if connection.idle_timer is not None:
                     connection.idle_timer.cancel()
                     connection.idle_timer = None
                 if not connection.closed:
                     return connection
                 self._open -= 1
-            if self._open < self._max_connections:
+            if self._open < self._limits.max_connections:
                 self._open += 1
                 try:
-                    return await self._connect(origin, connect_s)
+                    return await self._connect(connect_s)
                 except BaseException:
                     self._open -= 1
                     self._wake_a_waiter()
@@ -381,7 +417,7 @@ class Http1Pool(httpx.AsyncBaseTransport):
             try:
                 await waiter
             except TimeoutError:
-                raise httpx.PoolTimeout("no connection was free in time") from None
+                raise Unreachable(f"no connection was free within {pool_s} s") from None
             except asyncio.CancelledError:
                 if waiter.done() and not waiter.cancelled():  # woken, but gone: pass it on
                     self._wake_a_waiter()
@@ -392,55 +428,51 @@ class Http1Pool(httpx.AsyncBaseTransport):
                 if waiter in self._slot_waiters:  # timed out or cancelled, not woken
                     self._slot_waiters.remove(waiter)
 
-    async def _connect(self, origin: Origin, connect_s: float | None) -> _Connection:
-        scheme, host, port = origin
-        tls = None
-        if scheme == b"https":
-            if self._ssl_context is None:
-                self._ssl_context = httpx.create_ssl_context()
-            tls = self._ssl_context
-        hostname = host.decode("ascii")
+    async def _connect(self, connect_s: float | None) -> _Connection:
+        base = self._base
+        tls = self._tls() if base.scheme == "https" else None
         try:
             async with asyncio.timeout(connect_s):
                 _, connection = await self.loop.create_connection(
-                    lambda: _Connection(self, origin),
-                    hostname,
-                    port,
+                    lambda: _Connection(self),
+                    base.host,
+                    base.port,
                     ssl=tls,
-                    server_hostname=hostname if tls is not None else None,
+                    server_hostname=base.host if tls is not None else None,
                 )
         except TimeoutError:
-            raise httpx.ConnectTimeout("timed out") from None
+            raise Unreachable(f"no connection within {connect_s} s") from None
         except (OSError, ssl.SSLError) as exc:
-            raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
+            raise Unreachable(str(exc) or type(exc).__name__) from None
         return connection
 
-    def release(self, connection: _Connection) -> None:
-        """Take a connection back after an exchange: idle if it can serve another, else
-        closed. Each exchange releases its connection once."""
-        if self._closed or not connection.reusable() or self._idle_count() >= self._max_idle:
+    def release(self, connection: _Connection, exchange: Exchange) -> None:
+        """Take a connection back after its exchange: idle if it can serve another, else
+        closed."""
+        connection.exchange = None
+        if (
+            self._closed
+            or connection.closed
+            or not exchange.reusable()
+            or len(self._idle) >= self._limits.max_idle_connections
+        ):
             connection.close()
             self._open -= 1
         else:
-            connection.parser = None
-            connection.disarm()
-            if self._expiry is not None:
-                connection.idle_timer = self.loop.call_later(self._expiry, connection.close)
-            self._idle.setdefault(connection.origin, []).append(connection)
+            connection.idle_timer = self.loop.call_later(
+                self._limits.idle_expiry_s, connection.close
+            )
+            self._idle.append(connection)
         self._wake_a_waiter()
 
     def forget_idle(self, connection: _Connection) -> None:
         """An idle connection closed (by its server, or on expiry): it no longer counts."""
-        idle = self._idle.get(connection.origin)
-        if idle and connection in idle:
-            idle.remove(connection)
+        if connection in self._idle:
+            self._idle.remove(connection)
             if connection.idle_timer is not None:
                 connection.idle_timer.cancel()
             self._open -= 1
             self._wake_a_waiter()
-
-    def _idle_count(self) -> int:
-        return sum(len(idle) for idle in self._idle.values())
 
     def _wake_a_waiter(self) -> None:
         while self._slot_waiters:
@@ -451,31 +483,18 @@ class Http1Pool(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         self._closed = True
-        for idle in self._idle.values():
-            for connection in idle:
-                connection.close()
-        self._idle.clear()
-
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def origin_of(url: httpx.URL) -> Origin:
-    """The pool's key for `url`: scheme, host, and port (the scheme's own if none is given)."""
-    return (url.raw_scheme, url.raw_host, url.port or _DEFAULT_PORTS[url.scheme])
-
-
-def request_head(method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """A request's line and headers, up to the blank line."""
-    return b"%s %s HTTP/1.1\r\n%s\r\n" % (method, target, header_lines(headers))
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+            self._open -= 1
 
 
 def header_lines(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """`name: value` lines; LocalProtocolError for a header that holds a line break (it
-    would split the request)."""
+    """`name: value` lines; Unreachable for a header that holds a line break (it would
+    split the request)."""
     lines = []
     for name, value in headers:
         if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
-            raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
+            raise Unreachable(f"header {name!r} holds a line break: the request is not sent")
         lines.append(b"%s: %s\r\n" % (name, value))
     return b"".join(lines)

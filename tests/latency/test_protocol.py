@@ -24,6 +24,7 @@ from router.nodes.facts import NodeFactsBook
 from router.serving import RoutedRequest
 from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams
+from router.upstream.httpx_transport import HttpxTransport
 from router.upstream.tilert import DoneLine, NodeFacts, TokenLine
 from router.upstream.vllm import Prefilled
 from tests.throughput.support import routed
@@ -164,7 +165,9 @@ def run(node: Node) -> Run:
         tasks.append(task)
         return task
 
-    upstreams = Upstreams(UpstreamsConfig(), TIMEOUTS, transport=httpx.MockTransport(node))
+    upstreams = Upstreams(
+        UpstreamsConfig(), TIMEOUTS, transport=HttpxTransport(httpx.MockTransport(node))
+    )
     metrics = Metrics()
     deps = LatencyDeps(
         upstreams=upstreams,

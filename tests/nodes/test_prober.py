@@ -15,6 +15,7 @@ from router.nodes.facts import NodeFactsBook
 from router.nodes.prober import _probe_out_node, admit_ready_nodes
 from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams
+from router.upstream.httpx_transport import HttpxTransport
 
 NODE = Node(host="node", http_port=5557, tilert="0.1.6")
 METRICS = Metrics()
@@ -48,7 +49,9 @@ class ScriptedNode:
 
 def upstreams(node: ScriptedNode) -> Upstreams:
     return Upstreams(
-        UpstreamsConfig(), TimeoutsConfig(connect_s=1), transport=httpx.MockTransport(node)
+        UpstreamsConfig(),
+        TimeoutsConfig(connect_s=1),
+        transport=HttpxTransport(httpx.MockTransport(node)),
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 from router.config import ConfigError, parse_config
 from router.errors import AuthenticationFailed
 from router.runtime.auth import AdminAuth, ClientAuth, digest
+from router.upstream.httpx_transport import HttpxTransport
 
 MODELS = [
     {"name": "m", "tokenizer": "deepseek", "throughput": {"mode": "proxy", "urls": ["http://p:1"]}}
@@ -114,7 +115,7 @@ async def test_backends_get_their_own_key_never_the_clients(
         c.upstreams,
         c.timeouts,
         credentials=upstream_credentials(c),
-        transport=httpx.MockTransport(handle),
+        transport=HttpxTransport(httpx.MockTransport(handle)),
     )
     for base in ("http://prefill:8000", "http://other:8000"):
         await upstreams.call(PREFILL, "POST", base, "/v1/completions", body={}, read_s=1)

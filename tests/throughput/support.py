@@ -23,6 +23,7 @@ from router.openai.endpoints import ENDPOINTS
 from router.selection.least_outstanding import LeastOutstanding
 from router.serving import PathResponse, RoutedRequest, ServePath
 from router.upstream import Upstreams as UpstreamClients
+from router.upstream.httpx_transport import HttpxTransport
 
 RID = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 TIMEOUTS = TimeoutsConfig(connect_s=2.0, prefill_s=10.0)
@@ -54,7 +55,7 @@ class Upstreams:
     def pool(self) -> UpstreamClients:
         """The gateway's upstream clients, with these scripted servers as the network."""
         return UpstreamClients(
-            UpstreamsConfig(), TIMEOUTS, transport=httpx.MockTransport(self._handle)
+            UpstreamsConfig(), TIMEOUTS, transport=HttpxTransport(httpx.MockTransport(self._handle))
         )
 
     def to(self, host: str) -> list[Seen]:

@@ -16,9 +16,13 @@ from router.upstream import Upstreams
 from router.upstream.failures import Target
 
 TARGET = Target("bench", "the bench server")
-WHOLE = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
+WHOLE = (
+    b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
+)
 CHUNKS = 32
-STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
+)
 STREAM_CHUNK = b'e\r\n{"t": [12345]}\r\n'
 
 
@@ -44,7 +48,7 @@ class Server(asyncio.Protocol):
         if head.startswith(b"POST /stream"):
             self.transport.write(STREAM_HEAD)  # type: ignore[attr-defined]
             loop = asyncio.get_running_loop()
-            for i in range(CHUNKS):  # one chunk per loop turn, as a node writes tokens
+            for _ in range(CHUNKS):  # one chunk per loop turn, as a node writes tokens
                 loop.call_soon(self.transport.write, STREAM_CHUNK)  # type: ignore[attr-defined]
             loop.call_soon(self.transport.write, b"0\r\n\r\n")  # type: ignore[attr-defined]
         else:

@@ -8,6 +8,8 @@ import pytest
 
 from router.errors import PrefillError, error_json
 from router.upstream import status_failure, transport_failure, upstream_status
+from router.upstream.httpx_transport import translated
+from router.upstream.transport import Broken, TimedOut, TransportFailure, Unreachable
 from router.upstream.vllm import PREFILL
 
 
@@ -43,17 +45,31 @@ def test_anything_else_is_wrapped_naming_the_upstream(status: int, body: bytes) 
 @pytest.mark.parametrize(
     ("exc", "status", "code", "in_doubt"),
     [
-        (httpx.ConnectError("refused"), 502, "prefill_unreachable", False),
-        (httpx.ConnectTimeout("slow"), 502, "prefill_unreachable", False),
-        (httpx.PoolTimeout("full"), 502, "prefill_unreachable", False),
-        (httpx.ReadTimeout("slow"), 504, "prefill_timeout", True),
-        (httpx.WriteTimeout("slow"), 504, "prefill_timeout", True),
-        (httpx.RemoteProtocolError("cut"), 502, "prefill_failed", True),
-        (httpx.ReadError("reset"), 502, "prefill_failed", True),
+        (Unreachable("refused"), 502, "prefill_unreachable", False),
+        (TimedOut("slow"), 504, "prefill_timeout", True),
+        (Broken("cut"), 502, "prefill_failed", True),
     ],
 )
 def test_transport_failures_by_how_far_the_request_got(
-    exc: httpx.HTTPError, status: int, code: str, in_doubt: bool
+    exc: TransportFailure, status: int, code: str, in_doubt: bool
 ) -> None:
     error = transport_failure(PREFILL, exc)
     assert (error.status, error.code, error.in_doubt) == (status, code, in_doubt)
+    assert error.message.endswith(str(exc))  # the transport's own account of it
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (httpx.ConnectError("refused"), "unreachable"),
+        (httpx.ConnectTimeout("slow"), "unreachable"),
+        (httpx.PoolTimeout("full"), "unreachable"),
+        (httpx.LocalProtocolError("bad header"), "unreachable"),
+        (httpx.ReadTimeout("slow"), "timeout"),
+        (httpx.WriteTimeout("slow"), "timeout"),
+        (httpx.RemoteProtocolError("cut"), "broken"),
+        (httpx.ReadError("reset"), "broken"),
+    ],
+)
+def test_httpx_failures_in_the_transports_words(exc: httpx.HTTPError, kind: str) -> None:
+    assert translated(exc).kind == kind

@@ -1,70 +1,49 @@
-"""The upstream client on real sockets: connections are reused while they can be and never
-when they cannot, a request leaves in one write, answers framed every way HTTP/1.1 frames
-them arrive whole, streams arrive line by line, and each way a connection fails keeps its
-error code."""
+"""The upstream client on real sockets, one suite for both transports (the gateway's own
+pool and httpx's): connections are reused while they can be and never when they cannot,
+answers framed every way HTTP/1.1 frames them arrive whole, streams arrive line by line,
+each way a connection fails keeps its error code, and an answer that sends too much is
+refused by name. A request leaving in one write is the gateway's own pool's."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import socket
 import ssl
 import tracemalloc
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trustme
 
+from router import __version__
 from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.node import Node
 from router.upstream import Upstreams
 from router.upstream import tilert as node_api
 from router.upstream.failures import Target
+from router.upstream.http1 import Http1Transport
+from router.upstream.httpx_transport import HttpxTransport
+from router.upstream.transport import Transport
+from tests.upstream.raw_server import (
+    Handler,
+    answer,
+    chunked,
+    read_request,
+    serve_requests,
+    serving,
+)
 
 TARGET = Target("probe", "the probed server")
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-@asynccontextmanager
-async def serving(
-    handler: Handler, tls: ssl.SSLContext | None = None
-) -> AsyncIterator[tuple[str, list[int]]]:
-    """A loopback server running `handler` per connection (over TLS with `tls`); yields its
-    URL and a list that gets one entry per connection accepted."""
-    accepted: list[int] = []
-
-    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.append(1)
-        try:
-            await handler(reader, writer)
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(on_connection, "127.0.0.1", 0, ssl=tls)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"{'https' if tls else 'http'}://localhost:{port}", accepted
-    finally:
-        server.close()
+@pytest.fixture(params=["own", "httpx"])
+def transport(request: pytest.FixtureRequest) -> Transport:
+    return Http1Transport() if request.param == "own" else HttpxTransport()
 
 
-async def read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.lower() == b"content-length":
-            length = int(value)
-    return head + await reader.readexactly(length)
-
-
-def answer(body: bytes) -> bytes:
-    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-
-
-async def test_requests_share_one_connection() -> None:
+async def test_requests_share_one_connection(transport: Transport) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             try:
@@ -74,7 +53,7 @@ async def test_requests_share_one_connection() -> None:
             writer.write(answer(b'{"ok": true}'))
 
     async with serving(handler) as (url, accepted):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
         for _ in range(3):
             reply = await upstreams.call(TARGET, "POST", url, "/x", body={"a": 1}, read_s=5)
             assert reply.status == 200
@@ -84,7 +63,7 @@ async def test_requests_share_one_connection() -> None:
 
 
 async def test_an_https_upstream_is_verified_against_the_trusted_authorities(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    transport: Transport, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     authority = trustme.CA()
     server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -100,13 +79,14 @@ async def test_an_https_upstream_is_verified_against_the_trusted_authorities(
 
     async with serving(handler, server_tls) as (url, accepted):
         # Unknown authority: refused before anything is sent.
-        error = await failure_of_call(url)
+        error = await failure_of_call(transport, url)
         assert (error.code, error.in_doubt) == ("probe_unreachable", False)
         # Trusted through SSL_CERT_FILE, as an operator trusts a private authority.
         ca_file = tmp_path / "ca.pem"
         authority.cert_pem.write_to_path(str(ca_file))
         monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        trusting = type(transport)()  # a transport reads the trusted authorities once
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=trusting)
         for _ in range(2):
             reply = await upstreams.call(TARGET, "POST", url, "/x", body={"a": 1}, read_s=5)
             assert await reply.json() == {"tls": True}
@@ -114,8 +94,8 @@ async def test_an_https_upstream_is_verified_against_the_trusted_authorities(
     assert len(accepted) == 1  # (the refused handshake never reached the handler) reused
 
 
-async def failure_of_call(url: str) -> UpstreamError:
-    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(connect_s=5))
+async def failure_of_call(transport: Transport, url: str) -> UpstreamError:
+    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(connect_s=5), transport=transport)
     try:
         with pytest.raises(UpstreamError) as failed:
             await upstreams.call(TARGET, "GET", url, "/", read_s=5)
@@ -132,13 +112,13 @@ async def test_a_request_leaves_in_one_write() -> None:
         writer.write(answer(b"{}"))
 
     async with serving(handler) as (url, _):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=Http1Transport())
         await upstreams.call(TARGET, "POST", url, "/x", body={"key": "value"}, read_s=5)
         await upstreams.aclose()
     assert first_reads[0].endswith(b'\r\n\r\n{"key":"value"}')
 
 
-async def test_a_request_carries_its_upstreams_path_host_key_and_id() -> None:
+async def test_a_request_carries_its_upstreams_path_host_key_and_id(transport: Transport) -> None:
     requests: list[bytes] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -151,7 +131,9 @@ async def test_a_request_carries_its_upstreams_path_host_key_and_id() -> None:
 
     async with serving(handler) as (url, accepted):
         base = url + "/prefix"
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), credentials={base: "sk-1"})
+        upstreams = Upstreams(
+            UpstreamsConfig(), TimeoutsConfig(), credentials={base: "sk-1"}, transport=transport
+        )
         body = {"key": "välue"}
         await upstreams.call(TARGET, "POST", base, "/x", body=body, read_s=5, request_id="r1")
         await upstreams.call(TARGET, "GET", base, "/status", read_s=5)
@@ -178,6 +160,7 @@ async def test_a_request_carries_its_upstreams_path_host_key_and_id() -> None:
     assert fields[b"content-type"] == b"application/json"
     assert fields[b"content-length"] == b"%d" % len(content)
     assert fields[b"accept-encoding"] == b"identity"
+    assert fields[b"user-agent"] == f"pd-gateway/{__version__}".encode()
     line, fields = head(requests[1])
     assert line == b"GET /prefix/status HTTP/1.1" and b"content-length" not in fields
     assert b"x-request-id" not in fields and b"content-type" not in fields
@@ -186,7 +169,7 @@ async def test_a_request_carries_its_upstreams_path_host_key_and_id() -> None:
     assert b"authorization" not in fields
 
 
-async def test_a_decode_stream_arrives_line_by_line() -> None:
+async def test_a_decode_stream_arrives_line_by_line(transport: Transport) -> None:
     release = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -200,7 +183,7 @@ async def test_a_decode_stream_arrives_line_by_line() -> None:
         writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
     async with serving(handler) as (url, _):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
         node = Node(host="127.0.0.1", http_port=int(url.rsplit(":", 1)[1]))
         body = node_api.decode_body(
             rid="r", first_token_id=1, max_tokens=3, sampling=None, timeout_s=1
@@ -215,8 +198,10 @@ async def test_a_decode_stream_arrives_line_by_line() -> None:
         await upstreams.aclose()
 
 
-async def failure_of(handler: Handler | None, read_s: float = 5) -> UpstreamError:
-    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(connect_s=1))
+async def failure_of(
+    transport: Transport, handler: Handler | None, read_s: float = 5
+) -> UpstreamError:
+    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(connect_s=1), transport=transport)
     try:
         if handler is None:  # a port nobody listens on
             with socket.socket() as sock:
@@ -233,45 +218,31 @@ async def failure_of(handler: Handler | None, read_s: float = 5) -> UpstreamErro
         await upstreams.aclose()
 
 
-async def test_a_refused_connection_is_unreachable() -> None:
-    error = await failure_of(None)
+async def test_a_refused_connection_is_unreachable(transport: Transport) -> None:
+    error = await failure_of(transport, None)
     assert (error.code, error.status, error.in_doubt) == ("probe_unreachable", 502, False)
 
 
-async def test_a_silent_server_times_out() -> None:
+async def test_a_silent_server_times_out(transport: Transport) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         await asyncio.sleep(5)
 
-    error = await failure_of(handler, read_s=0.05)
+    error = await failure_of(transport, handler, read_s=0.05)
     assert (error.code, error.status, error.in_doubt) == ("probe_timeout", 504, True)
 
 
-async def test_a_body_cut_short_is_a_broken_connection() -> None:
+async def test_a_body_cut_short_is_a_broken_connection(transport: Transport) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{")
         await writer.drain()
 
-    error = await failure_of(handler)
+    error = await failure_of(transport, handler)
     assert (error.code, error.status, error.in_doubt) == ("probe_failed", 502, True)
 
 
-async def serve_requests(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answers: list[bytes]
-) -> None:
-    """Answers each request on one connection with the next of `answers`."""
-    for reply in answers:
-        try:
-            await read_request(reader)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return
-        writer.write(reply)
-        await writer.drain()
-    await reader.read()  # until the client closes
-
-
-async def test_every_framing_of_an_answer_arrives_whole() -> None:
+async def test_every_framing_of_an_answer_arrives_whole(transport: Transport) -> None:
     chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
     chunked += (
         b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (b'{"a"', b": ", b"1}")) + b"0\r\n\r\n"
@@ -283,7 +254,7 @@ async def test_every_framing_of_an_answer_arrives_whole() -> None:
         await serve_requests(reader, writer, [chunked, interim, no_content])
 
     async with serving(handler) as (url, accepted):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
         first = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
         assert await first.json() == {"a": 1}
         second = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
@@ -294,7 +265,9 @@ async def test_every_framing_of_an_answer_arrives_whole() -> None:
     assert len(accepted) == 1
 
 
-async def test_an_answer_that_ends_with_its_connection_is_read_to_the_end() -> None:
+async def test_an_answer_that_ends_with_its_connection_is_read_to_the_end(
+    transport: Transport,
+) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil ")
@@ -304,7 +277,7 @@ async def test_an_answer_that_ends_with_its_connection_is_read_to_the_end() -> N
         writer.close()
 
     async with serving(handler) as (url, accepted):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
         for _ in range(2):
             reply = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
             assert await reply.read() == b"until the end"
@@ -312,7 +285,9 @@ async def test_an_answer_that_ends_with_its_connection_is_read_to_the_end() -> N
     assert len(accepted) == 2  # its connection could not serve again
 
 
-async def test_a_connection_is_not_reused_after_connection_close_or_an_unread_body() -> None:
+async def test_a_connection_is_not_reused_after_connection_close_or_an_unread_body(
+    transport: Transport,
+) -> None:
     closing = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}"
     big = answer(b"x" * 100_000)
 
@@ -320,7 +295,7 @@ async def test_a_connection_is_not_reused_after_connection_close_or_an_unread_bo
         await serve_requests(reader, writer, [closing] if len(accepted) == 1 else [big, big])
 
     async with serving(handler) as (url, accepted):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
         reply = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
         assert await reply.json() == {}
         # Closed with most of its body unread: the connection goes, not back to the pool.
@@ -333,6 +308,7 @@ async def test_a_connection_is_not_reused_after_connection_close_or_an_unread_bo
 
 
 async def test_an_idle_connection_is_closed_when_it_expires() -> None:
+    """The gateway's own pool closes it then (httpx's when the pool is next used)."""
     closed = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -340,7 +316,9 @@ async def test_an_idle_connection_is_closed_when_it_expires() -> None:
         closed.set()  # the client closed its end
 
     async with serving(handler) as (url, accepted):
-        upstreams = Upstreams(UpstreamsConfig(keepalive_expiry_s=0.05), TimeoutsConfig())
+        upstreams = Upstreams(
+            UpstreamsConfig(keepalive_expiry_s=0.05), TimeoutsConfig(), transport=Http1Transport()
+        )
         await upstreams.call(TARGET, "GET", url, "/", read_s=5)
         await asyncio.wait_for(closed.wait(), 5)
         await upstreams.call(TARGET, "GET", url, "/", read_s=5)
@@ -348,13 +326,15 @@ async def test_an_idle_connection_is_closed_when_it_expires() -> None:
     assert len(accepted) == 2
 
 
-async def test_a_request_waits_for_a_free_connection_up_to_the_pool_timeout() -> None:
+async def test_a_request_waits_for_a_free_connection_up_to_the_pool_timeout(
+    transport: Transport,
+) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await serve_requests(reader, writer, [answer(b'{"n": 1}'), answer(b'{"n": 2}')])
 
     async with serving(handler) as (url, accepted):
         pools = UpstreamsConfig(max_connections=1)
-        upstreams = Upstreams(pools, TimeoutsConfig(connect_s=0.1))
+        upstreams = Upstreams(pools, TimeoutsConfig(connect_s=0.1), transport=transport)
         held = await upstreams.open(TARGET, "GET", url, "/", read_s=5)
         error = await failure_of_request(upstreams, url)
         assert (error.code, error.status, error.in_doubt) == ("probe_unreachable", 502, False)
@@ -372,27 +352,30 @@ async def failure_of_request(upstreams: Upstreams, url: str) -> UpstreamError:
     return failed.value
 
 
-async def test_an_answer_that_is_not_http_is_a_broken_connection() -> None:
+async def test_an_answer_that_is_not_http_is_a_broken_connection(transport: Transport) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
         await writer.drain()
         await reader.read()
 
-    error = await failure_of(handler)
+    error = await failure_of(transport, handler)
     assert (error.code, error.status, error.in_doubt) == ("probe_failed", 502, True)
 
 
-async def test_a_server_that_closes_without_answering_is_a_broken_connection() -> None:
+async def test_a_server_that_closes_without_answering_is_a_broken_connection(
+    transport: Transport,
+) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
 
-    error = await failure_of(handler)
+    error = await failure_of(transport, handler)
     assert (error.code, error.status, error.in_doubt) == ("probe_failed", 502, True)
 
 
 async def test_an_open_answer_does_not_keep_its_requests_body() -> None:
-    """A stream may stay open for minutes: the prompt it was asked with is not held."""
+    """A stream may stay open for minutes: the gateway's own pool does not hold the prompt
+    it was asked with (httpx's keeps its request)."""
     sent = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -404,7 +387,7 @@ async def test_an_open_answer_does_not_keep_its_requests_body() -> None:
 
     prompt = "x" * 2_000_000
     async with serving(handler) as (url, _):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=Http1Transport())
         tracemalloc.start()
         try:
             reply = await upstreams.open(TARGET, "POST", url, "/", body={"p": prompt}, read_s=5)
@@ -415,3 +398,117 @@ async def test_an_open_answer_does_not_keep_its_requests_body() -> None:
         await reply.aclose()
         await upstreams.aclose()
     assert held < 500_000, f"{held} bytes still traced with the answer open"
+
+
+async def test_a_stalled_stream_times_out_each_wait_and_loses_nothing(
+    transport: Transport,
+) -> None:
+    resume = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunked(b"a"))
+        await writer.drain()
+        await resume.wait()
+        writer.write(chunked(b"b") + b"0\r\n\r\n")
+        await serve_requests(reader, writer, [answer(b"{}")])
+
+    async with serving(handler) as (url, accepted):
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
+        reply = await upstreams.open(TARGET, "GET", url, "/", read_s=5)
+        assert await reply.receive(5) == b"a"
+        with pytest.raises(TimeoutError):
+            await reply.receive(0.05)
+        resume.set()
+        assert await reply.receive(5) == b"b"
+        assert await reply.receive(5) == b""
+        assert await reply.receive(5) == b""  # the end, to every later call
+        await reply.aclose()
+        assert await (await upstreams.call(TARGET, "GET", url, "/", read_s=5)).json() == {}
+        await upstreams.aclose()
+    assert len(accepted) == 1  # read to its end, the stream's connection served again
+
+
+async def test_a_gzip_body_is_decoded(transport: Transport) -> None:
+    body = gzip.compress(b'{"zipped": true}')
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_requests(reader, writer, [answer(body, b"content-encoding: gzip")])
+
+    async with serving(handler) as (url, _):
+        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
+        reply = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+        assert await reply.json() == {"zipped": True}
+        assert b"content-encoding" not in dict(reply.forwarded_headers())
+        await upstreams.aclose()
+
+
+CAPS = UpstreamsConfig(max_header_bytes=4096, max_body_bytes=10_000)
+
+
+async def capped_failure(transport: Transport, handler: Handler) -> UpstreamError:
+    async with serving(handler) as (url, _):
+        upstreams = Upstreams(CAPS, TimeoutsConfig(), transport=transport)
+        try:
+            with pytest.raises(UpstreamError) as failed:
+                await upstreams.call(TARGET, "GET", url, "/", read_s=5)
+        finally:
+            await upstreams.aclose()
+    error = failed.value
+    assert (error.code, error.status, error.in_doubt) == ("probe_failed", 502, True)
+    return error
+
+
+async def test_a_head_over_the_cap_is_broken(transport: Transport) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        headers = [b"x-filler-%d: %s" % (i, b"f" * 100) for i in range(50)]  # ~5.5 kB
+        await serve_requests(reader, writer, [answer(b"{}", *headers)])
+
+    error = await capped_failure(transport, handler)
+    assert "max_header_bytes (4096 bytes)" in error.message
+
+
+async def test_a_head_that_never_ends_is_broken_at_the_cap() -> None:
+    """The gateway's own pool stops at its cap (httpx's stops at h11's own, 100 kB)."""
+    sent = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(1_000_000):  # 100 MB of headers unless the client hangs up first
+            writer.write(b"x-more-%d: %s\r\n" % (i, b"m" * 90))
+            await writer.drain()
+            sent.append(i)
+
+    error = await capped_failure(Http1Transport(), handler)
+    assert "max_header_bytes (4096 bytes)" in error.message
+    assert len(sent) < 1_000_000
+
+
+async def test_a_body_read_whole_over_the_cap_is_broken(transport: Transport) -> None:
+    declared = answer(b"x" * 20_000)
+    undeclared = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    undeclared += chunked(*[b"y" * 1000] * 20) + b"0\r\n\r\n"
+    for too_long in (declared, undeclared):
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await serve_requests(reader, writer, [too_long])  # noqa: B023
+
+        error = await capped_failure(transport, handler)
+        assert "max_body_bytes (10000 bytes)" in error.message
+
+
+async def test_a_streamed_body_is_not_capped(transport: Transport) -> None:
+    stream = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    stream += chunked(*[b"z" * 1000] * 20) + b"0\r\n\r\n"
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_requests(reader, writer, [stream])
+
+    async with serving(handler) as (url, _):
+        upstreams = Upstreams(CAPS, TimeoutsConfig(), transport=transport)
+        reply = await upstreams.open(TARGET, "GET", url, "/", read_s=5)
+        received = b"".join([chunk async for chunk in reply.chunks()])
+        await reply.aclose()
+        await upstreams.aclose()
+    assert received == b"z" * 20_000

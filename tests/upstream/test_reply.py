@@ -13,6 +13,7 @@ from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.upstream import Upstreams
 from router.upstream.failures import Target
+from router.upstream.httpx_transport import HttpxTransport
 
 TARGET = Target("probe", "the probed server")
 
@@ -33,7 +34,7 @@ async def receive_all(stream: httpx.AsyncByteStream) -> tuple[list[bytes], list[
         return httpx.Response(200, stream=stream)
 
     upstreams = Upstreams(
-        UpstreamsConfig(), TimeoutsConfig(), transport=httpx.MockTransport(handler)
+        UpstreamsConfig(), TimeoutsConfig(), transport=HttpxTransport(httpx.MockTransport(handler))
     )
     reply = await upstreams.open(TARGET, "GET", "http://upstream", "/", read_s=5)
     received, failures = [], []
@@ -73,7 +74,7 @@ async def test_a_wait_that_times_out_loses_nothing() -> None:
         return httpx.Response(200, stream=Late())
 
     upstreams = Upstreams(
-        UpstreamsConfig(), TimeoutsConfig(), transport=httpx.MockTransport(handler)
+        UpstreamsConfig(), TimeoutsConfig(), transport=HttpxTransport(httpx.MockTransport(handler))
     )
     reply = await upstreams.open(TARGET, "GET", "http://upstream", "/", read_s=5)
     with pytest.raises(TimeoutError):

@@ -15,6 +15,7 @@ from router.errors import DecodeError
 from router.node import Node
 from router.upstream import Upstreams
 from router.upstream import tilert as node_api
+from router.upstream.httpx_transport import HttpxTransport
 
 NODE = Node(host="node", http_port=5557)
 Opener = Callable[
@@ -69,7 +70,9 @@ async def open_stream(network: bool) -> AsyncIterator[Opener]:
                 return httpx.Response(200, stream=Lines(lines, gates))
 
             http = Upstreams(
-                UpstreamsConfig(), TimeoutsConfig(), transport=httpx.MockTransport(handler)
+                UpstreamsConfig(),
+                TimeoutsConfig(),
+                transport=HttpxTransport(httpx.MockTransport(handler)),
             )
         upstreams.append(http)
         streams.append(await node_api.open_decode(http, node, body, stall_s=stall_s))
