@@ -204,7 +204,7 @@ class NodeSession:
 
     async def _end_stream(self, stream: DecodeStream) -> bool:
         """Cancel the decode unless it has finished, and read its response to the end."""
-        if not stream.ended:
+        if not stream.done_read:
             self._deps.metrics.cancelled(self._model, self._cancel_reason)
             await self._cancel()
         return await tilert.drain(stream, limit_s=self._deps.timeouts.decode_stall_s)

@@ -93,23 +93,23 @@ class DecodeStream:
         self._stall_s = stall_s
         self._lines: deque[bytes] = deque()
         self._partial = b""  # a line whose end has not arrived yet
-        self._cut: DecodeError | None = None  # how the body ended early, until reported
+        self._early_end: DecodeError | None = None  # the body ended early: why, until reported
         # One reader of the body at a time: a drain may start beside a relay being stopped,
         # and a connection wakes one waiter.
         self._reading = asyncio.Lock()
-        self.ended = False  # the done line was read
-        self.eof = False  # the body has ended (the node has released its lock)
+        self.done_read = False  # the done line was read
+        self.body_ended = False  # the body has ended (the node has released its lock)
 
     async def next_line(self) -> NodeLine | None:
         """The next line; None when the body has ended after the done line."""
         while not self._lines:
-            if self.eof:
-                cut, self._cut = self._cut, None
-                if cut is not None:
-                    raise cut
+            if self.body_ended:
+                early_end, self._early_end = self._early_end, None
+                if early_end is not None:
+                    raise early_end
                 return None
             async with self._reading:
-                if not self._lines and not self.eof:  # another reader may have read them
+                if not self._lines and not self.body_ended:  # another reader may have read them
                     await self._receive()
         return self._parse(self._lines.popleft())
 
@@ -140,9 +140,9 @@ class DecodeStream:
         self._lines.extend(line for line in lines if line and line != b"\r")
 
     def _end(self, cause: str) -> None:
-        self.eof = True
-        if cause or not self.ended:
-            self._cut = DecodeError(
+        self.body_ended = True
+        if cause or not self.done_read:
+            self._early_end = DecodeError(
                 f"the decode node's stream ended without its last line{cause}",
                 code="decode_truncated",
             )
@@ -174,7 +174,7 @@ class DecodeStream:
             n, finish = line.get("n", 0), line.get("finish_reason", "stop")
             if type(n) is not int or not isinstance(finish, str):
                 raise _bad_line(raw)
-            self.ended = True
+            self.done_read = True
             return DoneLine(n, finish)
         error_type = line.get("error_type")
         message = f"the decode node failed: {line.get('error', 'unknown error')}"
@@ -304,7 +304,7 @@ async def drain(stream: DecodeStream, *, limit_s: float) -> bool:
     True if the node's response body ended (its lock is then free)."""
     try:
         async with asyncio.timeout(limit_s):
-            while not stream.eof:
+            while not stream.body_ended:
                 try:
                     await stream.next_line()
                 except DecodeError as exc:
@@ -312,7 +312,7 @@ async def drain(stream: DecodeStream, *, limit_s: float) -> bool:
                         break  # stalled: the node is not ending its response
     except TimeoutError:
         pass
-    return stream.eof
+    return stream.body_ended
 
 
 FLUSH_WAIT_S = 1.0

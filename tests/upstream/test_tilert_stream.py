@@ -133,7 +133,7 @@ async def test_a_cancelled_reader_leaves_the_rest_for_drain(open_stream: Opener)
         await reader
     release.set()
     assert await node_api.drain(stream, limit_s=5) is True
-    assert stream.ended and stream.eof
+    assert stream.done_read and stream.body_ended
     await http.aclose()
 
 
