@@ -295,7 +295,7 @@ class _Connection(asyncio.Protocol):
         exchange = self.exchange
         if exchange is not None and not exchange.complete:
             if exc is not None:
-                exchange.fail(Broken(f"the connection failed: {exc or type(exc).__name__}"))
+                exchange.fail(Broken(f"the connection failed: {str(exc) or type(exc).__name__}"))
             elif exchange.head_done:
                 exchange.fail(Broken("the connection closed inside the body"))
             else:
