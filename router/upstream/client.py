@@ -64,6 +64,7 @@ _REQUEST_HEADERS = (
 
 
 def limits_of(config: UpstreamsConfig) -> Limits:
+    """What every pool holds to, from router.yaml's `upstreams`."""
     return Limits(
         max_connections=config.max_connections,
         max_idle_connections=config.max_keepalive_connections,

@@ -75,6 +75,7 @@ class Exchange:
         "_deadline_timer",
         "_ended",
         "_head_bytes",
+        "_header_bytes",
         "_max_header_bytes",
         "_pool",
         "_waiter",
@@ -98,7 +99,8 @@ class Exchange:
         # The answer as it arrives.
         self.status = 0
         self.headers: RawHeaders = []
-        self._head_bytes = 0
+        self._head_bytes = 0  # fed before the head was whole, however httptools split it
+        self._header_bytes = 0  # the headers parsed, interim answers' included
         self.head_done = False
         self.keep_alive = False
         self.ends_with_connection = False
@@ -143,11 +145,11 @@ class Exchange:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
+        self._header_bytes += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
-        size = sum(len(name) + len(value) + 4 for name, value in self.headers)
-        if size > self._max_header_bytes:
+        if self._header_bytes > self._max_header_bytes:
             raise self._head_too_large()  # httptools stops; `feed` fails the exchange
         if self.status < 200:  # an interim answer (103, ...): the real one follows
             return

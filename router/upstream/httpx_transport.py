@@ -121,6 +121,8 @@ class HttpxPool:
             response = await self._transport.handle_async_request(request)
         except httpx.HTTPError as exc:
             raise translated(exc) from None
+        except httpx.InvalidURL as exc:  # not an HTTPError, but nothing was sent either
+            raise Unreachable(f"InvalidURL: {exc}") from None
         answer = HttpxAnswer(response)
         if header_bytes(answer.headers) > self._max_header_bytes:
             await answer.aclose()

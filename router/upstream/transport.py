@@ -66,7 +66,7 @@ class Limits:
     """A body read whole (`Reply.read`); a streamed body is read as it comes, unbounded."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per call, and a frozen one is slower to make
 class Waits:
     """How long one exchange may wait at each step, in seconds (None: as long as it takes)."""
 

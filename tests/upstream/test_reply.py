@@ -1,4 +1,4 @@
-"""`Reply.receive` over another transport's body (read by a task): a failure, like the
+"""`Reply.receive` over httpx's transport (its body read by a task): a failure, like the
 end, is seen by every later call, so no reader is left waiting after it."""
 
 from __future__ import annotations
