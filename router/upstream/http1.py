@@ -206,8 +206,9 @@ class Exchange:
     def take_body(self) -> bytes:
         data = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body, self.buffered = [], 0
-        if self._connection is not None:
-            self._connection.resume_reading()
+        connection = self._connection
+        if connection is not None and connection.reading_paused:
+            connection.resume_reading()
         return data
 
     async def wait(self, timeout_s: float | None) -> None:
@@ -268,7 +269,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.drained: asyncio.Future[None] | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
-        self._reading_paused = False
+        self.reading_paused = False
 
     # asyncio.Protocol
 
@@ -283,7 +284,7 @@ class _Connection(asyncio.Protocol):
         exchange.feed(data)
         if exchange.buffered > _READ_HIGH_WATER and self.transport is not None:
             self.transport.pause_reading()
-            self._reading_paused = True
+            self.reading_paused = True
 
     def eof_received(self) -> bool:
         exchange = self.exchange
@@ -335,8 +336,8 @@ class _Connection(asyncio.Protocol):
             raise Broken("the connection closed while the request was sent")
 
     def resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None and not self.closed:
-            self._reading_paused = False
+        if self.transport is not None and not self.closed:
+            self.reading_paused = False
             self.transport.resume_reading()
 
     def close(self) -> None:
