@@ -121,10 +121,6 @@ class Reply:
         broken answer, and its connection is closed."""
         if self.content is None:
             cap = self._max_body_bytes
-            declared = self._header(b"content-length")
-            if declared is not None and declared.strip().isdigit() and int(declared) > cap:
-                await self._answer.aclose()
-                raise self._too_long()
             parts, size = [], 0
             async for chunk in self.chunks():
                 size += len(chunk)

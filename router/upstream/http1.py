@@ -99,7 +99,7 @@ class Exchange:
         # The answer as it arrives.
         self.status = 0
         self.headers: RawHeaders = []
-        self._head_bytes = 0  # fed before the head was whole, however httptools split it
+        self._head_bytes = 0  # fed before the head was whole
         self._header_bytes = 0  # the headers parsed, interim answers' included
         self.head_done = False
         self.keep_alive = False
@@ -117,21 +117,25 @@ class Exchange:
 
     # What the connection hands over
 
-    def feed(self, data: bytes) -> None:
-        if not self.head_done:
-            self._head_bytes += len(data)  # a bound before httptools has a whole header
+    def feed_head(self, data: bytes) -> None:
+        """Bytes while the head is not whole: counted against its cap as they come, before
+        httptools holds a whole header (a body's bytes go to the parser straight)."""
+        self._head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            cause = exc.__context__
-            self.fail(
-                cause
-                if isinstance(cause, Broken)
-                else Broken(f"the answer is not valid HTTP/1.1: {exc}")
-            )
+            self.fail_to_parse(exc)
             return
         if not self.head_done and self._head_bytes > self._max_header_bytes:
             self.fail(self._head_too_large())
+
+    def fail_to_parse(self, exc: httptools.HttpParserError) -> None:
+        cause = exc.__context__  # what a callback of ours raised, if one did
+        self.fail(
+            cause
+            if isinstance(cause, Broken)
+            else Broken(f"the answer is not valid HTTP/1.1: {exc}")
+        )
 
     def fail(self, error: TransportFailure) -> None:
         """The answer cannot go on: its connection is closed, its reader told."""
@@ -177,16 +181,6 @@ class Exchange:
         return Broken(f"sent a head over max_header_bytes ({self._max_header_bytes} bytes)")
 
     # The reader's side
-
-    async def head(self, timeout_s: float | None) -> None:
-        """Until the answer's head has arrived."""
-        while not self.head_done:
-            if self.error is not None:
-                raise self.error
-            try:
-                await self.wait(timeout_s)
-            except TimeoutError:
-                raise TimedOut(f"no answer within {timeout_s} s") from None
 
     async def receive(self, timeout_s: float | None) -> bytes:
         while self._connection is not None:
@@ -281,7 +275,13 @@ class _Connection(asyncio.Protocol):
         if exchange is None or exchange.complete:  # bytes nobody asked for: never reuse
             self.close()
             return
-        exchange.feed(data)
+        if exchange.head_done:
+            try:
+                exchange.parser.feed_data(data)
+            except httptools.HttpParserError as exc:
+                exchange.fail_to_parse(exc)
+        else:
+            exchange.feed_head(data)
         if exchange.buffered > _READ_HIGH_WATER and self.transport is not None:
             self.transport.pause_reading()
             self.reading_paused = True
@@ -375,7 +375,14 @@ class Http1Pool:
         try:
             connection.start(exchange, request)
             await connection.drain(waits.write_s)
-            await exchange.head(waits.read_s)
+            while not exchange.head_done:
+                if exchange.error is not None:
+                    raise exchange.error
+                await exchange.wait(waits.read_s)
+        except TimeoutError:
+            connection.close()
+            await exchange.aclose()
+            raise TimedOut(f"no answer within {waits.read_s} s") from None
         except BaseException:
             connection.close()
             await exchange.aclose()
