@@ -443,6 +443,17 @@ async def test_a_gzip_body_is_decoded(transport: Transport) -> None:
         await upstreams.aclose()
 
 
+async def test_a_body_in_a_coding_not_decoded_is_broken(transport: Transport) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_requests(
+            reader, writer, [answer(b"\x0b\x02\x80{}\x03", b"content-encoding: br")]
+        )
+
+    error = await failure_of(transport, handler)
+    assert (error.code, error.status, error.in_doubt) == ("probe_failed", 502, True)
+    assert "'br'" in error.message
+
+
 CAPS = UpstreamsConfig(max_header_bytes=4096, max_body_bytes=10_000)
 
 
