@@ -1,8 +1,10 @@
-"""Microbenchmark of the upstream client, in process: µs per exchange against a loopback
-server that answers from memory (a whole JSON answer, and a chunked stream read with
-`Reply.receive`), on uvloop as the gateway runs; CPU time is the figure to compare on a
-shared machine.
-Run: python tests/upstream/bench_exchange.py [--rounds N] [-n EXCHANGES] [--asyncio]"""
+"""What does one call to an upstream cost the gateway's HTTP client, in CPU?
+
+In process: µs per exchange against a loopback server that answers from memory (a whole
+JSON answer, and a chunked stream read with `Reply.receive`), on uvloop as the gateway
+runs; CPU time is the figure to compare on a shared machine.
+
+Run: python -m bench.experiments.exchange [--rounds N] [-n EXCHANGES] [--asyncio]"""
 
 from __future__ import annotations
 
