@@ -80,6 +80,11 @@ def decode_body(
     return body
 
 
+MAX_LINE_BYTES = 1 << 20
+"""A node line is a batch of token ids (with their logprobs on 0.1.6): kilobytes. A line
+past this is a broken node, and is not kept in memory while it grows."""
+
+
 class DecodeStream:
     """An open `/pd/decode` ndjson stream. Always `aclose()` it (idempotent).
 
@@ -88,11 +93,15 @@ class DecodeStream:
     readable to its end (the node releases its lock only when its response has ended).
     """
 
-    def __init__(self, reply: Reply, *, stall_s: float) -> None:
+    def __init__(
+        self, reply: Reply, *, stall_s: float, max_line_bytes: int = MAX_LINE_BYTES
+    ) -> None:
         self._reply = reply
         self._stall_s = stall_s
+        self._max_line_bytes = max_line_bytes
         self._lines: deque[bytes] = deque()
         self._partial = b""  # a line whose end has not arrived yet
+        self._skipping = False  # inside a line over the cap, already reported: until its end
         self._early_end: DecodeError | None = None  # the body ended early: why, until reported
         # One reader of the body at a time: a drain may start beside a relay being stopped,
         # and a connection wakes one waiter.
@@ -133,11 +142,25 @@ class DecodeStream:
         # Lines are split here, on bytes: no text decoding, and one wake-up per network read
         # however many lines it carries.
         if b"\n" not in chunk:
-            self._partial += chunk
+            if not self._skipping:
+                self._partial += chunk
+                if len(self._partial) > self._max_line_bytes:
+                    # Kept no further: the rest of the line is dropped as it comes, so the
+                    # stream can still be drained to its end.
+                    self._partial, self._skipping = b"", True
+                    raise self._oversized()
             return
         lines = (self._partial + chunk if self._partial else chunk).split(b"\n")
         self._partial = lines.pop()
+        if self._skipping:
+            lines[0], self._skipping = b"", False
         self._lines.extend(line for line in lines if line and line != b"\r")
+
+    def _oversized(self) -> DecodeError:
+        return DecodeError(
+            f"the decode node sent a line over {self._max_line_bytes} bytes",
+            code="decode_bad_line",
+        )
 
     def _end(self, cause: str) -> None:
         self.body_ended = True
@@ -148,6 +171,8 @@ class DecodeStream:
             )
 
     def _parse(self, raw: bytes) -> NodeLine:
+        if len(raw) > self._max_line_bytes:
+            raise self._oversized()
         try:
             line = orjson.loads(raw)
         except orjson.JSONDecodeError:

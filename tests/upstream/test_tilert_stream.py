@@ -187,3 +187,37 @@ async def test_two_readers_at_once_each_get_a_line_and_neither_is_left_waiting(
     lines = await asyncio.wait_for(asyncio.gather(first, second), timeout=3)
     assert sorted(line.ids for line in lines) == [[1], [2]]
     assert await node_api.drain(stream, limit_s=5) is True
+
+
+class ScriptedReply:
+    """A reply whose body arrives in the given network reads, then ends."""
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self._reads = list(reads)
+
+    async def receive(self, timeout_s: float | None) -> bytes:
+        return self._reads.pop(0) if self._reads else b""
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_line_over_the_cap_is_refused_and_not_kept_while_it_grows() -> None:
+    """A node that never ends its line costs at most the cap; the stream stays drainable."""
+    reads = [b'{"t": [1]}\n{"t": [', *[b"9, " * 20] * 50, b"2]}\n", DONE + b"\n"]
+    stream = node_api.DecodeStream(ScriptedReply(reads), stall_s=5, max_line_bytes=256)  # type: ignore[arg-type]
+    assert await stream.next_line() == node_api.TokenLine([1])
+    with pytest.raises(DecodeError, match="over 256 bytes") as bad:
+        await stream.next_line()
+    assert bad.value.code == "decode_bad_line"
+    assert stream._partial == b""
+    assert await stream.next_line() == node_api.DoneLine(3, "stop")  # the rest of it dropped
+    assert await stream.next_line() is None
+
+
+async def test_a_whole_line_over_the_cap_is_refused() -> None:
+    reads = [b'{"t": [' + b"7, " * 200 + b"7]}\n" + DONE + b"\n"]
+    stream = node_api.DecodeStream(ScriptedReply(reads), stall_s=5, max_line_bytes=256)  # type: ignore[arg-type]
+    with pytest.raises(DecodeError, match="over 256 bytes"):
+        await stream.next_line()
+    assert await stream.next_line() == node_api.DoneLine(3, "stop")
