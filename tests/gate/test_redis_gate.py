@@ -83,10 +83,10 @@ def kill(gate: RedisGate) -> None:
     """The replica's process dies: from now on nothing it would do reaches Redis (no
     heartbeat, no renewal, no withdrawal of its waiters)."""
 
-    async def unreachable(*_: Any) -> Any:
+    async def unreachable(*_: Any, **__: Any) -> Any:
         raise RedisConnectionError("this replica is dead")
 
-    gate._run = unreachable  # type: ignore[method-assign]
+    gate.scripts.run = unreachable  # type: ignore[method-assign]
 
 
 async def test_two_replicas_never_hold_one_node_at_once(replica: Replica) -> None:
@@ -161,7 +161,7 @@ async def test_an_unrenewed_lease_expires_and_a_stale_release_is_refused(
     dead, alive = replica(pool, **FAST), replica(pool, **FAST)
     lost = await dead.acquire(priority=0, wait_s=1, holder="dead")
     assert isinstance(lost, RedisLease)
-    run = dead._run
+    run = dead.scripts.run
     kill(dead)  # stops renewing
 
     async def suspect() -> bool:  # once the TTL ran out: the node may hold an orphan
@@ -175,13 +175,13 @@ async def test_an_unrenewed_lease_expires_and_a_stale_release_is_refused(
     taken = await alive.acquire(priority=0, wait_s=5, holder="alive")
     assert isinstance(taken, RedisLease)
     assert taken.node == lost.node and taken.grant.token > lost.grant.token
-    dead._run = run  # type: ignore[method-assign]  # the replica was only cut off: it is back
+    dead.scripts.run = run  # type: ignore[method-assign]  # the replica was only cut off: it is back
     assert await lost.renew() is False
     forged = RedisLease(
         dataclasses.replace(taken.grant, token=lost.grant.token),  # the holder, a stale token
         valid_until=0,
-        renew=dead._renew,
-        release=dead._release,
+        renew=dead._upkeep.renew,
+        release=dead._upkeep.release,
     )
     await forged.release()
     await lost.release()
@@ -195,15 +195,15 @@ async def test_a_grant_that_races_the_cancellation_is_passed_on(replica: Replica
     pool = nodes(1)
     a, b = replica(pool), replica(pool)
     held = await a.acquire(priority=0, wait_s=1, holder="held")
-    claim = b._run
+    claim = b.scripts.run
 
-    async def cancelled_as_granted(script: str, *args: Any) -> Any:
-        reply = await claim(script, *args)
+    async def cancelled_as_granted(script: str, **args: Any) -> Any:
+        reply = await claim(script, **args)
         if script == "claim" and reply[0] == "granted":
             asyncio.current_task().cancel()  # type: ignore[union-attr]  # lands with the reply
         return reply
 
-    b._run = cancelled_as_granted  # type: ignore[method-assign]
+    b.scripts.run = cancelled_as_granted  # type: ignore[method-assign]
     first = asyncio.create_task(b.acquire(priority=1, wait_s=10, holder="first"))
     await waiting(a, 1)
     second = asyncio.create_task(a.acquire(priority=0, wait_s=10, holder="second"))
@@ -232,17 +232,19 @@ async def test_a_dead_replicas_waiters_stop_blocking_others(
     for task in ahead:  # the process is gone: its waiters never withdraw
         task.cancel()
     await asyncio.gather(*ahead, return_exceptions=True)
-    assert await redis_client.zcard(dead._queue_key) == 4
+    assert await redis_client.zcard(dead.pool_keys.queue) == 4
 
     async def heartbeat_gone() -> bool:
-        return not await redis_client.exists(f"{dead._config.key_prefix}:alive:{dead.replica}")
+        seconds, microseconds = await redis_client.time()
+        until_ms = await redis_client.zscore(dead.keys.alive, dead.replica)
+        return until_ms is None or until_ms < seconds * 1000 + microseconds // 1000
 
     await eventually(heartbeat_gone)
     await waiting(holder, 1)  # only `behind` still counts
     await held.release()
     lease = await asyncio.wait_for(behind, 5)
     assert lease.node == held.node
-    assert await redis_client.zcard(dead._queue_key) == 0
+    assert await redis_client.zcard(dead.pool_keys.queue) == 0
 
 
 async def test_closing_a_replica_withdraws_its_waiters(replica: Replica) -> None:

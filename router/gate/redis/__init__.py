@@ -1,4 +1,5 @@
-"""`gate.backend: redis`: one pool shared by every gateway replica through one Redis."""
+"""`gate.backend: redis`: one pool shared by every gateway replica through one Redis (a
+single server, a Redis Cluster or a Sentinel-managed master; docs/redis.md)."""
 
 from __future__ import annotations
 

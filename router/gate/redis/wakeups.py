@@ -9,15 +9,16 @@ import contextlib
 import logging
 from collections.abc import Iterable
 
-from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
+
+from router.gate.redis.client import RedisClient
 
 log = logging.getLogger("pd_gateway.gate")
 
 
 class WakeUps:
-    def __init__(self, redis: Redis, channel: str, *, answer_s: float, idle_s: float) -> None:
+    def __init__(self, redis: RedisClient, channel: str, *, answer_s: float, idle_s: float) -> None:
         self._redis = redis
         self._channel = channel
         self._answer_s = answer_s  # how long the server may take to confirm a subscription

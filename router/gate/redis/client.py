@@ -1,0 +1,96 @@
+"""The Redis client for the deployment `gate.redis.url` names: one server, a Redis Cluster
+or a master found through Sentinel. Whichever it is, the gate sees one client with the same
+commands, scripts and pub/sub.
+
+No client retries a command on its own: a script that may have run is never sent twice
+blindly (a Cluster's redirections, which say the command did not run, are still followed).
+On a Cluster, wake-ups use classic PUBLISH, which every node forwards to the whole cluster,
+so one subscription on any node hears them (Redis 6.2 has no sharded pub/sub to prefer).
+"""
+
+from __future__ import annotations
+
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+
+from router.config import RedisAddress, RedisGateConfig
+
+RedisClient = Redis | RedisCluster
+
+
+class GateRedis:
+    """The client and what must be closed with it."""
+
+    def __init__(self, client: RedisClient, sentinel: Sentinel | None = None) -> None:
+        self.client = client
+        self._sentinel = sentinel
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        if self._sentinel is not None:
+            for sentinel in self._sentinel.sentinels:
+                await sentinel.aclose()
+
+
+def connect(config: RedisGateConfig, password: str | None, *, max_connections: int) -> GateRedis:
+    """`password`: from `password_file` or `password` (None to use the URL's, if any)."""
+    address = config.address
+    timeout_s = config.socket_timeout_s
+    if address.deployment == "cluster":
+        return GateRedis(
+            RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in address.hosts],
+                username=address.username,
+                password=password or address.password,
+                ssl=address.tls,
+                max_connections=max_connections,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                retry=Retry(NoBackoff(), 0),
+                decode_responses=True,
+            )
+        )
+    if address.deployment == "sentinel":
+        return _sentinel_master(address, password or address.password, timeout_s)
+    # A bounded pool that makes a call wait for a connection (at most a socket timeout)
+    # rather than fail: redis-py's default pool refuses past its limit.
+    pool = BlockingConnectionPool.from_url(
+        config.url,
+        max_connections=max_connections,
+        timeout=timeout_s,
+        password=password,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+    )
+    return GateRedis(Redis.from_pool(pool))
+
+
+def _sentinel_master(address: RedisAddress, password: str | None, timeout_s: float) -> GateRedis:
+    """The master the sentinels name, asked again whenever a connection to it is made, so
+    that a failover moves the gate to the new master."""
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(address.hosts),
+        sentinel_kwargs={
+            "socket_timeout": timeout_s,
+            "socket_connect_timeout": timeout_s,
+            "ssl": address.tls,
+        },
+    )
+    assert address.master is not None  # configuration requires it with redis+sentinel://
+    master = sentinel.master_for(
+        address.master,
+        db=address.db,
+        username=address.username,
+        password=password,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        ssl=address.tls,
+    )
+    return GateRedis(master, sentinel)

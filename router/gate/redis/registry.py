@@ -1,0 +1,48 @@
+"""The deployment's node registry: every replica may grant any node of a pool to any other,
+so each node's settings are kept where all can read them (a hash of records.py records)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from redis.exceptions import RedisError
+
+from router.config import NodeConfig
+from router.gate.metrics import GateMetrics
+from router.gate.redis.client import RedisClient
+from router.gate.redis.records import RecordUnreadable, decode_node, encode_node
+
+log = logging.getLogger("pd_gateway.gate")
+
+
+class NodeRegistry:
+    def __init__(self, redis: RedisClient, key: str, metrics: GateMetrics) -> None:
+        self._redis = redis
+        self._key = key
+        self._metrics = metrics
+
+    async def publish(self, nodes: Iterable[NodeConfig]) -> None:
+        """Share these nodes' settings; a failure is logged (they are shared again when the
+        pool changes or its state is found lost)."""
+        records = {node.id: encode_node(node) for node in nodes}
+        if not records:
+            return
+        try:
+            await self._redis.hset(self._key, mapping=dict(records))  # type: ignore[arg-type]
+        except (RedisError, OSError) as exc:
+            log.warning("could not share this pool's node settings: %s", exc)
+
+    async def read(self, node_id: str) -> NodeConfig | None:
+        """The node's settings as another replica shared them; None if none were shared, or
+        if they cannot be read (logged and counted). RedisError or OSError if Redis cannot
+        be reached."""
+        raw = await self._redis.hget(self._key, node_id)
+        if raw is None:
+            return None
+        try:
+            return decode_node(str(raw))
+        except RecordUnreadable as exc:
+            self._metrics.unreadable_record(exc.reason)
+            log.error("node %s: its shared settings cannot be read (%s): not granted", node_id, exc)
+            return None
