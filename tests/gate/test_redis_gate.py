@@ -1,6 +1,7 @@
-"""The Redis backend across replicas: several gates on one real Redis server, as several
-gateway processes would be. The interface suite (test_gate.py, test_health.py) runs on this
-backend too; these are the properties only a shared backend has."""
+"""The Redis backend across replicas: several gates on one real Redis server (or one real
+Redis Cluster), as several gateway processes would be. The interface suite (test_gate.py,
+test_health.py) runs on this backend too; these are the properties only a shared backend
+has. Tests that stop, lock or cut off their own server run on a single server."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from router.config import GateConfig, NodeConfig, RedisGateConfig
 from router.gate import GateRejected, make_gate
 from router.gate.redis import GateUnavailable, RedisGate, RedisLease
-from tests.gate.conftest import eventually, nodes, waiting
+from router.gate.redis.client import RedisClient, connect
+from tests.gate.conftest import DEPLOYMENTS, eventually, nodes, waiting
 from tests.gate.partition import PartitionableLink
 from tests.gate.redis_server import RedisServer
 
@@ -48,11 +49,17 @@ def replicas_on(url: str, prefix: str, built: list[RedisGate]) -> Replica:
     return build
 
 
+@pytest.fixture(params=DEPLOYMENTS)
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """The URL of a shared Redis deployment: a single server, or a Cluster."""
+    return str(request.getfixturevalue(request.param).url)
+
+
 @pytest.fixture
-async def replica(redis_server: RedisServer, key_prefix: str) -> AsyncIterator[Replica]:
+async def replica(redis_url: str, key_prefix: str) -> AsyncIterator[Replica]:
     """`replica(node_list, max_queue=..., **redis_settings)`: one more gateway replica."""
     built: list[RedisGate] = []
-    yield replicas_on(redis_server.url, key_prefix, built)
+    yield replicas_on(redis_url, key_prefix, built)
     for gate in built:
         await gate.close()
 
@@ -73,9 +80,10 @@ def own_server() -> Iterator[Callable[..., RedisServer]]:
 
 
 @pytest.fixture
-async def redis_client(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url, decode_responses=True)
-    yield client
+async def redis_client(redis_url: str) -> AsyncIterator[RedisClient]:
+    """A plain client of the deployment the test's replicas share."""
+    client = connect(RedisGateConfig(url=redis_url), None, max_connections=4)
+    yield await client.ready()
     await client.aclose()
 
 
@@ -216,7 +224,7 @@ async def test_a_grant_that_races_the_cancellation_is_passed_on(replica: Replica
 
 
 async def test_a_dead_replicas_waiters_stop_blocking_others(
-    replica: Replica, redis_client: Redis
+    replica: Replica, redis_client: RedisClient
 ) -> None:
     pool = nodes(1)
     holder, dead, other = replica(pool, **FAST), replica(pool, **FAST), replica(pool, **FAST)

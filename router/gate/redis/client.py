@@ -10,7 +10,10 @@ so one subscription on any node hears them (Redis 6.2 has no sharded pub/sub to 
 
 from __future__ import annotations
 
+import asyncio
+
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
@@ -25,11 +28,33 @@ class GateRedis:
     """The client and what must be closed with it."""
 
     def __init__(self, client: RedisClient, sentinel: Sentinel | None = None) -> None:
-        self.client = client
+        self._client = client
         self._sentinel = sentinel
+        self._ready = not isinstance(client, RedisCluster)
+        self._learning = asyncio.Lock()
+
+    async def ready(self) -> RedisClient:
+        """The client, once it can take commands from many callers at once: a Cluster client
+        first learns the slot map, once (redis-py's Cluster client, sent its very first
+        commands by many callers at once, breaks connections under them)."""
+        if not self._ready:
+            async with self._learning:
+                if not self._ready and isinstance(self._client, RedisCluster):
+                    await self._client.initialize()
+                    self._ready = True
+        return self._client
+
+    @property
+    def client(self) -> RedisClient:
+        """The client, for what needs no command sent (registering a script)."""
+        return self._client
+
+    async def pubsub(self) -> PubSub:
+        """A pub/sub connection (on a Cluster, to the node serving the channel's slot)."""
+        return (await self.ready()).pubsub()
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self._client.aclose()
         if self._sentinel is not None:
             for sentinel in self._sentinel.sentinels:
                 await sentinel.aclose()

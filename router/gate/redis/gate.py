@@ -83,9 +83,9 @@ class RedisGate:
         self.keys = KeyLayout(config.key_prefix, cluster=address.deployment == "cluster")
         self.pool_keys = self.keys.pool(pool_id, self._nodes)
         self._redis = connect(config, password, max_connections=_MAX_CONNECTIONS)
-        self._registry = NodeRegistry(self._redis.client, self.keys.nodes, metrics)
+        self._registry = NodeRegistry(self._redis, self.keys.nodes, metrics)
         self.scripts = Scripts(
-            self._redis.client,
+            self._redis,
             layout=self.keys,
             pool=self.pool_keys,
             replica=self.replica,
@@ -99,7 +99,7 @@ class RedisGate:
         self._upkeep = Upkeep(self.scripts, config, metrics)
         self._arrivals = itertools.count()
         self._waiters = WakeUps(
-            self._redis.client,
+            self._redis,
             self.keys.channel,
             answer_s=config.socket_timeout_s,
             idle_s=config.renew_every_s,

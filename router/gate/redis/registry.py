@@ -10,14 +10,14 @@ from redis.exceptions import RedisError
 
 from router.config import NodeConfig
 from router.gate.metrics import GateMetrics
-from router.gate.redis.client import RedisClient
+from router.gate.redis.client import GateRedis
 from router.gate.redis.records import RecordUnreadable, decode_node, encode_node
 
 log = logging.getLogger("pd_gateway.gate")
 
 
 class NodeRegistry:
-    def __init__(self, redis: RedisClient, key: str, metrics: GateMetrics) -> None:
+    def __init__(self, redis: GateRedis, key: str, metrics: GateMetrics) -> None:
         self._redis = redis
         self._key = key
         self._metrics = metrics
@@ -29,7 +29,7 @@ class NodeRegistry:
         if not records:
             return
         try:
-            await self._redis.hset(self._key, mapping=dict(records))  # type: ignore[arg-type]
+            await (await self._redis.ready()).hset(self._key, mapping=dict(records))  # type: ignore[arg-type]
         except (RedisError, OSError) as exc:
             log.warning("could not share this pool's node settings: %s", exc)
 
@@ -37,7 +37,7 @@ class NodeRegistry:
         """The node's settings as another replica shared them; None if none were shared, or
         if they cannot be read (logged and counted). RedisError or OSError if Redis cannot
         be reached."""
-        raw = await self._redis.hget(self._key, node_id)
+        raw = await (await self._redis.ready()).hget(self._key, node_id)
         if raw is None:
             return None
         try:

@@ -32,7 +32,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
 from router.gate.metrics import GateMetrics
-from router.gate.redis.client import RedisClient
+from router.gate.redis.client import GateRedis
 from router.gate.redis.keys import KeyLayout, PoolKeys
 
 NAMES = ("acquire", "claim", "abandon", "release", "renew", "admin", "state", "close")
@@ -68,7 +68,7 @@ class Scripts:
 
     def __init__(
         self,
-        redis: RedisClient,
+        redis: GateRedis,
         *,
         layout: KeyLayout,
         pool: PoolKeys,
@@ -86,9 +86,10 @@ class Scripts:
         self._on_state_lost = on_state_lost
         self._calls = asyncio.Semaphore(max_calls)
         self._scripts: dict[str, tuple[AsyncScript, tuple[str, ...]]] = {
-            name: (redis.register_script(source), names)
+            name: (redis.client.register_script(source), names)
             for name, (source, names) in load_sources().items()
         }
+        self._redis = redis
         self._channel = layout.channel
         self._ttl_ms = math.ceil(lease_ttl_s * 1000)
         self._threshold = failure_threshold
@@ -98,17 +99,30 @@ class Scripts:
 
     async def run(self, script: str, *, touching: Iterable[str] = (), **args: ArgValue) -> Any:
         """Run `script` with its named arguments; RedisError or OSError if Redis cannot be
-        reached (the script may then have run or not)."""
-        call, names = self._scripts[script]
+        reached (the script may then have run or not).
+
+        A caller cancelled meanwhile is cancelled at once, but the call itself runs to its
+        end: a command cut off half-way would leave its connection unusable (redis-py's
+        Cluster client even hands it to the next caller). The scripts expect this: a waiter
+        gives up with a mark (`abandon`) that voids its acquire or claim, whenever it runs.
+        """
+        _, names = self._scripts[script]
         if set(args) != set(names):
             raise TypeError(f"script {script} takes {names}, not {tuple(args)}")
-        others = list(touching)
         named = [item for name in names for item in (name, args[name])]
+        call = asyncio.ensure_future(self._call(script, list(touching), named))
+        call.add_done_callback(_retrieved)
+        return await asyncio.shield(call)
+
+    async def _call(self, script: str, others: list[str], named: list[ArgValue]) -> Any:
+        call = self._scripts[script][0]
         epoch_retries = _EPOCH_RETRIES
         while True:
             sent_at = time.perf_counter()
+            epoch = self._epoch
             try:
                 async with self._calls:
+                    await self._redis.ready()
                     return await call(
                         keys=self._keys(others),
                         args=[
@@ -116,7 +130,7 @@ class Scripts:
                             self._ttl_ms,
                             self._threshold,
                             self._replica,
-                            self._epoch,
+                            epoch,
                             "\n".join(self.node_ids),
                             "\n".join(others),
                             *named,
@@ -130,7 +144,7 @@ class Scripts:
                 if kind != "EPOCH" or epoch_retries == 0:
                     raise
                 epoch_retries -= 1
-                if self._epoch:
+                if epoch and value != self._epoch:  # not just news of another call's answer
                     self._on_state_lost()
                 self._epoch = value  # the script did nothing else: run it again
             finally:
@@ -141,3 +155,9 @@ class Scripts:
         for node_id in [*self.node_ids, *others]:
             keys += self._layout.node(node_id)
         return keys
+
+
+def _retrieved(call: asyncio.Future[Any]) -> None:
+    """A call whose caller left: its failure is the caller's no more (nor asyncio's log's)."""
+    if not call.cancelled():
+        call.exception()

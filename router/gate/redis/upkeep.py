@@ -76,18 +76,23 @@ class Upkeep:
     async def renew(self, leases: list[RedisLease]) -> None:
         """Renew `leases` and this replica's heartbeat; a failure leaves each lease valid until
         its TTL would run out."""
-        sent_at = time.monotonic()
-        try:
-            held = await self._scripts.run(
-                "renew",
-                touching=[lease.node.id for lease in leases],
-                owners="\n".join(lease.grant.owner for lease in leases),
-                tokens="\n".join(str(lease.grant.token) for lease in leases),
-            )
-        except UNAVAILABLE as exc:
-            self._metrics.renewal_failed(len(leases))
-            log.warning("could not renew %d node lease(s): %s", len(leases), exc)
-            return
+        # A renewal may run twice: a failed one is sent again at once, on another connection
+        # (a pooled connection to a server that restarted fails its first command).
+        for attempt in (1, 2):
+            sent_at = time.monotonic()
+            try:
+                held = await self._scripts.run(
+                    "renew",
+                    touching=[lease.node.id for lease in leases],
+                    owners="\n".join(lease.grant.owner for lease in leases),
+                    tokens="\n".join(str(lease.grant.token) for lease in leases),
+                )
+                break
+            except UNAVAILABLE as exc:
+                if attempt == 2:
+                    self._metrics.renewal_failed(len(leases))
+                    log.warning("could not renew %d node lease(s): %s", len(leases), exc)
+                    return
         self._metrics.renewed(sum(1 for ok in held if ok))
         for lease, ok in zip(leases, held, strict=True):
             if lease.released:

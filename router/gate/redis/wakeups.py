@@ -12,13 +12,13 @@ from collections.abc import Iterable
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
-from router.gate.redis.client import RedisClient
+from router.gate.redis.client import GateRedis
 
 log = logging.getLogger("pd_gateway.gate")
 
 
 class WakeUps:
-    def __init__(self, redis: RedisClient, channel: str, *, answer_s: float, idle_s: float) -> None:
+    def __init__(self, redis: GateRedis, channel: str, *, answer_s: float, idle_s: float) -> None:
         self._redis = redis
         self._channel = channel
         self._answer_s = answer_s  # how long the server may take to confirm a subscription
@@ -53,8 +53,9 @@ class WakeUps:
         """Until `closing` is set, reconnecting after a failure; each (re)subscription wakes
         every waiter, as a message may have been missed meanwhile."""
         while not closing.is_set():
-            pubsub: PubSub = self._redis.pubsub()
+            pubsub: PubSub | None = None
             try:
+                pubsub = await self._redis.pubsub()
                 await self._subscribe(pubsub)
                 self.subscribed.set()
                 self.wake(["*"])
@@ -68,8 +69,9 @@ class WakeUps:
                 log.debug("gate wake-up channel lost: %s", exc)
             finally:
                 self.subscribed.clear()
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                if pubsub is not None:
+                    with contextlib.suppress(RedisError, OSError):
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
             with contextlib.suppress(TimeoutError):  # reconnect backoff; waiters poll
                 async with asyncio.timeout(backoff_s):
                     await closing.wait()
