@@ -288,7 +288,11 @@ class RedisGate:
         node_id = reply[1]
         node = self._known.get(node_id)
         if node is None:
-            node = await self._registry.read(node_id)
+            try:
+                node = await self._registry.read(node_id)
+            finally:
+                if node is None:  # unknown, unreadable or unreachable: passed on
+                    await self._upkeep.abandon(owner, node_id)
             if node is None:
                 raise GateRejected("no_node", await self.retry_after_s())
             self._known[node_id] = node

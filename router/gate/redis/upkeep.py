@@ -31,8 +31,9 @@ class Upkeep:
         self._config = config
         self._metrics = metrics
         self._leases: set[RedisLease] = set()
-        # Given-up acquires not yet withdrawn from Redis (a bounded number: the rest expire).
-        self._orphans: dict[str, None] = {}
+        # Given-up acquires not yet withdrawn from Redis, and the node each was granted if
+        # known (a bounded number: the rest expire).
+        self._orphans: dict[str, str] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def lease(self, node: NodeConfig, owner: str, holder: str, token: int) -> RedisLease:
@@ -103,19 +104,20 @@ class Upkeep:
                 self._leases.discard(lease)
                 log.warning("node %s: lease of %s lost", lease.node.id, lease.holder)
 
-    async def abandon(self, owner: str) -> None:
-        """Out of the queue, passing on any node granted meanwhile; runs to its end even if
-        the waiter is cancelled again."""
-        await asyncio.shield(self.spawn(self.withdraw(owner)))
+    async def abandon(self, owner: str, node_id: str = "") -> None:
+        """Out of the queue, passing on any node granted meanwhile (`node_id`, if the waiter
+        knows one); runs to its end even if the waiter is cancelled again."""
+        await asyncio.shield(self.spawn(self.withdraw(owner, node_id)))
 
-    async def withdraw(self, owner: str) -> bool:
+    async def withdraw(self, owner: str, node_id: str = "") -> bool:
         """False if Redis could not be reached: retried by the renewer until it can."""
+        touching = [node_id] if node_id else []
         try:
-            await self._scripts.run("abandon", owner=owner)
+            await self._scripts.run("abandon", touching=touching, owner=owner, node=node_id)
         except UNAVAILABLE as exc:
             if owner not in self._orphans:
                 log.warning("could not withdraw a waiter (retried by the renewer): %s", exc)
-                self._orphans[owner] = None
+                self._orphans[owner] = node_id
                 if len(self._orphans) > _MAX_ORPHANS:
                     del self._orphans[next(iter(self._orphans))]
             return False
@@ -129,8 +131,8 @@ class Upkeep:
             await self.withdraw_orphans()
 
     async def withdraw_orphans(self) -> None:
-        for owner in list(self._orphans):
-            if not await self.withdraw(owner):
+        for owner, node_id in list(self._orphans.items()):
+            if not await self.withdraw(owner, node_id):
                 break  # still unreachable
 
     def spawn(self, call: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
