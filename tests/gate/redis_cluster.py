@@ -144,10 +144,13 @@ class LocalSentinel:
             return int(port)
 
     def fail_over(self) -> None:
-        """Promote the replica, and return once the sentinel names it the master."""
+        """Promote the replica, and return once the sentinel names it the master and the
+        old master has become its replica (and so refuses writes)."""
         with self.client() as sentinel:
             sentinel.execute_command("SENTINEL FAILOVER", self.master_name)
         _until(lambda: self.master_port() == self.replica.port, "the failover")
+        with Redis(host=HOST, port=self.master.port, decode_responses=True) as old:
+            _until(lambda: old.execute_command("ROLE")[0] == "slave", "the old master follows")
 
     def close(self) -> None:
         if self._popen is not None:
