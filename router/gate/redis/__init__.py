@@ -7,7 +7,8 @@ from pathlib import Path
 
 from router.config import ConfigError, GateConfig, NodeConfig, RedisGateConfig, read_secret
 from router.gate.metrics import GateMetrics
-from router.gate.redis.gate import GateUnavailable, RedisGate
+from router.gate.redis.admin import GateUnavailable
+from router.gate.redis.gate import RedisGate
 from router.gate.redis.lease import RedisLease
 
 __all__ = ["GateUnavailable", "RedisGate", "RedisLease", "make_redis_gate", "redis_password"]

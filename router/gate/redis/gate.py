@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import os
 import secrets
 import socket
@@ -23,13 +22,12 @@ from collections.abc import Coroutine
 from typing import Any
 
 from router.config import NodeConfig, RedisGateConfig
-from router.errors import GatewayError
 from router.gate.base import GateRejected, GateSnapshot, RejectReason
 from router.gate.metrics import GateMetrics
+from router.gate.redis.admin import RedisPoolAdmin
 from router.gate.redis.client import connect
 from router.gate.redis.keys import KeyLayout
 from router.gate.redis.lease import RedisLease
-from router.gate.redis.pool_state import PoolState
 from router.gate.redis.registry import NodeRegistry
 from router.gate.redis.scripts import Scripts
 from router.gate.redis.upkeep import UNAVAILABLE, Upkeep
@@ -45,15 +43,9 @@ _MAX_CONNECTIONS = 32
 _MAX_SCRIPT_CALLS = 24
 
 
-class GateUnavailable(GatewayError):
-    """An operator's call could not reach the gate's shared state."""
-
-    status = 503
-    code = "gate_unavailable"
-
-
 class RedisGate:
-    """`SlotGate` and `PoolAdmin` on the shared state; one instance per pool and replica."""
+    """`SlotGate` on the shared state, and the pool's `PoolAdmin` (`admin.py`) handed on:
+    one instance per pool and replica."""
 
     def __init__(
         self,
@@ -68,20 +60,13 @@ class RedisGate:
         pool_id: str = "",
     ) -> None:
         metrics = metrics or GateMetrics()
-        # The pool, in grant order; nodes removed by a reload (maybe still held); every node
-        # this gate may still hold a lease on.
-        self._nodes = {n.id: n for n in nodes}
-        self._leaving: dict[str, NodeConfig] = {}
-        self._known = dict(self._nodes)
         self._config = config
         self._max_queue = max_queue
-        self._threshold = failure_threshold
-        self._cooldown_s = cooldown_s
         host = socket.gethostname().replace("|", "-")
         self.replica = f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
         address = config.address
         self.keys = KeyLayout(config.key_prefix, cluster=address.deployment == "cluster")
-        self.pool_keys = self.keys.pool(pool_id, self._nodes)
+        self.pool_keys = self.keys.pool(pool_id, [n.id for n in nodes])
         self._redis = connect(config, password, max_connections=_MAX_CONNECTIONS)
         self._registry = NodeRegistry(self._redis, self.keys.nodes, metrics)
         self.scripts = Scripts(
@@ -91,7 +76,7 @@ class RedisGate:
             replica=self.replica,
             lease_ttl_s=config.lease_ttl_s,
             failure_threshold=failure_threshold,
-            node_ids=list(self._nodes),
+            node_ids=[n.id for n in nodes],
             metrics=metrics,
             on_state_lost=self._state_lost,
             max_calls=_MAX_SCRIPT_CALLS,
@@ -103,6 +88,15 @@ class RedisGate:
             self.keys.channel,
             answer_s=config.socket_timeout_s,
             idle_s=config.renew_every_s,
+        )
+        self.admin = RedisPoolAdmin(
+            nodes,
+            scripts=self.scripts,
+            registry=self._registry,
+            config=config,
+            failure_threshold=failure_threshold,
+            cooldown_s=cooldown_s,
+            waiting_here=lambda: len(self._waiters),
         )
         self._background: list[asyncio.Task[None]] = []
         self._closing = asyncio.Event()
@@ -145,77 +139,39 @@ class RedisGate:
 
     async def retry_after_s(self) -> int:
         try:
-            state = await self._state()
+            state = await self.admin.state()
         except UNAVAILABLE:
-            return self._unavailable_retry_after_s()
+            return self.admin.unavailable_retry_after_s()
         return state.retry_after_s()
 
     # -- PoolAdmin ----------------------------------------------------------------------
 
     async def snapshot(self) -> GateSnapshot:
-        try:
-            state = await self._state()
-        except UNAVAILABLE as exc:
-            log.warning("gate state unreachable for a snapshot: %s", exc)
-            return GateSnapshot(
-                nodes=len(self._nodes),
-                busy=dict.fromkeys(self._nodes),
-                out=dict.fromkeys(self._nodes, "gate_unavailable"),
-                waiting=len(self._waiters),
-                retry_after_s=self._unavailable_retry_after_s(),
-            )
-        return state.snapshot()
+        return await self.admin.snapshot()
 
     async def nodes(self) -> list[NodeConfig]:
-        return list(self._nodes.values())
+        return await self.admin.nodes()
 
     async def due_for_probe(self) -> list[NodeConfig]:
-        try:
-            state = await self._state()
-        except UNAVAILABLE as exc:
-            log.warning("gate state unreachable: no node probed this time: %s", exc)
-            return []
-        return [self._nodes[node_id] for node_id in state.health.due_for_probe()]
+        return await self.admin.due_for_probe()
 
     async def claim_for_probe(self, node_id: str, *, for_s: float) -> bool:
-        if node_id not in self._nodes:
-            return False
-        try:
-            return bool(await self._admin("claim", node_id, str(round(for_s * 1000))))
-        except UNAVAILABLE as exc:
-            log.warning(
-                "could not claim node %s for a probe: gate state unreachable: %s", node_id, exc
-            )
-            return False
+        return await self.admin.claim_for_probe(node_id, for_s=for_s)
 
     async def readmit(self, node_id: str) -> None:
-        await self._change(node_id, "readmit", strict=False)
+        await self.admin.readmit(node_id)
 
     async def take_out(self, node_id: str, reason: str) -> None:
-        await self._change(node_id, "take_out", reason, strict=False)
+        await self.admin.take_out(node_id, reason)
 
     async def drain(self, node_id: str) -> bool:
-        return await self._change(node_id, "drain", strict=True)
+        return await self.admin.drain(node_id)
 
     async def undrain(self, node_id: str) -> bool:
-        return await self._change(node_id, "undrain", strict=True)
+        return await self.admin.undrain(node_id)
 
     async def set_nodes(self, nodes: list[NodeConfig]) -> None:
-        """This replica's pool changes (other replicas change theirs on their own reload):
-        a new node serves the queue at once; a removed one is no longer granted and leaves
-        the snapshot once free. A node's shared state (lease, health) is kept throughout."""
-        wanted = {n.id: n for n in nodes}
-        self._leaving.update((i, n) for i, n in self._nodes.items() if i not in wanted)
-        for node_id in wanted:
-            self._leaving.pop(node_id, None)
-        self._nodes = wanted
-        self._known.update(wanted)
-        self.scripts.node_ids = list(self._nodes)
-        await self._registry.publish(nodes)
-        try:
-            await self._admin("pool")
-        except UNAVAILABLE as exc:
-            log.warning("gate state unreachable: new nodes serve from the next grant: %s", exc)
+        await self.admin.set_nodes(nodes)
 
     async def close(self) -> None:
         """Reject this replica's waiters, take its entries out of the shared queue, stop the
@@ -268,7 +224,7 @@ class RedisGate:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(self._config.poll_s):
                             await event.wait()
-                raise GateRejected("gate_unavailable", self._unavailable_retry_after_s())
+                raise GateRejected("gate_unavailable", self.admin.unavailable_retry_after_s())
         except TimeoutError:
             await self._upkeep.abandon(owner)
             raise GateRejected("wait_timeout", await self.retry_after_s()) from None
@@ -286,7 +242,7 @@ class RedisGate:
         """The lease of a granted node. Another replica may have granted a node this one has
         not discovered yet: its settings come from the deployment's node registry."""
         node_id = reply[1]
-        node = self._known.get(node_id)
+        node = self.admin.known.get(node_id)
         if node is None:
             try:
                 node = await self._registry.read(node_id)
@@ -295,14 +251,14 @@ class RedisGate:
                     await self._upkeep.abandon(owner, node_id)
             if node is None:
                 raise GateRejected("no_node", await self.retry_after_s())
-            self._known[node_id] = node
+            self.admin.known[node_id] = node
         return self._upkeep.lease(node, owner, holder, int(reply[2]))
 
     # -- plumbing -----------------------------------------------------------------------
 
     async def _start(self) -> None:
         if self._closed:
-            raise GateRejected("gate_unavailable", self._unavailable_retry_after_s())
+            raise GateRejected("gate_unavailable", self.admin.unavailable_retry_after_s())
         if not self._background:
             self._background = [
                 asyncio.create_task(self._upkeep.run(self._closing)),
@@ -310,7 +266,7 @@ class RedisGate:
                     self._waiters.listen(backoff_s=self._config.poll_s, closing=self._closing)
                 ),
             ]
-            await self._registry.publish(self._nodes.values())
+            await self.admin.publish()
             # A release published before the subscription would be missed until the poll.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._config.socket_timeout_s):
@@ -318,51 +274,15 @@ class RedisGate:
 
     def _state_lost(self) -> None:
         log.warning("the pool's state in Redis was lost: nodes out until flushed")
-        self._upkeep.spawn(self._registry.publish(self._nodes.values()))
+        self._upkeep.spawn(self.admin.publish())
 
     @property
     def _closed(self) -> bool:
         return self._closing.is_set()
 
-    async def _admin(self, action: str, node_id: str = "", reason: str = "") -> Any:
-        touching = [node_id] if node_id else []
-        return await self.scripts.run(
-            "admin", touching=touching, action=action, node=node_id, reason=reason
-        )
-
-    async def _change(self, node_id: str, action: str, reason: str = "", *, strict: bool) -> bool:
-        if node_id not in self._nodes:
-            return False
-        try:
-            await self._admin(action, node_id, reason)
-        except UNAVAILABLE as exc:
-            if strict:
-                raise GateUnavailable(
-                    f"the gate's shared state (Redis) is unreachable: cannot {action} {node_id}"
-                ) from exc
-            log.warning("could not %s node %s: gate state unreachable: %s", action, node_id, exc)
-        return True
-
-    async def _state(self) -> PoolState:
-        leaving = list(self._leaving)
-        state = PoolState.read(
-            await self.scripts.run("state", touching=leaving),
-            list(self._nodes),
-            leaving,
-            threshold=self._threshold,
-            cooldown_s=self._cooldown_s,
-        )
-        for node_id in leaving:
-            if node_id not in state.holders:  # its last request has ended: gone
-                self._leaving.pop(node_id, None)
-        return state
-
-    def _unavailable_retry_after_s(self) -> int:
-        return max(1, math.ceil(self._config.lease_ttl_s))
-
     def _rejected_unavailable(self, exc: BaseException) -> GateRejected:
         log.warning("gate state unreachable, request refused: %s", exc)
-        return GateRejected("gate_unavailable", self._unavailable_retry_after_s())
+        return GateRejected("gate_unavailable", self.admin.unavailable_retry_after_s())
 
 
 def _reason(reply: str) -> RejectReason:
