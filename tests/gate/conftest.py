@@ -18,7 +18,7 @@ import pytest
 
 from router.config import GateConfig, NodeConfig, RedisGateConfig
 from router.gate import Gate, make_gate
-from tests.gate.redis_cluster import LocalCluster, running_cluster
+from tests.gate.redis_deployments import LocalCluster, running_cluster
 from tests.gate.redis_server import RedisServer, running_redis
 
 MakeGate = Callable[..., Gate]

@@ -14,7 +14,7 @@ from router.config import GateConfig, RedisGateConfig
 from router.gate import GateRejected, Lease, make_gate
 from router.gate.redis import RedisGate
 from tests.gate.conftest import nodes
-from tests.gate.redis_cluster import HOST, LocalSentinel, running_sentinel
+from tests.gate.redis_deployments import HOST, LocalSentinel, running_sentinel
 
 pytestmark = pytest.mark.e2e  # every test here runs redis-server processes
 

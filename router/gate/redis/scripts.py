@@ -58,8 +58,12 @@ def load_sources() -> dict[str, tuple[str, tuple[str, ...]]]:
     return sources
 
 
-SCRIPTS = {name: source for name, (source, _) in load_sources().items()}
-"""Each script's full source, for `pd-gateway check --probe` to load."""
+def __getattr__(name: str) -> Any:
+    """`SCRIPTS`: each script's full source by name, read when asked for (`pd-gateway check
+    --probe` loads them all into the server)."""
+    if name == "SCRIPTS":
+        return {script: source for script, (source, _) in load_sources().items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Scripts:
