@@ -189,6 +189,7 @@ class RedisGate:
         if self._background:
             await asyncio.wait(self._background, timeout=self._config.poll_s)
         await self._upkeep.finish(self._config.poll_s)
+        await self.scripts.settle(self._config.poll_s)
         self._background.clear()
         await self._upkeep.withdraw_orphans()
         try:

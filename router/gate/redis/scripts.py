@@ -99,6 +99,7 @@ class Scripts:
         self._threshold = failure_threshold
         self._replica = replica
         self._epoch = ""  # learnt from the first call's EPOCH answer
+        self._in_flight: set[asyncio.Future[Any]] = set()
         self.node_ids = list(node_ids)  # the pool, in grant order
 
     async def run(self, script: str, *, touching: Iterable[str] = (), **args: ArgValue) -> Any:
@@ -115,8 +116,19 @@ class Scripts:
             raise TypeError(f"script {script} takes {names}, not {tuple(args)}")
         named = [item for name in names for item in (name, args[name])]
         call = asyncio.ensure_future(self._call(script, list(touching), named))
-        call.add_done_callback(_retrieved)
+        self._in_flight.add(call)
+        call.add_done_callback(self._ended)
         return await asyncio.shield(call)
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for the calls under way, their callers gone or not."""
+        if self._in_flight:
+            await asyncio.wait(list(self._in_flight), timeout=timeout_s)
+
+    def _ended(self, call: asyncio.Future[Any]) -> None:
+        self._in_flight.discard(call)
+        if not call.cancelled():
+            call.exception()  # a caller that left does not see it, nor does asyncio's log
 
     async def _call(self, script: str, others: list[str], named: list[ArgValue]) -> Any:
         call = self._scripts[script][0]
@@ -159,9 +171,3 @@ class Scripts:
         for node_id in [*self.node_ids, *others]:
             keys += self._layout.node(node_id)
         return keys
-
-
-def _retrieved(call: asyncio.Future[Any]) -> None:
-    """A call whose caller left: its failure is the caller's no more (nor asyncio's log's)."""
-    if not call.cancelled():
-        call.exception()
