@@ -22,7 +22,7 @@ from router.gate.redis import GateUnavailable, RedisGate, RedisLease
 from router.gate.redis.client import RedisClient, connect
 from tests.gate.conftest import DEPLOYMENTS, eventually, nodes, waiting
 from tests.gate.partition import PartitionableLink
-from tests.gate.redis_server import RedisServer
+from tests.gate.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.e2e  # every test here runs a redis-server
 
@@ -454,3 +454,20 @@ async def test_pools_of_two_models_never_share_a_queue(replica: Replica) -> None
     assert (await other.snapshot()).waiting == 0
     await held.release()
     await (await asyncio.wait_for(waiter, 5)).release()
+
+
+@pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])
+async def test_a_deployment_no_node_of_which_answers_means_gate_unavailable(
+    key_prefix: str, scheme: str
+) -> None:
+    built: list[RedisGate] = []
+    gate = replicas_on(f"{scheme}://127.0.0.1:{free_port()}", key_prefix, built)(nodes(1), **FAST)
+    try:
+        with pytest.raises(GateRejected) as refused:
+            await gate.acquire(priority=0, wait_s=1, holder="a")
+        assert refused.value.reason == "gate_unavailable"
+        assert (await gate.snapshot()).out == {nodes(1)[0].id: "gate_unavailable"}
+        with pytest.raises(GateUnavailable):
+            await gate.drain(nodes(1)[0].id)
+    finally:
+        await gate.close()

@@ -11,10 +11,10 @@ from typing import Any
 from router.config import NodeConfig, RedisGateConfig
 from router.errors import GatewayError
 from router.gate.base import GateSnapshot
+from router.gate.redis.client import UNAVAILABLE
 from router.gate.redis.pool_state import PoolState
 from router.gate.redis.registry import NodeRegistry
 from router.gate.redis.scripts import Scripts
-from router.gate.redis.upkeep import UNAVAILABLE
 
 log = logging.getLogger("pd_gateway.gate")
 
@@ -120,7 +120,7 @@ class RedisPoolAdmin:
         await self._registry.publish(self._nodes.values())
 
     async def state(self) -> PoolState:
-        """The pool's shared state; RedisError or OSError if Redis cannot be reached."""
+        """The pool's shared state; one of client.UNAVAILABLE if Redis cannot be reached."""
         leaving = list(self._leaving)
         state = PoolState.read(
             await self._scripts.run("state", touching=leaving),

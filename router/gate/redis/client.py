@@ -18,10 +18,15 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException, RedisError
 
 from router.config import RedisAddress, RedisGateConfig
 
 RedisClient = Redis | RedisCluster
+UNAVAILABLE = (RedisError, RedisClusterException, OSError)
+"""What a call to Redis raises when Redis cannot be reached or cannot answer (the call may
+then have run or not); a Cluster client raises RedisClusterException when no node of the
+cluster answers, which is not a RedisError."""
 
 
 class GateRedis:

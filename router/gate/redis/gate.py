@@ -25,12 +25,12 @@ from router.config import NodeConfig, RedisGateConfig
 from router.gate.base import GateRejected, GateSnapshot, RejectReason
 from router.gate.metrics import GateMetrics
 from router.gate.redis.admin import RedisPoolAdmin
-from router.gate.redis.client import connect
+from router.gate.redis.client import UNAVAILABLE, connect
 from router.gate.redis.keys import KeyLayout
 from router.gate.redis.lease import RedisLease
 from router.gate.redis.registry import NodeRegistry
 from router.gate.redis.scripts import Scripts
-from router.gate.redis.upkeep import UNAVAILABLE, Upkeep
+from router.gate.redis.upkeep import Upkeep
 from router.gate.redis.wakeups import WakeUps
 
 log = logging.getLogger("pd_gateway.gate")

@@ -6,11 +6,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from redis.exceptions import RedisError
-
 from router.config import NodeConfig
 from router.gate.metrics import GateMetrics
-from router.gate.redis.client import GateRedis
+from router.gate.redis.client import UNAVAILABLE, GateRedis
 from router.gate.redis.records import RecordUnreadable, decode_node, encode_node
 
 log = logging.getLogger("pd_gateway.gate")
@@ -30,13 +28,13 @@ class NodeRegistry:
             return
         try:
             await (await self._redis.ready()).hset(self._key, mapping=dict(records))  # type: ignore[arg-type]
-        except (RedisError, OSError) as exc:
+        except UNAVAILABLE as exc:
             log.warning("could not share this pool's node settings: %s", exc)
 
     async def read(self, node_id: str) -> NodeConfig | None:
         """The node's settings as another replica shared them; None if none were shared, or
-        if they cannot be read (logged and counted). RedisError or OSError if Redis cannot
-        be reached."""
+        if they cannot be read (logged and counted). One of client.UNAVAILABLE if Redis
+        cannot be reached."""
         raw = await (await self._redis.ready()).hget(self._key, node_id)
         if raw is None:
             return None

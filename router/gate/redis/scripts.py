@@ -103,8 +103,8 @@ class Scripts:
         self.node_ids = list(node_ids)  # the pool, in grant order
 
     async def run(self, script: str, *, touching: Iterable[str] = (), **args: ArgValue) -> Any:
-        """Run `script` with its named arguments; RedisError or OSError if Redis cannot be
-        reached (the script may then have run or not).
+        """Run `script` with its named arguments; one of client.UNAVAILABLE if Redis cannot
+        be reached (the script may then have run or not).
 
         A caller cancelled meanwhile is cancelled at once, but the call itself runs to its
         end: a command cut off half-way would leave its connection unusable (redis-py's

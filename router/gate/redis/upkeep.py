@@ -11,17 +11,15 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from router.config import NodeConfig, RedisGateConfig
 from router.gate.health import NodeFailure
 from router.gate.metrics import GateMetrics
+from router.gate.redis.client import UNAVAILABLE
 from router.gate.redis.lease import Grant, RedisLease
 from router.gate.redis.scripts import Scripts
 
 log = logging.getLogger("pd_gateway.gate")
 
-UNAVAILABLE = (RedisError, OSError)  # Redis could not be reached (a call may have run)
 _MAX_ORPHANS = 1024
 
 

@@ -10,9 +10,8 @@ import logging
 from collections.abc import Iterable
 
 from redis.asyncio.client import PubSub
-from redis.exceptions import RedisError
 
-from router.gate.redis.client import GateRedis
+from router.gate.redis.client import UNAVAILABLE, GateRedis
 
 log = logging.getLogger("pd_gateway.gate")
 
@@ -65,12 +64,12 @@ class WakeUps:
                         await pubsub.ping()  # idle for a while: is the connection still there?
                     elif message["type"] == "message":
                         self.wake(str(message["data"]).split())
-            except (RedisError, OSError) as exc:
+            except UNAVAILABLE as exc:
                 log.debug("gate wake-up channel lost: %s", exc)
             finally:
                 self.subscribed.clear()
                 if pubsub is not None:
-                    with contextlib.suppress(RedisError, OSError):
+                    with contextlib.suppress(*UNAVAILABLE):
                         await pubsub.aclose()  # type: ignore[no-untyped-call]
             with contextlib.suppress(TimeoutError):  # reconnect backoff; waiters poll
                 async with asyncio.timeout(backoff_s):
