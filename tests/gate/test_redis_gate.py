@@ -22,6 +22,7 @@ from router.gate.redis import GateUnavailable, RedisGate, RedisLease
 from router.gate.redis.client import RedisClient, connect
 from tests.gate.conftest import DEPLOYMENTS, eventually, nodes, waiting
 from tests.gate.partition import PartitionableLink
+from tests.gate.redis_deployments import LocalCluster
 from tests.gate.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.e2e  # every test here runs a redis-server
@@ -83,7 +84,7 @@ def own_server() -> Iterator[Callable[..., RedisServer]]:
 async def redis_client(redis_url: str) -> AsyncIterator[RedisClient]:
     """A plain client of the deployment the test's replicas share."""
     client = connect(RedisGateConfig(url=redis_url), None, max_connections=4)
-    yield await client.ready()
+    yield await client.settled()
     await client.aclose()
 
 
@@ -469,5 +470,33 @@ async def test_a_deployment_no_node_of_which_answers_means_gate_unavailable(
         assert (await gate.snapshot()).out == {nodes(1)[0].id: "gate_unavailable"}
         with pytest.raises(GateUnavailable):
             await gate.drain(nodes(1)[0].id)
+    finally:
+        await gate.close()
+
+
+async def test_a_cluster_client_closed_under_many_callers_recovers(
+    redis_cluster: LocalCluster, key_prefix: str
+) -> None:
+    """redis-py closes its Cluster client's connections after some errors (the cluster
+    down, a slot not covered); callers sending commands meanwhile see only gate_unavailable,
+    and the next requests are served."""
+    built: list[RedisGate] = []
+    gate = replicas_on(redis_cluster.url, key_prefix, built)(nodes(4), max_queue=400)
+    try:
+        await (await gate.acquire(priority=0, wait_s=1, holder="first")).release()
+        await gate._redis.client.aclose()  # as redis-py does on CLUSTERDOWN
+
+        async def request(i: int) -> str:
+            try:
+                lease = await gate.acquire(priority=0, wait_s=10, holder=f"r{i}")
+            except GateRejected as refused:
+                return refused.reason
+            await lease.release()
+            return "served"
+
+        outcomes = await asyncio.gather(*(request(i) for i in range(100)))
+        assert set(outcomes) <= {"served", "gate_unavailable"}
+        lease = await gate.acquire(priority=0, wait_s=5, holder="after")
+        await lease.release()
     finally:
         await gate.close()

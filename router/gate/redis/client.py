@@ -11,6 +11,8 @@ so one subscription on any node hears them (Redis 6.2 has no sharded pub/sub to 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.client import PubSub
@@ -18,11 +20,12 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import ConnectionError, RedisClusterException, RedisError
 
 from router.config import RedisAddress, RedisGateConfig
 
 RedisClient = Redis | RedisCluster
+T = TypeVar("T")
 UNAVAILABLE = (RedisError, RedisClusterException, OSError)
 """What a call to Redis raises when Redis cannot be reached or cannot answer (the call may
 then have run or not); a Cluster client raises RedisClusterException when no node of the
@@ -30,7 +33,8 @@ cluster answers, which is not a RedisError."""
 
 
 class GateRedis:
-    """The client and what must be closed with it."""
+    """The client and what must be closed with it. Commands go through `run`, which is where
+    the client's failures become one of UNAVAILABLE."""
 
     def __init__(self, client: RedisClient, sentinel: Sentinel | None = None) -> None:
         self._client = client
@@ -38,16 +42,25 @@ class GateRedis:
         self._ready = not isinstance(client, RedisCluster)
         self._learning = asyncio.Lock()
 
-    async def ready(self) -> RedisClient:
-        """The client, once it can take commands from many callers at once: a Cluster client
-        first learns the slot map, once (redis-py's Cluster client, sent its very first
-        commands by many callers at once, breaks connections under them)."""
-        if not self._ready:
-            async with self._learning:
-                if not self._ready and isinstance(self._client, RedisCluster):
-                    await self._client.initialize()
-                    self._ready = True
-        return self._client
+    async def run(self, command: Callable[[RedisClient], Awaitable[T]]) -> T:
+        """`command` on the client; one of UNAVAILABLE if Redis cannot be reached.
+
+        redis-py writing on a connection closed under it raises AttributeError or TypeError
+        from the transport (not a ConnectionError); that is a lost connection too. After a
+        failure, a Cluster client learns the slot map again before the next command, once
+        for all callers: redis-py's Cluster client, closed after an error and then sent
+        commands by many callers at once (or sent its very first commands that way), breaks
+        connections under them.
+        """
+        client = await self.settled()
+        try:
+            return await command(client)
+        except (AttributeError, TypeError) as exc:
+            self._ready = not isinstance(client, RedisCluster)
+            raise ConnectionError(f"connection lost: {exc!r}") from exc
+        except UNAVAILABLE:
+            self._ready = not isinstance(client, RedisCluster)
+            raise
 
     @property
     def client(self) -> RedisClient:
@@ -56,13 +69,23 @@ class GateRedis:
 
     async def pubsub(self) -> PubSub:
         """A pub/sub connection (on a Cluster, to the node serving the channel's slot)."""
-        return (await self.ready()).pubsub()
+        return (await self.settled()).pubsub()
 
     async def aclose(self) -> None:
         await self._client.aclose()
         if self._sentinel is not None:
             for sentinel in self._sentinel.sentinels:
                 await sentinel.aclose()
+
+    async def settled(self) -> RedisClient:
+        """The client, ready for commands from many callers at once (see `run`), for a
+        caller that handles its failures itself."""
+        if not self._ready:
+            async with self._learning:
+                if not self._ready and isinstance(self._client, RedisCluster):
+                    await self._client.initialize()
+                    self._ready = True
+        return self._client
 
 
 def connect(config: RedisGateConfig, password: str | None, *, max_connections: int) -> GateRedis:

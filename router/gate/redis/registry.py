@@ -27,7 +27,7 @@ class NodeRegistry:
         if not records:
             return
         try:
-            await (await self._redis.ready()).hset(self._key, mapping=dict(records))  # type: ignore[arg-type]
+            await self._redis.run(lambda client: client.hset(self._key, mapping=records))  # type: ignore[arg-type]
         except UNAVAILABLE as exc:
             log.warning("could not share this pool's node settings: %s", exc)
 
@@ -35,7 +35,7 @@ class NodeRegistry:
         """The node's settings as another replica shared them; None if none were shared, or
         if they cannot be read (logged and counted). One of client.UNAVAILABLE if Redis
         cannot be reached."""
-        raw = await (await self._redis.ready()).hget(self._key, node_id)
+        raw = await self._redis.run(lambda client: client.hget(self._key, node_id))
         if raw is None:
             return None
         try:

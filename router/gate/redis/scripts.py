@@ -25,6 +25,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from importlib import resources
 from typing import Any
 
@@ -137,21 +138,19 @@ class Scripts:
             sent_at = time.perf_counter()
             epoch = self._epoch
             try:
+                keys = self._keys(others)
+                args = [
+                    self._channel,
+                    self._ttl_ms,
+                    self._threshold,
+                    self._replica,
+                    epoch,
+                    "\n".join(self.node_ids),
+                    "\n".join(others),
+                    *named,
+                ]
                 async with self._calls:
-                    await self._redis.ready()
-                    return await call(
-                        keys=self._keys(others),
-                        args=[
-                            self._channel,
-                            self._ttl_ms,
-                            self._threshold,
-                            self._replica,
-                            epoch,
-                            "\n".join(self.node_ids),
-                            "\n".join(others),
-                            *named,
-                        ],
-                    )
+                    return await self._redis.run(partial(call, keys, args))
             except ResponseError as exc:
                 kind, _, value = str(exc).partition(" ")
                 if kind == "UNDECLARED" and value not in others:
