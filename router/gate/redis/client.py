@@ -30,6 +30,11 @@ UNAVAILABLE = (RedisError, RedisClusterException, OSError)
 """What a call to Redis raises when Redis cannot be reached or cannot answer (the call may
 then have run or not); a Cluster client raises RedisClusterException when no node of the
 cluster answers, which is not a RedisError."""
+_TRANSPORT_ERRORS = (AttributeError, TypeError)
+CONNECTION_LOST = (*UNAVAILABLE, *_TRANSPORT_ERRORS)
+"""What a redis-py call may raise when its connection was closed under it: besides
+UNAVAILABLE, AttributeError or TypeError from the transport (`run` turns those into a
+ConnectionError; the wake-up listener, which reads its connection itself, catches them)."""
 
 
 class GateRedis:
@@ -55,7 +60,7 @@ class GateRedis:
         client = await self.settled()
         try:
             return await command(client)
-        except (AttributeError, TypeError) as exc:
+        except _TRANSPORT_ERRORS as exc:
             self._ready = not isinstance(client, RedisCluster)
             raise ConnectionError(f"connection lost: {exc!r}") from exc
         except UNAVAILABLE:

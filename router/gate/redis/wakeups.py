@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from redis.asyncio.client import PubSub
 
-from router.gate.redis.client import UNAVAILABLE, GateRedis
+from router.gate.redis.client import CONNECTION_LOST, GateRedis
 
 log = logging.getLogger("pd_gateway.gate")
 
@@ -64,12 +64,12 @@ class WakeUps:
                         await pubsub.ping()  # idle for a while: is the connection still there?
                     elif message["type"] == "message":
                         self.wake(str(message["data"]).split())
-            except UNAVAILABLE as exc:
+            except CONNECTION_LOST as exc:
                 log.debug("gate wake-up channel lost: %s", exc)
             finally:
                 self.subscribed.clear()
                 if pubsub is not None:
-                    with contextlib.suppress(*UNAVAILABLE):
+                    with contextlib.suppress(*CONNECTION_LOST):
                         await pubsub.aclose()  # type: ignore[no-untyped-call]
             with contextlib.suppress(TimeoutError):  # reconnect backoff; waiters poll
                 async with asyncio.timeout(backoff_s):
