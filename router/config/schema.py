@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -202,13 +203,92 @@ class PushConfig(StrictModel):
 ThroughputConfig = Annotated[ProxyConfig | PullConfig | PushConfig, Field(discriminator="mode")]
 
 
+RedisDeployment = Literal["single", "cluster", "sentinel"]
+_REDIS_SCHEMES: dict[str, tuple[RedisDeployment, bool]] = {
+    "redis": ("single", False),
+    "rediss": ("single", True),
+    "redis+cluster": ("cluster", False),
+    "rediss+cluster": ("cluster", True),
+    "redis+sentinel": ("sentinel", False),
+    "rediss+sentinel": ("sentinel", True),
+}
+_DEFAULT_PORTS: dict[RedisDeployment, int] = {"single": 6379, "cluster": 6379, "sentinel": 26379}
+
+
+class RedisAddress(BaseModel):
+    """Where the gate's Redis is, as `gate.redis.url` says: one server (`redis://`), a
+    Redis Cluster (`redis+cluster://node:port,node:port`: any of its nodes, to learn the
+    others from) or a master found through Sentinel (`redis+sentinel://sentinel:port,
+    sentinel:port/<master name>[/<db>]`). An `s` after `redis` is TLS."""
+
+    model_config = ConfigDict(frozen=True)
+
+    deployment: RedisDeployment
+    tls: bool
+    hosts: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    db: int
+    master: str | None  # Sentinel's name for the master
+
+    @classmethod
+    def parse(cls, url: str) -> RedisAddress:
+        """ValueError naming what is wrong."""
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme not in _REDIS_SCHEMES:
+            raise ValueError(f"not a URL of one of the schemes {', '.join(_REDIS_SCHEMES)}")
+        deployment, tls = _REDIS_SCHEMES[scheme]
+        location, _, path = rest.partition("/")
+        userinfo, _, hostlist = location.rpartition("@")
+        username, _, password = userinfo.partition(":")
+        hosts = tuple(_host_port(h, _DEFAULT_PORTS[deployment]) for h in hostlist.split(","))
+        if deployment == "single" and len(hosts) > 1:
+            raise ValueError("one host for redis:// (several are redis+cluster:// or +sentinel)")
+        parts = [p for p in path.split("?")[0].split("/") if p]
+        master = None
+        if deployment == "sentinel":
+            if not parts:
+                raise ValueError("redis+sentinel:// needs the master's name: .../<master name>")
+            master, parts = parts[0], parts[1:]
+        if len(parts) > 1 or (parts and not parts[0].isdigit()):
+            raise ValueError(f"{path!r} is not a database number")
+        db = int(parts[0]) if parts else 0
+        if deployment == "cluster" and db != 0:
+            raise ValueError("a Redis Cluster has database 0 only")
+        return cls(
+            deployment=deployment,
+            tls=tls,
+            hosts=hosts,
+            username=unquote(username) or None,
+            password=unquote(password) or None,
+            db=db,
+            master=master,
+        )
+
+
+def _host_port(text: str, default_port: int) -> tuple[str, int]:
+    if text.startswith("["):  # [IPv6]:port
+        host, _, port = text[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = text.rpartition(":") if ":" in text else (text, "", "")
+    if not host:
+        raise ValueError(f"no host in {text!r}")
+    if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"{port!r} is not a port (in {text!r})")
+    return host, int(port) if port else default_port
+
+
 class RedisGateConfig(StrictModel):
     """The shared gate state of `gate.backend: redis`: several gateway replicas, one pool."""
 
+    # redis:// or rediss:// (one server), redis+cluster:// (a Redis Cluster: any nodes of
+    # it, comma-separated) or redis+sentinel://sentinel:26379,.../<master name> (Sentinel).
     url: str
     # The password, one way at most: a mounted secret (`password_file`, an absolute path),
     # the URL's own (redis://:PASSWORD@host), or `password`, best given in the environment
-    # as PDGW_GATE__REDIS__PASSWORD (or PDGW_GATE__REDIS__PASSWORD_FILE).
+    # as PDGW_GATE__REDIS__PASSWORD (or PDGW_GATE__REDIS__PASSWORD_FILE). With Sentinel it
+    # is the master's; the sentinels are asked without one.
     password_file: str | None = None
     password: str | None = None
     # Every key and channel starts with this: one prefix per deployment sharing a Redis.
@@ -221,16 +301,17 @@ class RedisGateConfig(StrictModel):
     poll_s: Annotated[float, Field(gt=0)] = 1.0
 
     @property
+    def address(self) -> RedisAddress:
+        return RedisAddress.parse(self.url)
+
+    @property
     def url_has_password(self) -> bool:
-        userinfo = self.url.partition("://")[2].split("/")[0].rpartition("@")[0]
-        return bool(userinfo.partition(":")[2])
+        return self.address.password is not None
 
     @field_validator("url")
     @classmethod
     def _redis_url(cls, url: str) -> str:
-        scheme, _, rest = url.partition("://")
-        if scheme not in ("redis", "rediss") or not rest.split("/")[0].rpartition("@")[2]:
-            raise ValueError("not a redis:// or rediss:// URL with a host")
+        RedisAddress.parse(url)
         return url
 
     @field_validator("key_prefix")

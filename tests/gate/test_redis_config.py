@@ -78,3 +78,58 @@ def test_the_environment_sets_the_password(tmp_path: Path) -> None:
     environ = {"PDGW_GATE__REDIS__PASSWORD_FILE": str(tmp_path / "secret")}
     config = load_config(tmp_path / "router.yaml", environ)
     assert config.gate.redis is not None and redis_password(config.gate.redis) == "from-a-file"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://a:1,b:2",  # several servers: a Cluster or Sentinels
+        "redis+cluster://a:6379/1",  # a Cluster has database 0 only
+        "redis+sentinel://s:26379",  # the master's name is missing
+        "redis+sentinel://s:26379/gate/x",
+        "redis+cluster://a:6379,:7000",
+        "redis+cluster://a:70000",
+        "redis+sentinel://s:port/gate",
+        "redis+memcache://a",
+    ],
+)
+def test_a_redis_url_that_names_no_deployment_is_refused(url: str) -> None:
+    with pytest.raises(ConfigError, match=r"gate\.redis\.url"):
+        parse_config(gate_section(url=url))
+
+
+@pytest.mark.parametrize(
+    ("url", "deployment", "hosts", "master", "db"),
+    [
+        ("redis://cache:6380/2", "single", [("cache", 6380)], None, 2),
+        ("rediss://cache", "single", [("cache", 6379)], None, 0),
+        ("redis+cluster://a:7000,b:7001", "cluster", [("a", 7000), ("b", 7001)], None, 0),
+        ("rediss+cluster://[::1]:7000/0", "cluster", [("::1", 7000)], None, 0),
+        (
+            "redis+sentinel://s1,s2:26380/gate",
+            "sentinel",
+            [("s1", 26379), ("s2", 26380)],
+            "gate",
+            0,
+        ),
+        ("redis+sentinel://s:26379/gate/3", "sentinel", [("s", 26379)], "gate", 3),
+    ],
+)
+def test_a_redis_url_names_its_deployment(
+    url: str, deployment: str, hosts: list[tuple[str, int]], master: str | None, db: int
+) -> None:
+    address = RedisGateConfig(url=url).address
+    assert (address.deployment, list(address.hosts), address.master, address.db) == (
+        deployment,
+        hosts,
+        master,
+        db,
+    )
+    assert address.tls == url.startswith("rediss")
+
+
+def test_a_cluster_or_sentinel_url_may_carry_the_password() -> None:
+    address = RedisGateConfig(url="redis+sentinel://:p%40ss@s:26379/gate").address
+    assert address.password == "p@ss"
+    with pytest.raises(ConfigError, match="one way only"):
+        parse_config(gate_section(url="redis+cluster://:pw@a:7000", password="other"))

@@ -1,6 +1,7 @@
-"""The Redis backend across replicas: several gates on one real Redis server, as several
-gateway processes would be. The interface suite (test_gate.py, test_health.py) runs on this
-backend too; these are the properties only a shared backend has."""
+"""The Redis backend across replicas: several gates on one real Redis server (or one real
+Redis Cluster), as several gateway processes would be. The interface suite (test_gate.py,
+test_health.py) runs on this backend too; these are the properties only a shared backend
+has. Tests that stop, lock or cut off their own server run on a single server."""
 
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from router.config import GateConfig, RedisGateConfig
 from router.gate import GateRejected, make_gate
 from router.gate.redis import GateUnavailable, RedisGate, RedisLease
+from router.gate.redis.client import RedisClient, connect
 from router.node import Node
-from tests.gate.conftest import eventually, nodes, waiting
+from tests.gate.conftest import DEPLOYMENTS, eventually, nodes, waiting
 from tests.gate.partition import PartitionableLink
-from tests.gate.redis_server import RedisServer
+from tests.gate.redis_deployments import LocalCluster
+from tests.gate.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.e2e  # every test here runs a redis-server
 
@@ -49,11 +51,17 @@ def replicas_on(url: str, prefix: str, built: list[RedisGate]) -> Replica:
     return build
 
 
+@pytest.fixture(params=DEPLOYMENTS)
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """The URL of a shared Redis deployment: a single server, or a Cluster."""
+    return str(request.getfixturevalue(request.param).url)
+
+
 @pytest.fixture
-async def replica(redis_server: RedisServer, key_prefix: str) -> AsyncIterator[Replica]:
+async def replica(redis_url: str, key_prefix: str) -> AsyncIterator[Replica]:
     """`replica(node_list, max_queue=..., **redis_settings)`: one more gateway replica."""
     built: list[RedisGate] = []
-    yield replicas_on(redis_server.url, key_prefix, built)
+    yield replicas_on(redis_url, key_prefix, built)
     for gate in built:
         await gate.close()
 
@@ -74,9 +82,10 @@ def own_server() -> Iterator[Callable[..., RedisServer]]:
 
 
 @pytest.fixture
-async def redis_client(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url, decode_responses=True)
-    yield client
+async def redis_client(redis_url: str) -> AsyncIterator[RedisClient]:
+    """A plain client of the deployment the test's replicas share."""
+    client = connect(RedisGateConfig(url=redis_url), None, max_connections=4)
+    yield await client.settled()
     await client.aclose()
 
 
@@ -84,10 +93,10 @@ def kill(gate: RedisGate) -> None:
     """The replica's process dies: from now on nothing it would do reaches Redis (no
     heartbeat, no renewal, no withdrawal of its waiters)."""
 
-    async def unreachable(*_: Any) -> Any:
+    async def unreachable(*_: Any, **__: Any) -> Any:
         raise RedisConnectionError("this replica is dead")
 
-    gate._run = unreachable  # type: ignore[method-assign]
+    gate.scripts.run = unreachable  # type: ignore[method-assign]
 
 
 async def test_two_replicas_never_hold_one_node_at_once(replica: Replica) -> None:
@@ -162,7 +171,7 @@ async def test_an_unrenewed_lease_expires_and_a_stale_release_is_refused(
     dead, alive = replica(pool, **FAST), replica(pool, **FAST)
     lost = await dead.acquire(priority=0, wait_s=1, holder="dead")
     assert isinstance(lost, RedisLease)
-    run = dead._run
+    run = dead.scripts.run
     kill(dead)  # stops renewing
 
     async def suspect() -> bool:  # once the TTL ran out: the node may hold an orphan
@@ -176,13 +185,13 @@ async def test_an_unrenewed_lease_expires_and_a_stale_release_is_refused(
     taken = await alive.acquire(priority=0, wait_s=5, holder="alive")
     assert isinstance(taken, RedisLease)
     assert taken.node == lost.node and taken.grant.token > lost.grant.token
-    dead._run = run  # type: ignore[method-assign]  # the replica was only cut off: it is back
+    dead.scripts.run = run  # type: ignore[method-assign]  # the replica was only cut off: it is back
     assert await lost.renew() is False
     forged = RedisLease(
         dataclasses.replace(taken.grant, token=lost.grant.token),  # the holder, a stale token
         valid_until=0,
-        renew=dead._renew,
-        release=dead._release,
+        renew=dead._upkeep.renew,
+        release=dead._upkeep.release,
     )
     await forged.release()
     await lost.release()
@@ -196,15 +205,15 @@ async def test_a_grant_that_races_the_cancellation_is_passed_on(replica: Replica
     pool = nodes(1)
     a, b = replica(pool), replica(pool)
     held = await a.acquire(priority=0, wait_s=1, holder="held")
-    claim = b._run
+    claim = b.scripts.run
 
-    async def cancelled_as_granted(script: str, *args: Any) -> Any:
-        reply = await claim(script, *args)
+    async def cancelled_as_granted(script: str, **args: Any) -> Any:
+        reply = await claim(script, **args)
         if script == "claim" and reply[0] == "granted":
             asyncio.current_task().cancel()  # type: ignore[union-attr]  # lands with the reply
         return reply
 
-    b._run = cancelled_as_granted  # type: ignore[method-assign]
+    b.scripts.run = cancelled_as_granted  # type: ignore[method-assign]
     first = asyncio.create_task(b.acquire(priority=1, wait_s=10, holder="first"))
     await waiting(a, 1)
     second = asyncio.create_task(a.acquire(priority=0, wait_s=10, holder="second"))
@@ -217,7 +226,7 @@ async def test_a_grant_that_races_the_cancellation_is_passed_on(replica: Replica
 
 
 async def test_a_dead_replicas_waiters_stop_blocking_others(
-    replica: Replica, redis_client: Redis
+    replica: Replica, redis_client: RedisClient
 ) -> None:
     pool = nodes(1)
     holder, dead, other = replica(pool, **FAST), replica(pool, **FAST), replica(pool, **FAST)
@@ -233,17 +242,19 @@ async def test_a_dead_replicas_waiters_stop_blocking_others(
     for task in ahead:  # the process is gone: its waiters never withdraw
         task.cancel()
     await asyncio.gather(*ahead, return_exceptions=True)
-    assert await redis_client.zcard(dead._queue_key) == 4
+    assert await redis_client.zcard(dead.pool_keys.queue) == 4
 
     async def heartbeat_gone() -> bool:
-        return not await redis_client.exists(f"{dead._config.key_prefix}:alive:{dead.replica}")
+        seconds, microseconds = await redis_client.time()
+        until_ms = await redis_client.zscore(dead.keys.alive, dead.replica)
+        return until_ms is None or until_ms < seconds * 1000 + microseconds // 1000
 
     await eventually(heartbeat_gone)
     await waiting(holder, 1)  # only `behind` still counts
     await held.release()
     lease = await asyncio.wait_for(behind, 5)
     assert lease.node == held.node
-    assert await redis_client.zcard(dead._queue_key) == 0
+    assert await redis_client.zcard(dead.pool_keys.queue) == 0
 
 
 async def test_closing_a_replica_withdraws_its_waiters(replica: Replica) -> None:
@@ -445,3 +456,48 @@ async def test_pools_of_two_models_never_share_a_queue(replica: Replica) -> None
     assert (await other.snapshot()).waiting == 0
     await held.release()
     await (await asyncio.wait_for(waiter, 5)).release()
+
+
+@pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])
+async def test_a_deployment_no_node_of_which_answers_means_gate_unavailable(
+    key_prefix: str, scheme: str
+) -> None:
+    built: list[RedisGate] = []
+    gate = replicas_on(f"{scheme}://127.0.0.1:{free_port()}", key_prefix, built)(nodes(1), **FAST)
+    try:
+        with pytest.raises(GateRejected) as refused:
+            await gate.acquire(priority=0, wait_s=1, holder="a")
+        assert refused.value.reason == "gate_unavailable"
+        assert (await gate.snapshot()).out == {nodes(1)[0].id: "gate_unavailable"}
+        with pytest.raises(GateUnavailable):
+            await gate.drain(nodes(1)[0].id)
+    finally:
+        await gate.close()
+
+
+async def test_a_cluster_client_closed_under_many_callers_recovers(
+    redis_cluster: LocalCluster, key_prefix: str
+) -> None:
+    """redis-py closes its Cluster client's connections after some errors (the cluster
+    down, a slot not covered); callers sending commands meanwhile see only gate_unavailable,
+    and the next requests are served."""
+    built: list[RedisGate] = []
+    gate = replicas_on(redis_cluster.url, key_prefix, built)(nodes(4), max_queue=400)
+    try:
+        await (await gate.acquire(priority=0, wait_s=1, holder="first")).release()
+        await gate._redis.client.aclose()  # as redis-py does on CLUSTERDOWN
+
+        async def request(i: int) -> str:
+            try:
+                lease = await gate.acquire(priority=0, wait_s=10, holder=f"r{i}")
+            except GateRejected as refused:
+                return refused.reason
+            await lease.release()
+            return "served"
+
+        outcomes = await asyncio.gather(*(request(i) for i in range(100)))
+        assert set(outcomes) <= {"served", "gate_unavailable"}
+        lease = await gate.acquire(priority=0, wait_s=5, holder="after")
+        await lease.release()
+    finally:
+        await gate.close()

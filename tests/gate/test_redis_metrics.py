@@ -112,7 +112,7 @@ async def test_a_lease_released_while_the_renewer_renews_it_is_not_counted_as_lo
     batch = [lease]
     await lease.release()
 
-    await gate._renew(batch)  # the renewer's own call, its batch taken before the release
+    await gate._upkeep.renew(batch)  # the renewer's own call, its batch taken before the release
     assert sample("pd_gateway_gate_lease_expiries_total") == expiries
     assert sample("pd_gateway_gate_lease_fencing_rejections_total") == rejections
 

@@ -1,4 +1,5 @@
-"""`gate.backend: redis`: one pool shared by every gateway replica through one Redis."""
+"""`gate.backend: redis`: one pool shared by every gateway replica through one Redis (a
+single server, a Redis Cluster or a Sentinel-managed master; docs/redis.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from pathlib import Path
 
 from router.config import ConfigError, GateConfig, RedisGateConfig, read_secret
 from router.gate.metrics import GateMetrics
-from router.gate.redis.gate import GateUnavailable, RedisGate
+from router.gate.redis.admin import GateUnavailable
+from router.gate.redis.gate import RedisGate
 from router.gate.redis.lease import RedisLease
 from router.node import Node
 

@@ -1,369 +1,172 @@
-"""The Redis gate's state changes, each one Lua script run atomically by the server.
+"""Calls to the gate's Lua scripts: arguments by name, the keys each call touches declared,
+and the one retry loop a call may need.
 
-Every script gets the pool's queue key as KEYS[1] and the same six leading arguments:
-the key prefix, the lease TTL (ms), the failure threshold, the pool's node ids (one a line,
-in grant order), the caller's replica id and the pool's state epoch as the caller knows it
-("" at first). Its own arguments follow from ARGV[7].
+The scripts live in `lua/` (package data): `common.lua` is prepended to each, and each
+script's header names its own arguments (`-- ARGV: owner holder ...`, `-` for none),
+which a call must give exactly. A call declares the keys of the pool and of every node it
+touches: the pool's nodes, plus `touching` (a released node, renewed leases, nodes leaving
+the pool).
 
-Keys (P = the deployment's key prefix, Q = KEYS[1] = P:pool:<pool id>:queue):
+A script fails before writing anything in two cases, and the call runs it again:
 
-    P:node:<id>      hash   failures, out_ms + reason (out of service), drained, token
-                            (the fencing counter, HINCRBY on every grant), held (the
-                            holder of a lease granted and not yet released)
-    P:probe:<id>     string the replica flushing an out node before readmitting it
-    P:lease:<id>     hash   owner, holder, token, since (ms); expires after the lease TTL
-    P:alive:<rep>    string a replica's heartbeat; expires after the lease TTL
-    P:wake           channel published to when a waiter must look again
-    Q                zset   waiters: member <replica>|<n>, score -priority * 2^40 + arrival
-    Q:wait           hash   member -> "<deadline ms>|<holder>"
-    Q:seq            string the arrival counter
-    Q:grant:<member> string the node handed to a queued waiter, until it claims it
-    Q:gone:<member>  string a waiter that gave up: a late ACQUIRE or CLAIM of it is void
-    Q:held           list   recent hold times (seconds), newest first
-    Q:epoch          string set when the pool's state is first found empty
-
-The queue is per pool (its id hashes the node ids the gate was built with); leases and
-health are per node, so two pools that name one node never both hold it.
-
-A node is free when it is in service and has no lease. A node whose lease expired without a
-release (its holder died or lost Redis) may hold an orphaned transfer: the first script to
-look at it takes it out (`lease_expired`) until a prober has flushed it. `fill` hands every
-free node to the live head of the queue (a waiter whose replica's heartbeat is gone, or
-whose deadline has passed, is dropped on the way), records the grant and names the
-grantees on P:wake.
-
-A Redis that lost the pool's state (restarted without persistence, a failover that lost
-writes) no longer knows the leases still being served. The first script of a replica that
-knew the old epoch notices: every node without a lease goes out (`state_lost`) until a
-prober has found it idle and flushed it, so no node still decoding a forgotten lease is
-granted again; the script then fails with `EPOCH <epoch>`, and the caller, having learnt
-the epoch, runs it again.
+* `EPOCH <epoch>`: the caller did not know the pool's current state epoch. Either this is
+  its first call, or Redis lost the pool's state (restarted without persistence, a
+  failover that lost writes); in the second case the script has taken every unleased node
+  out (`state_lost`) so that none still serving a forgotten lease is granted again, and
+  `on_state_lost` runs.
+* `UNDECLARED <node id>`: the call follows a grant of a node another replica knows and this
+  call did not declare; it runs again with that node's keys.
 """
 
 from __future__ import annotations
 
-_COMMON = """
-local P, QUEUE = ARGV[1], KEYS[1]
-local TTL, THRESHOLD = tonumber(ARGV[2]), tonumber(ARGV[3])
-local REPLICA = ARGV[5]
-local NODES = {}
-for id in string.gmatch(ARGV[4], "[^\\n]+") do NODES[#NODES + 1] = id end
-local WAIT = QUEUE .. ":wait"
-local clock = redis.call("TIME")
-local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local granted = {}
+import asyncio
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from importlib import resources
+from typing import Any
 
-local function node_key(id) return P .. ":node:" .. id end
-local function lease_key(id) return P .. ":lease:" .. id end
-local function grant_key(member) return QUEUE .. ":grant:" .. member end
-local function gone_key(member) return QUEUE .. ":gone:" .. member end
-local function alive_key(replica) return P .. ":alive:" .. replica end
-local function probe_key(id) return P .. ":probe:" .. id end
-local function replica_of(member) return string.match(member, "^[^|]*") end
+from redis.commands.core import AsyncScript
+from redis.exceptions import ResponseError
 
-local function usable(id)
-  local state = redis.call("HMGET", node_key(id), "out_ms", "drained")
-  return not state[1] and not state[2]
-end
+from router.gate.metrics import GateMetrics
+from router.gate.redis.client import GateRedis
+from router.gate.redis.keys import KeyLayout, PoolKeys
 
--- Nodes that serve, or will once flushed (an expired lease, a lost state): waiters keep
--- waiting for them.
-local function in_service()
-  local n = 0
-  for _, id in ipairs(NODES) do
-    local state = redis.call("HMGET", node_key(id), "out_ms", "drained", "reason")
-    local flush_only = state[3] == "lease_expired" or state[3] == "state_lost"
-    if not state[2] and (not state[1] or flush_only) then n = n + 1 end
-  end
-  return n
-end
+NAMES = ("acquire", "claim", "abandon", "release", "renew", "admin", "state", "close")
+_EPOCH_RETRIES = 3
+_ARGV = re.compile(r"^-- ARGV:(.*)$", re.MULTILINE)
+ArgValue = str | int
 
-local function free_node()
-  for _, id in ipairs(NODES) do
-    if usable(id) and redis.call("EXISTS", lease_key(id)) == 0 then
-      if redis.call("HEXISTS", node_key(id), "held") == 0 then return id end
-      redis.call("HSET", node_key(id), "out_ms", NOW, "reason", "lease_expired")
-      redis.call("HDEL", node_key(id), "held")
-    end
-  end
-  return nil
-end
 
-local function enqueue(member, holder, score, wait_ms)
-  redis.call("ZADD", QUEUE, score, member)
-  redis.call("HSET", WAIT, member, string.format("%d|%s", NOW + wait_ms + TTL, holder))
-end
+def load_sources() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each script's full source (common part first) and the names of its own arguments."""
+    folder = resources.files(__package__).joinpath("lua")
+    common = folder.joinpath("common.lua").read_text(encoding="utf-8")
+    sources = {}
+    for name in NAMES:
+        body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+        header = _ARGV.search(body)
+        if header is None:
+            raise RuntimeError(f"lua/{name}.lua does not name its arguments (-- ARGV: ...)")
+        names = tuple(n for n in header.group(1).split() if n != "-")
+        if not all(n.isidentifier() for n in names):
+            raise RuntimeError(f"lua/{name}.lua: arguments are names, or `-` for none")
+        sources[name] = (common + body, names)
+    return sources
 
-local function drop(member)
-  redis.call("ZREM", QUEUE, member)
-  redis.call("HDEL", WAIT, member)
-end
 
-local function stale(member)
-  local meta = redis.call("HGET", WAIT, member)
-  if not meta or tonumber(string.match(meta, "^%d+")) < NOW then return true end
-  return redis.call("EXISTS", alive_key(replica_of(member))) == 0
-end
+def __getattr__(name: str) -> Any:
+    """`SCRIPTS`: each script's full source by name, read when asked for (`pd-gateway check
+    --probe` loads them all into the server)."""
+    if name == "SCRIPTS":
+        return {script: source for script, (source, _) in load_sources().items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-local function prune()
-  for _, member in ipairs(redis.call("ZRANGE", QUEUE, 0, -1)) do
-    if stale(member) then drop(member) end
-  end
-end
 
-local function head()
-  while true do
-    local member = redis.call("ZRANGE", QUEUE, 0, 0)[1]
-    if not member or not stale(member) then return member end
-    drop(member)
-  end
-end
+class Scripts:
+    """One pool's script calls, for one replica. At most `max_calls` run at once (the rest
+    wait their turn), so that many waiters polling at once never exhaust the connections."""
 
-local function lease(id, owner, holder)
-  local token = redis.call("HINCRBY", node_key(id), "token", 1)
-  redis.call("HSET", lease_key(id), "owner", owner, "holder", holder, "token", token,
-             "since", NOW)
-  redis.call("PEXPIRE", lease_key(id), TTL)
-  redis.call("HSET", node_key(id), "held", holder)
-  return token
-end
+    def __init__(
+        self,
+        redis: GateRedis,
+        *,
+        layout: KeyLayout,
+        pool: PoolKeys,
+        replica: str,
+        lease_ttl_s: float,
+        failure_threshold: int,
+        node_ids: Sequence[str],
+        metrics: GateMetrics,
+        on_state_lost: Callable[[], None],
+        max_calls: int,
+    ) -> None:
+        self._layout = layout
+        self._pool_keys = pool.declared()
+        self._metrics = metrics
+        self._on_state_lost = on_state_lost
+        self._calls = asyncio.Semaphore(max_calls)
+        self._scripts: dict[str, tuple[AsyncScript, tuple[str, ...]]] = {
+            name: (redis.client.register_script(source), names)
+            for name, (source, names) in load_sources().items()
+        }
+        self._redis = redis
+        self._channel = layout.channel
+        self._ttl_ms = math.ceil(lease_ttl_s * 1000)
+        self._threshold = failure_threshold
+        self._replica = replica
+        self._epoch = ""  # learnt from the first call's EPOCH answer
+        self._in_flight: set[asyncio.Future[Any]] = set()
+        self.node_ids = list(node_ids)  # the pool, in grant order
 
-local function unlease(id)
-  redis.call("DEL", lease_key(id))
-  redis.call("HDEL", node_key(id), "held")
-end
+    async def run(self, script: str, *, touching: Iterable[str] = (), **args: ArgValue) -> Any:
+        """Run `script` with its named arguments; one of client.UNAVAILABLE if Redis cannot
+        be reached (the script may then have run or not).
 
-local function fill()
-  local id = free_node()
-  while id do
-    local member = head()
-    if not member then return end
-    lease(id, member, string.match(redis.call("HGET", WAIT, member), "|(.*)$"))
-    drop(member)
-    redis.call("SET", grant_key(member), id, "PX", TTL)
-    granted[#granted + 1] = member
-    id = free_node()
-  end
-end
+        A caller cancelled meanwhile is cancelled at once, but the call itself runs to its
+        end: a command cut off half-way would leave its connection unusable (redis-py's
+        Cluster client even hands it to the next caller). The scripts expect this: a waiter
+        gives up with a mark (`abandon`) that voids its acquire or claim, whenever it runs.
+        """
+        _, names = self._scripts[script]
+        if set(args) != set(names):
+            raise TypeError(f"script {script} takes {names}, not {tuple(args)}")
+        named = [item for name in names for item in (name, args[name])]
+        call = asyncio.ensure_future(self._call(script, list(touching), named))
+        self._in_flight.add(call)
+        call.add_done_callback(self._ended)
+        return await asyncio.shield(call)
 
--- Hand free nodes on, tell the grantees (everyone, if no node is left to wait for).
-local function finish(reply)
-  fill()
-  if in_service() == 0 and redis.call("ZCARD", QUEUE) > 0 then
-    redis.call("PUBLISH", P .. ":wake", "*")
-  elseif #granted > 0 then
-    redis.call("PUBLISH", P .. ":wake", table.concat(granted, " "))
-  end
-  return reply
-end
+    async def settle(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for the calls under way, their callers gone or not."""
+        if self._in_flight:
+            await asyncio.wait(list(self._in_flight), timeout=timeout_s)
 
-local function release_owned_by(owner)
-  for _, id in ipairs(NODES) do
-    if redis.call("HGET", lease_key(id), "owner") == owner then unlease(id) end
-  end
-end
+    def _ended(self, call: asyncio.Future[Any]) -> None:
+        self._in_flight.discard(call)
+        if not call.cancelled():
+            call.exception()  # a caller that left does not see it, nor does asyncio's log
 
-local EPOCH = redis.call("GET", QUEUE .. ":epoch")
-if not EPOCH then
-  EPOCH = string.format("%d-%s", NOW, REPLICA)
-  redis.call("SET", QUEUE .. ":epoch", EPOCH)
-end
-if ARGV[6] ~= EPOCH then
-  if ARGV[6] ~= "" then
-    for _, id in ipairs(NODES) do
-      if redis.call("EXISTS", lease_key(id)) == 0
-          and redis.call("HEXISTS", node_key(id), "out_ms") == 0 then
-        redis.call("HSET", node_key(id), "out_ms", NOW, "reason", "state_lost")
-      end
-    end
-  end
-  return redis.error_reply("EPOCH " .. EPOCH)
-end
-"""
+    async def _call(self, script: str, others: list[str], named: list[ArgValue]) -> Any:
+        call = self._scripts[script][0]
+        epoch_retries = _EPOCH_RETRIES
+        while True:
+            sent_at = time.perf_counter()
+            epoch = self._epoch
+            try:
+                keys = self._keys(others)
+                args = [
+                    self._channel,
+                    self._ttl_ms,
+                    self._threshold,
+                    self._replica,
+                    epoch,
+                    "\n".join(self.node_ids),
+                    "\n".join(others),
+                    *named,
+                ]
+                async with self._calls:
+                    return await self._redis.run(partial(call, keys, args))
+            except ResponseError as exc:
+                kind, _, value = str(exc).partition(" ")
+                if kind == "UNDECLARED" and value not in others:
+                    others.append(value)  # the script did nothing: run it again
+                    continue
+                if kind != "EPOCH" or epoch_retries == 0:
+                    raise
+                epoch_retries -= 1
+                if epoch and value != self._epoch:  # not just news of another call's answer
+                    self._on_state_lost()
+                self._epoch = value  # the script did nothing else: run it again
+            finally:
+                self._metrics.round_trip(script, time.perf_counter() - sent_at)
 
-# ARGV: owner, holder, priority, wait_ms, max_queue.
-# A free node goes to the caller only if nobody waits; else it queues (or is refused).
-ACQUIRE = """
-local owner, holder = ARGV[7], ARGV[8]
-local priority, wait_ms, max_queue = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-redis.call("SET", alive_key(REPLICA), "1", "PX", TTL)
-if redis.call("EXISTS", gone_key(owner)) == 1 then return {"gone"} end
-fill()
-prune()
-if redis.call("ZCARD", QUEUE) == 0 then
-  local id = free_node()
-  if id then return finish({"granted", id, lease(id, owner, holder)}) end
-end
-if in_service() == 0 then return finish({"no_node"}) end
-if redis.call("ZCARD", QUEUE) >= max_queue then return finish({"queue_full"}) end
-if wait_ms <= 0 then return finish({"pool_saturated"}) end
-local arrival = redis.call("INCR", QUEUE .. ":seq")
-local score = string.format("%.17g", -priority * 2^40 + arrival)
-enqueue(owner, holder, score, wait_ms)
-return finish({"queued", score})
-"""
-
-# ARGV: owner, holder, score, remaining_ms.
-# A queued waiter looks for its grant; an entry lost meanwhile (its replica looked dead,
-# or the server restarted) is put back at its old place.
-CLAIM = """
-local owner, holder, score, remaining = ARGV[7], ARGV[8], ARGV[9], tonumber(ARGV[10])
-redis.call("SET", alive_key(REPLICA), "1", "PX", TTL)
-if redis.call("EXISTS", gone_key(owner)) == 1 then return {"gone"} end
-local function claim()
-  local id = redis.call("GET", grant_key(owner))
-  if not id then return nil end
-  redis.call("DEL", grant_key(owner))
-  local held = redis.call("HMGET", lease_key(id), "owner", "token")
-  if held[1] ~= owner then return nil end
-  redis.call("PEXPIRE", lease_key(id), TTL)
-  return {"granted", id, tonumber(held[2])}
-end
-local reply = claim()
-if reply then return finish(reply) end
-if not redis.call("ZSCORE", QUEUE, owner) then enqueue(owner, holder, score, remaining) end
-fill()
-reply = claim()
-if reply then return finish(reply) end
-if in_service() == 0 then
-  drop(owner)
-  return finish({"no_node"})
-end
-return finish({"waiting"})
-"""
-
-# ARGV: owner. The waiter gave up: out of the queue, and a node granted to it meanwhile
-# (handed on, or granted directly with the reply lost) goes to the next waiter.
-ABANDON = """
-local owner = ARGV[7]
-redis.call("SET", gone_key(owner), "1", "PX", TTL)
-drop(owner)
-redis.call("DEL", grant_key(owner))
-release_owned_by(owner)
-return finish(1)
-"""
-
-# ARGV: node id, owner, token, judged ("1"/"0"), failure reason ("" = success), hard.
-# Compare-and-delete: a lease that has been lost (expired, granted again) is not touched,
-# and its holder's verdict is not recorded (a second request may have disturbed the node).
-RELEASE = """
-local id, owner, token = ARGV[7], ARGV[8], ARGV[9]
-local held = redis.call("HMGET", lease_key(id), "owner", "token", "since")
-if held[1] ~= owner or held[2] ~= token then return 0 end
-unlease(id)
-redis.call("LPUSH", QUEUE .. ":held", string.format("%.3f", (NOW - tonumber(held[3])) / 1000))
-redis.call("LTRIM", QUEUE .. ":held", 0, 63)
-if ARGV[10] == "1" then
-  local key, reason = node_key(id), ARGV[11]
-  if reason == "" then
-    redis.call("HSET", key, "failures", 0)
-  else
-    local failures = redis.call("HINCRBY", key, "failures", 1)
-    if redis.call("HEXISTS", key, "out_ms") == 0
-        and (ARGV[12] == "1" or failures >= THRESHOLD) then
-      redis.call("HSET", key, "out_ms", NOW, "reason", reason)
-    end
-  end
-end
-return finish(1)
-"""
-
-# ARGV: node id, owner, token, ... (repeated). Refreshes the caller's heartbeat and every
-# lease it still holds; 1 for each lease still held, 0 for each one lost.
-RENEW = """
-redis.call("SET", alive_key(REPLICA), "1", "PX", TTL)
-local held = {}
-for i = 7, #ARGV, 3 do
-  local lease = redis.call("HMGET", lease_key(ARGV[i]), "owner", "token")
-  if lease[1] == ARGV[i + 1] and lease[2] == ARGV[i + 2] then
-    redis.call("PEXPIRE", lease_key(ARGV[i]), TTL)
-    held[#held + 1] = 1
-  else
-    held[#held + 1] = 0
-  end
-end
-return held
-"""
-
-# ARGV: action, node id, reason (for `claim`: the claim's lifetime, ms). An operator's or the
-# prober's change of a node's service, or (`pool`) a new node list: a node new to the pool
-# serves the queue at once. `claim` (0 or 1): the caller alone may flush an out node now;
-# `readmit` is refused while another replica's claim stands.
-ADMIN = """
-local action, id = ARGV[7], ARGV[8]
-local key = node_key(id)
-if action == "claim" then
-  local state = redis.call("HMGET", key, "out_ms", "drained")
-  if not state[1] or state[2] or redis.call("EXISTS", lease_key(id)) == 1 then return 0 end
-  if redis.call("SET", probe_key(id), REPLICA, "NX", "PX", tonumber(ARGV[9])) then return 1 end
-  return 0
-end
-if action == "readmit" then
-  local claimant = redis.call("GET", probe_key(id))
-  if claimant and claimant ~= REPLICA then return 0 end
-  redis.call("DEL", probe_key(id))
-end
-if action == "take_out" then
-  if redis.call("EXISTS", lease_key(id)) == 1 then return 0 end
-  redis.call("HINCRBY", key, "failures", 1)
-  if redis.call("HEXISTS", key, "out_ms") == 0 then
-    redis.call("HSET", key, "out_ms", NOW, "reason", ARGV[9])
-  end
-elseif action == "readmit" then
-  redis.call("HSET", key, "failures", 0)
-  redis.call("HDEL", key, "out_ms", "reason")
-elseif action == "drain" then
-  redis.call("HSET", key, "drained", 1)
-elseif action == "undrain" then
-  redis.call("HDEL", key, "drained")
-end
-return finish(1)
-"""
-
-# ARGV: the ids of nodes leaving the pool (each may still be held).
-# The pool as every replica sees it: {now ms, waiting, hold times, per node {holder, since,
-# out_ms, reason, drained}, per leaving node its holder} (a missing value is nil).
-STATE = """
-prune()
-fill()
-local nodes, leaving = {}, {}
-for _, id in ipairs(NODES) do
-  local lease = redis.call("HMGET", lease_key(id), "holder", "since")
-  local state = redis.call("HMGET", node_key(id), "out_ms", "reason", "drained")
-  nodes[#nodes + 1] = {lease[1], lease[2], state[1], state[2], state[3]}
-end
-for i = 7, #ARGV do
-  leaving[#leaving + 1] = redis.call("HGET", lease_key(ARGV[i]), "holder")
-end
-return finish({NOW, redis.call("ZCARD", QUEUE), redis.call("LRANGE", QUEUE .. ":held", 0, -1),
-               nodes, leaving})
-"""
-
-# The caller's replica closes: its queue entries and unclaimed grants go, its heartbeat too.
-CLOSE = """
-for _, member in ipairs(redis.call("ZRANGE", QUEUE, 0, -1)) do
-  if replica_of(member) == REPLICA then drop(member) end
-end
-for _, id in ipairs(NODES) do
-  local owner = redis.call("HGET", lease_key(id), "owner")
-  if owner and replica_of(owner) == REPLICA and redis.call("DEL", grant_key(owner)) == 1 then
-    unlease(id)
-  end
-end
-redis.call("DEL", alive_key(REPLICA))
-return finish(1)
-"""
-
-SCRIPTS = {
-    name: _COMMON + body
-    for name, body in {
-        "acquire": ACQUIRE,
-        "claim": CLAIM,
-        "abandon": ABANDON,
-        "release": RELEASE,
-        "renew": RENEW,
-        "admin": ADMIN,
-        "state": STATE,
-        "close": CLOSE,
-    }.items()
-}
+    def _keys(self, others: list[str]) -> list[str]:
+        keys = list(self._pool_keys)
+        for node_id in [*self.node_ids, *others]:
+            keys += self._layout.node(node_id)
+        return keys

@@ -9,15 +9,15 @@ import contextlib
 import logging
 from collections.abc import Iterable
 
-from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
-from redis.exceptions import RedisError
+
+from router.gate.redis.client import CONNECTION_LOST, GateRedis
 
 log = logging.getLogger("pd_gateway.gate")
 
 
 class WakeUps:
-    def __init__(self, redis: Redis, channel: str, *, answer_s: float, idle_s: float) -> None:
+    def __init__(self, redis: GateRedis, channel: str, *, answer_s: float, idle_s: float) -> None:
         self._redis = redis
         self._channel = channel
         self._answer_s = answer_s  # how long the server may take to confirm a subscription
@@ -52,8 +52,9 @@ class WakeUps:
         """Until `closing` is set, reconnecting after a failure; each (re)subscription wakes
         every waiter, as a message may have been missed meanwhile."""
         while not closing.is_set():
-            pubsub: PubSub = self._redis.pubsub()
+            pubsub: PubSub | None = None
             try:
+                pubsub = await self._redis.pubsub()
                 await self._subscribe(pubsub)
                 self.subscribed.set()
                 self.wake(["*"])
@@ -63,12 +64,13 @@ class WakeUps:
                         await pubsub.ping()  # idle for a while: is the connection still there?
                     elif message["type"] == "message":
                         self.wake(str(message["data"]).split())
-            except (RedisError, OSError) as exc:
+            except CONNECTION_LOST as exc:
                 log.debug("gate wake-up channel lost: %s", exc)
             finally:
                 self.subscribed.clear()
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                if pubsub is not None:
+                    with contextlib.suppress(*CONNECTION_LOST):
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
             with contextlib.suppress(TimeoutError):  # reconnect backoff; waiters poll
                 async with asyncio.timeout(backoff_s):
                     await closing.wait()

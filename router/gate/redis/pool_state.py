@@ -1,5 +1,5 @@
-"""The pool as one STATE script saw it, read through the same health and hold-time models
-the memory backend keeps (rebuilt from the shared state on each read)."""
+"""The pool's shared state as one `state` script read it, through the same health and
+hold-time models the memory backend keeps (rebuilt from the shared state on each read)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class _Clock:
 
 
 @dataclass(frozen=True, slots=True)
-class Picture:
+class PoolState:
     holders: dict[str, str | None]  # node id -> holder (None if free); held leaving ones too
     health: NodeHealth
     waiting: int
@@ -38,8 +38,8 @@ class Picture:
         *,
         threshold: int,
         cooldown_s: float,
-    ) -> Picture:
-        """From STATE's {now ms, waiting, hold times (newest first), per node {holder, since,
+    ) -> PoolState:
+        """From `state.lua`'s {now ms, waiting, hold times (newest first), per node {holder, since,
         out_ms, reason, drained}, per leaving node its holder}."""
         now_ms, waiting, held, states, leaving = reply
         clock = _Clock()

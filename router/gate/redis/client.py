@@ -1,0 +1,154 @@
+"""The Redis client for the deployment `gate.redis.url` names: one server, a Redis Cluster
+or a master found through Sentinel. Whichever it is, the gate sees one client with the same
+commands, scripts and pub/sub.
+
+No client retries a command on its own: a script that may have run is never sent twice
+blindly (a Cluster's redirections, which say the command did not run, are still followed).
+On a Cluster, wake-ups use classic PUBLISH, which every node forwards to the whole cluster,
+so one subscription on any node hears them (Redis 6.2 has no sharded pub/sub to prefer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError, RedisClusterException, RedisError
+
+from router.config import RedisAddress, RedisGateConfig
+
+RedisClient = Redis | RedisCluster
+T = TypeVar("T")
+UNAVAILABLE = (RedisError, RedisClusterException, OSError)
+"""What a call to Redis raises when Redis cannot be reached or cannot answer (the call may
+then have run or not); a Cluster client raises RedisClusterException when no node of the
+cluster answers, which is not a RedisError."""
+_TRANSPORT_ERRORS = (AttributeError, TypeError)
+CONNECTION_LOST = (*UNAVAILABLE, *_TRANSPORT_ERRORS)
+"""What a redis-py call may raise when its connection was closed under it: besides
+UNAVAILABLE, AttributeError or TypeError from the transport (`run` turns those into a
+ConnectionError; the wake-up listener, which reads its connection itself, catches them)."""
+
+
+class GateRedis:
+    """The client and what must be closed with it. Commands go through `run`, which is where
+    the client's failures become one of UNAVAILABLE."""
+
+    def __init__(self, client: RedisClient, sentinel: Sentinel | None = None) -> None:
+        self._client = client
+        self._sentinel = sentinel
+        self._ready = not isinstance(client, RedisCluster)
+        self._learning = asyncio.Lock()
+
+    async def run(self, command: Callable[[RedisClient], Awaitable[T]]) -> T:
+        """`command` on the client; one of UNAVAILABLE if Redis cannot be reached.
+
+        redis-py writing on a connection closed under it raises AttributeError or TypeError
+        from the transport (not a ConnectionError); that is a lost connection too. After a
+        failure, a Cluster client learns the slot map again before the next command, once
+        for all callers: redis-py's Cluster client, closed after an error and then sent
+        commands by many callers at once (or sent its very first commands that way), breaks
+        connections under them.
+        """
+        client = await self.settled()
+        try:
+            return await command(client)
+        except _TRANSPORT_ERRORS as exc:
+            self._ready = not isinstance(client, RedisCluster)
+            raise ConnectionError(f"connection lost: {exc!r}") from exc
+        except UNAVAILABLE:
+            self._ready = not isinstance(client, RedisCluster)
+            raise
+
+    @property
+    def client(self) -> RedisClient:
+        """The client, for what needs no command sent (registering a script)."""
+        return self._client
+
+    async def pubsub(self) -> PubSub:
+        """A pub/sub connection (on a Cluster, to the node serving the channel's slot)."""
+        return (await self.settled()).pubsub()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        if self._sentinel is not None:
+            for sentinel in self._sentinel.sentinels:
+                await sentinel.aclose()
+
+    async def settled(self) -> RedisClient:
+        """The client, ready for commands from many callers at once (see `run`), for a
+        caller that handles its failures itself."""
+        if not self._ready:
+            async with self._learning:
+                if not self._ready and isinstance(self._client, RedisCluster):
+                    await self._client.initialize()
+                    self._ready = True
+        return self._client
+
+
+def connect(config: RedisGateConfig, password: str | None, *, max_connections: int) -> GateRedis:
+    """`password`: from `password_file` or `password` (None to use the URL's, if any)."""
+    address = config.address
+    timeout_s = config.socket_timeout_s
+    if address.deployment == "cluster":
+        return GateRedis(
+            RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in address.hosts],
+                username=address.username,
+                password=password or address.password,
+                ssl=address.tls,
+                max_connections=max_connections,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                retry=Retry(NoBackoff(), 0),
+                decode_responses=True,
+            )
+        )
+    if address.deployment == "sentinel":
+        return _sentinel_master(address, password or address.password, timeout_s)
+    # A bounded pool that makes a call wait for a connection (at most a socket timeout)
+    # rather than fail: redis-py's default pool refuses past its limit.
+    pool = BlockingConnectionPool.from_url(
+        config.url,
+        max_connections=max_connections,
+        timeout=timeout_s,
+        password=password,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+    )
+    return GateRedis(Redis.from_pool(pool))
+
+
+def _sentinel_master(address: RedisAddress, password: str | None, timeout_s: float) -> GateRedis:
+    """The master the sentinels name, asked again whenever a connection to it is made, so
+    that a failover moves the gate to the new master."""
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(address.hosts),
+        sentinel_kwargs={
+            "socket_timeout": timeout_s,
+            "socket_connect_timeout": timeout_s,
+            "ssl": address.tls,
+        },
+    )
+    assert address.master is not None  # configuration requires it with redis+sentinel://
+    master = sentinel.master_for(
+        address.master,
+        db=address.db,
+        username=address.username,
+        password=password,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        ssl=address.tls,
+    )
+    return GateRedis(master, sentinel)

@@ -1,0 +1,34 @@
+-- ARGV: action node reason
+-- An operator's or the prober's change of a node's service, or (`pool`, with node "") a
+-- new node list: a node new to the pool serves the queue at once. `claim` (answers 0 or
+-- 1; `reason` is then the claim's lifetime in ms): the caller alone may flush an out node
+-- now; `readmit` is refused while another replica's claim stands.
+local action, id = ARG.action, ARG.node
+if action == "pool" then return finish(1) end
+local key = node_key(id)
+if action == "claim" then
+  local state = redis.call("HMGET", key, "out_ms", "drained")
+  if not state[1] or state[2] or redis.call("EXISTS", lease_key(id)) == 1 then return 0 end
+  if redis.call("SET", probe_key(id), REPLICA, "NX", "PX", tonumber(ARG.reason)) then
+    return 1
+  end
+  return 0
+end
+if action == "readmit" then
+  local claimant = redis.call("GET", probe_key(id))
+  if claimant and claimant ~= REPLICA then return 0 end
+  redis.call("DEL", probe_key(id))
+  redis.call("HSET", key, "failures", 0)
+  redis.call("HDEL", key, "out_ms", "reason")
+elseif action == "take_out" then
+  if redis.call("EXISTS", lease_key(id)) == 1 then return 0 end
+  redis.call("HINCRBY", key, "failures", 1)
+  if redis.call("HEXISTS", key, "out_ms") == 0 then
+    redis.call("HSET", key, "out_ms", NOW, "reason", ARG.reason)
+  end
+elseif action == "drain" then
+  redis.call("HSET", key, "drained", 1)
+elseif action == "undrain" then
+  redis.call("HDEL", key, "drained")
+end
+return finish(1)

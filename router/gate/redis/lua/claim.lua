@@ -1,0 +1,29 @@
+-- ARGV: owner holder score remaining_ms
+-- A queued waiter looks for its grant; an entry lost meanwhile (its replica looked dead,
+-- or the server restarted) is put back at its old place.
+local owner, holder, score = ARG.owner, ARG.holder, ARG.score
+local remaining = tonumber(ARG.remaining_ms)
+local pending = grant_of(owner)
+if pending and not DECLARED[pending] then return undeclared(pending) end
+beat()
+if is_gone(owner) then return {"gone"} end
+local function claim()
+  local id = grant_of(owner)
+  if not id then return nil end
+  redis.call("HDEL", GRANTS, owner)
+  local held = redis.call("HMGET", lease_key(id), "owner", "token")
+  if held[1] ~= owner then return nil end
+  redis.call("PEXPIRE", lease_key(id), TTL)
+  return {"granted", id, tonumber(held[2])}
+end
+local reply = claim()
+if reply then return finish(reply) end
+if not redis.call("ZSCORE", QUEUE, owner) then enqueue(owner, holder, score, remaining) end
+fill()
+reply = claim()
+if reply then return finish(reply) end
+if in_service() == 0 then
+  drop(owner)
+  return finish({"no_node"})
+end
+return finish({"waiting"})

@@ -1,0 +1,199 @@
+-- Prepended to every script: the call's declared keys and arguments, the server's clock,
+-- the helpers the scripts share, and the check that the pool's state was not lost.
+--
+-- KEYS: the pool's queue, wait, seq, held, epoch, grants and gone keys, the deployment's
+-- alive key, then three keys (state, lease, probe) for each node named in ARGV[6] and
+-- ARGV[7], in that order. No other key is touched.
+-- ARGV: the wake-up channel, the lease TTL (ms), the failure threshold, the caller's
+-- replica, the pool's epoch as the caller knows it ("" at first), the pool's node ids in
+-- grant order and the other node ids this call touches (one a line), then the script's own
+-- arguments as name, value pairs (its header's `ARGV:` line names them).
+
+local QUEUE, WAIT, SEQ, HELD, EPOCH_KEY, GRANTS, GONE, ALIVE = unpack(KEYS, 1, 8)
+local CHANNEL, TTL, THRESHOLD = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local REPLICA, KNOWN_EPOCH = ARGV[4], ARGV[5]
+
+local function lines(text)
+  local out = {}
+  for line in string.gmatch(text, "[^\n]+") do out[#out + 1] = line end
+  return out
+end
+
+local NODES, OTHERS = lines(ARGV[6]), lines(ARGV[7])
+local ARG = {}
+for i = 8, #ARGV, 2 do ARG[ARGV[i]] = ARGV[i + 1] end
+
+local DECLARED = {}
+do
+  local k = 8
+  for _, ids in ipairs({NODES, OTHERS}) do
+    for _, id in ipairs(ids) do
+      DECLARED[id] = {KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]}
+      k = k + 3
+    end
+  end
+end
+
+local clock = redis.call("TIME")
+local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local granted = {}
+
+local function node_key(id) return DECLARED[id][1] end
+local function lease_key(id) return DECLARED[id][2] end
+local function probe_key(id) return DECLARED[id][3] end
+local function replica_of(member) return string.match(member, "^[^|]*") end
+
+-- A node another replica granted, whose keys the caller did not declare: the caller runs
+-- the script again with them. Checked before the script writes anything.
+local function undeclared(id)
+  return redis.error_reply("UNDECLARED " .. id)
+end
+
+local function beat()
+  redis.call("ZADD", ALIVE, NOW + TTL, REPLICA)
+  redis.call("ZREMRANGEBYSCORE", ALIVE, "-inf", "(" .. NOW)
+end
+
+local function alive(replica)
+  local until_ms = redis.call("ZSCORE", ALIVE, replica)
+  return until_ms and tonumber(until_ms) >= NOW
+end
+
+local function is_gone(member)
+  local until_ms = redis.call("ZSCORE", GONE, member)
+  return until_ms and tonumber(until_ms) >= NOW
+end
+
+-- The node granted to a queued waiter and not claimed yet (nil once the grant expired).
+local function grant_of(member)
+  local value = redis.call("HGET", GRANTS, member)
+  if not value then return nil end
+  local until_ms, id = string.match(value, "^(%d+)|(.*)$")
+  if tonumber(until_ms) < NOW then return nil end
+  return id
+end
+
+local function usable(id)
+  local state = redis.call("HMGET", node_key(id), "out_ms", "drained")
+  return not state[1] and not state[2]
+end
+
+-- Nodes that serve, or will once flushed (an expired lease, a lost state): waiters keep
+-- waiting for them.
+local function in_service()
+  local n = 0
+  for _, id in ipairs(NODES) do
+    local state = redis.call("HMGET", node_key(id), "out_ms", "drained", "reason")
+    local flush_only = state[3] == "lease_expired" or state[3] == "state_lost"
+    if not state[2] and (not state[1] or flush_only) then n = n + 1 end
+  end
+  return n
+end
+
+local function free_node()
+  for _, id in ipairs(NODES) do
+    if usable(id) and redis.call("EXISTS", lease_key(id)) == 0 then
+      if redis.call("HEXISTS", node_key(id), "held") == 0 then return id end
+      redis.call("HSET", node_key(id), "out_ms", NOW, "reason", "lease_expired")
+      redis.call("HDEL", node_key(id), "held")
+    end
+  end
+  return nil
+end
+
+local function enqueue(member, holder, score, wait_ms)
+  redis.call("ZADD", QUEUE, score, member)
+  redis.call("HSET", WAIT, member, string.format("%d|%s", NOW + wait_ms + TTL, holder))
+end
+
+local function drop(member)
+  redis.call("ZREM", QUEUE, member)
+  redis.call("HDEL", WAIT, member)
+end
+
+local function stale(member)
+  local meta = redis.call("HGET", WAIT, member)
+  if not meta or tonumber(string.match(meta, "^%d+")) < NOW then return true end
+  return not alive(replica_of(member))
+end
+
+local function prune()
+  for _, member in ipairs(redis.call("ZRANGE", QUEUE, 0, -1)) do
+    if stale(member) then drop(member) end
+  end
+  local grants = redis.call("HGETALL", GRANTS)
+  for i = 1, #grants, 2 do
+    if tonumber(string.match(grants[i + 1], "^%d+")) < NOW then
+      redis.call("HDEL", GRANTS, grants[i])
+    end
+  end
+end
+
+local function head()
+  while true do
+    local member = redis.call("ZRANGE", QUEUE, 0, 0)[1]
+    if not member or not stale(member) then return member end
+    drop(member)
+  end
+end
+
+local function lease(id, owner, holder)
+  local token = redis.call("HINCRBY", node_key(id), "token", 1)
+  redis.call("HSET", lease_key(id), "owner", owner, "holder", holder, "token", token,
+             "since", NOW)
+  redis.call("PEXPIRE", lease_key(id), TTL)
+  redis.call("HSET", node_key(id), "held", holder)
+  return token
+end
+
+local function unlease(id)
+  redis.call("DEL", lease_key(id))
+  redis.call("HDEL", node_key(id), "held")
+end
+
+local function fill()
+  local id = free_node()
+  while id do
+    local member = head()
+    if not member then return end
+    lease(id, member, string.match(redis.call("HGET", WAIT, member), "|(.*)$"))
+    drop(member)
+    redis.call("HSET", GRANTS, member, string.format("%d|%s", NOW + TTL, id))
+    granted[#granted + 1] = member
+    id = free_node()
+  end
+end
+
+-- Hand free nodes on, tell the grantees (everyone, if no node is left to wait for).
+local function finish(reply)
+  fill()
+  if in_service() == 0 and redis.call("ZCARD", QUEUE) > 0 then
+    redis.call("PUBLISH", CHANNEL, "*")
+  elseif #granted > 0 then
+    redis.call("PUBLISH", CHANNEL, table.concat(granted, " "))
+  end
+  return reply
+end
+
+local function release_owned_by(owner)
+  for _, id in ipairs(NODES) do
+    if redis.call("HGET", lease_key(id), "owner") == owner then unlease(id) end
+  end
+end
+
+local EPOCH = redis.call("GET", EPOCH_KEY)
+if not EPOCH then
+  EPOCH = string.format("%d-%s", NOW, REPLICA)
+  redis.call("SET", EPOCH_KEY, EPOCH)
+end
+if KNOWN_EPOCH ~= EPOCH then
+  if KNOWN_EPOCH ~= "" then
+    for _, id in ipairs(NODES) do
+      if redis.call("EXISTS", lease_key(id)) == 0
+          and redis.call("HEXISTS", node_key(id), "out_ms") == 0 then
+        redis.call("HSET", node_key(id), "out_ms", NOW, "reason", "state_lost")
+      end
+    end
+  end
+  return redis.error_reply("EPOCH " .. EPOCH)
+end
