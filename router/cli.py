@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from policies.types import ENDPOINTS as POLICY_ENDPOINTS
 from policies.types import Endpoint
 from router import __version__
-from router.config import ConfigError, GatewayConfig, compile_rules, load_config
+from router.config import ConfigError, GatewayConfig, RedisGateConfig, compile_rules, load_config
 from router.telemetry.logs import LEVELS
 
 if TYPE_CHECKING:
@@ -350,19 +351,18 @@ async def _probe_nodes(config: GatewayConfig) -> int:
 
 
 def _probe_gate(config: GatewayConfig) -> int:
-    """`check --probe`: with the redis backend, connect as the gate does (URL, password,
-    timeouts), PING and SCRIPT LOAD every gate script. 0 if all went well, else 1 and an
-    `error:` line naming the field (the configuration is valid; the world is not)."""
+    """`check --probe`: with the redis backend, connect as the gate does (one server, a
+    Cluster or Sentinel; password, timeouts), PING and SCRIPT LOAD every gate script. 0 if
+    all went well, else 1 and an `error:` line naming the field (the configuration is valid;
+    the world is not)."""
     redis_config = config.gate.redis
     if config.gate.backend != "redis" or redis_config is None:
         print(f"gate: {config.gate.backend} backend, nothing to probe")
         return 0
-    import time
-
-    from redis import Redis
-    from redis.exceptions import AuthenticationError, RedisError
+    from redis.exceptions import AuthenticationError
 
     from router.gate.redis import redis_password
+    from router.gate.redis.client import UNAVAILABLE
     from router.gate.redis.scripts import SCRIPTS
 
     where = f"{config.source}: gate.redis.url"
@@ -371,40 +371,56 @@ def _probe_gate(config: GatewayConfig) -> int:
         password = redis_password(redis_config)
     except ConfigError as exc:
         raise ConfigError(f"{config.source}: {exc}") from None
-    timeout_s = redis_config.socket_timeout_s
-    client = Redis.from_url(
-        redis_config.url,
-        password=password,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        decode_responses=True,
-    )
-    stage = "cannot reach it"
+    stage = ["cannot reach it"]
     try:
-        sent_at = time.perf_counter()
-        client.ping()
-        round_trip_ms = (time.perf_counter() - sent_at) * 1000
-        stage = "cannot load the gate's scripts"  # an ACL without the rights, say
-        loaded = [client.script_load(source) for source in SCRIPTS.values()]
-        kept = client.script_exists(*loaded)
+        round_trip_ms, kept = asyncio.run(_load_gate_scripts(redis_config, password, stage))
     except AuthenticationError as exc:
-        stage = (
+        refused = password or redis_config.url_has_password
+        why = (
             "the password was refused"
-            if password or redis_config.url_has_password
+            if refused
             else "it wants a password (gate.redis.password_file or password)"
         )
-        return _probe_failed(where, shown, stage, exc)
-    except (RedisError, OSError) as exc:
-        return _probe_failed(where, shown, stage, exc)
-    finally:
-        client.close()
+        return _probe_failed(where, shown, why, exc)
+    except UNAVAILABLE as exc:
+        return _probe_failed(where, shown, stage[0], exc)
     if missing := [name for name, ok in zip(SCRIPTS, kept, strict=True) if not ok]:
         return _probe_failed(where, shown, "scripts not kept", ", ".join(missing))
     print(
         f"gate: redis at {shown} answers ({round_trip_ms:.1f} ms),"
-        f" {len(loaded)} gate scripts loaded"
+        f" {len(SCRIPTS)} gate scripts loaded"
     )
     return 0
+
+
+async def _script_load(client: Any, *, source: str) -> str:
+    sha: str = await client.script_load(source)
+    return sha
+
+
+async def _load_gate_scripts(
+    redis_config: RedisGateConfig, password: str | None, stage: list[str]
+) -> tuple[float, list[bool]]:
+    """PING's round trip in ms, and whether each gate script is kept once loaded; `stage`
+    says what was being tried when a call fails."""
+    import time
+
+    from router.gate.redis.client import connect
+    from router.gate.redis.scripts import SCRIPTS
+
+    redis = connect(redis_config, password, max_connections=2)
+    try:
+        sent_at = time.perf_counter()
+        await redis.run(lambda client: client.ping())
+        round_trip_ms = (time.perf_counter() - sent_at) * 1000
+        stage[0] = "cannot load the gate's scripts"  # an ACL without the rights, say
+        loaded: list[str] = []
+        for source in SCRIPTS.values():
+            loaded.append(await redis.run(functools.partial(_script_load, source=source)))
+        kept: list[bool] = await redis.run(lambda client: client.script_exists(*loaded))
+        return round_trip_ms, kept
+    finally:
+        await redis.aclose()
 
 
 def _probe_failed(where: str, shown: str, what: str, why: object) -> int:

@@ -16,6 +16,12 @@ import yaml
 from router.cli import main
 from router.gate.redis.scripts import SCRIPTS
 from sim.stack import SimStack
+from tests.gate.redis_deployments import (
+    LocalCluster,
+    LocalSentinel,
+    running_cluster,
+    running_sentinel,
+)
 from tests.gate.redis_server import RedisServer, free_port, running_redis
 from tests.support.deployment import node_entry
 
@@ -173,3 +179,40 @@ def test_every_node_reports_its_release_and_features(
     assert (
         f"error: node {old_id} (model m, pool default): runs TileRT 0.1.5, its pool is 0.1.6" in err
     )
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[LocalCluster]:
+    with running_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def redis_sentinel() -> Iterator[LocalSentinel]:
+    with running_sentinel() as sentinel:
+        yield sentinel
+
+
+@pytest.mark.parametrize("deployment", ["redis_cluster", "redis_sentinel"])
+def test_a_cluster_or_sentinel_is_probed_as_the_gate_reaches_it(
+    tmp_path: Path,
+    deployment: str,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = request.getfixturevalue(deployment).url
+    path = config_file(tmp_path, redis_gate(url))
+    assert main(["check", "--config", str(path), "--probe"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith(f"gate: redis at {url} answers (")
+    assert out[1].endswith(f"{len(SCRIPTS)} gate scripts loaded")
+
+
+def test_an_unreachable_sentinel_fails_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"redis+sentinel://127.0.0.1:{free_port()}/gate"
+    path = config_file(tmp_path, redis_gate(url))
+    assert main(["check", "--config", str(path), "--probe"]) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"error: {path}: gate.redis.url: {url}: cannot reach it: ")
