@@ -38,9 +38,12 @@ class Lease(Protocol):
     @property
     def released(self) -> bool: ...
 
-    async def release(self, failure: NodeFailure | None = None, *, judged: bool = True) -> None:
-        """Give the slot back, saying whether the node failed this request (`judged`: the
-        request got far enough to say anything about the node's health)."""
+    async def release(
+        self, failure: NodeFailure | None = None, *, reports_health: bool = True
+    ) -> None:
+        """Give the slot back, saying whether the node failed this request
+        (`reports_health`: the request got far enough to say anything about the node's
+        health)."""
         ...
 
     async def renew(self) -> bool:

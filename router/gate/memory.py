@@ -47,11 +47,13 @@ class MemoryLease:
     def released(self) -> bool:
         return self._released
 
-    async def release(self, failure: NodeFailure | None = None, *, judged: bool = True) -> None:
+    async def release(
+        self, failure: NodeFailure | None = None, *, reports_health: bool = True
+    ) -> None:
         if not self._released:
             self._released = True
             held_s = time.monotonic() - self._acquired_at
-            self._gate._release(self._node, held_s, failure, judged=judged)
+            self._gate._release(self._node, held_s, failure, reports_health=reports_health)
 
     def valid(self) -> bool:
         return not self._released
@@ -244,12 +246,12 @@ class MemoryGate:
             self._pass_on(node)
 
     def _release(
-        self, node: Node, held_s: float, failure: NodeFailure | None, *, judged: bool
+        self, node: Node, held_s: float, failure: NodeFailure | None, *, reports_health: bool
     ) -> None:
         self._hold_times.observe(held_s)
         self._holders[node.id] = None
         self._held_since.pop(node.id, None)
-        if judged:
+        if reports_health:
             self._health.record(node.id, failure)
         self._pass_on(node)
 

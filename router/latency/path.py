@@ -84,7 +84,7 @@ class LatencyPath:
         node = lease.node
         prefill = self._prefill_of_pool.get(node.pool) or self._prefill_of_release.get(node.tilert)
         if prefill is None:
-            await lease.release(judged=False)
+            await lease.release(reports_health=False)
             raise UpstreamError(
                 f"no prefill server of TileRT {node.tilert} for node {node.id}",
                 status=503,

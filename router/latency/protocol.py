@@ -156,7 +156,7 @@ class NodeSession:
     async def _finish_protocol(self) -> None:
         """Whatever happened, leave the node as the protocol requires, then free the slot."""
         failure: NodeFailure | None = None
-        judged = False  # whether this request says anything about the node's health
+        reports_health = False  # whether this request says anything about the node's health
         try:
             if self._start_task is not None and not self._start_task.done():
                 await asyncio.wait([self._start_task])
@@ -166,15 +166,15 @@ class NodeSession:
                 # before giving it. Only a node that then stays busy is judged.
                 self._learn_from(error)
                 if not await self._idle_again():
-                    judged, failure = True, NodeFailure("decode_unfinished", hard=True)
+                    reports_health, failure = True, NodeFailure("decode_unfinished", hard=True)
             elif self._stream is not None:
-                judged = True
+                reports_health = True
                 failure = failure_for(self._node_error)
                 if not await self._end_stream(self._stream):
                     # The node may still hold its lock: out of service until probed idle.
                     failure = NodeFailure("decode_unfinished", hard=True)
             elif isinstance(error, DecodeError):
-                judged = True
+                reports_health = True
                 failure = failure_for(error.code)
                 if error.code == "decode_timeout" and not await self._cancel():
                     # The /pd/decode may be running unseen and the node did not confirm a
@@ -194,10 +194,10 @@ class NodeSession:
                     ):
                         failure = NodeFailure("decode_unfinished", hard=True)
             elif self._transfer_claimed(error) and not await self._consume():
-                judged = True
+                reports_health = True
                 failure = NodeFailure("decode_unfinished", hard=True)
         finally:
-            await self._lease.release(failure, judged=judged)
+            await self._lease.release(failure, reports_health=reports_health)
             self._on_released(self)
             if self._stream is not None:
                 await self._stream.aclose()

@@ -30,8 +30,8 @@ class Lease:
         self.node = node
         self.released: list[bool] = []
 
-    async def release(self, failure: Any = None, *, judged: bool = True) -> None:
-        self.released.append(judged)
+    async def release(self, failure: Any = None, *, reports_health: bool = True) -> None:
+        self.released.append(reports_health)
 
 
 class Gate:

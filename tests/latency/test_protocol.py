@@ -120,9 +120,11 @@ class RecordingLease:
         self.lost = False  # the gate's state was unreachable past the lease's TTL
         self.outcomes: list[tuple[NodeFailure | None, bool]] = []
 
-    async def release(self, failure: NodeFailure | None = None, *, judged: bool = True) -> None:
+    async def release(
+        self, failure: NodeFailure | None = None, *, reports_health: bool = True
+    ) -> None:
         self.released = True
-        self.outcomes.append((failure, judged))
+        self.outcomes.append((failure, reports_health))
 
     async def renew(self) -> bool:
         return self.valid()
@@ -322,8 +324,8 @@ async def test_a_decode_that_never_answers_is_cancelled(cancel_status: int, hard
     with pytest.raises(DecodeError) as failed:
         await r.start(request(), max_seq_len=100)
     assert failed.value.code == "decode_timeout"
-    failure, judged = await r.finished()
-    assert judged and failure is not None and failure.hard is hard
+    failure, reports_health = await r.finished()
+    assert reports_health and failure is not None and failure.hard is hard
     assert node.paths()[-1] == "/pd/cancel"
 
 

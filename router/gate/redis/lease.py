@@ -62,10 +62,12 @@ class RedisLease:
         """Without an answer from the server: held for sure only until the TTL runs out."""
         return not self._lost and time.monotonic() < self._valid_until
 
-    async def release(self, failure: NodeFailure | None = None, *, judged: bool = True) -> None:
+    async def release(
+        self, failure: NodeFailure | None = None, *, reports_health: bool = True
+    ) -> None:
         if not self._released:
             self._released = True
-            await self._release(self, failure, judged)
+            await self._release(self, failure, reports_health)
 
     async def renew(self) -> bool:
         if self._released or self._lost:

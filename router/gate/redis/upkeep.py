@@ -47,7 +47,9 @@ class Upkeep:
         self._metrics.granted("redis")
         return lease
 
-    async def release(self, lease: RedisLease, failure: NodeFailure | None, judged: bool) -> None:
+    async def release(
+        self, lease: RedisLease, failure: NodeFailure | None, reports_health: bool
+    ) -> None:
         self._leases.discard(lease)
         grant = lease.grant
         call = self._scripts.run(
@@ -56,7 +58,7 @@ class Upkeep:
             node=grant.node.id,
             owner=grant.owner,
             token=grant.token,
-            judged="1" if judged else "0",
+            reports_health="1" if reports_health else "0",
             reason="" if failure is None else failure.reason,
             hard="1" if failure is not None and failure.hard else "0",
         )

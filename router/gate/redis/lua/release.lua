@@ -1,7 +1,7 @@
--- ARGV: node owner token judged reason hard
+-- ARGV: node owner token reports_health reason hard
 -- Compare-and-delete: a lease that has been lost (expired, granted again) is not touched,
 -- and its holder's verdict is not recorded (a second request may have disturbed the node).
--- `judged` is "1" when the request says something of the node's health; `reason` is ""
+-- `reports_health` is "1" when the request says something of the node's health; `reason` is ""
 -- for a success; `hard` is "1" for a failure that takes the node out at once.
 local id = ARG.node
 local held = redis.call("HMGET", lease_key(id), "owner", "token", "since")
@@ -9,7 +9,7 @@ if held[1] ~= ARG.owner or held[2] ~= ARG.token then return 0 end
 unlease(id)
 redis.call("LPUSH", HELD, string.format("%.3f", (NOW - tonumber(held[3])) / 1000))
 redis.call("LTRIM", HELD, 0, 63)
-if ARG.judged == "1" then
+if ARG.reports_health == "1" then
   local key = node_key(id)
   if ARG.reason == "" then
     redis.call("HSET", key, "failures", 0)
