@@ -112,7 +112,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
             "--tokens-per-step",
             str(options.node_tokens_per_step),
             # A line per decode step, as the gateway relays them, rather than 0.1.6's
-            # 200 ms batches: the gaps between lines are what the relay can add to.
+            # 200 ms batches: the gaps between lines are what the gateway can add to.
             "--stream-interval-ms",
             str(options.node_step_ms),
         ],
@@ -120,7 +120,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
         decode_args=["--itl-ms", itl, "--prefill-ms-per-token", "0"],
         preexec_fn=die_with_parent(),
     )
-    work = options.out / "logs"  # each relay's configuration and log, kept for a look after
+    work = options.out / "logs"  # each router's configuration and log, kept for a look after
     work.mkdir(parents=True, exist_ok=True)
     with ExitStack() as cleanup:
         cleanup.enter_context(stack)

@@ -3,7 +3,7 @@ queue for the pool.
 
 The gap of a node is read from the simulators' own records: from the end of one decode's
 response on the node to the arrival at the prefill server of the next prefill naming that
-node. Whatever a relay does in between (release, the next grant, the waiter's wake-up, its
+node. Whatever a router does in between (release, the next grant, the waiter's wake-up, its
 prefill call) is in it, and so is the prefill server's own handling of the request up to
 its record. Without a gateway ("direct"), the clients run the latency flow themselves and
 a node goes to the longest-waiting client the moment its decode response ends: what the

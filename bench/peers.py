@@ -3,7 +3,7 @@
 vllm-router (the `vllm-router` package on PyPI, a Rust binary) fronts vLLM prefill and
 decode servers in its PD mode (`--vllm-pd-disaggregation`, NIXL pull). On the native path
 it is measured beside the gateway in pull mode over the same two simulated servers, so the
-two relays that add a prefill hop are compared with each other as well as with direct.
+two routers that add a prefill hop are compared with each other as well as with direct.
 """
 
 from __future__ import annotations

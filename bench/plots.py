@@ -62,15 +62,15 @@ def _overhead(doc: dict[str, Any], path: Path) -> Path:
     for axis, name in zip(axes[0], paths, strict=True):
         levels = [lv for lv in doc["levels"] if lv["path"] == name]
         streams = [lv["concurrency"] for lv in levels]
-        relays = sorted({label for lv in levels for label in lv["added"]})
-        for relay in relays:
+        routers = sorted({label for lv in levels for label in lv["added"]})
+        for router in routers:
             for key, style in (
                 ("ttft_p50_ms", "o-"),
                 ("ttft_p99_ms", "o--"),
                 ("gap_p99_ms", "s:"),
             ):
-                values = [lv["added"][relay][key] for lv in levels]
-                axis.plot(streams, values, style, label=f"{relay} {key.removesuffix('_ms')}")
+                values = [lv["added"][router][key] for lv in levels]
+                axis.plot(streams, values, style, label=f"{router} {key.removesuffix('_ms')}")
         axis.axhline(0, color="grey", linewidth=0.8)
         axis.set_xscale("log", base=2)
         axis.set_title(f"{name} path: added to direct", fontsize=10)

@@ -1,4 +1,4 @@
-"""A relay under test as a child process, and what /proc says of it: CPU and memory."""
+"""A router under test as a child process, and what /proc says of it: CPU and memory."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ LOG_TAIL_CHARS = 3000
 
 
 class StartFailure(RuntimeError):
-    """A relay under test did not start; the message names its log and ends with its tail."""
+    """A router under test did not start; the message names its log and ends with its tail."""
 
     def __init__(self, what: str, log_path: Path) -> None:
         tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]

@@ -50,7 +50,7 @@ def markdown(doc: dict[str, Any]) -> str:
         " latency), or SSE event with content; gap: between consecutive chunks of a stream;"
         " hand-off: from the simulators' records, with clients queueing for the pool"
         " (direct: the clients hand a node to the longest waiter among them)."
-        " CPU and memory are each relay process's own, from /proc.",
+        " CPU and memory are each router process's own, from /proc.",
     ]
     peers = ", ".join(f"{name}: {state}" for name, state in doc["peers"].items())
     if peers:

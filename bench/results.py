@@ -1,5 +1,5 @@
 """The JSON document of a run: settings, machine, and per level and method every measure,
-with what each relay adds to direct orchestration."""
+with what each router adds to direct orchestration."""
 
 from __future__ import annotations
 
@@ -38,12 +38,14 @@ def method_document(measured: Measured, concurrency: int, relayed: bool) -> dict
     return entry
 
 
-def added(relay: dict[str, Any], direct: dict[str, Any]) -> dict[str, float]:
-    """What a relay adds to direct orchestration, in ms: to the TTFT and the gaps, and to
+def added(routed: dict[str, Any], direct: dict[str, Any]) -> dict[str, float]:
+    """What a router adds to direct orchestration, in ms: to the TTFT and the gaps, and to
     the hand-off where both measured it."""
-    measures = [m for m in ("ttft", "gap", "handoff") if f"{m}_ms" in relay and f"{m}_ms" in direct]
+    measures = [
+        m for m in ("ttft", "gap", "handoff") if f"{m}_ms" in routed and f"{m}_ms" in direct
+    ]
     return {
-        f"{measure}_{q}_ms": round(relay[f"{measure}_ms"][q] - direct[f"{measure}_ms"][q], 4)
+        f"{measure}_{q}_ms": round(routed[f"{measure}_ms"][q] - direct[f"{measure}_ms"][q], 4)
         for measure in measures
         for q in ("p50", "p99")
     }

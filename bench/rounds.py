@@ -14,7 +14,7 @@ from bench.streams import BenchFailure, Sample
 
 @dataclass(slots=True)
 class Measured:
-    """One method at one level: its samples, and its relay's CPU time (over all rounds)
+    """One method at one level: its samples, and its router's CPU time (over all rounds)
     and resident memory: with one stream open (in the warm-up, before the first time this
     level's streams were open at once), and before and at the peak of each round."""
 
