@@ -38,11 +38,8 @@ class NodeConfig(StrictModel):
 
     @property
     def id(self) -> str:
+        """The node's name in the pool (as the running gateway's `Node.id`)."""
         return self.name or f"{self.host}:{self.http_port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
 
 
 class DiscoveryConfig(StrictModel):
