@@ -22,12 +22,12 @@ from router.errors import UpstreamError
 from router.upstream.failures import Target, status_failure, transport_failure
 from router.upstream.http1 import Http1Transport
 from router.upstream.transport import (
-    Answer,
     BaseURL,
     Broken,
     Limits,
     Pool,
     RawHeaders,
+    RawReply,
     TimedOut,
     Transport,
     TransportFailure,
@@ -90,7 +90,7 @@ class Reply:
     )
 
     def __init__(
-        self, target: Target, answer: Answer, *, read_s: float | None, max_body_bytes: int
+        self, target: Target, answer: RawReply, *, read_s: float | None, max_body_bytes: int
     ) -> None:
         self.target = target
         self.status = answer.status
@@ -98,7 +98,7 @@ class Reply:
         self._answer = answer
         self._read_s = read_s
         self._max_body_bytes = max_body_bytes
-        self._source: Answer | _Decoded | None = None  # what `receive` reads
+        self._source: RawReply | _Decoded | None = None  # what `receive` reads
         self.content: bytes | None = None
         """The whole body, once `read()` has run."""
 
@@ -201,7 +201,7 @@ _ZLIB_WINDOW = {
 class _Decoded:
     """A gzip or deflate body, decoded as it is received."""
 
-    def __init__(self, answer: Answer, coding: bytes) -> None:
+    def __init__(self, answer: RawReply, coding: bytes) -> None:
         self._answer = answer
         self._coding = coding.decode("latin-1")
         window = _ZLIB_WINDOW.get(coding)

@@ -63,7 +63,7 @@ def _time_out(waiter: asyncio.Future[None]) -> None:
 
 class Exchange:
     """One request and its answer on a connection: the answer's head as it arrives, the body
-    bytes not read yet, and the reader waiting for more. It is the pool's `Answer`: its
+    bytes not read yet, and the reader waiting for more. It is the pool's `RawReply`: its
     connection goes back to the pool when the body has been read to its end, and is closed
     if the answer is closed before.
 

@@ -103,7 +103,7 @@ class HttpxPool:
         headers: RawHeaders,
         content: bytes | None,
         waits: Waits,
-    ) -> HttpxAnswer:
+    ) -> HttpxReply:
         timeout = {
             "pool": waits.pool_s,
             "connect": waits.connect_s,
@@ -123,7 +123,7 @@ class HttpxPool:
             raise translated(exc) from None
         except httpx.InvalidURL as exc:  # not an HTTPError, but nothing was sent either
             raise Unreachable(f"InvalidURL: {exc}") from None
-        answer = HttpxAnswer(response)
+        answer = HttpxReply(response)
         if header_bytes(answer.headers) > self._max_header_bytes:
             await answer.aclose()
             raise Broken(f"sent a head over max_header_bytes ({self._max_header_bytes} bytes)")
@@ -134,7 +134,7 @@ class HttpxPool:
             await self._transport.aclose()
 
 
-class HttpxAnswer:
+class HttpxReply:
     """An httpx response's body read by a task into a buffer, so that a timed-out or
     cancelled `receive` never interrupts the read itself."""
 

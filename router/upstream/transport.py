@@ -1,5 +1,5 @@
 """What carries a request to an upstream and its answer back, in the client's own words:
-the `Transport` interface (one `Pool` per upstream base URL, one `Answer` per exchange),
+the `Transport` interface (one `Pool` per upstream base URL, one `RawReply` per exchange),
 the `Limits` a pool keeps, the `Waits` a call allows, and the failures a transport raises.
 
 Two transports implement it: `http1.Http1Transport`, the gateway's own keep-alive pool,
@@ -101,7 +101,7 @@ class BaseURL:
         self.headers: tuple[tuple[bytes, bytes], ...] = ((b"host", authority), *headers)
 
 
-class Answer(Protocol):
+class RawReply(Protocol):
     """One exchange's answer, once its head has arrived: `status`, raw `headers`, and the
     body read by `receive`. Closed (`aclose`) on every path; its connection serves again
     only if its body was read to the end."""
@@ -129,7 +129,7 @@ class Pool(Protocol):
         headers: RawHeaders,
         content: bytes | None,
         waits: Waits,
-    ) -> Answer:
+    ) -> RawReply:
         """Send a request (`path` under the base URL's own; `headers` besides the base
         URL's; `content` framed by its length) and return once its answer's head has
         arrived."""
