@@ -54,8 +54,8 @@ def config(stack: SimStack, *, node: int, rules: dict[str, Any] | None) -> dict[
     return gateway_config([model], classification=classification, admin={"api_key": "operator-key"})
 
 
-@pytest.fixture
-def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+@pytest.fixture(scope="module")
+def started(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     first = config(stack, node=0, rules=None)
     with start_gateway(
         tmp_path_factory,
@@ -64,6 +64,17 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         admin=first["admin"],
     ) as running:
         yield running
+
+
+@pytest.fixture
+def gateway(started: GatewayProcess, stack: SimStack) -> GatewayProcess:
+    """The module's gateway, reloaded back to its first configuration (node 0, no rules)
+    and idle: each test starts where a new gateway would."""
+    rewrite(started, config(stack, node=0, rules=None))
+    answer = plain().post(started.url + "/admin/reload", headers=ADMIN, timeout=30)
+    assert answer.status_code == 200, answer.text
+    started.wait_all_free()
+    return started
 
 
 def rewrite(gateway: GatewayProcess, document: dict[str, Any]) -> None:
