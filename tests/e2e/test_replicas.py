@@ -226,6 +226,7 @@ async def one_client(
         return 200, False, "ok"
 
 
+@pytest.mark.serial  # no lease may be lost under its own load: not under another test's too
 async def test_many_clients_across_replicas_never_double_book(
     stack: SimStack, replicas: list[GatewayProcess]
 ) -> None:
