@@ -2,6 +2,8 @@
 
 Sockets are bound and listening before anything is announced, so a peer that reads the
 ``SIM-READY {...}`` line can connect at once (early connections wait in the backlog).
+One process can serve several simulators (``Member``s): one uvicorn server listens on
+every member's HTTP socket and hands each request to the app of the port it came in on.
 """
 
 from __future__ import annotations
@@ -11,12 +13,24 @@ import json
 import socket
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
 import uvloop
+from starlette.types import Receive, Scope, Send
 
 StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One simulator ready to serve: its app, its listening sockets, its readiness fields."""
+
+    app: Any
+    http: socket.socket
+    streams: list[tuple[socket.socket, StreamHandler]] = field(default_factory=list)
+    ready: dict[str, Any] = field(default_factory=dict)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -41,14 +55,25 @@ def announce(ports: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-async def serve(
-    app: Any,
-    http_sock: socket.socket,
-    stream_servers: list[tuple[socket.socket, StreamHandler]],
-    ready: dict[str, Any],
-) -> None:
-    """Serve ``app`` on ``http_sock`` and raw TCP handlers on their sockets until signalled."""
-    servers = [await asyncio.start_server(handler, sock=sock) for sock, handler in stream_servers]
+class ByPort:
+    """ASGI app passing each request to the app serving the local port it arrived on."""
+
+    def __init__(self, apps: dict[int, Any]) -> None:
+        self._apps = apps
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        await self._apps[server[1] if server else -1](scope, receive, send)
+
+
+async def serve(members: list[Member], ready: dict[str, Any]) -> None:
+    """Serve every member's app and raw TCP handlers until signalled; announce ``ready``."""
+    servers = [
+        await asyncio.start_server(handler, sock=sock)
+        for member in members
+        for sock, handler in member.streams
+    ]
+    app = members[0].app if len(members) == 1 else ByPort({port_of(m.http): m.app for m in members})
     config = uvicorn.Config(
         app,
         http="httptools",
@@ -59,7 +84,7 @@ async def serve(
     )
     announce(ready)
     try:
-        await uvicorn.Server(config).serve(sockets=[http_sock])
+        await uvicorn.Server(config).serve(sockets=[m.http for m in members])
     finally:
         for server in servers:
             server.close()

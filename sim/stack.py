@@ -4,7 +4,9 @@
 starts N TileRT nodes, prefill servers, native decode servers and optionally one
 ``both``-role server standing in for a native disaggregation proxy, all in parallel,
 waits for every ``SIM-READY`` line, and on exit (or exception, or interpreter exit)
-terminates each process group, killing what does not stop in time.
+terminates each process group, killing what does not stop in time. With
+``one_process=True`` every simulator is served by one ``python -m sim.host`` process
+instead (one start-up instead of one per simulator; their ``pid`` is then the same).
 ``python -m sim.stack`` runs one from the command line and prints how to use it.
 """
 
@@ -127,7 +129,9 @@ class SimStack:
     ``instance_args`` adds arguments for one process by name (``node-0``, ``prefill-1``,
     ``decode-0``, ``proxy-0``). ``preexec_fn`` runs in each child before exec (e.g. to
     make it die with its parent). Prefill servers get engine ids ``prefill-<i>``, decode
-    servers ``decode-<i>``, the proxy stand-in ``proxy``.
+    servers ``decode-<i>``, the proxy stand-in ``proxy``. ``one_process`` serves them all
+    from one process: quicker to start, but a test that kills one simulator's process
+    needs each in its own.
     """
 
     def __init__(
@@ -147,7 +151,9 @@ class SimStack:
         ready_timeout_s: float = 60.0,
         stop_grace_s: float = 3.0,
         preexec_fn: Callable[[], None] | None = None,
+        one_process: bool = False,
     ) -> None:
+        self._one_process = one_process
         self._counts = (nodes, prefills, decodes, proxy)
         self._tokenizer = tokenizer
         self._models = [model] if isinstance(model, str) else list(model)
@@ -171,22 +177,33 @@ class SimStack:
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of every simulator started (for leak checks)."""
+        """Process ids of every simulator process started (for leak checks)."""
         return [p.popen.pid for p in self._procs]
 
-    def _argv(self, kind: str, index: int) -> list[str]:
+    def _command(self, kind: str, index: int) -> list[str]:
+        """``[simulator, *arguments]``: ``tilert`` or ``vllm`` and its command line."""
         common = ["--host", self._host, "--tokenizer", self._tokenizer]
         if kind == "node":
-            argv = ["-m", "sim.tilert", *common, "--ctrl-port", "0", "--http-port", "0"]
+            command = ["tilert", *common, "--ctrl-port", "0", "--http-port", "0"]
         else:
             role = "both" if kind == "proxy" else kind
             engine_id = "proxy" if kind == "proxy" else f"{kind}-{index}"
-            argv = ["-m", "sim.vllm", "--role", role, *common, "--port", "0"]
-            argv += ["--side-channel-port", "0", "--engine-id", engine_id]
+            command = ["vllm", "--role", role, *common, "--port", "0"]
+            command += ["--side-channel-port", "0", "--engine-id", engine_id]
             for name in self._models:
-                argv += ["--served-model-name", name]
+                command += ["--served-model-name", name]
         extra = self._instance_args.get(f"{kind}-{index}", [])
-        return [sys.executable, *argv, *self._args[kind], *extra]
+        return [*command, *self._args[kind], *extra]
+
+    def _processes(self, plan: list[tuple[str, int]]) -> list[tuple[str, list[str]]]:
+        """(name, argv) of each process to start for ``plan``."""
+        commands = [self._command(kind, index) for kind, index in plan]
+        if self._one_process and commands:
+            return [("host", [sys.executable, "-m", "sim.host", json.dumps(commands)])]
+        return [
+            (f"{kind}-{index}", [sys.executable, "-m", f"sim.{command[0]}", *command[1:]])
+            for (kind, index), command in zip(plan, commands, strict=True)
+        ]
 
     def start(self) -> SimStack:
         """Start every process in parallel and wait until all are ready."""
@@ -202,22 +219,20 @@ class SimStack:
         env["PYTHONUNBUFFERED"] = "1"
         atexit.register(self.stop)
         try:
-            for kind, index in plan:
-                self._procs.append(
-                    _Process(
-                        f"{kind}-{index}",
-                        self._argv(kind, index),
-                        env,
-                        self._changed,
-                        self._preexec_fn,
-                    )
-                )
+            for name, argv in self._processes(plan):
+                self._procs.append(_Process(name, argv, env, self._changed, self._preexec_fn))
             self._await_ready()
         except BaseException:
             self.stop()
             raise
-        for (kind, _), proc in zip(plan, self._procs, strict=True):
-            self._publish(kind, proc)
+        if self._one_process:
+            (host,) = self._procs
+            members = (host.ready or {})["members"]
+            for (kind, _), ready in zip(plan, members, strict=True):
+                self._publish(kind, ready, host.popen.pid)
+        else:
+            for (kind, _), proc in zip(plan, self._procs, strict=True):
+                self._publish(kind, proc.ready or {}, proc.popen.pid)
         return self
 
     def _await_ready(self) -> None:
@@ -244,9 +259,7 @@ class SimStack:
                     )
                 self._changed.wait(remaining)
 
-    def _publish(self, kind: str, proc: _Process) -> None:
-        ready = proc.ready or {}
-        pid = proc.popen.pid
+    def _publish(self, kind: str, ready: dict[str, Any], pid: int) -> None:
         if kind == "node":
             self.nodes.append(
                 NodeInfo(

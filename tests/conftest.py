@@ -4,6 +4,9 @@ A test is `e2e` when it starts real processes (simulators, the gateway, the CLI)
 test under tests/e2e/ is marked here, other modules mark themselves (`pytestmark`).
 `pytest -m "not e2e"` is then the fast in-process loop, and a test that starts a process
 without the marker fails at once, so nothing slow slips into that loop unnoticed.
+
+pytest-xdist runs the suite on one worker per CPU, a module at a time per worker; tests
+marked `serial` (they assert timings) run while no other test does.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import openai
 import pytest
 
 from sim.stack import SimStack
+from tests.support import serial
 from tests.support.classify_fixtures import Sims, observed
 from tests.support.deployment import TILERT_VERSIONS, corruptions, reset
 from tests.support.gateway import GatewayProcess
+from tests.support.stacks import StackPool
 
 E2E_DIR = Path(__file__).resolve().parent / "e2e"
 
@@ -33,11 +38,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
-    """Outside `e2e` tests (their fixtures included), starting a process is an error."""
-    if item.get_closest_marker("e2e") is not None:
-        return (yield)
-    with processes_refused(item.nodeid):
-        return (yield)
+    """Outside `e2e` tests (their fixtures included), starting a process is an error.
+    A `serial` test runs while no other test does (see tests.support.serial)."""
+    with serial.turn(item.get_closest_marker("serial") is not None):
+        if item.get_closest_marker("e2e") is not None:
+            return (yield)
+        with processes_refused(item.nodeid):
+            return (yield)
 
 
 class UnmarkedProcessError(AssertionError):
@@ -62,7 +69,18 @@ def processes_refused(nodeid: str) -> Iterator[None]:
 
 
 # End-to-end fixtures. They work over two fixtures each module defines: `stack`, its
-# SimStack, and `gateway`, its GatewayProcess (from tests.support.gateway.start_gateway).
+# SimStack (most from `sim_stacks`), and `gateway`, its GatewayProcess (from
+# tests.support.gateway.start_gateway).
+
+
+@pytest.fixture(scope="session")
+def sim_stacks() -> Iterator[StackPool]:
+    """The run's simulated stacks, one per shape, shared by the modules asking for it."""
+    pool = StackPool()
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 @pytest.fixture
@@ -98,14 +116,19 @@ async def sims(stack: SimStack, gateway: GatewayProcess) -> AsyncIterator[Sims]:
 @pytest.fixture
 def client(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
     """The OpenAI SDK pointed at the gateway, without retries (every status as sent)."""
-    with openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0) as sdk:
+    # Plain HTTP: no TLS context to build for each test (see tests.support.http).
+    http = openai.DefaultHttpxClient(verify=False)
+    with openai.OpenAI(
+        base_url=gateway.base_url, api_key="unused", max_retries=0, http_client=http
+    ) as sdk:
         yield sdk
 
 
 @pytest.fixture
 async def aclient(gateway: GatewayProcess) -> AsyncIterator[openai.AsyncOpenAI]:
     """The async OpenAI SDK pointed at the gateway, without retries."""
+    http = openai.DefaultAsyncHttpxClient(verify=False)
     async with openai.AsyncOpenAI(
-        base_url=gateway.base_url, api_key="unused", max_retries=0
+        base_url=gateway.base_url, api_key="unused", max_retries=0, http_client=http
     ) as sdk:
         yield sdk

@@ -10,12 +10,12 @@ from sim.tilert.control import ControlPlane
 from sim.tilert.dataplane import DataPlane
 from sim.tilert.http import build_app
 from sim.tilert.node import Node
-from sim.tokenizers import load_vocab
+from sim.tokenizers import Vocab, load_vocab
 
 
-async def run_node(config: NodeConfig) -> None:
-    """Serve one node until SIGINT/SIGTERM."""
-    node = Node(config, load_vocab(config.tokenizer))
+def node_member(config: NodeConfig, vocab: Vocab) -> serving.Member:
+    """One node with its sockets bound and listening, not yet serving."""
+    node = Node(config, vocab)
     ctrl = serving.listen(config.host, config.ctrl_port)
     http = serving.listen(config.host, config.http_port)
     streams: list[tuple[socket.socket, serving.StreamHandler]] = [(ctrl, ControlPlane(node))]
@@ -30,7 +30,13 @@ async def run_node(config: NodeConfig) -> None:
         "http_port": serving.port_of(http),
         "data_port": data_port,
     }
-    await serving.serve(build_app(node), http, streams, ready)
+    return serving.Member(build_app(node), http, streams, ready)
+
+
+async def run_node(config: NodeConfig) -> None:
+    """Serve one node until SIGINT/SIGTERM."""
+    member = node_member(config, load_vocab(config.tokenizer))
+    await serving.serve([member], member.ready)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from sim import serving
-from sim.tokenizers import load_vocab
+from sim.tokenizers import Vocab, load_vocab
 from sim.vllm.config import ServerConfig, parse_config
 from sim.vllm.http import build_app
 from sim.vllm.server import VllmServer
 
 
-async def run_server(config: ServerConfig) -> None:
-    """Serve one simulated vLLM instance until SIGINT/SIGTERM."""
-    server = VllmServer(config, load_vocab(config.tokenizer))
+def server_member(config: ServerConfig, vocab: Vocab) -> serving.Member:
+    """One server with its sockets bound and listening, not yet serving."""
+    server = VllmServer(config, vocab)
     http = serving.listen(config.host, config.port)
     side = serving.listen(config.host, config.side_channel_port)
     server.side_channel_port = serving.port_of(side)
@@ -21,7 +21,13 @@ async def run_server(config: ServerConfig) -> None:
         "engine_id": config.engine_id,
         "role": config.role,
     }
-    await serving.serve(build_app(server), http, [(side, server.side_channel())], ready)
+    return serving.Member(build_app(server), http, [(side, server.side_channel())], ready)
+
+
+async def run_server(config: ServerConfig) -> None:
+    """Serve one simulated vLLM instance until SIGINT/SIGTERM."""
+    member = server_member(config, load_vocab(config.tokenizer))
+    await serving.serve([member], member.ready)
 
 
 def main(argv: list[str] | None = None) -> None:

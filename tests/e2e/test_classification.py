@@ -31,6 +31,7 @@ from tests.support.classify_fixtures import (
 )
 from tests.support.deployment import gateway_config, latency_model, request_decodes
 from tests.support.gateway import GatewayProcess, running_gateways
+from tests.support.stacks import StackPool
 
 LATENCY_ONLY = "sim-latency-only"  # no throughput path; its node is never reached
 TEXT = "classified: 好的 ✓"
@@ -52,10 +53,10 @@ def padded(tokens: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
+def stack(sim_stacks: StackPool) -> SimStack:
     # The native path's context is longer than the TileRT pool's, as a deployment's may be:
     # requests the guard moves for their length are then answered there.
-    with SimStack(
+    return sim_stacks.get(
         nodes=1,
         prefills=1,
         proxy=True,
@@ -63,8 +64,7 @@ def stack() -> Iterator[SimStack]:
         node_args=["--step-ms", "5", "--capabilities", '{"ignore_eos": false}'],
         prefill_args=["--itl-ms", "0"],
         proxy_args=["--itl-ms", "1", "--prefill-ms-per-token", "0", "--max-model-len", "262144"],
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from sim.stack import SimStack
 from tests.support.classify_fixtures import proxy_throughput
 from tests.support.deployment import directive, latency_model, sim_get
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
 
@@ -24,9 +25,8 @@ RULES = {
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(nodes=1, prefills=1, proxy=True, model="ds", node_args=["--step-ms", "1"]) as s:
-        yield s
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(nodes=1, prefills=1, proxy=True, model="ds", node_args=["--step-ms", "1"])
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from router.demo.plan import parser_flags
 from sim.stack import SimStack
 from tests.support.deployment import directive, latency_model
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("all_slots_free")
 
@@ -107,8 +108,8 @@ COMPLETIONS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=1,
         prefills=1,
         decodes=1,
@@ -118,8 +119,7 @@ def stack() -> Iterator[SimStack]:
         prefill_args=FAST,
         decode_args=FAST,
         instance_args={"decode-0": parser_flags("deepseek_v32")},
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture(scope="module")

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from sim.stack import SimStack
 from tests.support.deployment import directive
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.http import plain
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("fresh_sims", "all_slots_free")
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(nodes=1, prefills=1, model="m", node_args=["--step-ms", "1"]) as running:
-        yield running
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(nodes=1, prefills=1, model="m", node_args=["--step-ms", "1"])
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_the_node_found_by_dns_serves(stack: SimStack, gateway: GatewayProcess) 
     assert pool["nodes"] == 1 and list(pool["busy"]) == [node_id]
     assert pool["node_facts"][node_id]["tilert"] == "0.1.6"
     body = {"model": "m", "messages": [{"role": "user", "content": directive("found")}]}
-    answer = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30)
+    answer = plain().post(gateway.base_url + "/chat/completions", json=body, timeout=30)
     assert answer.status_code == 200, answer.text
     assert answer.headers["x-pd-route"] == "latency"
     assert answer.json()["choices"][0]["message"]["content"] == "found"

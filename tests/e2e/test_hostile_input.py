@@ -22,6 +22,8 @@ from sim.stack import SimStack
 from tests.support.classify_fixtures import proxy_throughput
 from tests.support.deployment import latency_model, reset, sim_get, simulator_urls
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.http import plain
+from tests.support.stacks import StackPool
 
 MODEL = "ds"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -30,11 +32,10 @@ GATEWAY_ERROR_TYPES = {"invalid_request_error", "authentication_error"}
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=1, prefills=1, proxy=True, model=MODEL, node_args=["--step-ms", "1"]
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def post(
     content_type: str | None = "application/json",
 ) -> httpx.Response:
     headers = {"content-type": content_type} if content_type is not None else {}
-    return httpx.post(gateway.base_url + path, content=content, headers=headers, timeout=60)
+    return plain().post(gateway.base_url + path, content=content, headers=headers, timeout=60)
 
 
 def nested(depth: int) -> bytes:
@@ -262,20 +263,20 @@ def test_no_request_body_gets_a_5xx(
 def test_a_model_is_described_and_an_unsupported_endpoint_is_named_and_counted(
     gateway: GatewayProcess,
 ) -> None:
-    described = httpx.get(gateway.base_url + "/models/" + MODEL, timeout=10)
+    described = plain().get(gateway.base_url + "/models/" + MODEL, timeout=10)
     assert described.json() == {
         "id": MODEL,
         "object": "model",
         "created": 0,
         "owned_by": "pd-gateway",
     }
-    missing = httpx.get(gateway.base_url + "/models/nope", timeout=10)
+    missing = plain().get(gateway.base_url + "/models/nope", timeout=10)
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "model_not_found")
     for _ in range(2):  # a stored response: the gateway keeps none
-        refused = httpx.get(gateway.base_url + "/responses/resp_1", timeout=10)
+        refused = plain().get(gateway.base_url + "/responses/resp_1", timeout=10)
         assert refused.status_code == 404
         error = refused.json()["error"]
         assert error["code"] == "unsupported_endpoint"
         assert "GET /v1/responses/resp_1" in error["message"]
-    metrics = httpx.get(gateway.url + "/metrics", timeout=10).text
+    metrics = plain().get(gateway.url + "/metrics", timeout=10).text
     assert 'pd_gateway_unsupported_requests_total{endpoint="responses"} 2.0' in metrics

@@ -28,6 +28,8 @@ from tests.support.deployment import (
     version_args,
 )
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.http import plain
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
 
@@ -42,16 +44,15 @@ RULES = tier_rules(
 
 
 @pytest.fixture(scope="module")
-def stack(tilert_version: str) -> Iterator[SimStack]:
+def stack(tilert_version: str, sim_stacks: StackPool) -> SimStack:
     version = version_args(tilert_version)
-    with SimStack(
+    return sim_stacks.get(
         nodes=5,
         prefills=1,
         model="ds",
         node_args=["--step-ms", "3", "--tokens-per-step", "2", *version["node_args"]],
         prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0", *version["prefill_args"]],
-    ) as running:
-        yield running
+    )
 
 
 def pool_gateway(
@@ -103,7 +104,7 @@ def waiting(gateway: GatewayProcess) -> int:
 
 
 def chat(gateway: GatewayProcess, tier: str, text: str, **extra) -> httpx.Response:
-    return httpx.post(
+    return plain().post(
         gateway.base_url + "/chat/completions",
         json={"model": "ds", "messages": [{"role": "user", "content": text}], **extra},
         headers={"x-tier": tier},
@@ -141,6 +142,7 @@ async def test_forty_clients_four_nodes_no_double_booking(
     pool4.wait_all_free()
 
 
+@pytest.mark.serial  # the waiters must all queue within the blocker's hold
 def test_waiters_are_served_by_priority_then_arrival(
     stack: SimStack, pool1: GatewayProcess
 ) -> None:
@@ -171,6 +173,7 @@ def test_waiters_are_served_by_priority_then_arrival(
     pool1.wait_all_free()
 
 
+@pytest.mark.serial  # the queue must fill within the blocker's hold
 def test_full_queue_and_spent_budget_answer_429_with_retry_after(
     stack: SimStack, pool1: GatewayProcess
 ) -> None:

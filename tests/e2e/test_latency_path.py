@@ -28,6 +28,8 @@ from tests.support.deployment import (
     version_args,
 )
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.http import plain
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("fresh_sims", "all_slots_free")
 
@@ -37,16 +39,15 @@ CLOSED_PORT = 9  # discard: nothing listens there on a test machine
 
 
 @pytest.fixture(scope="module")
-def stack(tilert_version: str) -> Iterator[SimStack]:
+def stack(tilert_version: str, sim_stacks: StackPool) -> SimStack:
     version = version_args(tilert_version)
-    with SimStack(
+    return sim_stacks.get(
         nodes=4,
         prefills=1,
         model=["ds", "solo"],
         node_args=["--step-ms", "1", *version["node_args"]],
         prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0", *version["prefill_args"]],
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +252,7 @@ def error_of(response: httpx.Response) -> dict:
 
 
 def post_chat(gateway: GatewayProcess, body: dict, **kwargs) -> httpx.Response:
-    return httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30, **kwargs)
+    return plain().post(gateway.base_url + "/chat/completions", json=body, timeout=30, **kwargs)
 
 
 @pytest.mark.parametrize(("status", "expected"), [(500, 502), (503, 503), (400, 400), (422, 422)])
@@ -332,7 +333,7 @@ def test_node_busy_429_is_503_and_the_node_is_cleaned_up_before_reuse(
         # Our transfer landed on the node: the slot stays held until the node is clean.
         assert gateway.pool()["models"]["solo"]["busy"][node.url.removeprefix("http://")]
     finally:
-        httpx.post(node.url + "/pd/cancel", json={"rid": "intruder"}, timeout=10)  # 404 on 0.1.5
+        plain().post(node.url + "/pd/cancel", json={"rid": "intruder"}, timeout=10)  # 404 on 0.1.5
         intruder.join()
     gateway.wait_all_free()
     decodes = sim_get(node.url, "/sim/records")["decodes"]  # the flushes included
@@ -359,7 +360,7 @@ def test_node_failure_mid_stream(
 ) -> None:
     sim_post(stack.nodes[2].url, "/sim/faults", {**fault, "count": 1})
     body = {"model": "solo", "messages": user(directive(SCRIPTED)), "stream": True}
-    with httpx.stream("POST", gateway.base_url + "/chat/completions", json=body, timeout=30) as r:
+    with plain().stream("POST", gateway.base_url + "/chat/completions", json=body, timeout=30) as r:
         assert r.status_code == 200
         events = [line for line in r.iter_lines() if line]
     assert events[-1] == "data: [DONE]"
@@ -416,7 +417,7 @@ def test_client_disconnect_mid_stream_cancels_the_node(
 ) -> None:
     sim_post(stack.nodes[2].url, "/sim/faults", {"stall_after": 4, "count": 1})
     body = {"model": "solo", "messages": user(directive(SCRIPTED)), "stream": True}
-    with httpx.stream("POST", gateway.base_url + "/chat/completions", json=body, timeout=30) as r:
+    with plain().stream("POST", gateway.base_url + "/chat/completions", json=body, timeout=30) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
         _wait(lambda: sim_get(stack.nodes[2].url, "/decode_status")["status"] == "busy")
@@ -467,7 +468,7 @@ def test_client_disconnect_mid_stream_cancels_the_node(
 def test_bad_input(
     gateway: GatewayProcess, stack: SimStack, path: str, content: bytes, status: int, needle: str
 ) -> None:
-    response = httpx.post(
+    response = plain().post(
         gateway.base_url + path,
         content=content,
         headers={"content-type": "application/json"},
@@ -480,9 +481,9 @@ def test_bad_input(
 
 
 def test_models_and_health(gateway: GatewayProcess) -> None:
-    models = httpx.get(gateway.base_url + "/models", timeout=10).json()
+    models = plain().get(gateway.base_url + "/models", timeout=10).json()
     assert [m["id"] for m in models["data"]] == ["ds", "solo", "deadprefill"]
-    assert httpx.get(gateway.url + "/health", timeout=10).json() == {"status": "ok"}
+    assert plain().get(gateway.url + "/health", timeout=10).json() == {"status": "ok"}
 
 
 def _wait(condition, timeout_s: float = 10.0) -> None:
@@ -498,7 +499,7 @@ def _wait(condition, timeout_s: float = 10.0) -> None:
 def metric(gateway: GatewayProcess, name: str, **labels: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(gateway.url + "/metrics", timeout=10).text
+    text = plain().get(gateway.url + "/metrics", timeout=10).text
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -576,7 +577,7 @@ def test_client_leaving_a_non_streamed_request_cancels_the_node(
 def test_client_leaving_the_queue_is_never_served(gateway: GatewayProcess, stack: SimStack) -> None:
     sim_post(stack.nodes[2].url, "/sim/faults", {"stall_after": 4, "count": 1})
     holder_body = {"model": "solo", "messages": user(directive(SCRIPTED)), "stream": True}
-    with httpx.stream(
+    with plain().stream(
         "POST", gateway.base_url + "/chat/completions", json=holder_body, timeout=30
     ) as holder:
         lines = holder.iter_lines()  # kept: dropping the iterator would close the connection
@@ -612,7 +613,7 @@ def test_continuous_usage_stats_puts_the_running_count_on_every_chunk(
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     chunks = []
-    with httpx.stream("POST", gateway.base_url + "/chat/completions", json=body, timeout=30) as r:
+    with plain().stream("POST", gateway.base_url + "/chat/completions", json=body, timeout=30) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 chunks.append(json.loads(line.removeprefix("data: ")))

@@ -20,14 +20,15 @@ from tests.support.deployment import (
     version_args,
 )
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.stacks import StackPool
 
 MODEL = "m"
 TEXT = "one model, two releases"
 
 
-def start_stack(version: str, nodes: int) -> SimStack:
+def start_stack(sim_stacks: StackPool, version: str, nodes: int) -> SimStack:
     args = version_args(version)
-    return SimStack(
+    return sim_stacks.get(
         nodes=nodes,
         prefills=1,
         model=MODEL,
@@ -37,16 +38,14 @@ def start_stack(version: str, nodes: int) -> SimStack:
 
 
 @pytest.fixture(scope="module")
-def old() -> Iterator[SimStack]:
+def old(sim_stacks: StackPool) -> SimStack:
     """Two 0.1.5 nodes: the first in its own pool, the second wrongly in the 0.1.6 pool."""
-    with start_stack("0.1.5", 2) as running:
-        yield running
+    return start_stack(sim_stacks, "0.1.5", 2)
 
 
 @pytest.fixture(scope="module")
-def new() -> Iterator[SimStack]:
-    with start_stack("0.1.6", 1) as running:
-        yield running
+def new(sim_stacks: StackPool) -> SimStack:
+    return start_stack(sim_stacks, "0.1.6", 1)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from tests.support.parser_fixtures import (
     TOOLS,
     Case,
 )
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("all_slots_free")
 
@@ -53,8 +54,8 @@ View = tuple[str | None, str | None, list[tuple[str, Any]], str]
 
 
 @pytest.fixture(scope="module")
-def deepseek_stack() -> Iterator[SimStack]:
-    with SimStack(
+def deepseek_stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=1,
         prefills=1,
         decodes=1,
@@ -62,13 +63,12 @@ def deepseek_stack() -> Iterator[SimStack]:
         model=DEEPSEEK,
         instance_args={"decode-0": parser_flags("deepseek_v32")},
         **FAST,
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture(scope="module")
-def glm_stack() -> Iterator[SimStack]:
-    with SimStack(
+def glm_stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=2,
         prefills=1,
         decodes=2,
@@ -76,8 +76,7 @@ def glm_stack() -> Iterator[SimStack]:
         model=[GLM5, GLM45],
         instance_args={"decode-0": parser_flags("glm47"), "decode-1": parser_flags("glm45")},
         **FAST,
-    ) as running:
-        yield running
+    )
 
 
 def pull(stack: SimStack, decode: int) -> dict[str, Any]:

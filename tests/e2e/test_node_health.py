@@ -14,6 +14,7 @@ import pytest
 from sim.stack import SimStack
 from tests.support.deployment import directive, latency_model, sim_post, version_args
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.http import plain
 
 COOLDOWN_S = 1.5
 
@@ -50,7 +51,7 @@ def gateway(
 
 def chat(gateway: GatewayProcess, text: str, model: str = "ds") -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": directive(text)}]}
-    return httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30)
+    return plain().post(gateway.base_url + "/chat/completions", json=body, timeout=30)
 
 
 def test_failing_nodes_go_out_and_come_back(stack: SimStack, gateway: GatewayProcess) -> None:
@@ -95,19 +96,19 @@ def test_an_operator_drains_and_undrains_a_node(stack: SimStack, gateway: Gatewa
     node = stack.nodes[0]
     node_id = node.url.removeprefix("http://")
     admin = gateway.url + f"/admin/nodes/{node_id}"
-    assert httpx.post(admin + "/drain", timeout=5).status_code == 401
+    assert plain().post(admin + "/drain", timeout=5).status_code == 401
     assert (
-        httpx.post(gateway.url + "/admin/nodes/nowhere:1/drain", headers=gateway.admin_headers)
+        plain().post(gateway.url + "/admin/nodes/nowhere:1/drain", headers=gateway.admin_headers)
     ).status_code == 404
-    drained = httpx.post(admin + "/drain", headers=gateway.admin_headers, timeout=5)
+    drained = plain().post(admin + "/drain", headers=gateway.admin_headers, timeout=5)
     assert drained.json() == {"node": node_id, "models": ["ds"], "drained": True}
     assert gateway.pool()["models"]["ds"]["out"] == {node_id: "drained"}
-    before = len(httpx.get(node.url + "/sim/records", timeout=5).json()["decodes"])
+    before = len(plain().get(node.url + "/sim/records", timeout=5).json()["decodes"])
     assert [chat(gateway, f"while drained {i}").status_code for i in range(4)] == [200] * 4
-    after = len(httpx.get(node.url + "/sim/records", timeout=5).json()["decodes"])
+    after = len(plain().get(node.url + "/sim/records", timeout=5).json()["decodes"])
     assert after == before, "a drained node takes no new request"
-    httpx.post(admin + "/undrain", headers=gateway.admin_headers, timeout=5).raise_for_status()
+    plain().post(admin + "/undrain", headers=gateway.admin_headers, timeout=5).raise_for_status()
     assert gateway.pool()["models"]["ds"]["out"] == {}
     assert [chat(gateway, f"after {i}").status_code for i in range(4)] == [200] * 4
-    final = len(httpx.get(node.url + "/sim/records", timeout=5).json()["decodes"])
+    final = len(plain().get(node.url + "/sim/records", timeout=5).json()["decodes"])
     assert final > after, "back in service"

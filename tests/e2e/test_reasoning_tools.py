@@ -51,6 +51,7 @@ from tests.support.parser_fixtures import (
     load_tokenizer,
     node_args,
 )
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("all_slots_free")
 
@@ -69,29 +70,27 @@ def sim_args(version: str) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def deepseek_stack(tilert_version: str) -> Iterator[SimStack]:
+def deepseek_stack(tilert_version: str, sim_stacks: StackPool) -> SimStack:
     names = [DEEPSEEK + s for s in SPLITS]
-    with SimStack(
+    return sim_stacks.get(
         nodes=3,
         tokenizer="deepseek",
         model=names,
         instance_args=node_args(3),
         **sim_args(tilert_version),
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture(scope="module")
-def glm_stack(tilert_version: str) -> Iterator[SimStack]:
+def glm_stack(tilert_version: str, sim_stacks: StackPool) -> SimStack:
     names = [GLM5 + s for s in SPLITS] + [GLM45]
-    with SimStack(
+    return sim_stacks.get(
         nodes=4,
         tokenizer="glm",
         model=names,
         instance_args=node_args(4),
         **sim_args(tilert_version),
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture(scope="module")

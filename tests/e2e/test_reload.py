@@ -24,6 +24,8 @@ from tests.support.deployment import (
     sim_get,
 )
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.http import plain
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
 
@@ -38,11 +40,10 @@ LONG_TEXT = " ".join(f"word{i}" for i in range(80))
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=2, prefills=1, proxy=True, model="ds", node_args=["--step-ms", "20"]
-    ) as running:
-        yield running
+    )
 
 
 def config(stack: SimStack, *, node: int, rules: dict[str, Any] | None) -> dict[str, Any]:
@@ -53,8 +54,8 @@ def config(stack: SimStack, *, node: int, rules: dict[str, Any] | None) -> dict[
     return gateway_config([model], classification=classification, admin={"api_key": "operator-key"})
 
 
-@pytest.fixture
-def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+@pytest.fixture(scope="module")
+def started(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     first = config(stack, node=0, rules=None)
     with start_gateway(
         tmp_path_factory,
@@ -65,6 +66,17 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield running
 
 
+@pytest.fixture
+def gateway(started: GatewayProcess, stack: SimStack) -> GatewayProcess:
+    """The module's gateway, reloaded back to its first configuration (node 0, no rules)
+    and idle: each test starts where a new gateway would."""
+    rewrite(started, config(stack, node=0, rules=None))
+    answer = plain().post(started.url + "/admin/reload", headers=ADMIN, timeout=30)
+    assert answer.status_code == 200, answer.text
+    started.wait_all_free()
+    return started
+
+
 def rewrite(gateway: GatewayProcess, document: dict[str, Any]) -> None:
     # Keep the port the gateway was started with (a reload keeps `server` anyway).
     gateway.config_path.write_text(yaml.safe_dump(document), encoding="utf-8")
@@ -72,7 +84,7 @@ def rewrite(gateway: GatewayProcess, document: dict[str, Any]) -> None:
 
 def chat(gateway: GatewayProcess, text: str, **headers: str) -> httpx.Response:
     body = {"model": "ds", "messages": [{"role": "user", "content": directive(text)}]}
-    return httpx.post(
+    return plain().post(
         gateway.base_url + "/chat/completions", json=body, headers=headers, timeout=30
     )
 
@@ -93,7 +105,7 @@ def test_a_reload_leaves_the_running_stream_alone_and_changes_what_comes_next(
             "messages": [{"role": "user", "content": directive(LONG_TEXT)}],
             "stream": True,
         }
-        with httpx.stream(
+        with plain().stream(
             "POST", gateway.base_url + "/chat/completions", json=body, timeout=60
         ) as r:
             for line in r.iter_lines():
@@ -105,7 +117,7 @@ def test_a_reload_leaves_the_running_stream_alone_and_changes_what_comes_next(
     assert started.wait(10)
 
     rewrite(gateway, config(stack, node=1, rules=BATCH_RULE))  # node 0 leaves, node 1 joins
-    answer = httpx.post(gateway.url + "/admin/reload", headers=ADMIN, timeout=30)
+    answer = plain().post(gateway.url + "/admin/reload", headers=ADMIN, timeout=30)
     assert answer.status_code == 200, answer.text
     assert answer.json()["models"] == {"ds": "changed"}
 
@@ -127,11 +139,11 @@ def test_a_configuration_that_does_not_load_changes_nothing(
     gateway: GatewayProcess, stack: SimStack
 ) -> None:
     rewrite(gateway, config(stack, node=0, rules=BATCH_RULE))
-    assert httpx.post(gateway.url + "/admin/reload", headers=ADMIN, timeout=30).status_code == 200
+    assert plain().post(gateway.url + "/admin/reload", headers=ADMIN, timeout=30).status_code == 200
     broken = config(stack, node=0, rules=None)
     broken["classificaton"] = {}  # a typo
     rewrite(gateway, broken)
-    refused = httpx.post(gateway.url + "/admin/reload", headers=ADMIN, timeout=30)
+    refused = plain().post(gateway.url + "/admin/reload", headers=ADMIN, timeout=30)
     assert refused.status_code == 400
     error = refused.json()["error"]
     assert error["code"] == "config_invalid" and "did you mean 'classification'" in error["message"]
@@ -140,7 +152,7 @@ def test_a_configuration_that_does_not_load_changes_nothing(
 
 
 def test_reloading_needs_the_admin_key(gateway: GatewayProcess) -> None:
-    assert httpx.post(gateway.url + "/admin/reload", timeout=30).status_code == 401
+    assert plain().post(gateway.url + "/admin/reload", timeout=30).status_code == 401
 
 
 def test_sighup_reloads(gateway: GatewayProcess, stack: SimStack) -> None:

@@ -38,6 +38,8 @@ from tests.support.deployment import (
     tier_rules,
 )
 from tests.support.gateway import GatewayProcess, running_gateways, start_gateway
+from tests.support.http import plain
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
 
@@ -64,8 +66,8 @@ def redis() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=4,
         prefills=1,
         proxy=True,
@@ -73,8 +75,7 @@ def stack() -> Iterator[SimStack]:
         node_args=["--step-ms", "3", "--tokens-per-step", "2"],
         prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0"],
         proxy_args=["--itl-ms", "0"],
-    ) as running:
-        yield running
+    )
 
 
 def replica_config(stack: SimStack, redis: RedisServer, prefix: str) -> dict[str, Any]:
@@ -159,7 +160,7 @@ def waiting(gateway: GatewayProcess, model: str) -> int:
 
 
 def chat(gateway: GatewayProcess, model: str, tier: str, text: str) -> httpx.Response:
-    return httpx.post(
+    return plain().post(
         gateway.base_url + "/chat/completions",
         json={"model": model, "messages": [{"role": "user", "content": text}]},
         headers={"x-tier": tier},
@@ -171,7 +172,7 @@ def gate_counters(replicas: list[GatewayProcess]) -> dict[str, float]:
     """The lease counters of `/metrics`, summed over the replicas."""
     totals: dict[str, float] = {}
     for gateway in replicas:
-        text = httpx.get(gateway.url + "/metrics", timeout=10).text
+        text = plain().get(gateway.url + "/metrics", timeout=10).text
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name.startswith("pd_gateway_gate_lease_"):
@@ -225,6 +226,7 @@ async def one_client(
         return 200, False, "ok"
 
 
+@pytest.mark.serial  # no lease may be lost under its own load: not under another test's too
 async def test_many_clients_across_replicas_never_double_book(
     stack: SimStack, replicas: list[GatewayProcess]
 ) -> None:
@@ -268,6 +270,7 @@ def received_order(stack: SimStack) -> list[str]:
     ]
 
 
+@pytest.mark.serial  # the waiters must all queue within the blocker's hold
 def test_shared_queue_serves_priority_then_arrival_across_replicas(
     stack: SimStack, replicas: list[GatewayProcess]
 ) -> None:
@@ -362,6 +365,7 @@ OUTAGE_S = 30.0
 RECOVERY_S = 5.0
 
 
+@pytest.mark.serial  # recovery within RECOVERY_S, every node readmitted within the wait
 def test_redis_outage_refuses_or_spills_then_recovers(
     stack: SimStack, replicas: list[GatewayProcess], redis: RedisServer
 ) -> None:
@@ -383,7 +387,7 @@ def test_redis_outage_refuses_or_spills_then_recovers(
                 assert spilled.status_code == 200, spilled.text
                 assert spilled.headers["x-pd-route"] == "throughput"
                 assert spilled.headers["x-pd-reroute-reason"] == "gate_unavailable"
-                assert httpx.get(gateway.url + "/ready", timeout=5).status_code == 200
+                assert plain().get(gateway.url + "/ready", timeout=5).status_code == 200
                 answers += 2
     finally:
         redis.start()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -22,6 +21,8 @@ from tests.support.deployment import (
     sim_post,
 )
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.http import plain
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
 
@@ -29,11 +30,10 @@ TEXT = " ".join(f"word{i}" for i in range(60))
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=1, prefills=1, model="ds", node_args=["--step-ms", "40", "--tokens-per-step", "2"]
-    ) as running:
-        yield running
+    )
 
 
 def gateway(
@@ -47,7 +47,7 @@ def wait_for_draining(gw: GatewayProcess) -> httpx.Response:
     """/ready once the signal has been handled (it arrives asynchronously)."""
     deadline = time.monotonic() + 10
     while True:
-        ready = httpx.get(gw.url + "/ready", timeout=5)
+        ready = plain().get(gw.url + "/ready", timeout=5)
         if ready.status_code == 503 or time.monotonic() > deadline:
             return ready
         time.sleep(0.02)
@@ -59,10 +59,10 @@ def stream_after_sigterm(gw: GatewayProcess, *, responses: bool = False) -> list
         path, body = "/responses", {"input": directive(TEXT)}
     body = {"model": "ds", **body, "stream": True}
     lines = []
-    with httpx.stream("POST", gw.base_url + path, json=body, timeout=60) as r:
+    with plain().stream("POST", gw.base_url + path, json=body, timeout=60) as r:
         events = r.iter_lines()
         lines.append(next(events))
-        assert httpx.get(gw.url + "/ready", timeout=5).json() == {"status": "ready"}
+        assert plain().get(gw.url + "/ready", timeout=5).json() == {"status": "ready"}
         gw.signal(signal.SIGTERM)
         # The listener stays open while the answer runs: readiness answers, and says no.
         ready = wait_for_draining(gw)
@@ -126,7 +126,7 @@ def test_a_second_signal_ends_the_wait(
     body["stream"] = True
     with (
         gateway(stack, tmp_path_factory, shutdown_grace_s=120) as gw,
-        httpx.stream("POST", gw.base_url + "/chat/completions", json=body, timeout=60) as r,
+        plain().stream("POST", gw.base_url + "/chat/completions", json=body, timeout=60) as r,
     ):
         events = r.iter_lines()  # kept: a discarded iterator closes the stream
         next(events)

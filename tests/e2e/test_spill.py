@@ -33,6 +33,7 @@ from tests.support.classify_fixtures import (
 )
 from tests.support.deployment import directive, latency_model, node_entry
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.stacks import StackPool
 
 DEAD_NODE = "sim-dead-node"  # its only node entry points at closed ports
 NO_PREFILL = "sim-no-prefill"  # its prefill URL points at a closed port
@@ -70,8 +71,8 @@ RULES = {
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=3,  # two for MODEL, one for NO_PREFILL (a node serves one pool)
         prefills=1,
         proxy=True,
@@ -79,8 +80,7 @@ def stack() -> Iterator[SimStack]:
         node_args=["--step-ms", "5"],
         prefill_args=["--itl-ms", "0"],
         proxy_args=["--itl-ms", "1"],
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture(scope="module")

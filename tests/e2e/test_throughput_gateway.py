@@ -37,6 +37,7 @@ from tests.support.legs import (
     push_decode_params,
     tilert_prefill_body,
 )
+from tests.support.stacks import StackPool
 
 PULL = "sim-pull"
 PUSH = "sim-push"
@@ -51,9 +52,9 @@ HOSTILE = {"kv_transfer_params": {"tilert_host": "10.6.6.6", "tilert_ctrl_port":
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
+def stack(sim_stacks: StackPool) -> SimStack:
     # The prefill costs 1 ms per prompt token, so a long prompt shows push-mode overlap.
-    with SimStack(
+    return sim_stacks.get(
         nodes=1,
         prefills=1,
         decodes=1,
@@ -63,8 +64,7 @@ def stack() -> Iterator[SimStack]:
         prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "1"],
         decode_args=["--itl-ms", "2", "--prefill-ms-per-token", "0"],
         proxy_args=["--itl-ms", "2", "--prefill-ms-per-token", "0"],
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -27,7 +26,9 @@ from tests.support.deployment import (
     version_args,
 )
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.http import plain
 from tests.support.legs import tilert_prefill_body
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("fresh_sims", "all_slots_free")
 
@@ -39,13 +40,13 @@ FEATURES = {"logprobs": True, "grammar": True, "ignore_eos": True, "penalties": 
 
 
 @pytest.fixture(scope="module")
-def stack(tilert_version: str) -> Iterator[SimStack]:
+def stack(tilert_version: str, sim_stacks: StackPool) -> SimStack:
     """Nodes 0 and 1 serve the module's gateway; node 2 is left for the orphan tests."""
     version = version_args(tilert_version)
     node_args = ["--step-ms", "2", *version["node_args"]]
     if tilert_version == "0.1.6":
         node_args += ["--capabilities", json.dumps(FEATURES)]
-    with SimStack(
+    return sim_stacks.get(
         nodes=3,
         prefills=1,
         proxy=True,
@@ -53,8 +54,7 @@ def stack(tilert_version: str) -> Iterator[SimStack]:
         node_args=node_args,
         prefill_args=["--itl-ms", "0", *version["prefill_args"]],
         proxy_args=["--itl-ms", "0"],
-    ) as running:
-        yield running
+    )
 
 
 def model_entry(stack: SimStack, version: str, nodes: list[Any]) -> dict[str, Any]:
@@ -259,8 +259,8 @@ def test_a_feature_the_node_refuses_spills_and_is_believed(
         classification={"rules": SPILL},
     ) as gateway:
         features(grammar=False)
-        first = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30)
-        second = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30)
+        first = plain().post(gateway.base_url + "/chat/completions", json=body, timeout=30)
+        second = plain().post(gateway.base_url + "/chat/completions", json=body, timeout=30)
         gateway.wait_all_free()
     assert (first.status_code, second.status_code) == (200, 200), (first.text, second.text)
     assert json.loads(first.json()["choices"][0]["message"]["content"]) == json.loads(JSON_TEXT)
@@ -286,7 +286,7 @@ def test_without_spill_a_refused_feature_is_the_clients_error(
         gate={"capabilities_interval_s": 3600},
     ) as gateway:
         features(logprobs=False)
-        answer = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=30)
+        answer = plain().post(gateway.base_url + "/chat/completions", json=body, timeout=30)
         gateway.wait_all_free()
     if tilert_version == "0.1.5":
         assert route(answer) == ("throughput", "logprobs")
@@ -308,7 +308,7 @@ def test_an_orphaned_transfer_is_flushed_before_the_node_serves_again(
     shared fixture: no corruption on any node)."""
     orphan = stack.nodes[2]
     body = tilert_prefill_body({"model": MODEL, "messages": messages("orphan")}, orphan)
-    prefill = httpx.post(
+    prefill = plain().post(
         stack.prefills[0].url + "/v1/chat/completions",
         json=body,
         headers={"x-request-id": "0rphan0rphan"},
@@ -322,7 +322,7 @@ def test_an_orphaned_transfer_is_flushed_before_the_node_serves_again(
 
     wait_for(transfer_complete, "the orphaned transfer")
     with start_gateway(tmp_path_factory, [model_entry(stack, tilert_version, [orphan])]) as gateway:
-        answer = httpx.post(
+        answer = plain().post(
             gateway.base_url + "/chat/completions",
             json={"model": MODEL, "messages": messages(TEXT)},
             timeout=30,

@@ -25,6 +25,8 @@ from tests.gate.redis_server import RedisServer, running_redis
 from tests.support.classify_fixtures import proxy_throughput
 from tests.support.deployment import directive, gateway_config, latency_model
 from tests.support.gateway import GatewayProcess
+from tests.support.http import plain
+from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
 
@@ -39,16 +41,15 @@ def redis() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=2,
         prefills=1,
         proxy=True,
         model="ds",
         node_args=["--step-ms", "2"],
         prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0"],
-    ) as running:
-        yield running
+    )
 
 
 def start(
@@ -137,7 +138,7 @@ def served(gateway: GatewayProcess, count: int) -> None:
 
 def answered(gateway: GatewayProcess) -> float:
     """Latency-path requests answered, as one scrape reports them."""
-    text = httpx.get(gateway.url + "/metrics", timeout=10).text
+    text = plain().get(gateway.url + "/metrics", timeout=10).text
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)

@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -10,6 +9,7 @@ import pytest
 
 from sim.stack import ServerInfo, SimStack
 from tests.support.legs import nixl_prefill_body, push_decode_params
+from tests.support.stacks import StackPool
 
 from .sim_support import new_rid, wait_until
 
@@ -25,16 +25,15 @@ BODY = {
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=0,
         prefills=2,
         decodes=1,
         prefill_args=FAST,
         decode_args=FAST,
         instance_args={"prefill-1": ["--kv-expiry-s", "0"]},
-    ) as running:
-        yield running
+    )
 
 
 async def _prefill(

@@ -1,11 +1,10 @@
 """Node and connector options end to end: several sender ranks, no data plane, checks."""
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
 from sim.stack import SimStack
+from tests.support.stacks import StackPool
 
 from .sim_support import (
     decode_stream,
@@ -23,8 +22,8 @@ CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}]}
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=3,
         prefills=2,
         node_args=["--step-ms", "1"],
@@ -35,8 +34,7 @@ def stack() -> Iterator[SimStack]:
             "node-1": ["--no-data-plane", "--max-seq-len", "64"],
             "node-2": ["--layout-version", "2"],
         },
-    ) as running:
-        yield running
+    )
 
 
 async def test_every_sender_rank_transfers(client: httpx.AsyncClient, stack: SimStack) -> None:

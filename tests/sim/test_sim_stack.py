@@ -73,3 +73,23 @@ def test_readiness_timeout_is_an_error_and_cleans_up() -> None:
     with pytest.raises(StackError, match="not ready within"):
         SimStack(nodes=0, prefills=1, model=marker, ready_timeout_s=0).start()
     assert _running_with(marker) == []
+
+
+def test_one_process_serves_every_simulator_each_on_its_own_ports() -> None:
+    marker = f"leak-{uuid.uuid4().hex}"
+    with SimStack(nodes=2, prefills=1, proxy=True, model=marker, one_process=True) as stack:
+        (pid,) = stack.pids
+        assert {n.pid for n in stack.nodes} == {stack.prefills[0].pid} == {pid}
+        assert stack.proxy is not None
+        servers = [*stack.prefills, stack.proxy]
+        assert [s.role for s in servers] == ["prefill", "both"]
+        for server in servers:
+            models = httpx.get(f"{server.url}/v1/models").json()["data"]
+            assert [m["id"] for m in models] == [marker]
+        first, second = stack.nodes
+        armed = httpx.post(f"{first.url}/sim/faults", json={"slow_start_ms": 1}).json()
+        assert armed["faults"] != {}
+        assert httpx.get(f"{second.url}/sim/faults").json()["faults"] == {}
+        httpx.delete(f"{first.url}/sim/faults").raise_for_status()
+    assert not _alive(pid)
+    assert _running_with(marker) == []

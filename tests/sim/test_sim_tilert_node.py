@@ -3,13 +3,13 @@
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from sim.stack import NodeInfo, SimStack
 from sim.tokenizers import load_vocab
+from tests.support.stacks import StackPool
 
 from .sim_support import (
     decode_stream,
@@ -25,10 +25,9 @@ EOS = load_vocab("deepseek").eos_ids[0]
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
+def stack(sim_stacks: StackPool) -> SimStack:
     node_args = ["--step-ms", "1", "--stream-interval-ms", "20"]
-    with SimStack(nodes=1, prefills=0, node_args=node_args) as running:
-        yield running
+    return sim_stacks.get(nodes=1, prefills=0, node_args=node_args)
 
 
 @pytest.fixture

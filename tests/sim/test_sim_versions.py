@@ -2,7 +2,6 @@
 (docs/protocols.md §1.5, §1.6), its connector, and version mismatches."""
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -11,6 +10,7 @@ import pytest
 from sim.framing import close_quietly, read_frame, write_frame
 from sim.stack import NodeInfo, SimStack
 from sim.tokenizers import load_vocab
+from tests.support.stacks import StackPool
 
 from .sim_support import (
     decode_stream,
@@ -38,8 +38,8 @@ NODE_16.append(CAPS)
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=3,
         prefills=2,
         node_args=["--step-ms", "1"],
@@ -51,8 +51,7 @@ def stack() -> Iterator[SimStack]:
             "prefill-0": ["--tilert-protocol", "0.1.5", "--transfer-ms-base", "50"],
             "prefill-1": ["--tilert-backoff-scale", "0.25", "--transfer-ms-base", "50"],
         },
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture

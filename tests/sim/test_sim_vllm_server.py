@@ -3,7 +3,6 @@
 import asyncio
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,6 +12,7 @@ from sim.ids import reduce_rid
 from sim.script import render_chat
 from sim.stack import ServerInfo, SimStack
 from sim.tokenizers import load_vocab
+from tests.support.stacks import StackPool
 
 from .sim_support import new_rid, wait_until
 
@@ -27,11 +27,10 @@ FAST = ["--itl-ms", "0", "--prefill-ms-per-token", "0"]
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
-    with SimStack(
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
         nodes=0, prefills=0, proxy=True, model=["sim-model", "alias"], proxy_args=FAST
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture

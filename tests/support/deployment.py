@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from sim.stack import NodeInfo, SimStack
+from tests.support.http import plain
 
 
 def node_entry(node: NodeInfo) -> dict[str, Any]:
@@ -100,13 +99,13 @@ def gateway_config(
 
 
 def sim_post(url: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    response = httpx.post(url + path, json=payload or {}, timeout=10)
+    response = plain().post(url + path, json=payload or {}, timeout=10)
     response.raise_for_status()
     return response.json()
 
 
 def sim_get(url: str, path: str) -> Any:
-    response = httpx.get(url + path, timeout=10)
+    response = plain().get(url + path, timeout=10)
     response.raise_for_status()
     return response.json()
 
@@ -120,7 +119,7 @@ def simulator_urls(stack: SimStack) -> list[str]:
 def reset(stack: SimStack) -> None:
     """Clear faults and records on every simulator of the stack."""
     for url in simulator_urls(stack):
-        httpx.delete(url + "/sim/faults", timeout=10).raise_for_status()
+        plain().delete(url + "/sim/faults", timeout=10).raise_for_status()
         sim_post(url, "/sim/reset")
 
 

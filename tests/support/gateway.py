@@ -19,12 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
 from router.process.server import READY_PREFIX
 from tests.support.deployment import gateway_config
+from tests.support.http import plain
 
 
 class GatewayProcess:
@@ -68,7 +68,7 @@ class GatewayProcess:
         raise RuntimeError(f"the gateway did not start:\n{self.log_path.read_text()}")
 
     def pool(self) -> dict[str, Any]:
-        response = httpx.get(self.url + "/admin/pool", headers=self.admin_headers, timeout=5)
+        response = plain().get(self.url + "/admin/pool", headers=self.admin_headers, timeout=5)
         response.raise_for_status()
         return response.json()
 

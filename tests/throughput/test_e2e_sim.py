@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -24,6 +24,7 @@ from router.throughput import make_throughput_path
 from router.upstream import Upstreams
 from sim.stack import SimStack
 from tests.support.legs import nixl_prefill_body, pull_decode_params, push_decode_params
+from tests.support.stacks import StackPool
 
 from .support import TIMEOUTS, app_for, asgi_client, in_flight, serving, wait_until
 
@@ -47,10 +48,10 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SimStack]:
+def stack(sim_stacks: StackPool) -> SimStack:
     # A prefill slow enough (1 ms per prompt token) that push-mode overlap is visible, and
     # decoding slow enough (10 ms per token) that a long answer outlasts a disconnect test.
-    with SimStack(
+    return sim_stacks.get(
         nodes=0,
         prefills=1,
         decodes=1,
@@ -58,8 +59,7 @@ def stack() -> Iterator[SimStack]:
         prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "1"],
         decode_args=["--itl-ms", "10", "--prefill-ms-per-token", "0"],
         proxy_args=["--itl-ms", "10", "--prefill-ms-per-token", "0"],
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture

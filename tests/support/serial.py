@@ -1,0 +1,57 @@
+"""Tests marked `serial` run alone while pytest-xdist runs the others side by side.
+
+They assert timings (gaps between chunks, an order decided within a node's hold) that
+CPU taken by a test on another worker would spoil. Every other test holds a shared lock
+for the whole of its run (fixture set-up and teardown included); a `serial` test holds
+it exclusively. A turnstile taken before either keeps a waiting `serial` test from
+being overtaken by the shared holders forever. Locks are files under the run's own
+directory, so two runs on one machine do not wait for each other; without xdist there
+is nothing to lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+
+def lock_dir() -> Path | None:
+    """The directory the workers of this xdist run share (None outside xdist)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return None
+    path = Path(tempfile.gettempdir()) / f"pd-gateway-serial-{run}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@contextmanager
+def _locked(path: Path, mode: int) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextmanager
+def turn(serial: bool) -> Iterator[None]:
+    """Hold the run exclusively (`serial`) or shared with other non-serial tests."""
+    directory = lock_dir()
+    if directory is None:
+        yield
+        return
+    turnstile, running = directory / "turnstile", directory / "running"
+    if serial:
+        with _locked(turnstile, fcntl.LOCK_EX), _locked(running, fcntl.LOCK_EX):
+            yield
+        return
+    with ExitStack() as held:
+        with _locked(turnstile, fcntl.LOCK_EX):
+            held.enter_context(_locked(running, fcntl.LOCK_SH))
+        yield

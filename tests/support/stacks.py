@@ -1,0 +1,40 @@
+"""Simulated stacks shared by the modules of a test run, one per shape.
+
+Starting a stack costs a Python process or more and a few seconds; most end-to-end
+modules only need simulators of a given shape in a clean state. `StackPool.get(**shape)`
+starts a stack the first time a shape is asked for (every simulator in one process, see
+`SimStack(one_process=True)`, unless asked otherwise), and hands the same stack to later
+modules asking for the same shape, reset (faults cleared, records emptied). Modules that
+kill a simulator's process start their own `SimStack` instead.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sim.stack import SimStack
+from tests.support.deployment import reset
+
+
+class StackPool:
+    def __init__(self) -> None:
+        self._stacks: dict[str, SimStack] = {}
+
+    def get(self, *, one_process: bool = True, **shape: Any) -> SimStack:
+        """A running stack of `shape` (SimStack's keyword arguments), reset. Its simulators
+        share one process unless `one_process` is false: a test whose simulator works
+        hard (a prompt of 200,000 tokens to count) would stall the others."""
+        key = json.dumps({"one_process": one_process, **shape}, sort_keys=True)
+        stack = self._stacks.get(key)
+        if stack is None:
+            stack = SimStack(**shape, one_process=one_process).start()
+            self._stacks[key] = stack
+        else:
+            reset(stack)
+        return stack
+
+    def close(self) -> None:
+        stacks, self._stacks = list(self._stacks.values()), {}
+        for stack in stacks:
+            stack.stop()
