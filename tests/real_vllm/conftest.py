@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.real_vllm.install import VLLM_RELEASE, installed_release, vllm_python
-from tests.real_vllm.server import MODEL, VllmServer
+from tests.real_vllm.server import MODEL, START_TIMEOUT_S, VllmServer
 from tests.support.tiny_model import write_model
 
 REAL_VLLM_DIR = Path(__file__).resolve().parent
@@ -35,6 +35,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.path.is_relative_to(REAL_VLLM_DIR):
             item.add_marker(pytest.mark.real_vllm)
             item.add_marker(pytest.mark.e2e)
+            # A test's first use starts a server: allow for a slow start.
+            item.add_marker(pytest.mark.timeout(START_TIMEOUT_S + 120))
+
+
+def require_vllm() -> None:
+    """Fail, saying what to run, when the tier's vLLM is not installed."""
+    if installed_release(vllm_python()) != VLLM_RELEASE:
+        pytest.fail(
+            f"vLLM {VLLM_RELEASE} is not installed for the real_vllm tier: "
+            "run `python -m tests.real_vllm.install`",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -48,12 +60,7 @@ def real_vllm(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     if external:
         yield RealVllm(external.rstrip("/"), MODEL, tiny_model_dir)
         return
-    if installed_release(vllm_python()) != VLLM_RELEASE:
-        pytest.fail(
-            f"vLLM {VLLM_RELEASE} is not installed for the real_vllm tier: "
-            "run `python -m tests.real_vllm.install`",
-            pytrace=False,
-        )
+    require_vllm()
     server = VllmServer(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "vllm.log").start()
     try:
         yield RealVllm(server.url, server.model, tiny_model_dir)

@@ -1,0 +1,93 @@
+"""The native path in pull mode over a real vLLM producer/consumer pair (vLLM's
+`ExampleConnector`, which hands the KV over through shared storage): the gateway runs the
+prefill leg on the producer and the decode leg on the consumer, and what reaches the
+client is what the consumer says to the same request sent to it directly."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.real_vllm.cases import chat, completion
+from tests.real_vllm.compare import exchange
+from tests.real_vllm.conftest import require_vllm
+from tests.real_vllm.server import VllmServer
+from tests.support.gateway import GatewayProcess, start_gateway
+
+CASES = {
+    "chat": chat(),
+    "chat stream with usage": chat(stream=True, stream_options={"include_usage": True}),
+    "completion": completion(),
+    "completion stream": completion(stream=True),
+}
+
+
+def connector(role: str, storage: Path) -> list[str]:
+    config = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": role,
+        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+    }
+    return ["--kv-transfer-config", json.dumps(config)]
+
+
+@pytest.fixture(scope="module")
+def pair(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[VllmServer, VllmServer]]:
+    require_vllm()
+    workdir = tmp_path_factory.mktemp("pull-pair")
+    producer, consumer = (
+        VllmServer(tiny_model_dir, workdir / f"{role}.log", connector(role, workdir / "kv"))
+        for role in ("kv_producer", "kv_consumer")
+    )
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for started in [pool.submit(producer.start), pool.submit(consumer.start)]:
+                started.result()
+        yield producer, consumer
+    finally:
+        producer.stop()
+        consumer.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    pair: tuple[VllmServer, VllmServer], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    producer, consumer = pair
+    model = {
+        "name": consumer.model,
+        "tokenizer": str(consumer.model_dir),
+        "throughput": {"mode": "pull", "prefill": [producer.url], "decode": [consumer.url]},
+    }
+    with start_gateway(tmp_path_factory, [model]) as gateway:
+        yield gateway
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_pulled_answer_is_the_consumers(
+    case: str, pair: tuple[VllmServer, VllmServer], gateway: GatewayProcess
+) -> None:
+    path, body = CASES[case]
+    _, consumer = pair
+    with httpx.Client(timeout=120) as client:
+        pulled = exchange(client, gateway.url, path, body)
+        direct = exchange(client, consumer.url, path, body)
+    assert direct.status == 200, direct.body
+    assert pulled == direct
+
+
+def test_the_producer_wrote_the_kv(
+    pair: tuple[VllmServer, VllmServer], gateway: GatewayProcess
+) -> None:
+    path, body = CASES["chat"]
+    with httpx.Client(timeout=120) as client:
+        assert exchange(client, gateway.url, path, body).status == 200
+    producer, _ = pair
+    assert "External Cache Hit" in pair[1].log_path.read_text(errors="replace"), producer.log_tail()
