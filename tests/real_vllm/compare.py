@@ -70,3 +70,47 @@ def sse_events(raw: str) -> list[Any]:
             elif line.startswith("event: "):
                 events.append({"event": line[len("event: ") :]})
     return events
+
+
+def shape_differences(theirs: Any, ours: Any, path: str = "") -> list[str]:
+    """Where `ours` is shaped unlike `theirs` (vLLM's): keys missing or added, keys in
+    another order, other types. Content is not compared."""
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        found = [f"{path}.{k}: only vLLM sends it" for k in theirs if k not in ours]
+        found += [f"{path}.{k}: vLLM does not send it" for k in ours if k not in theirs]
+        shared = [k for k in theirs if k in ours]
+        if shared != [k for k in ours if k in theirs]:
+            found.append(f"{path}: keys in another order")
+        for key in shared:
+            found += shape_differences(theirs[key], ours[key], f"{path}.{key}")
+        return found
+    if isinstance(theirs, list) and isinstance(ours, list):
+        if len(theirs) != len(ours):
+            return [f"{path}: {len(ours)} items where vLLM has {len(theirs)}"]
+        return [
+            d
+            for i, (a, b) in enumerate(zip(theirs, ours, strict=True))
+            for d in shape_differences(a, b, f"{path}[{i}]")
+        ]
+    if type(theirs) is not type(ours):
+        return [f"{path}: {type(ours).__name__} where vLLM has {type(theirs).__name__}"]
+    return []
+
+
+def shape(value: Any) -> Any:
+    """`value` but its content: keys in order, and the types of the leaves."""
+    if isinstance(value, dict):
+        return tuple((key, shape(item)) for key, item in value.items())
+    if isinstance(value, list):
+        return tuple(shape(item) for item in value)
+    return type(value).__name__
+
+
+def stream_outline(events: list[Any]) -> list[Any]:
+    """A stream with each run of same-shaped events (one per token, however many tokens
+    the content took) cut to its first event."""
+    outline: list[Any] = []
+    for event in events:
+        if not outline or shape(outline[-1]) != shape(event):
+            outline.append(event)
+    return outline

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_vllm.install import VLLM_RELEASE, installed_release, vllm_python
+from tests.real_vllm.install import VLLM_RELEASE, installed_release, simulator_ready, vllm_python
 from tests.real_vllm.server import MODEL, START_TIMEOUT_S, VllmServer
 from tests.support.tiny_model import write_model
 
@@ -41,7 +41,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def require_vllm() -> None:
     """Fail, saying what to run, when the tier's vLLM is not installed."""
-    if installed_release(vllm_python()) != VLLM_RELEASE:
+    python = vllm_python()
+    if installed_release(python) != VLLM_RELEASE or not simulator_ready(python):
         pytest.fail(
             f"vLLM {VLLM_RELEASE} is not installed for the real_vllm tier: "
             "run `python -m tests.real_vllm.install`",

