@@ -9,6 +9,7 @@ already running on the tiny model instead (served name `tiny`, `--max-model-len 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,10 +40,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(START_TIMEOUT_S + 120))
 
 
+@functools.cache
+def vllm_ready() -> bool:
+    python = vllm_python()  # importing vLLM takes seconds: asked once per worker
+    return installed_release(python) == VLLM_RELEASE and simulator_ready(python)
+
+
 def require_vllm() -> None:
     """Fail, saying what to run, when the tier's vLLM is not installed."""
-    python = vllm_python()
-    if installed_release(python) != VLLM_RELEASE or not simulator_ready(python):
+    if not vllm_ready():
         pytest.fail(
             f"vLLM {VLLM_RELEASE} is not installed for the real_vllm tier: "
             "run `python -m tests.real_vllm.install`",
