@@ -114,3 +114,19 @@ def stream_outline(events: list[Any]) -> list[Any]:
         if not outline or shape(outline[-1]) != shape(event):
             outline.append(event)
     return outline
+
+
+TEXT_KEYS = frozenset({"content", "text", "delta", "reasoning", "reasoning_content"})
+
+
+def textless(value: Any) -> Any:
+    """`value` with every piece of generated text replaced by a placeholder: what two
+    answers share when only the tokens differ."""
+    if isinstance(value, dict):
+        return {
+            k: "<text>" if k in TEXT_KEYS and isinstance(v, str) else textless(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [textless(v) for v in value]
+    return value
