@@ -131,6 +131,10 @@ _CHECKS: tuple[tuple[RerouteReason, _OptionCheck, str | None, _OptionCheck], ...
         _NEVER,
     ),
     (RerouteReason.PROMPT, lambda o, e: o.prompts > 1, None, _NEVER),
+    # Before `logprobs`: a request that scores its prompt is named for that, whatever the
+    # pool's logprobs support.
+    (RerouteReason.PROMPT_LOGPROBS, lambda o, e: o.prompt_logprobs is not None, None, _NEVER),
+    (RerouteReason.ECHO, lambda o, e: not _neutral(o.echo, False), None, _NEVER),
     (RerouteReason.LOGPROBS, _output_logprobs, "logprobs", _logprobs_within_node_limits),
     (
         RerouteReason.TOP_LOGPROBS,
@@ -138,8 +142,6 @@ _CHECKS: tuple[tuple[RerouteReason, _OptionCheck, str | None, _OptionCheck], ...
         "logprobs",
         _logprobs_within_node_limits,
     ),
-    (RerouteReason.PROMPT_LOGPROBS, lambda o, e: o.prompt_logprobs is not None, None, _NEVER),
-    (RerouteReason.ECHO, lambda o, e: not _neutral(o.echo, False), None, _NEVER),
     (RerouteReason.SUFFIX, lambda o, e: not _neutral(o.suffix, ""), None, _NEVER),
     (RerouteReason.LOGIT_BIAS, lambda o, e: not _neutral(o.logit_bias, {}), None, _NEVER),
     (

@@ -18,6 +18,7 @@ from router.config import ConfigError, GatewayConfig
 from router.errors import GatewayError, InvalidRequest, ModelNotFound, NotFound
 from router.http.dispatch import Dispatcher
 from router.http.json_response import error_response, json_response
+from router.http.model_cards import ModelCards
 from router.http.request_context import RequestContext
 from router.openai.endpoints import ENDPOINTS
 from router.runtime.state import AppState
@@ -44,26 +45,23 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app = GatewayApp(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(RequestContext, access_log=config.logging.access_log)
     app.generation = RequestContext(_generate, access_log=config.logging.access_log)
+    cards = ModelCards(state.upstreams)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         current = state.epoch
         current.keys.client.key_name(request.headers)
-        data = [
-            {"id": m.name, "object": "model", "created": 0, "owned_by": "pd-gateway"}
-            for m in current.config.models
-        ]
+        data = await cards.cards(current.config.models)
         return json_response({"object": "list", "data": data})
 
     @app.get("/v1/models/{model_id:path}")
     async def model(request: Request, model_id: str) -> Response:
         current = state.epoch
         current.keys.client.key_name(request.headers)
-        if current.config.model(model_id) is None:
+        configured = current.config.model(model_id)
+        if configured is None:
             raise ModelNotFound(f"the model '{model_id[:100]}' does not exist", param="model")
-        return json_response(
-            {"id": model_id, "object": "model", "created": 0, "owned_by": "pd-gateway"}
-        )
+        return json_response(await cards.card(configured))
 
     @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     async def unsupported(request: Request, rest: str) -> Response:

@@ -81,14 +81,14 @@ def _unavailable(decision: Decision) -> GatewayError:
 
 
 def _check_content_type(value: str | None) -> None:
-    """JSON or nothing (clients that send no type mean JSON, as FastAPI assumes)."""
+    """JSON or nothing (clients that send no type mean JSON, as FastAPI assumes). Another
+    type is a 400, as vLLM answers it."""
     if value is None:
         return
     media = value.split(";", 1)[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
         raise InvalidRequest(
             f"the request body must be JSON (Content-Type: application/json), not {media[:100]!r}",
-            status=415,
             code="unsupported_media_type",
         )
 

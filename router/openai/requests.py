@@ -2,7 +2,12 @@
 
 Only the fields the gateway must understand are modelled; every other field (vLLM
 extensions such as `chat_template_kwargs` or `top_k`, future OpenAI fields) passes through
-to the backend untouched. Types are strict: `"5"` is not a number.
+to the backend untouched.
+
+Values are read as vLLM reads them (pydantic's lax mode): `"5"` and `5.0` are the integer
+5, `"0"` the number 0, `"false"` and `0` are false; `5.5`, `"abc"` and `"maybe"` are refused
+with a 400 naming the field. `validate` writes each value it converted back into the body,
+so that classification, the paths and the backend all see what was checked.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    # Infinities and NaN: no JSON number is one, and no field means one as text either.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class StreamOptions(_Open):
@@ -36,8 +42,13 @@ class StreamOptions(_Open):
     continuous_usage_stats: bool = False
 
 
+# Any role is the chat template's to render (vLLM takes custom roles such as "critic");
+# bounded, since classification's per-message overhead is what covers a role's tokens.
+MAX_ROLE_CHARS = 32
+
+
 class ChatMessage(_Open):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    role: Annotated[str, Field(max_length=MAX_ROLE_CHARS)]
     content: str | list[dict[str, Any]] | None = None
 
 
@@ -52,6 +63,9 @@ class Tool(_Open):
 
 
 TokenBudget = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+# A completion may ask for no tokens when it echoes its prompt: the prompt is scored (its
+# logprobs) and nothing is generated, as evaluation harnesses ask.
+EchoBudget = Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 # vLLM's default --max-logprobs; OpenAI allows up to 20 top logprobs too.
 MAX_LOGPROBS = 20
@@ -78,6 +92,9 @@ class _Generation(_Open):
     min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT)] | None = None
     ignore_eos: bool | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+
+    def check_together(self) -> None:
+        """Raise InvalidRequest for fields each valid alone but not together."""
 
     @property
     def stop_strings(self) -> list[str]:
@@ -154,14 +171,23 @@ class ChatRequest(_Generation):
 
 class CompletionRequest(_Generation):
     prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: EchoBudget | None = None
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool | None = None
     suffix: str | None = None
     best_of: Annotated[int, Field(ge=1, le=128)] | None = None
 
+    def check_together(self) -> None:
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequest(
+                "'max_tokens' must be at least 1; 0 only with 'echo': true, which scores "
+                "the prompt without generating",
+                param="max_tokens",
+            )
+
     @property
     def token_budget(self) -> int | None:
-        return self.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+        return COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
 
 
 class ResponsesRequest(_Open):
@@ -204,15 +230,54 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 
 def validate(model: type[R], body: dict[str, Any]) -> R:
-    """`body` as the endpoint's request `model`; InvalidRequest names the bad field."""
+    """`body` as the endpoint's request `model`; InvalidRequest names the bad field.
+
+    Each value converted on the way (`"5"` to 5, `"false"` to false) is written back into
+    `body`, in place."""
     try:
-        return model.model_validate(body)
+        parsed = model.model_validate(body)
     except ValidationError as exc:
         err = exc.errors()[0]
         param = _param(err["loc"], body)
         if err["type"] == "missing":
             raise InvalidRequest(f"'{param}' is required", param=param) from None
         raise InvalidRequest(f"'{param}': {err['msg']}", param=param) from None
+    if isinstance(parsed, _Generation):
+        parsed.check_together()
+    _write_back(parsed, body)
+    return parsed
+
+
+def _write_back(parsed: BaseModel, raw: dict[str, Any]) -> None:
+    for name in parsed.model_fields_set:
+        if name in raw:
+            raw[name] = _as_checked(getattr(parsed, name), raw[name])
+
+
+def _as_checked(value: Any, raw: Any) -> Any:
+    """`raw` with every number or boolean that validation converted replaced by the
+    converted value; the rest of `raw` (unmodelled fields included) is kept as sent."""
+    if isinstance(value, BaseModel):
+        if isinstance(raw, dict):
+            _write_back(value, raw)
+        return raw
+    if isinstance(value, list) and isinstance(raw, list) and len(value) == len(raw):
+        for i, item in enumerate(value):
+            raw[i] = _as_checked(item, raw[i])
+        return raw
+    if isinstance(value, dict) and isinstance(raw, dict):
+        for key, item in value.items():
+            if key in raw:
+                raw[key] = _as_checked(item, raw[key])
+        return raw
+    if isinstance(value, bool | int | float) and not _same_json_type(value, raw):
+        return value
+    return raw
+
+
+def _same_json_type(value: bool | int | float, raw: Any) -> bool:
+    # An integer where a float is declared is already a JSON number: kept as sent.
+    return type(raw) is type(value) or (type(value) is float and type(raw) is int)
 
 
 def _param(loc: tuple[int | str, ...], body: Any) -> str:

@@ -60,6 +60,9 @@ REQUEST_CASES = [
     ("not an object", "[1, 2]", "JSON object"),
     ("no messages", '{"model": "m"}', "not a valid chat request (messages)"),
     ("wrong type", '{"model": "m", "messages": "hi"}', "(messages)"),
+    ("fractional budget", GOOD_REQUEST[:-1] + ', "max_tokens": 5.5}', "(max_tokens)"),
+    ("budget as a word", GOOD_REQUEST[:-1] + ', "max_tokens": "five"}', "(max_tokens)"),
+    ("role not text", '{"model": "m", "messages": [{"role": 1}]}', "(messages.0.role)"),
     ("unknown model", GOOD_REQUEST.replace('"m"', '"other"'), "unknown model 'other' (known: m)"),
 ]
 
@@ -107,6 +110,19 @@ def test_bad_request(
     assert captured.err.startswith(f"error: {request}: ")
     assert message in captured.err
     assert captured.out == ""
+
+
+def test_values_are_classified_as_vllm_reads_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Numbers and booleans sent as text are what the rules see, converted."""
+    config = write(tmp_path, "router.yaml", GOOD_CONFIG)
+    text = GOOD_REQUEST[:-1] + ', "stream": "true", "max_tokens": "5.0"}'
+    request = write(tmp_path, "body.json", text.replace('"user"', '"critic"'))
+    assert main(["classify", "--config", str(config), "--request", str(request)]) == 0
+    out = capsys.readouterr().out
+    assert "request: model 'm', chat, stream," in out
+    assert "max_tokens 5\n" in out
 
 
 def test_bad_header_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

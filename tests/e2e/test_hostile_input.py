@@ -83,8 +83,8 @@ HOSTILE = [
     ("nesting under orjson's limit", nested(600), None, 400, "limit_exceeded"),
     ("nesting over orjson's limit", nested(2000), None, 400, None),
     ("body over the limit", b'{"x": "' + b"a" * (5 * 1024 * 1024) + b'"}', None, 413, None),
-    ("text/plain", orjson.dumps(CHAT), "text/plain", 415, "unsupported_media_type"),
-    ("form", orjson.dumps(CHAT), "application/x-www-form-urlencoded", 415, None),
+    ("text/plain", orjson.dumps(CHAT), "text/plain", 400, "unsupported_media_type"),
+    ("form", orjson.dumps(CHAT), "application/x-www-form-urlencoded", 400, None),
     ("unknown model", orjson.dumps({**CHAT, "model": "other"}), None, 404, "model_not_found"),
     ("model of 1 MB", orjson.dumps({**CHAT, "model": "m" * 1_000_000}), None, 404, None),
     ("stop x 100k", orjson.dumps({**CHAT, "stop": ["x"] * 100_000}), None, 400, "limit_exceeded"),
@@ -95,19 +95,31 @@ HOSTILE = [
         400,
         "limit_exceeded",
     ),
-    ("max_tokens as text", orjson.dumps({**CHAT, "max_tokens": "5"}), None, 400, None),
+    ("max_tokens as a word", orjson.dumps({**CHAT, "max_tokens": "five"}), None, 400, None),
+    ("max_tokens with a fraction", orjson.dumps({**CHAT, "max_tokens": "5.5"}), None, 400, None),
+    ("max_tokens of 1M digits", orjson.dumps({**CHAT, "max_tokens": "9" * 10**6}), None, 400, None),
+    ("temperature as text inf", orjson.dumps({**CHAT, "temperature": "inf"}), None, 400, None),
+    ("stream as a word", orjson.dumps({**CHAT, "stream": "maybe"}), None, 400, None),
     ("max_tokens negative", orjson.dumps({**CHAT, "max_tokens": -1}), None, 400, None),
     ("max_tokens huge", orjson.dumps({**CHAT, "max_tokens": 2**62}), None, 400, None),
     ("logprobs huge", orjson.dumps({**CHAT, "logprobs": 2.4e15}), None, 400, None),
     ("top_logprobs alone", orjson.dumps({**CHAT, "top_logprobs": 3}), None, 400, None),
     ("penalty out of range", orjson.dumps({**CHAT, "presence_penalty": 9}), None, 400, None),
     (
-        "role unknown",
-        orjson.dumps({**CHAT, "messages": [{"role": "x", "content": "y"}]}),
+        "role not text",
+        orjson.dumps({**CHAT, "messages": [{"role": 5, "content": "y"}]}),
         None,
         400,
         None,
     ),
+    (
+        "role of 1 MB",
+        orjson.dumps({**CHAT, "messages": [{"role": "r" * 10**6, "content": "y"}]}),
+        None,
+        400,
+        None,
+    ),
+    ("max_tokens zero", orjson.dumps({**CHAT, "max_tokens": 0}), None, 400, None),
     (
         "tool without name",
         orjson.dumps({**CHAT, "tools": [{"type": "function", "function": {}}]}),
@@ -237,6 +249,16 @@ BODIES = st.fixed_dictionaries(
 )
 
 
+def _as_number(value: Any) -> float:
+    """`value` as the gateway may read a number (numeric text too); 0 if it is none."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return 0
+    try:
+        return float(value)
+    except ValueError:
+        return 0
+
+
 @settings(
     max_examples=80,
     deadline=None,
@@ -246,10 +268,9 @@ BODIES = st.fixed_dictionaries(
 def test_no_request_body_gets_a_5xx(
     gateway: GatewayProcess, stack: SimStack, body: dict[str, Any], path: str
 ) -> None:
-    if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 0:
-        body["max_tokens"] = min(body["max_tokens"], 8)  # keep accepted requests short
-    if isinstance(body.get("max_output_tokens"), int) and body["max_output_tokens"] > 0:
-        body["max_output_tokens"] = min(body["max_output_tokens"], 8)
+    for budget in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        if _as_number(body.get(budget)) > 8:
+            body[budget] = 8  # keep accepted requests short
     before = backend_calls(stack)
     # json, not orjson: integers past 64 bits must reach the gateway as they are.
     response = post(gateway, json.dumps(body).encode(), path=path)
@@ -261,15 +282,14 @@ def test_no_request_body_gets_a_5xx(
 
 
 def test_a_model_is_described_and_an_unsupported_endpoint_is_named_and_counted(
-    gateway: GatewayProcess,
+    gateway: GatewayProcess, stack: SimStack
 ) -> None:
-    described = plain().get(gateway.base_url + "/models/" + MODEL, timeout=10)
-    assert described.json() == {
-        "id": MODEL,
-        "object": "model",
-        "created": 0,
-        "owned_by": "pd-gateway",
-    }
+    # As the native path's vLLM server describes it (the card of its served model).
+    assert stack.proxy is not None
+    [own] = plain().get(stack.proxy.url + "/v1/models", timeout=10).json()["data"]
+    described = plain().get(gateway.base_url + "/models/" + MODEL, timeout=10).json()
+    assert described == {**own, "id": MODEL, "created": described["created"]}
+    assert described["owned_by"] == "vllm"
     missing = plain().get(gateway.base_url + "/models/nope", timeout=10)
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "model_not_found")
     for _ in range(2):  # a stored response: the gateway keeps none

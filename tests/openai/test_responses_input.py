@@ -161,5 +161,5 @@ def test_bad_input_is_named(body: dict[str, Any], param: str) -> None:
 
 def test_fields_are_typed_before_translation() -> None:
     with pytest.raises(InvalidRequest) as caught:
-        validate(ResponsesRequest, {"model": "m", "input": "x", "max_output_tokens": "5"})
+        validate(ResponsesRequest, {"model": "m", "input": "x", "max_output_tokens": "5.5"})
     assert caught.value.param == "max_output_tokens"

@@ -54,6 +54,9 @@ def decide(
         ("chat", {"logprobs": False, "top_logprobs": 2}, R.TOP_LOGPROBS),
         ("chat", {"prompt_logprobs": 0}, R.PROMPT_LOGPROBS),
         ("completions", {"echo": True}, R.ECHO),
+        # Prompt scoring (as evaluation harnesses ask) is named for its echo, not its logprobs.
+        ("completions", {"echo": True, "logprobs": 1, "max_tokens": 0}, R.ECHO),
+        ("chat", {"prompt_logprobs": 1, "logprobs": True}, R.PROMPT_LOGPROBS),
         ("completions", {"suffix": "}\n"}, R.SUFFIX),
         ("chat", {"logit_bias": {"50256": -100}}, R.LOGIT_BIAS),
         ("chat", {"presence_penalty": 0.5}, R.PRESENCE_PENALTY),
