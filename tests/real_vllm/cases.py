@@ -78,6 +78,7 @@ NATIVE_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "completion logprobs": completion(logprobs=2),
     "completion of token ids": completion(prompt=[5, 6, 7, 8]),
     "completion n 2 stream": completion(n=2, stream=True, temperature=1.0, seed=7),
+    "prompt scoring": completion(echo=True, logprobs=1, max_tokens=0),
     "response": response(),
     "response stream": response(stream=True),
     "response with instructions": response(instructions="Answer briefly."),

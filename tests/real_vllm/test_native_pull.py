@@ -24,6 +24,7 @@ CASES = {
     "chat stream with usage": chat(stream=True, stream_options={"include_usage": True}),
     "completion": completion(),
     "completion stream": completion(stream=True),
+    "prompt scoring": completion(echo=True, logprobs=1, max_tokens=0),
 }
 
 
