@@ -16,7 +16,7 @@ from router.gate import Gate, GateRejected, Lease
 from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.relay import DecodeRelay, RelayEnd
 from router.latency.sampling import SamplingDefaults, decode_options
-from router.openai.render import Renderer, Usage
+from router.openai.render import AnswerFacts, Renderer, Usage
 from router.selection.least_outstanding import LeastOutstanding
 from router.serving import Answer, RoutedRequest, json_answer
 from router.tokens.tokenizer import LoadedTokenizer
@@ -114,6 +114,15 @@ class LatencyPath:
             created=prefilled.created,
             model=self._model,
             client_body=request.client_body,
+            facts=AnswerFacts(
+                system_fingerprint=prefilled.system_fingerprint,
+                include_usage=request.parsed.include_usage,
+                temperature=options.sampling.temperature,
+                top_p=options.sampling.top_p,
+                # vLLM's own limit when the client set none: what the context leaves.
+                max_tokens=request.parsed.token_budget
+                or max(1, self._config.max_seq_len - prefilled.prompt_tokens),
+            ),
         )
         if request.parsed.stream:
             parsed = request.parsed

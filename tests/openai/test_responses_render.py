@@ -112,15 +112,17 @@ def test_reasoning_then_text_then_two_calls() -> None:
     ]
     assert final.usage.input_tokens_details.cached_tokens == 4
     assert final.usage.total_tokens == 16
-    # An item is announced without its part (the SDK appends the part it is sent next).
+    # An item is announced without its part (the SDK appends the part it is sent next): a
+    # reasoning item with no content at all, a message with none yet, as vLLM does.
     added = [e.item for e in events if e.type == "response.output_item.added"]
-    assert [getattr(item, "content", None) for item in added] == [[], [], None, None]
+    assert [getattr(item, "content", None) for item in added] == [None, [], None, None]
     assert replay(events, [TOOL])._completed_response is not None
 
 
-def test_length_ends_incomplete() -> None:
+def test_length_ends_completed_with_an_incomplete_status_as_vllm_does() -> None:
     events = parse(stream(renderer(), [ParsedDelta(content="cut")], finish="length"))
-    assert events[-1].type == "response.incomplete"
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.status == "incomplete"
     assert events[-1].response.incomplete_details.reason == "max_output_tokens"
 
 
@@ -147,10 +149,10 @@ def test_logprobs_ride_on_the_text_deltas() -> None:
     events = parse(out + r.finish("stop", None) + r.usage(USAGE))
     delta = next(e for e in events if e.type == "response.output_text.delta")
     assert delta.logprobs[0].token == "hé"
-    assert delta.logprobs[0].bytes == list("hé".encode())
     assert [t.token for t in delta.logprobs[0].top_logprobs] == ["hé", "ha"]
     final = events[-1].response
     assert final.output[0].content[0].logprobs[0].logprob == -0.5
+    assert final.output[0].content[0].logprobs[0].bytes == list("hé".encode())
 
 
 def test_logprobs_of_reasoning_tokens_open_no_message() -> None:
