@@ -15,8 +15,9 @@ from router.errors import GatewayError, Overloaded, UpstreamError
 from router.gate import Gate, GateRejected, Lease
 from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.relay import DecodeRelay, RelayEnd
-from router.latency.sampling import SamplingDefaults, decode_options
-from router.openai.render import Renderer, Usage
+from router.latency.sampling import Sampling, SamplingDefaults, decode_options
+from router.openai.render import AnswerFacts, Renderer, Usage
+from router.openai.requests import ChatRequest, CompletionRequest
 from router.selection.least_outstanding import LeastOutstanding
 from router.serving import Answer, RoutedRequest, json_answer
 from router.tokens.tokenizer import LoadedTokenizer
@@ -114,6 +115,9 @@ class LatencyPath:
             created=prefilled.created,
             model=self._model,
             client_body=request.client_body,
+            facts=answer_facts(
+                request.parsed, prefilled, options.sampling, self._config.max_seq_len
+            ),
         )
         if request.parsed.stream:
             parsed = request.parsed
@@ -201,6 +205,24 @@ class LatencyPath:
         requests may have been cut off before their own cleanup could start)."""
         for session in list(self._live):
             session.close()
+
+
+def answer_facts(
+    parsed: ChatRequest | CompletionRequest,
+    prefilled: Prefilled,
+    sampling: Sampling,
+    max_seq_len: int,
+) -> AnswerFacts:
+    """What the answer says beyond the output, as vLLM would: the prefill server's
+    fingerprint, and the sampling and length limit the output was generated with."""
+    return AnswerFacts(
+        system_fingerprint=prefilled.system_fingerprint,
+        include_usage=parsed.include_usage,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        # vLLM's own limit when the client set none: what the context leaves.
+        max_tokens=parsed.token_budget or max(1, max_seq_len - prefilled.prompt_tokens),
+    )
 
 
 def _usage(prefilled: Prefilled, end: RelayEnd) -> Usage:

@@ -35,15 +35,54 @@ class Usage:
     completion_tokens: int
     cached_tokens: int | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        usage: dict[str, Any] = {
+    def _counts(self) -> dict[str, Any]:
+        return {
             "prompt_tokens": self.prompt_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "completion_tokens": self.completion_tokens,
         }
-        if self.cached_tokens is not None:
-            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
-        return usage
+
+    def _details(self) -> dict[str, Any] | None:
+        # vLLM reports them only when its prefix cache counted (--enable-prompt-tokens-details).
+        return None if self.cached_tokens is None else {"cached_tokens": self.cached_tokens}
+
+    def as_dict(self) -> dict[str, Any]:
+        """In a whole answer: every field, null where there is nothing to say."""
+        # The reasoning-token count vLLM puts in completion_tokens_details needs the
+        # reasoning's own token count, which the relay does not keep: null, as vLLM
+        # sends it for a model without a reasoning parser.
+        return {
+            **self._counts(),
+            "prompt_tokens_details": self._details(),
+            "completion_tokens_details": None,
+        }
+
+    def final_chunk(self) -> dict[str, Any]:
+        """On a stream's usage chunk, which vLLM sends without its null fields."""
+        details = self._details()
+        if details is None:
+            return self._counts()
+        return {**self._counts(), "prompt_tokens_details": details}
+
+    def running(self, *, chat: bool) -> dict[str, Any]:
+        """On every chunk (`continuous_usage_stats`): chat names its completion details."""
+        return {**self._counts(), "completion_tokens_details": None} if chat else self._counts()
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerFacts:
+    """What an answer carries beyond the output, as the prefill's answer (a real vLLM
+    request for the same prompt) and the resolved request tell it."""
+
+    system_fingerprint: str | None = None
+    """vLLM's `vllm-<version>-<hash>`, from the prefill server's answer."""
+    include_usage: bool = False
+    """`stream_options.include_usage`: the fingerprint rides on the usage chunk, not the
+    finishing one."""
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    """The sampling the output was generated with (the Responses object reports them)."""
 
 
 StopReason = str | int | None
@@ -89,16 +128,9 @@ class Renderer(Protocol):
     ) -> dict[str, Any]: ...
 
 
-# Top-level fields vLLM's answers carry that the latency path has nothing to put in.
-_VLLM_RESPONSE_FIELDS: dict[str, Any] = {
-    "service_tier": None,
-    "system_fingerprint": None,
-    "kv_transfer_params": None,
-}
-
-
 class _Base:
     object_chunk = ""
+    chat = False
 
     def __init__(
         self,
@@ -107,6 +139,7 @@ class _Base:
         created: int,
         model: str,
         client_body: Mapping[str, Any] | None = None,
+        facts: AnswerFacts | None = None,
     ) -> None:
         self._head = {
             "id": response_id,
@@ -114,9 +147,13 @@ class _Base:
             "created": created,
             "model": model,
         }
+        self._facts = facts or AnswerFacts()
 
     def usage(self, usage: Usage) -> bytes:
-        return sse({**self._head, "choices": [], "usage": usage.as_dict()})
+        chunk = {**self._head, "choices": [], "usage": usage.final_chunk()}
+        if self._facts.system_fingerprint is not None:
+            chunk["system_fingerprint"] = self._facts.system_fingerprint
+        return sse(chunk)
 
     def error(self, error: GatewayError) -> bytes:
         return error_event(error)
@@ -124,32 +161,63 @@ class _Base:
     def end(self) -> bytes:
         return DONE_EVENT
 
-    def _event(self, choice: dict[str, Any], usage: Usage | None) -> bytes:
-        if usage is None:
-            return sse({**self._head, "choices": [choice]})
-        return sse({**self._head, "choices": [choice], "usage": usage.as_dict()})
+    def _event(
+        self, choice: dict[str, Any], usage: Usage | None, *, last: bool = False, **top: Any
+    ) -> bytes:
+        """One chunk; `last`: the finishing one, which carries the fingerprint unless the
+        usage chunk comes after it; `top`: fields after `usage` (the opening chunk's)."""
+        chunk: dict[str, Any] = {**self._head, "choices": [choice]}
+        if usage is not None:
+            chunk["usage"] = usage.running(chat=self.chat)
+        fingerprint = self._facts.system_fingerprint
+        if last and fingerprint is not None and not self._facts.include_usage:
+            chunk["system_fingerprint"] = fingerprint
+        return sse({**chunk, **top})
+
+    def _whole(self, obj: str, choice: dict[str, Any], usage: Usage) -> dict[str, Any]:
+        return {
+            **self._head,
+            "object": obj,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": self._facts.system_fingerprint,
+            "usage": usage.as_dict(),
+        }
 
 
 class ChatRenderer(_Base):
     object_chunk = "chat.completion.chunk"
+    chat = True
 
     def start(self, usage: Usage | None = None) -> bytes | None:
-        return self._chunk({"role": "assistant", "content": ""}, None, None, usage)
+        choice = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        return self._event(choice, usage, prompt_token_ids=None, prompt_text=None)
 
     def delta(
         self, delta: ParsedDelta, usage: Usage | None = None, logprobs: Logprobs = None
     ) -> bytes | None:
         out: dict[str, Any] = {}
-        if delta.reasoning:
-            # vLLM's field, under its newer name and its older one (both sent, as vLLM does).
-            out["reasoning"] = out["reasoning_content"] = delta.reasoning
         if delta.content:
             out["content"] = delta.content
+        if delta.reasoning:
+            out["reasoning"] = delta.reasoning
         if delta.tool_calls:
             out["tool_calls"] = [_tool_call_delta(c) for c in delta.tool_calls]
         if not out and not logprobs:
             return None
-        return self._chunk(out, None, None, usage, _chat_logprobs(logprobs))
+        choice = {
+            "index": 0,
+            "delta": out,
+            "logprobs": _chat_logprobs(logprobs),
+            "finish_reason": None,
+            "token_ids": None,
+        }
+        return self._event(choice, usage)
 
     def finish(
         self,
@@ -158,7 +226,15 @@ class ChatRenderer(_Base):
         usage: Usage | None = None,
         logprobs: Logprobs = None,
     ) -> bytes:
-        return self._chunk({}, finish_reason, stop_reason, usage, _chat_logprobs(logprobs or None))
+        choice = {
+            "index": 0,
+            "delta": {},
+            "logprobs": _chat_logprobs(logprobs or None),
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
+            "token_ids": None,
+        }
+        return self._event(choice, usage, last=True)
 
     def response(
         self,
@@ -176,43 +252,41 @@ class ChatRenderer(_Base):
             "audio": None,
             "function_call": None,
         }
-        msg["reasoning"] = msg["reasoning_content"] = message.reasoning  # null included
-        msg["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in message.tool_calls
-        ]
+        if message.tool_calls:  # vLLM leaves the key out when there are none
+            msg["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in message.tool_calls
+            ]
+        msg["reasoning"] = message.reasoning
         choice = {
             "index": 0,
             "message": msg,
             "logprobs": _chat_logprobs(logprobs),
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
+            "token_ids": None,
+            "routed_experts": None,
         }
         return {
-            **self._head,
-            "object": "chat.completion",
-            "choices": [choice],
-            **_VLLM_RESPONSE_FIELDS,
-            "usage": usage.as_dict(),
+            **self._whole("chat.completion", choice, usage),
             "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            **_TRANSFER_FIELDS,
         }
 
-    def _chunk(
-        self,
-        delta: dict[str, Any],
-        finish_reason: str | None,
-        stop_reason: StopReason,
-        usage: Usage | None,
-        logprobs: dict[str, Any] | None = None,
-    ) -> bytes:
-        choice = {
-            "index": 0,
-            "delta": delta,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
-        }
-        return self._event(choice, usage)
+
+# What vLLM's answers end with: the transfer parameters of a disaggregated request (the
+# latency path's client made none) and per-request metrics (off unless enabled).
+_TRANSFER_FIELDS: dict[str, Any] = {
+    "kv_transfer_params": None,
+    "ec_transfer_params": None,
+    "metrics": None,
+}
 
 
 class CompletionRenderer(_Base):
@@ -225,8 +299,9 @@ class CompletionRenderer(_Base):
         created: int,
         model: str,
         client_body: Mapping[str, Any] | None = None,
+        facts: AnswerFacts | None = None,
     ) -> None:
-        super().__init__(response_id=response_id, created=created, model=model)
+        super().__init__(response_id=response_id, created=created, model=model, facts=facts)
         self._offset = 0  # where the next token's text starts in the whole output
 
     def start(self, usage: Usage | None = None) -> bytes | None:
@@ -262,14 +337,12 @@ class CompletionRenderer(_Base):
             "logprobs": self._logprobs(logprobs),
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
+            "token_ids": None,
             "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "routed_experts": None,
         }
-        return {
-            **self._head,
-            "choices": [choice],
-            **_VLLM_RESPONSE_FIELDS,
-            "usage": usage.as_dict(),
-        }
+        return {**self._whole("text_completion", choice, usage), **_TRANSFER_FIELDS}
 
     def _logprobs(self, entries: Logprobs) -> dict[str, Any] | None:
         """OpenAI's legacy shape; `text_offset` counts from the start of the output."""
@@ -300,8 +373,10 @@ class CompletionRenderer(_Base):
             "logprobs": logprobs,
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
+            "prompt_token_ids": None,
+            "token_ids": None,
         }
-        return self._event(choice, usage)
+        return self._event(choice, usage, last=finish_reason is not None)
 
 
 def _chat_logprobs(entries: Logprobs) -> dict[str, Any] | None:
@@ -314,8 +389,7 @@ def _chat_logprobs(entries: Logprobs) -> dict[str, Any] | None:
                 "top_logprobs": [_chat_token(t, lp) for t, lp in entry.top],
             }
             for entry in entries
-        ],
-        "refusal": None,
+        ]
     }
 
 
@@ -324,14 +398,16 @@ def _chat_token(token: str, logprob: float) -> dict[str, Any]:
 
 
 def _tool_call_delta(call: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"index": call.index}
-    function: dict[str, Any] = {}
+    """vLLM's order (id, type, index, function), with only the fields the delta sets."""
+    out: dict[str, Any] = {}
     if call.id is not None:
         out["id"] = call.id
         out["type"] = "function"
+    out["index"] = call.index
+    function: dict[str, Any] = {}
     if call.name is not None:
         function["name"] = call.name
-    if call.arguments or call.name is not None:
+    if call.arguments:
         function["arguments"] = call.arguments
     out["function"] = function
     return out

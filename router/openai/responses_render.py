@@ -4,9 +4,12 @@ The message becomes output items in the order the model wrote them: a `reasoning
 its reasoning, a `message` item for its text and one `function_call` item per tool call.
 While streaming, each item is opened (`response.output_item.added`), grows by deltas and is
 closed (`...done` events) when the next kind of output begins or the output ends; the
-stream opens with `response.created` and ends with `response.completed` (or
-`response.incomplete` when the token budget ran out), which carries the whole response and
-its usage. There is no `[DONE]` marker in this API.
+stream opens with `response.created` and ends with `response.completed`, which carries the
+whole response and its usage (`status: "incomplete"` when the token budget ran out, as vLLM
+sends it). There is no `[DONE]` marker in this API.
+
+Objects and events have vLLM's fields in vLLM's order (the OpenAI SDK's types as vLLM
+serializes them, null fields included).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 import orjson
 
 from router.errors import GatewayError
-from router.openai.render import Logprobs, StopReason, TokenLogprob, Usage
+from router.openai.render import AnswerFacts, Logprobs, StopReason, TokenLogprob, Usage
 from router.parsers import ParsedDelta, ParsedMessage
 from router.parsers.base import ToolCallDelta
 
@@ -37,8 +40,10 @@ class ResponsesRenderer:
         created: int,
         model: str,
         client_body: Mapping[str, Any] | None = None,
+        facts: AnswerFacts | None = None,
     ) -> None:
         self._id = "resp_" + response_id.removeprefix("chatcmpl-")
+        self._facts = facts or AnswerFacts()
         self._created = created
         self._model = model
         self._request = client_body or {}
@@ -85,8 +90,8 @@ class ResponsesRenderer:
         return self._close()
 
     def usage(self, usage: Usage) -> bytes:
-        response = self._response(self._status, usage)
-        return self._emit(f"response.{self._status}", response=response)
+        # A cut output ends as vLLM ends it: `response.completed`, its status incomplete.
+        return self._emit("response.completed", response=self._response(self._status, usage))
 
     def error(self, error: GatewayError) -> bytes:
         """After the first event: an `error` event, then the response as failed."""
@@ -111,10 +116,13 @@ class ResponsesRenderer:
         logprobs: Logprobs = None,
     ) -> dict[str, Any]:
         if message.reasoning:
-            self._output.append(_reasoning_item(message.reasoning))
+            item = _reasoning_item(message.reasoning)
+            item["status"] = None  # as vLLM leaves a whole answer's reasoning item
+            self._output.append(item)
         if message.content or not message.tool_calls:
             item = _message_item(message.content or "", "completed")
-            item["content"][0]["logprobs"] = _logprobs(logprobs or [])
+            if item["content"]:
+                item["content"][0]["logprobs"] = _logprobs(logprobs) if logprobs else None
             self._output.append(item)
         for call in message.tool_calls:
             self._output.append(_call_item(call.id, call.name, call.arguments, "completed"))
@@ -129,8 +137,7 @@ class ResponsesRenderer:
         if item is None or item["type"] != "reasoning":
             out = self._close()
             item = self._add(_reasoning_item(""))
-            part = item["content"][0]
-            out += self._added(item) + self._part_event("added", item, part)
+            out += self._added(item) + self._part_event("added", item, _reasoning_part(""))
         item["content"][0]["text"] += text
         return out + self._emit(
             "response.reasoning_text.delta", **self._at(item), content_index=0, delta=text
@@ -142,18 +149,17 @@ class ResponsesRenderer:
         if item is None or item["type"] != "message":
             out = self._close()
             item = self._add(_message_item("", "in_progress"))
-            part = item["content"][0]
-            out += self._added(item) + self._part_event("added", item, part)
+            out += self._added(item) + self._part_event("added", item, _text_part("", []))
+            item["content"] = [_text_part("", [])]
         part = item["content"][0]
         part["text"] += text
-        entries = _logprobs(logprobs or [])
-        part["logprobs"].extend(entries)
+        part["logprobs"].extend(_logprobs(logprobs or []))
         return out + self._emit(
             "response.output_text.delta",
             **self._at(item),
             content_index=0,
             delta=text,
-            logprobs=entries,
+            logprobs=_delta_logprobs(logprobs or []),
         )
 
     def _call_delta(self, call: ToolCallDelta) -> bytes:
@@ -178,8 +184,15 @@ class ResponsesRenderer:
         return item
 
     def _added(self, item: dict[str, Any]) -> bytes:
-        # Announced without its part: `response.content_part.added` brings that.
-        shown = {**item, "content": []} if "content" in item else item
+        # Announced without its part (`response.content_part.added` brings that): a message
+        # with no content yet, a reasoning item with none at all, as vLLM announces them.
+        shown = item
+        if item["type"] == "message":
+            shown = {**item, "content": []}
+        elif item["type"] == "reasoning":
+            shown = {**item, "content": None}
+        elif item["type"] == "function_call":
+            shown = {**item, "created_by": None}  # the SDK's item type, as vLLM sends it
         return self._emit(
             "response.output_item.added", output_index=len(self._output) - 1, item=shown
         )
@@ -194,8 +207,8 @@ class ResponsesRenderer:
             out = self._emit(
                 "response.function_call_arguments.done",
                 **at,
-                name=item["name"],
                 arguments=item["arguments"],
+                after={"name": item["name"]},  # vLLM's field beyond the SDK's type
             )
         elif item["type"] == "reasoning":
             text = item["content"][0]["text"]
@@ -203,14 +216,14 @@ class ResponsesRenderer:
             out += self._part_event("done", item, item["content"][0])
         else:
             part = item["content"][0]
+            part["logprobs"] = part["logprobs"] or None
+            # vLLM's done event carries no logprobs; the part and the item carry them.
             out = self._emit(
-                "response.output_text.done",
-                **at,
-                content_index=0,
-                text=part["text"],
-                logprobs=part["logprobs"],
+                "response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[]
             )
             out += self._part_event("done", item, part)
+            if not part["text"]:
+                item["content"] = []
         item["status"] = "completed"
         return out + self._emit(
             "response.output_item.done", output_index=at["output_index"], item=item
@@ -231,44 +244,63 @@ class ResponsesRenderer:
                 return index
         raise ValueError("not an output item of this response")
 
-    def _emit(self, kind: str, **fields: Any) -> bytes:
-        payload = {"type": kind, **fields, "sequence_number": self._sequence}
+    def _emit(self, kind: str, after: dict[str, Any] | None = None, **fields: Any) -> bytes:
+        """An event, its fields in the SDK's order (alphabetical); `after`: fields that
+        follow them."""
+        fields.update(sequence_number=self._sequence, type=kind)
+        payload = {key: fields[key] for key in sorted(fields)}
+        if after:
+            payload.update(after)
         self._sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + _EVENT_END
 
     def _response(self, status: str, usage: Usage | None) -> dict[str, Any]:
-        request = self._request
-        text = request.get("text") or {"format": {"type": "text"}}
+        request, facts = self._request, self._facts
+        tools = request.get("tools") or []
+        tool_choice = request.get("tool_choice", "auto")
+        if not tools and tool_choice in ("auto", "none"):
+            tool_choice = "none"  # vLLM's reading of a request without tools
         return {
             "id": self._id,
-            "object": "response",
             "created_at": self._created,
-            "model": self._model,
-            "status": status,
-            "output": list(self._output),
-            "error": None,
             "incomplete_details": (
                 {"reason": "max_output_tokens"} if status == "incomplete" else None
             ),
             "instructions": request.get("instructions"),
-            "max_output_tokens": request.get("max_output_tokens"),
             "metadata": request.get("metadata"),
-            "parallel_tool_calls": request.get("parallel_tool_calls", True),
-            "previous_response_id": None,
-            "reasoning": request.get("reasoning"),
-            "temperature": request.get("temperature"),
-            "text": text,
-            "tool_choice": request.get("tool_choice", "auto"),
-            "tools": request.get("tools") or [],
-            "top_logprobs": request.get("top_logprobs"),
-            "top_p": request.get("top_p"),
-            "truncation": request.get("truncation", "disabled"),
-            "user": request.get("user"),
+            "model": self._model,
+            "object": "response",
+            "output": list(self._output),
+            "parallel_tool_calls": _given(request.get("parallel_tool_calls"), True),
+            # The sampling the output was generated with, as vLLM reports its own.
+            "temperature": _given(facts.temperature, _given(request.get("temperature"), 1.0)),
+            "tool_choice": tool_choice,
+            "tools": tools,
+            "top_p": _given(facts.top_p, _given(request.get("top_p"), 1.0)),
             "background": False,
-            "store": False,
-            "service_tier": "auto",
+            "max_output_tokens": _given(facts.max_tokens, request.get("max_output_tokens")),
+            "max_tool_calls": request.get("max_tool_calls"),
+            "previous_response_id": None,
+            "prompt": None,
+            "reasoning": request.get("reasoning"),
+            "service_tier": request.get("service_tier") or "auto",
+            "status": status,
+            "text": request.get("text"),
+            "top_logprobs": request.get("top_logprobs"),
+            "truncation": request.get("truncation") or "disabled",
             "usage": _usage(usage) if usage is not None else None,
+            "user": request.get("user"),
+            "presence_penalty": _given(request.get("presence_penalty"), 0.0),
+            "frequency_penalty": _given(request.get("frequency_penalty"), 0.0),
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "input_messages": None,
+            "output_messages": None,
         }
+
+
+def _given(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def failure_event(error: GatewayError) -> bytes:
@@ -281,32 +313,43 @@ def failure_event(error: GatewayError) -> bytes:
 def _reasoning_item(text: str) -> dict[str, Any]:
     return {
         "id": _item_id("rs"),
-        "type": "reasoning",
         "summary": [],
-        "content": [{"type": "reasoning_text", "text": text}],
+        "type": "reasoning",
+        "content": [_reasoning_part(text)],
         "encrypted_content": None,
         "status": "completed" if text else "in_progress",
     }
 
 
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"text": text, "type": "reasoning_text"}
+
+
 def _message_item(text: str, status: str) -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {
         "id": _item_id("msg"),
-        "type": "message",
+        "content": [_text_part(text, [])] if text else [],
         "role": "assistant",
         "status": status,
-        "content": [part],
+        "type": "message",
+        "phase": None,
     }
+
+
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
 
 
 def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
     return {
-        "id": _item_id("fc"),
-        "type": "function_call",
+        "arguments": arguments,
         "call_id": call_id,
         "name": name,
-        "arguments": arguments,
+        "type": "function_call",
+        "id": _item_id("fc"),
+        "async": None,
+        "caller": None,
+        "namespace": None,
         "status": status,
     }
 
@@ -317,9 +360,16 @@ def _usage(usage: Usage) -> dict[str, Any]:
         "input_tokens_details": {
             "cached_tokens": usage.cached_tokens or 0,
             "cache_write_tokens": 0,
+            "input_tokens_per_turn": [],
+            "cached_tokens_per_turn": [],
         },
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": 0,
+            "tool_output_tokens": 0,
+            "output_tokens_per_turn": [],
+            "tool_output_tokens_per_turn": [],
+        },
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
 
@@ -334,5 +384,17 @@ def _logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
     ]
 
 
+def _delta_logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """A delta event's entries: the SDK's delta type has no bytes."""
+    return [
+        {
+            "token": entry.token,
+            "logprob": entry.logprob,
+            "top_logprobs": [{"token": t, "logprob": lp} for t, lp in entry.top],
+        }
+        for entry in entries
+    ]
+
+
 def _token(token: str, logprob: float) -> dict[str, Any]:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+    return {"token": token, "bytes": list(token.encode("utf-8")), "logprob": logprob}

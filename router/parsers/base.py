@@ -1,7 +1,7 @@
 """The output-parser interface: what a parser takes in and what it hands back.
 
-A parser turns the detokenized text of one completion into OpenAI's
-`reasoning_content`, `content` and `tool_calls`, both as stream deltas and as the
+A parser turns the detokenized text of one completion into vLLM's
+`reasoning`, `content` and `tool_calls`, both as stream deltas and as the
 final message. Every family (GLM, DeepSeek, plain text) implements `OutputParser`.
 """
 

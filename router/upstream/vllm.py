@@ -101,8 +101,9 @@ def nixl_prefill_params() -> dict[str, Any]:
 def pull_decode_body(body: dict[str, Any], kv_transfer_params: Any) -> dict[str, Any]:
     """The client's body with the prefill's `kv_transfer_params`, untouched.
 
-    Without any (the prefill finished without keeping KV for a remote decode), the decode
-    instance computes the prompt itself: slower, but the answer is still right.
+    Without any, the decode gets none: a connector that hands the KV over by its own means
+    (shared storage, LMCache) loads it anyway; with NIXL's, the decode computes the prompt
+    itself (slower, but the answer is still right).
     """
     out = {k: v for k, v in body.items() if k != "kv_transfer_params"}
     if kv_transfer_params is not None:
@@ -162,6 +163,8 @@ class Prefilled:
     first_logprob: float | None = None
     first_top: tuple[tuple[int, float], ...] = ()
     """The first token's top candidates (token id, logprob), best first."""
+    system_fingerprint: str | None = None
+    """The prefill server's (`vllm-<version>-<hash>`), which the answer carries as vLLM's."""
 
 
 def unusable_prefill(message: str) -> PrefillError:
@@ -192,7 +195,12 @@ def parse_prefilled(data: Any, endpoint: Endpoint) -> Prefilled:
         cached_tokens=details.get("cached_tokens"),
         first_logprob=float(logprob) if isinstance(logprob, int | float) else None,
         first_top=tuple((_token_id(t), float(lp)) for t, lp in top if isinstance(lp, int | float)),
+        system_fingerprint=_fingerprint(data.get("system_fingerprint")),
     )
+
+
+def _fingerprint(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _token_id(token: Any) -> int:
@@ -226,9 +234,14 @@ def parse_nixl_prefilled(data: Any, *, url: str, request_id: str) -> NixlPrefill
         )
     params = data.get("kv_transfer_params")
     if params is None:
-        log.warning(
-            "prefill %s returned no kv_transfer_params (request %s): the decode computes the "
-            "prompt itself; is the prefill server running a NIXL kv connector?",
+        # Not a fault the gateway can see: only NIXL's connectors answer with parameters
+        # for the decode; others (shared storage, LMCache, Mooncake's store) hand the KV
+        # over by their own means and answer none, and the decode loads it all the same.
+        # Only the decode knows whether it had to compute the prompt itself.
+        log.debug(
+            "prefill %s returned no kv_transfer_params (request %s): the decode is sent "
+            "none; with a NIXL connector it computes the prompt itself, with a connector "
+            "that hands the KV over by its own means (shared storage, LMCache) it loads it",
             url,
             request_id,
         )

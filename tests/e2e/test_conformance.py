@@ -5,7 +5,9 @@ native path (simulated vLLM with the reasoning and tool-call parsers of the mode
 whole responses, and streams (every chunk's shape and the reassembled message).
 
 Known differences are listed in the README ("Conformance") with their reason; this module
-asserts there is no other.
+asserts there is no other. Fields the simulator does not send as vLLM 0.32 does (UNSIMULATED)
+are left out on both sides: tests/real_vllm/test_latency_shapes.py holds the gateway's
+answers against a real vLLM's instead.
 """
 
 from __future__ import annotations
@@ -38,6 +40,21 @@ CLASSIFICATION = {
 NATIVE = {"x-path": "native"}
 FAST = ["--itl-ms", "0", "--prefill-ms-per-token", "0"]
 MASKED = {"id", "created", "tool_call_id"}
+# vLLM 0.32's fields the simulated vLLM leaves out, sends under an older name
+# (`reasoning_content`) or fills differently (usage details, Responses' sampling echo).
+UNSIMULATED = frozenset(
+    {
+        "reasoning_content",
+        "token_ids",
+        "routed_experts",
+        "prompt_token_ids",
+        "prompt_text",
+        "ec_transfer_params",
+        "metrics",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+    }
+)
 
 TEXT = "Plain prose with café, naïve and 速度 — then an emoji 🌍 and the end."
 # Each emoji is two tokens: a budget of CUT_AT ends inside the third.
@@ -153,9 +170,14 @@ def request(name: str, *, stream: bool) -> dict[str, Any]:
 
 
 def masked(value: Any) -> Any:
-    """`value` with the fields that differ by nature (ids, times) replaced by their type."""
+    """`value` with the fields that differ by nature (ids, times) replaced by their type, and
+    without the UNSIMULATED ones (an empty `tool_calls` list is vLLM's absent one)."""
     if isinstance(value, dict):
-        return {k: type(v).__name__ if k in MASKED else masked(v) for k, v in value.items()}
+        return {
+            k: type(v).__name__ if k in MASKED else masked(v)
+            for k, v in value.items()
+            if k not in UNSIMULATED and not (k == "tool_calls" and v == [])
+        }
     if isinstance(value, list):
         return [masked(v) for v in value]
     return value
@@ -202,12 +224,12 @@ def streamed(
 
 def message_of(events: list[Any]) -> dict[str, Any]:
     """The streamed message reassembled: text fields concatenated, the last finish kept."""
-    out: dict[str, Any] = {"content": "", "reasoning_content": "", "tool_calls": {}}
+    out: dict[str, Any] = {"content": "", "reasoning": "", "tool_calls": {}}
     for event in events:
         for choice in event["choices"]:
             delta = choice["delta"]
             out["content"] += delta.get("content") or ""
-            out["reasoning_content"] += delta.get("reasoning_content") or ""
+            out["reasoning"] += delta.get("reasoning") or ""
             for part in delta.get("tool_calls") or []:
                 call = out["tool_calls"].setdefault(part["index"], {"name": "", "arguments": ""})
                 function = part.get("function") or {}
@@ -246,7 +268,7 @@ def shapes(events: list[Any]) -> list[tuple[str, ...]]:
 
 DELTA_KINDS = (
     ("role", ("role",)),
-    ("reasoning", ("reasoning", "reasoning_content")),
+    ("reasoning", ("reasoning",)),
     ("content", ("content",)),
     ("tool_calls", ("tool_calls",)),
 )
@@ -369,6 +391,35 @@ RESPONSES: dict[str, dict[str, Any]] = {
     },
 }
 RESPONSES_MASKED = MASKED | {"created_at", "call_id", "item_id"}
+# The Responses fields the simulated vLLM leaves out or fills otherwise than vLLM 0.32 (the
+# sampling it reports, `tool_choice` without tools, `text`, the usage's per-turn counts, the
+# SDK's null fields of each item); a reasoning item's `status` and a text part's `logprobs`
+# when none were asked for differ too (vLLM: null).
+RESPONSES_UNSIMULATED = UNSIMULATED | {
+    "error",
+    "store",
+    "text",
+    "tool_choice",
+    "temperature",
+    "top_p",
+    "prompt",
+    "presence_penalty",
+    "frequency_penalty",
+    "max_tool_calls",
+    "kv_transfer_params",
+    "input_messages",
+    "output_messages",
+    "input_tokens_per_turn",
+    "cached_tokens_per_turn",
+    "output_tokens_per_turn",
+    "tool_output_tokens",
+    "tool_output_tokens_per_turn",
+    "phase",
+    "async",
+    "caller",
+    "namespace",
+    "created_by",
+}
 
 
 def responses_body(name: str, *, stream: bool) -> dict[str, Any]:
@@ -377,9 +428,15 @@ def responses_body(name: str, *, stream: bool) -> dict[str, Any]:
 
 def masked_response(value: Any) -> Any:
     if isinstance(value, dict):
+        unsimulated = RESPONSES_UNSIMULATED
+        if value.get("type") == "reasoning":
+            unsimulated = unsimulated | {"status"}
+        elif value.get("type") == "output_text":
+            unsimulated = unsimulated | {"logprobs"}
         return {
             k: type(v).__name__ if k in RESPONSES_MASKED else masked_response(v)
             for k, v in value.items()
+            if k not in unsimulated
         }
     if isinstance(value, list):
         return [masked_response(v) for v in value]
@@ -409,10 +466,12 @@ def response_events(
 
 
 def event_kinds(events: list[dict[str, Any]]) -> list[str]:
-    """The event types in order, runs of deltas merged (tokens are batched differently)."""
+    """The event types in order, runs of deltas merged (tokens are batched differently). A
+    cut stream ends with `response.completed` in vLLM 0.32, `response.incomplete` in the
+    simulator: the same here (the status inside is compared with the final response)."""
     out: list[str] = []
     for event in events:
-        kind = event["type"]
+        kind = event["type"].replace("response.incomplete", "response.completed")
         if not (kind.endswith(".delta") and out and out[-1] == kind):
             out.append(kind)
     return out

@@ -146,7 +146,7 @@ def ask(http: httpx.Client, gateway: GatewayProcess, case: Case, path: str) -> V
     assert response.headers["x-pd-route"] == path
     choice = response.json()["choices"][0]
     message = choice["message"]
-    reasoning = message.get("reasoning_content")
+    reasoning = message.get("reasoning")
     calls = _calls(message.get("tool_calls") or [])
     return reasoning, message["content"], calls, choice["finish_reason"]
 
@@ -163,7 +163,7 @@ def ask_streamed(http: httpx.Client, gateway: GatewayProcess, case: Case, path: 
                 continue
             for choice in json.loads(line[len("data: ") :])["choices"]:
                 delta = choice["delta"]
-                reasoning += delta.get("reasoning_content") or ""
+                reasoning += delta.get("reasoning") or ""
                 content += delta.get("content") or ""
                 for part in delta.get("tool_calls") or []:
                     call = calls.setdefault(

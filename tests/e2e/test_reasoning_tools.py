@@ -150,7 +150,7 @@ def view(message: Any) -> View:
     A stream's first delta carries `content: ""` (as vLLM's does), so its accumulated
     content is "" where a non-streamed answer says null: both read as None here.
     """
-    reasoning = (message.model_extra or {}).get("reasoning_content")
+    reasoning = (message.model_extra or {}).get("reasoning")
     calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
     return reasoning or None, message.content or None, calls
 

@@ -77,8 +77,7 @@ def test_chat_logprobs_have_openais_shape() -> None:
                 ],
             },
             {"token": " é", "logprob": -0.25, "bytes": [32, 195, 169], "top_logprobs": []},
-        ],
-        "refusal": None,
+        ]
     }
     body = renderer.response(ParsedMessage("", "Hi é", []), "stop", None, Usage(1, 2), ENTRIES)
     assert body["choices"][0]["logprobs"]["content"][1]["token"] == " é"

@@ -1,4 +1,5 @@
-"""The latency path's choice of prefill server: always one of the node's own release."""
+"""The latency path: its choice of prefill server (always one of the node's own release), and
+what its answers say beyond the output."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ import pytest
 
 from router.config import LatencyConfig, TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
-from router.latency.path import LatencyPath
+from router.latency.path import LatencyPath, answer_facts
 from router.latency.protocol import LatencyDeps
-from router.latency.sampling import SamplingDefaults
+from router.latency.sampling import Sampling, SamplingDefaults
 from router.node import Node
 from router.nodes.facts import NodeFactsBook
+from router.openai.render import AnswerFacts
+from router.openai.requests import ChatRequest
 from router.telemetry.metrics import Metrics
 from router.tokens.tokenizer import load_tokenizer
 from router.upstream import Upstreams
+from router.upstream.vllm import Prefilled
 from tests.throughput.support import routed
 
 CONFIG = LatencyConfig.model_validate(
@@ -71,3 +75,37 @@ async def test_a_node_of_a_release_without_prefill_servers_is_given_back() -> No
     assert (failed.value.code, failed.value.status) == ("no_prefill_for_node", 503)
     assert lease.released == [False]
     await upstreams.aclose()
+
+
+def test_the_answer_carries_the_prefill_servers_fingerprint_and_the_sampling_used() -> None:
+    prefilled = Prefilled(
+        response_id="chatcmpl-1",
+        created=1,
+        first_token_id=5,
+        prompt_tokens=7,
+        finish_reason="length",
+        cached_tokens=None,
+        system_fingerprint="vllm-0.32.0-8f3995b0",
+    )
+    messages = [{"role": "user", "content": "hi"}]
+    streamed = ChatRequest.model_validate(
+        {
+            "model": "m",
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": 9,
+        }
+    )
+    facts = answer_facts(streamed, prefilled, Sampling(0.5, 0.9, None), max_seq_len=2048)
+    assert facts == AnswerFacts(
+        system_fingerprint="vllm-0.32.0-8f3995b0",
+        include_usage=True,
+        temperature=0.5,
+        top_p=0.9,
+        max_tokens=9,
+    )
+    # No budget from the client: vLLM's own, what the context leaves after the prompt.
+    whole = ChatRequest.model_validate({"model": "m", "messages": messages})
+    facts = answer_facts(whole, prefilled, Sampling(1.0, 1.0, None), max_seq_len=2048)
+    assert (facts.include_usage, facts.max_tokens) == (False, 2041)

@@ -12,7 +12,7 @@ from openai.lib.streaming.responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 
 from router.errors import UpstreamError
-from router.openai.render import TokenLogprob, Usage
+from router.openai.render import AnswerFacts, TokenLogprob, Usage
 from router.openai.responses_render import ResponsesRenderer
 from router.parsers import ParsedDelta, ParsedMessage
 from router.parsers.base import ToolCall, ToolCallDelta
@@ -112,15 +112,17 @@ def test_reasoning_then_text_then_two_calls() -> None:
     ]
     assert final.usage.input_tokens_details.cached_tokens == 4
     assert final.usage.total_tokens == 16
-    # An item is announced without its part (the SDK appends the part it is sent next).
+    # An item is announced without its part (the SDK appends the part it is sent next): a
+    # reasoning item with no content at all, a message with none yet, as vLLM does.
     added = [e.item for e in events if e.type == "response.output_item.added"]
-    assert [getattr(item, "content", None) for item in added] == [[], [], None, None]
+    assert [getattr(item, "content", None) for item in added] == [None, [], None, None]
     assert replay(events, [TOOL])._completed_response is not None
 
 
-def test_length_ends_incomplete() -> None:
+def test_length_ends_completed_with_an_incomplete_status_as_vllm_does() -> None:
     events = parse(stream(renderer(), [ParsedDelta(content="cut")], finish="length"))
-    assert events[-1].type == "response.incomplete"
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.status == "incomplete"
     assert events[-1].response.incomplete_details.reason == "max_output_tokens"
 
 
@@ -147,10 +149,10 @@ def test_logprobs_ride_on_the_text_deltas() -> None:
     events = parse(out + r.finish("stop", None) + r.usage(USAGE))
     delta = next(e for e in events if e.type == "response.output_text.delta")
     assert delta.logprobs[0].token == "hé"
-    assert delta.logprobs[0].bytes == list("hé".encode())
     assert [t.token for t in delta.logprobs[0].top_logprobs] == ["hé", "ha"]
     final = events[-1].response
     assert final.output[0].content[0].logprobs[0].logprob == -0.5
+    assert final.output[0].content[0].logprobs[0].bytes == list("hé".encode())
 
 
 def test_logprobs_of_reasoning_tokens_open_no_message() -> None:
@@ -177,3 +179,145 @@ def test_whole_response_is_an_sdk_response(message: ParsedMessage, kinds: list[s
     assert [item.type for item in response.output] == kinds
     assert (response.instructions, response.max_output_tokens) == ("Be brief.", 9)
     assert response.output_text == (message.content or "")
+
+
+# vLLM 0.32's `response` object, its fields in its order.
+VLLM_RESPONSE_KEYS = [
+    "id",
+    "created_at",
+    "incomplete_details",
+    "instructions",
+    "metadata",
+    "model",
+    "object",
+    "output",
+    "parallel_tool_calls",
+    "temperature",
+    "tool_choice",
+    "tools",
+    "top_p",
+    "background",
+    "max_output_tokens",
+    "max_tool_calls",
+    "previous_response_id",
+    "prompt",
+    "reasoning",
+    "service_tier",
+    "status",
+    "text",
+    "top_logprobs",
+    "truncation",
+    "usage",
+    "user",
+    "presence_penalty",
+    "frequency_penalty",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "input_messages",
+    "output_messages",
+]
+
+
+def test_the_response_object_has_vllms_fields_in_vllms_order() -> None:
+    facts = AnswerFacts(temperature=0.5, top_p=0.9, max_tokens=2041)
+    body = ResponsesRenderer(
+        response_id="chatcmpl-abc", created=1, model="m", client_body={"input": "x"}, facts=facts
+    ).response(ParsedMessage(None, "Hi", []), "stop", None, USAGE)
+    assert list(body) == VLLM_RESPONSE_KEYS
+    # The sampling the output was made with, and vLLM's reading of a request without tools.
+    assert (body["temperature"], body["top_p"], body["max_output_tokens"]) == (0.5, 0.9, 2041)
+    assert (body["tool_choice"], body["text"], body["service_tier"]) == ("none", None, "auto")
+    assert (body["presence_penalty"], body["frequency_penalty"]) == (0.0, 0.0)
+    assert list(body["usage"]["input_tokens_details"]) == [
+        "cached_tokens",
+        "cache_write_tokens",
+        "input_tokens_per_turn",
+        "cached_tokens_per_turn",
+    ]
+    assert list(body["usage"]["output_tokens_details"]) == [
+        "reasoning_tokens",
+        "tool_output_tokens",
+        "output_tokens_per_turn",
+        "tool_output_tokens_per_turn",
+    ]
+    message = body["output"][0]
+    assert list(message) == ["id", "content", "role", "status", "type", "phase"]
+    # No logprobs asked for: null, as vLLM says it.
+    assert message["content"][0] == {
+        "annotations": [],
+        "text": "Hi",
+        "type": "output_text",
+        "logprobs": None,
+    }
+    with_tools = renderer(tools=[TOOL]).response(ParsedMessage(None, "Hi", []), "stop", None, USAGE)
+    assert with_tools["tool_choice"] == "auto"
+    Response.model_validate(body)
+
+
+def test_whole_items_have_vllms_shape() -> None:
+    message = ParsedMessage("Hm", None, [ToolCall("call_1", "w", "{}")])
+    reasoning, call = renderer(tools=[TOOL]).response(message, "tool_calls", None, USAGE)["output"]
+    assert reasoning == {
+        "id": reasoning["id"],
+        "summary": [],
+        "type": "reasoning",
+        "content": [{"text": "Hm", "type": "reasoning_text"}],
+        "encrypted_content": None,
+        "status": None,
+    }
+    assert list(call) == [
+        "arguments",
+        "call_id",
+        "name",
+        "type",
+        "id",
+        "async",
+        "caller",
+        "namespace",
+        "status",
+    ]
+    assert (call["call_id"], call["status"]) == ("call_1", "completed")
+
+
+def test_events_name_their_fields_in_the_sdks_order() -> None:
+    r = renderer(tools=[TOOL])
+    out = (r.start() or b"") + (r.delta(ParsedDelta(content="Hi")) or b"")
+    out += r.delta(ParsedDelta(tool_calls=[ToolCallDelta(0, id="c", name="w", arguments="{}")]))
+    out += r.finish("tool_calls", None) + r.usage(USAGE)
+    payloads = [
+        orjson.loads(block.split(b"\n")[1].removeprefix(b"data: "))
+        for block in out.split(b"\n\n")
+        if block
+    ]
+    keys = {p["type"]: list(p) for p in payloads}
+    assert keys["response.created"] == ["response", "sequence_number", "type"]
+    assert keys["response.output_text.delta"] == [
+        "content_index",
+        "delta",
+        "item_id",
+        "logprobs",
+        "output_index",
+        "sequence_number",
+        "type",
+    ]
+    assert keys["response.output_text.done"] == [
+        "content_index",
+        "item_id",
+        "logprobs",
+        "output_index",
+        "sequence_number",
+        "text",
+        "type",
+    ]
+    # vLLM adds the function's name after the SDK's fields.
+    assert keys["response.function_call_arguments.done"] == [
+        "arguments",
+        "item_id",
+        "output_index",
+        "sequence_number",
+        "type",
+        "name",
+    ]
+    added = [p["item"] for p in payloads if p["type"] == "response.output_item.added"]
+    assert added[1]["created_by"] is None and added[1]["status"] == "in_progress"
+    assert payloads[-1]["type"] == "response.completed"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from router.errors import PrefillError
 from router.node import Node
-from router.upstream.vllm import parse_prefilled, tilert_params
+from router.upstream.vllm import parse_nixl_prefilled, parse_prefilled, tilert_params
 from router.upstream.vllm import prefill_body as vllm_prefill_body
 
 
@@ -102,3 +104,33 @@ def test_unusable_answers_fail_with_a_clear_message(data: object, needle: str) -
         parse_prefill_response(data, chat=True)
     assert needle in failure.value.message
     assert failure.value.status == 502
+
+
+def test_the_prefill_servers_fingerprint_is_kept() -> None:
+    answer = {**chat_answer("token_id:42"), "system_fingerprint": "vllm-0.32.0-8f3995b0"}
+    assert parse_prefill_response(answer, chat=True).system_fingerprint == "vllm-0.32.0-8f3995b0"
+    assert parse_prefill_response(chat_answer("token_id:42"), chat=True).system_fingerprint is None
+    odd = {**chat_answer("token_id:42"), "system_fingerprint": 7}
+    assert parse_prefill_response(odd, chat=True).system_fingerprint is None
+
+
+def test_a_prefill_without_kv_transfer_params_is_no_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Connectors that hand the KV over by their own means (shared storage, LMCache) answer
+    # none, and the decode loads the KV all the same: nothing to warn about.
+    caplog.set_level(logging.DEBUG, logger="pd_gateway.upstream")
+    prefilled = parse_nixl_prefilled({"usage": {}}, url="http://p", request_id="r1")
+    assert prefilled.kv_transfer_params is None
+    records = [r for r in caplog.records if "kv_transfer_params" in r.getMessage()]
+    assert [r.levelno for r in records] == [logging.DEBUG]
+    assert "r1" in records[0].getMessage()
+    params = {"do_remote_prefill": True, "remote_engine_id": "e"}
+    caplog.clear()
+    assert (
+        parse_nixl_prefilled(
+            {"kv_transfer_params": params}, url="http://p", request_id="r2"
+        ).kv_transfer_params
+        == params
+    )
+    assert not caplog.records
