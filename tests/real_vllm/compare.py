@@ -61,14 +61,18 @@ def choice_index(event: Any) -> int:
 
 
 def sse_events(raw: str) -> list[Any]:
+    """Each event's data (parsed unless `[DONE]`); a named event as `{"event", "data"}`."""
     events: list[Any] = []
     for block in raw.split("\n\n"):
+        name, data = None, None
         for line in block.splitlines():
-            if line.startswith("data: "):
-                data = line[len("data: ") :]
-                events.append(data if data == "[DONE]" else json.loads(data))
-            elif line.startswith("event: "):
-                events.append({"event": line[len("event: ") :]})
+            if line.startswith("event: "):
+                name = line[len("event: ") :]
+            elif line.startswith("data: "):
+                text = line[len("data: ") :]
+                data = text if text == "[DONE]" else json.loads(text)
+        if data is not None:
+            events.append(data if name is None else {"event": name, "data": data})
     return events
 
 
@@ -97,10 +101,17 @@ def shape_differences(theirs: Any, ours: Any, path: str = "") -> list[str]:
     return []
 
 
+KIND_KEYS = frozenset({"event", "type", "object"})
+
+
 def shape(value: Any) -> Any:
-    """`value` but its content: keys in order, and the types of the leaves."""
+    """`value` but its content: keys in order, the types of the leaves, and what kind of
+    thing each object says it is (`event`, `type`, `object`)."""
     if isinstance(value, dict):
-        return tuple((key, shape(item)) for key, item in value.items())
+        return tuple(
+            (key, item if key in KIND_KEYS and isinstance(item, str) else shape(item))
+            for key, item in value.items()
+        )
     if isinstance(value, list):
         return tuple(shape(item) for item in value)
     return type(value).__name__
@@ -117,6 +128,7 @@ def stream_outline(events: list[Any]) -> list[Any]:
 
 
 TEXT_KEYS = frozenset({"content", "text", "delta", "reasoning", "reasoning_content"})
+COUNTS_OF_PIECES = frozenset({"sequence_number"})  # grows with each piece of text sent
 
 
 def textless(value: Any) -> Any:
@@ -124,9 +136,32 @@ def textless(value: Any) -> Any:
     answers share when only the tokens differ."""
     if isinstance(value, dict):
         return {
-            k: "<text>" if k in TEXT_KEYS and isinstance(v, str) else textless(v)
+            k: "<text>"
+            if k in TEXT_KEYS and isinstance(v, str)
+            else "<n>"
+            if k in COUNTS_OF_PIECES
+            else textless(v)
             for k, v in value.items()
         }
     if isinstance(value, list):
         return [textless(v) for v in value]
     return value
+
+
+def stream_ending(events: list[Any]) -> dict[str, Any]:
+    """What a stream says of how it ended, whatever its text and however it was cut:
+    each choice's finish, the last usage, the fingerprints, and the last event unless it
+    is a chunk of a choice (a Responses stream's `response.completed`, say)."""
+    chunks = [e for e in events if isinstance(e, dict)]
+    last = chunks[-1] if chunks else None
+    return {
+        "finishes": [
+            (c.get("index"), c.get("finish_reason"), c.get("stop_reason"))
+            for e in chunks
+            for c in e.get("choices") or []
+            if c.get("finish_reason") is not None
+        ],
+        "usage": [e["usage"] for e in chunks if e.get("usage")][-1:],
+        "fingerprints": [e["system_fingerprint"] for e in chunks if "system_fingerprint" in e],
+        "last": None if last is None or last.get("choices") else textless(last),
+    }
