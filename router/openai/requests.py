@@ -118,6 +118,12 @@ class _Generation(_Open):
         return self.max_tokens
 
     @property
+    def scores_prompt(self) -> bool:
+        """Asks for the prompt's own logprobs, which only the server that computes the
+        prompt can give: such a request is never split into prefill and decode legs."""
+        return (self.model_extra or {}).get("prompt_logprobs") is not None
+
+    @property
     def parser_tools(self) -> list[dict[str, Any]] | None:
         """The tools the output parser may recognise as calls."""
         return None
@@ -188,6 +194,10 @@ class CompletionRequest(_Generation):
     @property
     def token_budget(self) -> int | None:
         return COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+    @property
+    def scores_prompt(self) -> bool:
+        return bool(self.echo and self.logprobs is not None) or super().scores_prompt
 
 
 class ResponsesRequest(_Open):

@@ -42,6 +42,12 @@ class RoutedRequest:
         return self.parsed.model
 
     @property
+    def splits(self) -> bool:
+        """Served as prefill and decode legs by a disaggregated path: not when the endpoint
+        is one vLLM does not split, nor when the request scores its prompt."""
+        return self.endpoint.disaggregates and not self.parsed.scores_prompt
+
+    @property
     def native_body(self) -> dict[str, Any]:
         """What vLLM's own endpoint (`endpoint.path`) is sent: the client's body."""
         return self.body if self.client_body is None else self.client_body

@@ -51,8 +51,8 @@ async def send_decode(
 async def whole_on_decode(
     upstreams: Upstreams, stack: AsyncExitStack, url: str, request: RoutedRequest
 ) -> Answer:
-    """An endpoint vLLM does not split into legs (`EndpointSpec.disaggregates`): the decode
-    instance at `url` serves the client's body whole, prefill included."""
+    """A request not split into legs (`RoutedRequest.splits`): the decode instance at
+    `url` serves the client's body whole, prefill included."""
     reply = await send_decode(upstreams, stack, url, request, request.native_body)
     return relay(reply, request.endpoint.stream_failure)
 

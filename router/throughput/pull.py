@@ -25,7 +25,7 @@ class PullPath:
         self._decode = LeastOutstanding(config.decode)
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
-        if not request.endpoint.disaggregates:
+        if not request.splits:
             url = stack.enter_context(self._decode.hold(self._decode.pick()))
             return await whole_on_decode(self._upstreams, stack, url, request)
         with self._prefill.hold(self._prefill.pick()) as prefill_url:

@@ -33,7 +33,7 @@ class PushPath:
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         decode_url = stack.enter_context(self._decode.hold(self._decode.pick()))
-        if not request.endpoint.disaggregates:
+        if not request.splits:
             return await whole_on_decode(self._upstreams, stack, decode_url, request)
         # The prefill engine is held only while its leg runs; the callback covers a leg
         # cancelled before it started.

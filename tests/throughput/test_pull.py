@@ -207,3 +207,36 @@ async def test_decode_failure_mid_stream_is_an_error_event() -> None:
     assert first + b"\n\n" == sse({"choices": []})
     assert orjson.loads(second[len(b"data: ") :])["error"]["code"] == "decode_failed"
     assert (done, end) == (b"data: [DONE]", b"")
+
+
+SCORING = {
+    "completion echo with logprobs": (
+        "/v1/completions",
+        {"model": "m", "prompt": "hi there", "echo": True, "logprobs": 1, "max_tokens": 0},
+    ),
+    "chat prompt_logprobs": ("/v1/chat/completions", {**CHAT, "prompt_logprobs": 1}),
+}
+
+
+@pytest.mark.parametrize("case", SCORING)
+async def test_a_request_scoring_its_prompt_is_served_whole_by_the_decode(case: str) -> None:
+    """Only the server that computes a prompt can give its logprobs: no prefill leg."""
+    path, body = SCORING[case]
+    up = Upstreams()
+    up.on("d", answer(decode_answer()))
+    async with asgi_client(pull(up)) as client:
+        response = await client.post(path, json=body)
+    assert response.status_code == 200
+    (decode,) = up.seen
+    assert (decode.host, decode.path, decode.body) == ("d", path, body)
+
+
+async def test_an_echo_without_logprobs_is_split_as_usual() -> None:
+    up = Upstreams()
+    up.on("p", answer(prefill_answer()))
+    up.on("d", answer(decode_answer()))
+    body = {"model": "m", "prompt": "hi there", "echo": True, "max_tokens": 3}
+    async with asgi_client(pull(up)) as client:
+        response = await client.post("/v1/completions", json=body)
+    assert response.status_code == 200
+    assert [seen.host for seen in up.seen] == ["p", "d"]
