@@ -51,6 +51,7 @@ class ServerConfig:
     kv_expiry_s: float = 480.0
     remote_prefill_timeout_s: float = 60.0
     max_model_len: int = 131072
+    prompt_tokens_details: bool = False
     parsers: ParserConfig = field(default_factory=ParserConfig)
     faults: dict[str, Any] = field(default_factory=dict)
 
@@ -96,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-expiry-s", type=float, default=480.0, help="NIXL producer state lifetime")
     add("--remote-prefill-timeout-s", type=float, default=60.0, help="push-mode wait")
     add("--max-model-len", type=int, default=131072)
+    add(
+        "--enable-prompt-tokens-details",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="usage.prompt_tokens_details.cached_tokens in answers (vLLM's flag)",
+    )
     add("--reasoning-parser", choices=REASONING_PARSERS, help="split reasoning from content")
     add("--tool-call-parser", choices=TOOL_CALL_PARSERS, help="parse tool calls (with the next)")
     add("--enable-auto-tool-choice", action="store_true", help="parse tool calls for auto choice")
@@ -144,6 +151,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
         kv_expiry_s=args.kv_expiry_s,
         remote_prefill_timeout_s=args.remote_prefill_timeout_s,
         max_model_len=args.max_model_len,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
         parsers=ParserConfig(
             args.reasoning_parser, args.tool_call_parser, args.enable_auto_tool_choice
         ),

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -70,7 +71,13 @@ def build_app(server: VllmServer) -> Starlette:
         server.records.reset()
         return JSONResponse({"reset": True})
 
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # FastAPI's shape, as vLLM answers an unknown path or method.
+        assert isinstance(exc, HTTPException)
+        return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
+
     return Starlette(
+        exception_handlers={HTTPException: http_error},
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
@@ -80,5 +87,5 @@ def build_app(server: VllmServer) -> Starlette:
             Route("/sim/requests", sim_requests, methods=["GET"]),
             Route("/sim/faults", sim_faults, methods=["GET", "POST", "DELETE"]),
             Route("/sim/reset", sim_reset, methods=["POST"]),
-        ]
+        ],
     )
