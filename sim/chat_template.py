@@ -54,7 +54,7 @@ class ChatTemplate:
         environment.globals["raise_exception"] = _raise
         variables = {
             **(extra or {}),
-            "messages": list(messages),
+            "messages": [_with_argument_objects(m) for m in messages],
             "tools": list(tools) if tools else None,
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token or "",
@@ -64,6 +64,25 @@ class ChatTemplate:
             return environment.from_string(self.source).render(**variables)
         except TemplateError as exc:
             raise ChatTemplateError(str(exc)) from exc
+
+
+def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message's tool-call arguments as objects, not JSON text: what vLLM
+    hands a template."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return message
+    parsed = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                call = {**call, "function": {**function, "arguments": json.loads(arguments)}}
+            except ValueError:
+                pass
+        parsed.append(call)
+    return {**message, "tool_calls": parsed}
 
 
 def load_chat_template(folder: Path) -> ChatTemplate | None:

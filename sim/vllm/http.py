@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import orjson
@@ -42,6 +43,7 @@ def build_app(server: VllmServer) -> Starlette:
                 "root": server.config.tokenizer,
                 "parent": None,
                 "max_model_len": server.config.max_model_len,
+                "permission": [_permission(created)],
             }
             for name in server.config.served_model_names
         ]
@@ -89,3 +91,21 @@ def build_app(server: VllmServer) -> Starlette:
             Route("/sim/reset", sim_reset, methods=["POST"]),
         ],
     )
+
+
+def _permission(created: int) -> dict[str, Any]:
+    """The ``permission`` entry vLLM lists under each model."""
+    return {
+        "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }

@@ -10,14 +10,18 @@ from typing import Any
 import orjson
 
 from sim.vllm.engine import Step
-from sim.vllm.errors import ApiError
+from sim.vllm.errors import schema_error
 from sim.vllm.formats import Formatter
 
 
 def chat_request(body: Any) -> dict[str, Any]:
     """The chat request a Responses ``body`` asks for (the fields the simulator reads)."""
     if not isinstance(body, dict) or "input" not in body:
-        raise ApiError(400, "input: Field required", "input")
+        raise schema_error(
+            "1 validation error:\n  {'type': 'missing', 'loc': 'body.input', 'msg': "
+            "'Field required'}",
+            "body.input",
+        )
     messages: list[dict[str, Any]] = []
     if isinstance(body.get("instructions"), str):
         messages.append({"role": "system", "content": body["instructions"]})
@@ -42,7 +46,10 @@ def chat_request(body: Any) -> dict[str, Any]:
         chat["max_tokens"] = body["max_output_tokens"]
     tools = [t for t in body.get("tools") or [] if t.get("type") == "function"]
     if tools:
-        chat["tools"] = [{"type": "function", "function": t} for t in tools]
+        chat["tools"] = [
+            {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+            for t in tools
+        ]
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         choice = {"type": "function", "function": {"name": choice.get("name")}}
@@ -307,7 +314,9 @@ def _reasoning(text: str, status: str) -> dict[str, Any]:
 
 
 def _message(text: str, status: str) -> dict[str, Any]:
-    content: list[dict[str, Any]] = [{"annotations": [], "text": text, "type": "output_text", "logprobs": None}]
+    content: list[dict[str, Any]] = [
+        {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+    ]
     return {
         "id": _item_id("msg_"),
         "content": content if text or status == "in_progress" else [],

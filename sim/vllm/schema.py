@@ -8,9 +8,9 @@ Unknown fields are accepted and ignored, as vLLM accepts many extensions. Two ki
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from sim.vllm.errors import ApiError, invalid, schema_error
 
@@ -132,8 +132,23 @@ class ChatRequest(GenerationRequest):
 
     @property
     def tool_dicts(self) -> list[dict[str, Any]] | None:
-        """The tools as plain dicts."""
-        return None if self.tools is None else [t.model_dump() for t in self.tools]
+        """The tools as vLLM hands them to the chat template: ``type`` and the function's
+        ``name``, ``description``, ``parameters`` (``strict`` only when given)."""
+        if self.tools is None:
+            return None
+        dicts = []
+        for tool in self.tools:
+            function = tool.function
+            described: dict[str, Any] = {
+                "name": function.name,
+                "description": function.description,
+                "parameters": function.parameters,
+            }
+            strict = (function.model_extra or {}).get("strict")
+            if strict is not None:
+                described["strict"] = strict
+            dicts.append({"type": tool.type, "function": described})
+        return dicts
 
     @property
     def auto_tools(self) -> bool:
@@ -144,7 +159,7 @@ class ChatRequest(GenerationRequest):
 class CompletionRequest(GenerationRequest):
     """``POST /v1/completions``."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: list[Annotated[int, Field(ge=0)]] | list[list[int]] | str | list[str] | None = None
     logprobs: int | None = None
     echo: StrictBool = False
 
@@ -161,8 +176,14 @@ class CompletionRequest(GenerationRequest):
         return self.logprobs
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "constrained-int"}
+
+
 def _loc(error: Any) -> str:
-    return ".".join(["body", *(str(part) for part in error["loc"])])
+    """``body.<path>`` of an error, without pydantic's union member tags."""
+    parts = [str(part) for part in error["loc"]]
+    kept = [p for p in parts if p not in _TYPE_TAGS and "[" not in p]
+    return ".".join(["body", *kept])
 
 
 def _schema_failure(exc: ValidationError) -> ApiError:
@@ -226,3 +247,9 @@ def check_sampling(request: ChatRequest | CompletionRequest) -> None:
         )
     if request.top_p is not None and not 0 < request.top_p <= 1:
         raise invalid(f"top_p must be in (0, 1], got {request.top_p}.", "top_p", request.top_p)
+
+
+def check_prompt(request: CompletionRequest) -> None:
+    """A completion needs a non-empty prompt."""
+    if request.prompt is None or request.prompt in ("", []):
+        raise invalid("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")

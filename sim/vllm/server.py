@@ -31,7 +31,13 @@ from sim.vllm.formats import Echo, Formatter, system_fingerprint, usage
 from sim.vllm.parsers import NativeParser
 from sim.vllm.records import RequestRecord, ServerRecords, TransferRecord
 from sim.vllm.responses import ResponsesFormatter
-from sim.vllm.schema import ChatRequest, CompletionRequest, check_sampling, parse_request
+from sim.vllm.schema import (
+    ChatRequest,
+    CompletionRequest,
+    check_prompt,
+    check_sampling,
+    parse_request,
+)
 
 _AUTO_TOOLS_MESSAGE = (
     '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
@@ -140,6 +146,8 @@ class VllmServer:
             )
         if isinstance(request, ChatRequest):
             self._check_tool_choice(request)
+        else:
+            check_prompt(request)
         base = headers.get("x-request-id") or ids.random_base()
         record.request_id = ids.response_id(endpoint, base)
         if responses_body is not None:
@@ -147,7 +155,9 @@ class VllmServer:
         record.engine_request_id = ids.engine_request_id(endpoint, base)
         record.rid = ids.reduce_rid(record.engine_request_id)
         plans = self._plans(request)
-        budget = self._budget(request, plans)
+        budget = self._budget(
+            request, plans, "max_output_tokens" if responses_body is not None else None
+        )
         kv = request.kv_transfer_params or {}
         plan = plans[0]
         if request.ignore_eos and budget is not None:
@@ -227,7 +237,12 @@ class VllmServer:
         described = f'function "{name}"' if isinstance(choice, dict) else f'"{choice}"'
         raise ApiError(400, f"tool_choice={described} requires --tool-call-parser to be set")
 
-    def _budget(self, request: ChatRequest | CompletionRequest, plans: list[Plan]) -> int | None:
+    def _budget(
+        self,
+        request: ChatRequest | CompletionRequest,
+        plans: list[Plan],
+        budget_name: str | None = None,
+    ) -> int:
         """The output budget once the prompt is checked against the context, as vLLM
         clamps it (``max_tokens`` above ``max_model_len`` is refused)."""
         limit = self.config.max_model_len
@@ -243,7 +258,7 @@ class VllmServer:
                 )
         wanted = request.budget
         if wanted is not None and wanted > limit:
-            name = "max_tokens"
+            name = budget_name or "max_tokens"
             if isinstance(request, ChatRequest) and request.max_completion_tokens:
                 name = "max_completion_tokens"
             raise invalid(
@@ -254,7 +269,10 @@ class VllmServer:
             )
         check_sampling(request)
         room = limit - max(len(plan.prompt_ids) for plan in plans)
-        return room if wanted is None else min(wanted, room)
+        budget = room if wanted is None else min(wanted, room)
+        if budget < 1:  # a prompt filling the whole context leaves nothing to generate
+            raise invalid(f"max_tokens must be at least 1, got {budget}.", "max_tokens", budget)
+        return budget
 
     def _echoes(
         self, request: ChatRequest | CompletionRequest, plans: list[Plan]
@@ -322,7 +340,7 @@ class VllmServer:
                         self.vocab,
                         request.message_dicts,
                         default,
-                        request.tool_dicts if request.tool_choice != "none" else None,
+                        request.tool_dicts,
                         request.chat_template_kwargs,
                     )
                 ]
