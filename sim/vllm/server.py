@@ -225,7 +225,10 @@ class VllmServer:
         )
 
     def _check_tool_choice(self, request: ChatRequest) -> None:
-        """vLLM refuses a tool choice it has no tool-call parser for."""
+        """vLLM refuses a tool choice it has no tool-call parser for (only with
+        ``--refuse-unparsed-tool-choice``: by default the markup stays content)."""
+        if not self.config.refuse_unparsed_tool_choice:
+            return
         if self.config.parsers.tool_call_parser is not None or not request.tools:
             return
         choice = request.tool_choice

@@ -38,6 +38,7 @@ def simulator(real_vllm: Any) -> Iterator[str]:
             MAX_MODEL_LEN,
             "--no-enable-prompt-tokens-details",
             "--text-logprobs",
+            "--refuse-unparsed-tool-choice",
             "--itl-ms",
             "0",
         ],

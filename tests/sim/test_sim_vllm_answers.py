@@ -91,7 +91,6 @@ async def test_echo_with_logprobs_returns_the_prompts_logprobs(
             {"messages": HI, "tools": [{"type": "x", "function": {"name": "f"}}]},
             "body.tools.0.type",
         ),
-        ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, None),
     ],
 )
 async def test_refusals(
