@@ -16,6 +16,7 @@ from sim.vllm.errors import ApiError, invalid, schema_error
 
 Endpoint = Literal["chat", "completions"]
 MAX_LOGPROBS = 20
+GREEDY_TEMPERATURE = 1e-5  # below it vLLM samples greedily
 
 
 class StreamOptions(BaseModel):
@@ -72,6 +73,10 @@ class GenerationRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     ignore_eos: StrictBool = False
     kv_transfer_params: dict[str, Any] | None = None
 
@@ -237,16 +242,42 @@ def check_sampling(request: ChatRequest | CompletionRequest) -> None:
             "logprobs",
             wanted,
         )
+    if request.stream_options is not None and not request.stream:
+        raise invalid("Stream options can only be defined when `stream=True`.", "stream_options")
     if request.n is not None and request.n < 1:
         raise ApiError(400, f"n must be at least 1, got {request.n}.")
+    _check_penalties(request)
     if request.temperature is not None and request.temperature < 0:
         raise invalid(
             f"temperature must be non-negative, got {request.temperature}.",
             "temperature",
             request.temperature,
         )
+    if request.temperature is not None and request.temperature > 2:
+        raise invalid(
+            f"temperature must be in [0, 2], got {request.temperature}.",
+            "temperature",
+            request.temperature,
+        )
     if request.top_p is not None and not 0 < request.top_p <= 1:
         raise invalid(f"top_p must be in (0, 1], got {request.top_p}.", "top_p", request.top_p)
+    if request.top_k is not None and request.top_k < -1:  # -1 is vLLM's old "off"
+        raise ApiError(400, f"top_k must be 0 (disable), or at least 1, got {request.top_k}.")
+    if request.min_p is not None and not 0 <= request.min_p <= 1:
+        raise ApiError(400, f"min_p must be in [0, 1], got {request.min_p}.")
+    greedy = request.temperature is not None and request.temperature < GREEDY_TEMPERATURE
+    if greedy and request.choices > 1:
+        raise ApiError(400, f"n must be 1 when using greedy sampling, got {request.choices}.")
+
+
+def _check_penalties(request: GenerationRequest) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(request, name)
+        if value is not None and not -2 <= value <= 2:
+            raise ApiError(400, f"{name} must be in [-2, 2], got {value}.")
+    repetition = request.repetition_penalty
+    if repetition is not None and repetition <= 0:
+        raise ApiError(400, f"repetition_penalty must be greater than zero, got {repetition}.")
 
 
 def check_prompt(request: CompletionRequest) -> None:
