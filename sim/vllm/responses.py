@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from sim.vllm.engine import Step
-from sim.vllm.errors import schema_error
+from sim.vllm.errors import ApiError, schema_error
 from sim.vllm.formats import Formatter
 
 
@@ -21,6 +21,15 @@ def chat_request(body: Any) -> dict[str, Any]:
             "1 validation error:\n  {'type': 'missing', 'loc': 'body.input', 'msg': "
             "'Field required'}",
             "body.input",
+        )
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        # vLLM keeps no responses unless its store is enabled: any earlier id is unknown.
+        raise ApiError(
+            404,
+            f"Response with id '{previous}' not found.",
+            "response_id",
+            "invalid_request_error",
         )
     messages: list[dict[str, Any]] = []
     if isinstance(body.get("instructions"), str):
@@ -267,7 +276,7 @@ class ResponsesFormatter:
             "reasoning": body.get("reasoning"),
             "service_tier": body.get("service_tier", "auto"),
             "status": status,
-            "text": body.get("text"),
+            "text": _text_config(body.get("text")),
             "top_logprobs": body.get("top_logprobs"),
             "truncation": body.get("truncation", "disabled"),
             "usage": usage,
@@ -279,6 +288,13 @@ class ResponsesFormatter:
             "input_messages": None,
             "output_messages": None,
         }
+
+
+def _text_config(text: Any) -> Any:
+    """``text`` as the response echoes it: the format and its ``verbosity``."""
+    if not isinstance(text, dict):
+        return text
+    return {"format": text.get("format"), "verbosity": text.get("verbosity")}
 
 
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:

@@ -265,6 +265,24 @@ CASES: list[Case] = [
         temperature=0,
     ),
     responses("responses_over_context", max_output_tokens=5000),
+    responses("responses_previous_id", previous_response_id="resp_1", max_output_tokens=1),
+    responses(
+        "responses_echoed_settings",
+        max_output_tokens=1,
+        top_p=0.5,
+        metadata={"a": "b"},
+        user="u",
+        text={"format": {"type": "text"}},
+        store=True,
+    ),
+    Case(
+        "responses_input_parts",
+        "/v1/responses",
+        body={
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+            "max_output_tokens": 1,
+        },
+    ),
     responses("responses_unknown_model", model="nope"),
     Case("responses_missing_input", "/v1/responses", body={}),
     # other routes
