@@ -105,16 +105,43 @@ def plan_output(
     return [*filler_ids(vocab, prompt_text, default_output_tokens), vocab.eos_ids[0]], False
 
 
-def plan_chat(vocab: Vocab, messages: Sequence[dict[str, Any]], default_output_tokens: int) -> Plan:
-    """Plan a chat request: prompt rendered by :func:`render_chat`, output by directive."""
+def plan_chat(
+    vocab: Vocab,
+    messages: Sequence[dict[str, Any]],
+    default_output_tokens: int,
+    tools: Sequence[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> Plan:
+    """Plan a chat request: the prompt rendered by the model's chat template (with the
+    tools and the generation prompt) if the tokenizer has one, else by
+    :func:`render_chat`; the output by directive."""
     output, scripted = plan_output(vocab, chat_prompt_text(messages), default_output_tokens)
-    return Plan(vocab.encode(render_chat(messages)), output, scripted)
+    if vocab.chat_template is not None:
+        prompt = vocab.chat_template.render(messages, tools, extra=template_kwargs)
+    else:
+        prompt = render_chat(messages)
+    return Plan(vocab.encode(prompt), output, scripted)
+
+
+def extend_output(vocab: Vocab, plan: Plan, count: int) -> Plan:
+    """``plan`` generating at least ``count`` ids before its EOS (``ignore_eos``): filler
+    seeded by the planned ids follows them."""
+    body = [i for i in plan.output_ids if i not in vocab.eos_ids]
+    if len(body) < count:
+        body += filler_ids(vocab, repr(body), count - len(body))
+    return Plan(plan.prompt_ids, [*body, vocab.eos_ids[0]], plan.scripted)
+
+
+def completion_prompts(prompt: Any) -> list[Any]:
+    """The prompts of a completion request: a string, token ids, or a list of either."""
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return list(prompt)
+    return [prompt]
 
 
 def plan_completion(vocab: Vocab, prompt: Any, default_output_tokens: int) -> Plan:
-    """Plan a completion: ``prompt`` is a string, token ids, or a list of either (first used)."""
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        prompt = prompt[0]
+    """Plan a completion of one prompt (a string or token ids; of a list, the first)."""
+    prompt = completion_prompts(prompt)[0]
     if isinstance(prompt, list):
         prompt_ids = [int(i) for i in prompt]
         text = vocab.decode(prompt_ids)

@@ -190,6 +190,8 @@ class SimStack:
             engine_id = "proxy" if kind == "proxy" else f"{kind}-{index}"
             command = ["vllm", "--role", role, *common, "--port", "0"]
             command += ["--side-channel-port", "0", "--engine-id", engine_id]
+            # A PD deployment's vLLM reports cached tokens (the decode leg's KV).
+            command += ["--enable-prompt-tokens-details"]
             for name in self._models:
                 command += ["--served-model-name", name]
         extra = self._instance_args.get(f"{kind}-{index}", [])

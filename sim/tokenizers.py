@@ -4,7 +4,8 @@ A spec is ``"deepseek"`` (the tokenizer.json shipped inside the ``deepseek_token
 package), ``"glm"`` (the GLM-style fixture in ``sim/fixtures/glm``), or a path to a
 tokenizer.json or to a directory holding one. EOS ids come from ``generation_config.json``
 (``eos_token_id``, int or list) next to the file, else from ``tokenizer_config.json``
-(``eos_token``).
+(``eos_token``). A ``chat_template`` in that tokenizer_config.json is the model's own
+chat template (see :mod:`sim.chat_template`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
+
+from sim.chat_template import ChatTemplate, load_chat_template
 
 GLM_FIXTURE_DIR = Path(__file__).parent / "fixtures" / "glm"
 
@@ -82,10 +85,17 @@ class Vocab:
 
     tokenizer: Tokenizer
     eos_ids: tuple[int, ...]
+    chat_template: ChatTemplate | None = None
+    """The model's own chat template; None renders chats the simulators' way."""
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; added tokens (``<think>``, ``<|user|>``…) are matched whole."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    @property
+    def size(self) -> int:
+        """How many token ids exist (added tokens included)."""
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``."""
@@ -95,4 +105,7 @@ class Vocab:
 def load_vocab(spec: str) -> Vocab:
     """Load the tokenizer and EOS ids named by ``spec``."""
     tokenizer = load_tokenizer(spec)
-    return Vocab(tokenizer=tokenizer, eos_ids=eos_token_ids(spec, tokenizer))
+    named = spec in ("deepseek", "glm")
+    template = None if named else load_chat_template(tokenizer_file(spec).parent)
+    eos_ids = eos_token_ids(spec, tokenizer)
+    return Vocab(tokenizer=tokenizer, eos_ids=eos_ids, chat_template=template)

@@ -51,6 +51,8 @@ class ServerConfig:
     kv_expiry_s: float = 480.0
     remote_prefill_timeout_s: float = 60.0
     max_model_len: int = 131072
+    prompt_tokens_details: bool = False
+    refuse_unparsed_tool_choice: bool = False
     parsers: ParserConfig = field(default_factory=ParserConfig)
     faults: dict[str, Any] = field(default_factory=dict)
 
@@ -96,9 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-expiry-s", type=float, default=480.0, help="NIXL producer state lifetime")
     add("--remote-prefill-timeout-s", type=float, default=60.0, help="push-mode wait")
     add("--max-model-len", type=int, default=131072)
+    add(
+        "--enable-prompt-tokens-details",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="usage.prompt_tokens_details.cached_tokens in answers (vLLM's flag)",
+    )
     add("--reasoning-parser", choices=REASONING_PARSERS, help="split reasoning from content")
     add("--tool-call-parser", choices=TOOL_CALL_PARSERS, help="parse tool calls (with the next)")
     add("--enable-auto-tool-choice", action="store_true", help="parse tool calls for auto choice")
+    add(
+        "--refuse-unparsed-tool-choice",
+        action="store_true",
+        help="refuse tools with a tool_choice the parser flags cannot serve, as vLLM does",
+    )
     faults = parser.add_argument_group("faults (also settable at POST /sim/faults)")
     faults.add_argument("--http-status", type=int, help="answer completions with this status")
     faults.add_argument("--text-logprobs", action="store_true", help="logprobs as plain text")
@@ -144,6 +157,8 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
         kv_expiry_s=args.kv_expiry_s,
         remote_prefill_timeout_s=args.remote_prefill_timeout_s,
         max_model_len=args.max_model_len,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
+        refuse_unparsed_tool_choice=args.refuse_unparsed_tool_choice,
         parsers=ParserConfig(
             args.reasoning_parser, args.tool_call_parser, args.enable_auto_tool_choice
         ),

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -41,6 +43,7 @@ def build_app(server: VllmServer) -> Starlette:
                 "root": server.config.tokenizer,
                 "parent": None,
                 "max_model_len": server.config.max_model_len,
+                "permission": [_permission(created)],
             }
             for name in server.config.served_model_names
         ]
@@ -70,7 +73,13 @@ def build_app(server: VllmServer) -> Starlette:
         server.records.reset()
         return JSONResponse({"reset": True})
 
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # FastAPI's shape, as vLLM answers an unknown path or method.
+        assert isinstance(exc, HTTPException)
+        return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
+
     return Starlette(
+        exception_handlers={HTTPException: http_error},
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
@@ -80,5 +89,23 @@ def build_app(server: VllmServer) -> Starlette:
             Route("/sim/requests", sim_requests, methods=["GET"]),
             Route("/sim/faults", sim_faults, methods=["GET", "POST", "DELETE"]),
             Route("/sim/reset", sim_reset, methods=["POST"]),
-        ]
+        ],
     )
+
+
+def _permission(created: int) -> dict[str, Any]:
+    """The ``permission`` entry vLLM lists under each model."""
+    return {
+        "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }

@@ -10,14 +10,27 @@ from typing import Any
 import orjson
 
 from sim.vllm.engine import Step
-from sim.vllm.errors import ApiError
+from sim.vllm.errors import ApiError, schema_error
 from sim.vllm.formats import Formatter
 
 
 def chat_request(body: Any) -> dict[str, Any]:
     """The chat request a Responses ``body`` asks for (the fields the simulator reads)."""
     if not isinstance(body, dict) or "input" not in body:
-        raise ApiError(400, "input: Field required", "input")
+        raise schema_error(
+            "1 validation error:\n  {'type': 'missing', 'loc': 'body.input', 'msg': "
+            "'Field required'}",
+            "body.input",
+        )
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        # vLLM keeps no responses unless its store is enabled: any earlier id is unknown.
+        raise ApiError(
+            404,
+            f"Response with id '{previous}' not found.",
+            "response_id",
+            "invalid_request_error",
+        )
     messages: list[dict[str, Any]] = []
     if isinstance(body.get("instructions"), str):
         messages.append({"role": "system", "content": body["instructions"]})
@@ -42,7 +55,10 @@ def chat_request(body: Any) -> dict[str, Any]:
         chat["max_tokens"] = body["max_output_tokens"]
     tools = [t for t in body.get("tools") or [] if t.get("type") == "function"]
     if tools:
-        chat["tools"] = [{"type": "function", "function": t} for t in tools]
+        chat["tools"] = [
+            {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+            for t in tools
+        ]
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         choice = {"type": "function", "function": {"name": choice.get("name")}}
@@ -61,21 +77,23 @@ def _text_of(content: Any) -> str:
 
 
 class ResponsesFormatter:
-    """The Responses view of one chat answer."""
+    """The Responses view of one chat answer, in vLLM 0.32's shapes and key order."""
 
-    def __init__(self, chat: Formatter, body: dict[str, Any]) -> None:
+    def __init__(self, chat: Formatter, body: dict[str, Any], max_tokens: int | None) -> None:
         self._chat = chat
         self._body = body
-        self._id = "resp_" + uuid.uuid4().hex
+        self._id = chat.response_id
+        self._max_tokens = max_tokens
         self._sequence = 0
 
     def response(self, steps: Sequence[Step], usage_body: dict[str, Any]) -> dict[str, Any]:
-        chat = self._chat.response(steps, usage_body, None)
+        """The whole ``response`` object."""
+        chat = self._chat.response([steps], usage_body, None)
         message = chat["choices"][0]["message"]
         output = []
         if message.get("reasoning"):
             output.append(_reasoning(message["reasoning"], "completed"))
-        if message.get("content") or not message.get("tool_calls"):
+        if message.get("content") is not None or not message.get("tool_calls"):
             output.append(_message(message.get("content") or "", "completed"))
         for call in message.get("tool_calls") or []:
             function = call["function"]
@@ -85,7 +103,8 @@ class ResponsesFormatter:
     async def events(
         self, steps: Sequence[Step], usage_body: dict[str, Any], pause: Callable[[], Any]
     ) -> AsyncIterator[bytes]:
-        """The stream: lifecycle events around one item per kind of output, in order."""
+        """The stream: lifecycle events around one item per kind of output, in order; it
+        ends with ``response.completed`` whatever the final status."""
         start = self._object(None, [], None)
         yield self._event("response.created", response=start)
         yield self._event("response.in_progress", response=start)
@@ -97,7 +116,7 @@ class ResponsesFormatter:
                 await pause()
             delta = self._chat.chunk(step, 0)["choices"][0]["delta"]
             finish = step.finish_reason or finish
-            pieces: list[tuple[tuple[str, Any], str]] = []
+            pieces: list[tuple[tuple[str, Any], Any]] = []
             if delta.get("reasoning"):
                 pieces.append((("reasoning", None), delta["reasoning"]))
             if delta.get("content"):
@@ -115,12 +134,14 @@ class ResponsesFormatter:
                     if "content" in added:
                         added = {**added, "content": []}
                     yield self._event(
-                        "response.output_item.added", output_index=len(output) - 1, item=added
+                        "response.output_item.added", item=added, output_index=len(output) - 1
                     )
                     if kind[0] != "call":
-                        part = output[-1]["content"][0]
+                        part = {**output[-1]["content"][0]}
+                        if part["type"] == "output_text":
+                            part["logprobs"] = []
                         yield self._event(
-                            "response.content_part.added", **self._at(output), part=part
+                            "response.content_part.added", **self._at(output, part=part)
                         )
                 for event in self._grow(output, kind[0], piece):
                     yield event
@@ -128,7 +149,7 @@ class ResponsesFormatter:
             for event in self._done(output):
                 yield event
         final = self._object(self._chat_finish(finish), output, usage_body)
-        yield self._event(f"response.{final['status']}", response=final)
+        yield self._event("response.completed", response=final)
 
     def _chat_finish(self, finish: str) -> str:
         return "length" if finish == "length" else "stop"
@@ -151,15 +172,17 @@ class ResponsesFormatter:
             return [
                 self._event(
                     "response.function_call_arguments.delta",
+                    delta=arguments,
                     item_id=item["id"],
                     output_index=len(output) - 1,
-                    delta=arguments,
                 )
             ]
         item["content"][0]["text"] += piece
-        name = "reasoning_text" if kind == "reasoning" else "output_text"
-        extra = {} if kind == "reasoning" else {"logprobs": []}
-        return [self._event(f"response.{name}.delta", **self._at(output), delta=piece, **extra)]
+        if kind == "reasoning":
+            return [self._event("response.reasoning_text.delta", **self._at(output, delta=piece))]
+        return [
+            self._event("response.output_text.delta", **self._at(output, delta=piece, logprobs=[]))
+        ]
 
     def _done(self, output: list[dict[str, Any]]) -> list[bytes]:
         item = output[-1]
@@ -169,34 +192,36 @@ class ResponsesFormatter:
             events.append(
                 self._event(
                     "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=len(output) - 1,
-                    name=item["name"],
                     arguments=item["arguments"],
+                    item_id=item["id"],
+                    name=item["name"],
+                    output_index=len(output) - 1,
                 )
             )
         else:
             part = item["content"][0]
+            text = part["text"]
             if item["type"] == "reasoning":
-                done = self._event(
-                    "response.reasoning_text.done", **self._at(output), text=part["text"]
-                )
+                done = self._event("response.reasoning_text.done", **self._at(output, text=text))
             else:
                 done = self._event(
-                    "response.output_text.done", **self._at(output), text=part["text"], logprobs=[]
+                    "response.output_text.done", **self._at(output, logprobs=[], text=text)
                 )
             events.append(done)
-            events.append(self._event("response.content_part.done", **self._at(output), part=part))
+            events.append(self._event("response.content_part.done", **self._at(output, part=part)))
         events.append(
-            self._event("response.output_item.done", output_index=len(output) - 1, item=item)
+            self._event("response.output_item.done", item=item, output_index=len(output) - 1)
         )
         return events
 
-    def _at(self, output: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"item_id": output[-1]["id"], "output_index": len(output) - 1, "content_index": 0}
+    def _at(self, output: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+        """An item's event fields in vLLM's (alphabetical) order."""
+        at = {"content_index": 0, "item_id": output[-1]["id"], "output_index": len(output) - 1}
+        return dict(sorted({**at, **fields}.items()))
 
     def _event(self, kind: str, **fields: Any) -> bytes:
-        payload = {"type": kind, **fields, "sequence_number": self._sequence}
+        payload = {**fields, "sequence_number": self._sequence, "type": kind}
+        payload = dict(sorted(payload.items()))
         self._sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
@@ -212,70 +237,118 @@ class ResponsesFormatter:
             cached = (usage_body.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             usage = {
                 "input_tokens": usage_body["prompt_tokens"],
-                "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+                "input_tokens_details": {
+                    "cached_tokens": cached,
+                    "cache_write_tokens": 0,
+                    "input_tokens_per_turn": [],
+                    "cached_tokens_per_turn": [],
+                },
                 "output_tokens": usage_body["completion_tokens"],
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {
+                    "reasoning_tokens": 0,
+                    "tool_output_tokens": 0,
+                    "output_tokens_per_turn": [],
+                    "tool_output_tokens_per_turn": [],
+                },
                 "total_tokens": usage_body["total_tokens"],
             }
+        tools = [_tool(t) for t in body.get("tools") or []]
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {
             "id": self._id,
-            "object": "response",
             "created_at": self._chat.created,
-            "model": self._chat.model,
-            "status": status,
-            "output": output,
-            "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"}
-            if status == "incomplete"
-            else None,
+            "incomplete_details": incomplete,
             "instructions": body.get("instructions"),
-            "max_output_tokens": body.get("max_output_tokens"),
             "metadata": body.get("metadata"),
+            "model": self._chat.model,
+            "object": "response",
+            "output": output,
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
-            "previous_response_id": body.get("previous_response_id"),
-            "reasoning": body.get("reasoning"),
-            "temperature": body.get("temperature"),
-            "text": body.get("text") or {"format": {"type": "text"}},
-            "tool_choice": body.get("tool_choice", "auto"),
-            "tools": body.get("tools") or [],
-            "top_logprobs": body.get("top_logprobs"),
-            "top_p": body.get("top_p"),
-            "truncation": body.get("truncation", "disabled"),
-            "user": body.get("user"),
+            "temperature": float(body.get("temperature", 1.0)),
+            "tool_choice": body.get("tool_choice", "auto" if tools else "none"),
+            "tools": tools,
+            "top_p": float(body.get("top_p", 1.0)),
             "background": bool(body.get("background")),
-            "store": False,
-            "service_tier": "auto",
+            "max_output_tokens": self._max_tokens,
+            "max_tool_calls": body.get("max_tool_calls"),
+            "previous_response_id": body.get("previous_response_id"),
+            "prompt": body.get("prompt"),
+            "reasoning": body.get("reasoning"),
+            "service_tier": body.get("service_tier", "auto"),
+            "status": status,
+            "text": _text_config(body.get("text")),
+            "top_logprobs": body.get("top_logprobs"),
+            "truncation": body.get("truncation", "disabled"),
             "usage": usage,
+            "user": body.get("user"),
+            "presence_penalty": float(body.get("presence_penalty", 0.0)),
+            "frequency_penalty": float(body.get("frequency_penalty", 0.0)),
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "input_messages": None,
+            "output_messages": None,
         }
+
+
+def _text_config(text: Any) -> Any:
+    """``text`` as the response echoes it: the format and its ``verbosity``."""
+    if not isinstance(text, dict):
+        return text
+    return {"format": text.get("format"), "verbosity": text.get("verbosity")}
+
+
+def _tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A request tool as the response lists it (a function tool with every field)."""
+    if tool.get("type") != "function":
+        return tool
+    return {
+        "name": tool.get("name"),
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict"),
+        "type": "function",
+        "allowed_callers": tool.get("allowed_callers"),
+        "async": tool.get("async"),
+        "defer_loading": tool.get("defer_loading"),
+        "description": tool.get("description"),
+        "output_schema": tool.get("output_schema"),
+    }
+
+
+def _item_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:16]
 
 
 def _reasoning(text: str, status: str) -> dict[str, Any]:
     return {
-        "id": "rs_" + uuid.uuid4().hex,
-        "type": "reasoning",
+        "id": _item_id("rs_"),
         "summary": [],
-        "content": [{"type": "reasoning_text", "text": text}],
+        "type": "reasoning",
+        "content": [{"text": text, "type": "reasoning_text"}],
         "encrypted_content": None,
         "status": status,
     }
 
 
 def _message(text: str, status: str) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [
+        {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+    ]
     return {
-        "id": "msg_" + uuid.uuid4().hex,
-        "type": "message",
+        "id": _item_id("msg_"),
+        "content": content if text or status == "in_progress" else [],
         "role": "assistant",
         "status": status,
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+        "type": "message",
+        "phase": None,
     }
 
 
 def _call(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
     return {
-        "id": "fc_" + uuid.uuid4().hex,
-        "type": "function_call",
+        "arguments": arguments,
         "call_id": call_id,
         "name": name,
-        "arguments": arguments,
+        "type": "function_call",
+        "id": _item_id("fc_"),
         "status": status,
     }

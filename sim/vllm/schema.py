@@ -1,18 +1,22 @@
-"""Validation of incoming chat and completion bodies (the subset the simulator reads).
+"""Validation of incoming chat and completion bodies, refused as vLLM 0.32 refuses them.
 
-Unknown fields are accepted and ignored, as vLLM accepts many extensions; fields the
-simulator uses are type-checked so bad input gets a 400 like vLLM's.
+Unknown fields are accepted and ignored, as vLLM accepts many extensions. Two kinds of
+400: a body that fails the schema (wrong types, a missing field: type ``Bad Request``,
+``param`` the field's ``body.…`` path) and a value vLLM refuses (``BadRequestError``,
+:func:`check_sampling`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
-from sim.vllm.errors import ApiError
+from sim.vllm.errors import ApiError, invalid, schema_error
 
 Endpoint = Literal["chat", "completions"]
+MAX_LOGPROBS = 20
+GREEDY_TEMPERATURE = 1e-5  # below it vLLM samples greedily
 
 
 class StreamOptions(BaseModel):
@@ -23,12 +27,45 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False
 
 
+class TextPart(BaseModel):
+    """A content part (only text parts are read)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: StrictStr
+
+
+class Message(BaseModel):
+    """One chat message."""
+
+    model_config = ConfigDict(extra="allow")
+    role: StrictStr
+    content: StrictStr | list[TextPart] | None = None
+
+
+class FunctionDefinition(BaseModel):
+    """A tool's ``function``."""
+
+    model_config = ConfigDict(extra="allow")
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    """One entry of ``tools``."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
 class GenerationRequest(BaseModel):
     """Fields shared by chat and completion requests."""
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = None
+    n: int | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -36,7 +73,17 @@ class GenerationRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: StrictBool = False
     kv_transfer_params: dict[str, Any] | None = None
+
+    @property
+    def choices(self) -> int:
+        """How many choices to answer (``n``)."""
+        return self.n or 1
 
     @property
     def stop_strings(self) -> list[str]:
@@ -65,19 +112,13 @@ class GenerationRequest(BaseModel):
 class ChatRequest(GenerationRequest):
     """``POST /v1/chat/completions``."""
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    messages: list[Message]
+    tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = None
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-
-    @model_validator(mode="after")
-    def _check(self) -> ChatRequest:
-        if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
-        return self
+    top_logprobs: int | None = None
 
     @property
     def budget(self) -> int | None:
@@ -89,17 +130,50 @@ class ChatRequest(GenerationRequest):
         """How many top logprobs to return per token, None for no logprobs."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    @property
+    def message_dicts(self) -> list[dict[str, Any]]:
+        """The messages as plain dicts, as the client sent them."""
+        return [m.model_dump(exclude_unset=True) for m in self.messages]
+
+    @property
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as vLLM hands them to the chat template: ``type`` and the function's
+        ``name``, ``description``, ``parameters`` (``strict`` only when given)."""
+        if self.tools is None:
+            return None
+        dicts = []
+        for tool in self.tools:
+            function = tool.function
+            described: dict[str, Any] = {
+                "name": function.name,
+                "description": function.description,
+                "parameters": function.parameters,
+            }
+            strict = (function.model_extra or {}).get("strict")
+            if strict is not None:
+                described["strict"] = strict
+            dicts.append({"type": tool.type, "function": described})
+        return dicts
+
+    @property
+    def auto_tools(self) -> bool:
+        """Tools given and the model left to choose (``tool_choice`` unset or ``auto``)."""
+        return bool(self.tools) and self.tool_choice in (None, "auto")
+
 
 class CompletionRequest(GenerationRequest):
     """``POST /v1/completions``."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    prompt: list[Annotated[int, Field(ge=0)]] | list[list[int]] | str | list[str] | None = None
+    logprobs: int | None = None
+    echo: StrictBool = False
 
     @property
     def budget(self) -> int | None:
         """The output token budget (vLLM's default for completions is 16)."""
-        return self.max_tokens or 16
+        if self.max_tokens is None:
+            return 16
+        return max(self.max_tokens, 1)  # echo with max_tokens 0 still runs one step
 
     @property
     def logprobs_count(self) -> int | None:
@@ -107,14 +181,106 @@ class CompletionRequest(GenerationRequest):
         return self.logprobs
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "constrained-int"}
+
+
+def _loc(error: Any) -> str:
+    """``body.<path>`` of an error, without pydantic's union member tags."""
+    parts = [str(part) for part in error["loc"]]
+    kept = [p for p in parts if p not in _TYPE_TAGS and "[" not in p]
+    return ".".join(["body", *kept])
+
+
+def _schema_failure(exc: ValidationError) -> ApiError:
+    errors = exc.errors()
+    count = len(errors)
+    lines = [
+        f"  {{'type': {e['type']!r}, 'loc': {_loc(e)!r}, 'msg': {e['msg']!r}}}" for e in errors
+    ]
+    noun = "error" if count == 1 else "errors"
+    return schema_error(f"{count} validation {noun}:\n" + "\n".join(lines), _loc(errors[0]))
+
+
 def parse_request(endpoint: Endpoint, body: Any) -> ChatRequest | CompletionRequest:
-    """Validate a request body, raising a 400 :class:`ApiError` like vLLM does."""
+    """Validate a request body against the schema, raising a 400 :class:`ApiError`."""
     if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
+        message = (
+            "1 validation error:\n  {'type': 'model_attributes_type', 'loc': 'body', 'msg': "
+            "'Input should be a valid dictionary or object to extract fields from'}"
+        )
+        raise schema_error(message, "body")
     model = ChatRequest if endpoint == "chat" else CompletionRequest
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param) from exc
+        raise _schema_failure(exc) from exc
+
+
+def check_sampling(request: ChatRequest | CompletionRequest) -> None:
+    """The value checks vLLM makes on a request that passed the schema."""
+    if isinstance(request, ChatRequest):
+        if request.top_logprobs is not None and not request.logprobs:
+            raise invalid(
+                "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
+            )
+        if request.top_logprobs is not None and request.top_logprobs < 0:
+            raise invalid("`top_logprobs` must be a positive value.", "top_logprobs")
+        wanted = request.top_logprobs if request.logprobs else None
+        budget_name = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        budget = request.budget
+    else:
+        wanted = request.logprobs
+        budget_name, budget = "max_tokens", request.max_tokens
+        if budget == 0 and request.echo:
+            budget = None  # echo with max_tokens 0 answers the prompt alone
+    if budget is not None and budget < 1:
+        raise invalid(f"{budget_name} must be at least 1, got {budget}.", budget_name, budget)
+    if wanted is not None and wanted > MAX_LOGPROBS:
+        raise invalid(
+            f"Requested sample logprobs of {wanted}, which is greater than max allowed: "
+            f"{MAX_LOGPROBS}",
+            "logprobs",
+            wanted,
+        )
+    if request.stream_options is not None and not request.stream:
+        raise invalid("Stream options can only be defined when `stream=True`.", "stream_options")
+    if request.n is not None and request.n < 1:
+        raise ApiError(400, f"n must be at least 1, got {request.n}.")
+    _check_penalties(request)
+    if request.temperature is not None and request.temperature < 0:
+        raise invalid(
+            f"temperature must be non-negative, got {request.temperature}.",
+            "temperature",
+            request.temperature,
+        )
+    if request.temperature is not None and request.temperature > 2:
+        raise invalid(
+            f"temperature must be in [0, 2], got {request.temperature}.",
+            "temperature",
+            request.temperature,
+        )
+    if request.top_p is not None and not 0 < request.top_p <= 1:
+        raise invalid(f"top_p must be in (0, 1], got {request.top_p}.", "top_p", request.top_p)
+    if request.top_k is not None and request.top_k < -1:  # -1 is vLLM's old "off"
+        raise ApiError(400, f"top_k must be 0 (disable), or at least 1, got {request.top_k}.")
+    if request.min_p is not None and not 0 <= request.min_p <= 1:
+        raise ApiError(400, f"min_p must be in [0, 1], got {request.min_p}.")
+    greedy = request.temperature is not None and request.temperature < GREEDY_TEMPERATURE
+    if greedy and request.choices > 1:
+        raise ApiError(400, f"n must be 1 when using greedy sampling, got {request.choices}.")
+
+
+def _check_penalties(request: GenerationRequest) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(request, name)
+        if value is not None and not -2 <= value <= 2:
+            raise ApiError(400, f"{name} must be in [-2, 2], got {value}.")
+    repetition = request.repetition_penalty
+    if repetition is not None and repetition <= 0:
+        raise ApiError(400, f"repetition_penalty must be greater than zero, got {repetition}.")
+
+
+def check_prompt(request: CompletionRequest) -> None:
+    """A completion needs a non-empty prompt."""
+    if request.prompt is None or request.prompt in ("", []):
+        raise invalid("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")

@@ -18,19 +18,30 @@ from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sim import ids
+from sim.chat_template import ChatTemplateError
 from sim.faults import FaultBoard
 from sim.ids import Endpoint
-from sim.script import Plan, plan_chat, plan_completion
+from sim.script import Plan, completion_prompts, extend_output, plan_chat, plan_completion
 from sim.tokenizers import Vocab
 from sim.vllm import nixl, responses, tilert_connector
 from sim.vllm.config import FAULTS, ServerConfig
 from sim.vllm.engine import Step, generate
-from sim.vllm.errors import ApiError
-from sim.vllm.formats import Formatter, usage
+from sim.vllm.errors import ApiError, invalid, json_error, schema_error
+from sim.vllm.formats import Echo, Formatter, system_fingerprint, usage
 from sim.vllm.parsers import NativeParser
 from sim.vllm.records import RequestRecord, ServerRecords, TransferRecord
 from sim.vllm.responses import ResponsesFormatter
-from sim.vllm.schema import ChatRequest, CompletionRequest, parse_request
+from sim.vllm.schema import (
+    ChatRequest,
+    CompletionRequest,
+    check_prompt,
+    check_sampling,
+    parse_request,
+)
+
+_AUTO_TOOLS_MESSAGE = (
+    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+)
 
 
 class SimulatedDeath(RuntimeError):
@@ -83,14 +94,28 @@ class VllmServer:
         raw: bytes,
         headers: dict[str, str],
     ) -> Any:
-        """Answer one request to ``/v1/chat/completions`` or ``/v1/completions``."""
+        """Answer one request to ``/v1/chat/completions``, ``/v1/completions`` or
+        ``/v1/responses``."""
+        body: Any
         try:
-            body: Any = orjson.loads(raw)
-        except orjson.JSONDecodeError:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
             body = raw.decode("utf-8", "replace")
+            bad_json: ApiError | None = json_error(exc)
+        else:
+            bad_json = None
         record = RequestRecord(path, headers, body, self.config.role, self.config.engine_id)
         self.records.requests.append(record)
         try:
+            media = headers.get("content-type", "application/json").split(";")[0].strip()
+            if media.lower() != "application/json":
+                raise schema_error(
+                    "1 validation error:\n  Unsupported Media Type: Only 'application/json' "
+                    "is allowed",
+                    None,
+                )
+            if bad_json is not None:
+                raise bad_json
             return await self._handle(endpoint, body, headers, record)
         except ApiError as exc:
             record.status, record.finished = exc.status, time.time()
@@ -108,31 +133,49 @@ class VllmServer:
             raise ApiError(status, f"simulated failure (HTTP {status})")
         if self.faults.take("stall"):
             await asyncio.Event().wait()  # never answers
-        if not isinstance(body, dict):
-            raise ApiError(400, "request body is not valid JSON")
         responses_body = None
         if endpoint == "responses":
             responses_body, body, endpoint = body, responses.chat_request(body), "chat"
         request = parse_request(endpoint, body)
-        if request.model is not None and request.model not in self.config.served_model_names:
-            raise ApiError(404, f"The model `{request.model}` does not exist.", "model")
+        names = self.config.served_model_names
+        if request.model is not None and request.model not in names:
+            raise ApiError(
+                404,
+                f"The model `{request.model}` does not exist. Valid aliases: {', '.join(names)}.",
+                "model",
+            )
+        if isinstance(request, ChatRequest):
+            self._check_tool_choice(request)
+        else:
+            check_prompt(request)
         base = headers.get("x-request-id") or ids.random_base()
         record.request_id = ids.response_id(endpoint, base)
+        if responses_body is not None:
+            record.request_id = "resp_" + base
         record.engine_request_id = ids.engine_request_id(endpoint, base)
         record.rid = ids.reduce_rid(record.engine_request_id)
-        plan = self._plan(request)
-        if len(plan.prompt_ids) >= self.config.max_model_len:
-            raise ApiError(400, "prompt is longer than the maximum model length", "messages")
+        plans = self._plans(request)
+        budget = self._budget(
+            request, plans, "max_output_tokens" if responses_body is not None else None
+        )
         kv = request.kv_transfer_params or {}
+        plan = plans[0]
+        if request.ignore_eos and budget is not None:
+            plans = [extend_output(self.vocab, p, budget) for p in plans]
+            plan = plans[0]
         source = await self._source(kv, plan, base, record)
         await asyncio.sleep(source.prefill_s)
-        steps = generate(
-            self.vocab,
-            source.output_ids,
-            request.budget,
-            request.stop_strings,
-            request.stop_token_ids or (),
-        )
+        outputs = [source.output_ids] + [p.output_ids for p in plans[1:]]
+        choices = [
+            generate(
+                self.vocab,
+                outputs[index // request.choices],
+                budget,
+                request.stop_strings,
+                request.stop_token_ids or (),
+            )
+            for index in range(len(plans) * request.choices)
+        ]
         kv_out = None
         if self.produces and kv.get("do_remote_decode") is True:
             record.kv_mode = "nixl_producer"
@@ -156,21 +199,95 @@ class VllmServer:
             vocab=self.vocab,
             logprobs=request.logprobs_count,
             text_logprobs=bool(self.faults.take("text_logprobs")),
-            parser=self._parser(request),
+            parsers=[self._parser(request) for _ in choices],
+            echoes=self._echoes(request, plans),
+            include_usage=request.include_usage,
+            fingerprint=system_fingerprint(self.config.model_name),
         )
-        usage_body = usage(source.prompt_len, len(steps), source.cached_tokens)
+        prompt_tokens = source.prompt_len + sum(len(p.prompt_ids) for p in plans[1:])
+        cached = source.cached_tokens if self.config.prompt_tokens_details else None
+        usage_body = usage(prompt_tokens, sum(len(c) for c in choices), cached)
         if responses_body is not None:
             return self._responses(
-                ResponsesFormatter(formatter, responses_body), steps, usage_body, request, record
+                ResponsesFormatter(formatter, responses_body, request.max_tokens),
+                choices[0],
+                usage_body,
+                request,
+                record,
             )
         if request.stream:
-            return self._stream(formatter, steps, usage_body, request, record, after_response)
-        await asyncio.sleep(max(len(steps) - 1, 0) * self.config.itl_ms / 1000)
+            return self._stream(formatter, choices, usage_body, request, record, after_response)
+        await asyncio.sleep(max(len(choices[0]) - 1, 0) * self.config.itl_ms / 1000)
         record.status, record.finished = 200, time.time()
         return JSONResponse(
-            formatter.response(steps, usage_body, kv_out),
+            formatter.response(choices, usage_body, kv_out),
             background=BackgroundTask(after_response) if after_response else None,
         )
+
+    def _check_tool_choice(self, request: ChatRequest) -> None:
+        """vLLM refuses a tool choice it has no tool-call parser for (only with
+        ``--refuse-unparsed-tool-choice``: by default the markup stays content)."""
+        if not self.config.refuse_unparsed_tool_choice:
+            return
+        if self.config.parsers.tool_call_parser is not None or not request.tools:
+            return
+        choice = request.tool_choice
+        if choice == "none":
+            return
+        if request.auto_tools:
+            raise ApiError(400, _AUTO_TOOLS_MESSAGE)
+        name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        described = f'function "{name}"' if isinstance(choice, dict) else f'"{choice}"'
+        raise ApiError(400, f"tool_choice={described} requires --tool-call-parser to be set")
+
+    def _budget(
+        self,
+        request: ChatRequest | CompletionRequest,
+        plans: list[Plan],
+        budget_name: str | None = None,
+    ) -> int:
+        """The output budget once the prompt is checked against the context, as vLLM
+        clamps it (``max_tokens`` above ``max_model_len`` is refused)."""
+        limit = self.config.max_model_len
+        for plan in plans:
+            if len(plan.prompt_ids) > limit:
+                raise invalid(
+                    f"This model's maximum context length is {limit} tokens. However, your "
+                    f"prompt contains {len(plan.prompt_ids)} input tokens, which exceeds this "
+                    "limit even without any output tokens. Please reduce the length of the "
+                    "input prompt.",
+                    "input_tokens",
+                    len(plan.prompt_ids),
+                )
+        wanted = request.budget
+        if wanted is not None and wanted > limit:
+            name = budget_name or "max_tokens"
+            if isinstance(request, ChatRequest) and request.max_completion_tokens:
+                name = "max_completion_tokens"
+            raise invalid(
+                f"{name}={wanted} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens.",
+                name,
+                wanted,
+            )
+        check_sampling(request)
+        room = limit - max(len(plan.prompt_ids) for plan in plans)
+        budget = room if wanted is None else min(wanted, room)
+        if budget < 1:  # a prompt filling the whole context leaves nothing to generate
+            raise invalid(f"max_tokens must be at least 1, got {budget}.", "max_tokens", budget)
+        return budget
+
+    def _echoes(
+        self, request: ChatRequest | CompletionRequest, plans: list[Plan]
+    ) -> list[Echo] | None:
+        if not isinstance(request, CompletionRequest) or not request.echo:
+            return None
+        only = request.max_tokens == 0
+        return [
+            Echo(self.vocab.decode(plan.prompt_ids), list(plan.prompt_ids), only)
+            for plan in plans
+            for _ in range(request.choices)
+        ]
 
     def _responses(
         self,
@@ -205,16 +322,44 @@ class VllmServer:
             return None
         return NativeParser(
             self.config.parsers,
-            tools=request.tools,
+            tools=request.tool_dicts,
             tool_choice=request.tool_choice,
             chat_template_kwargs=request.chat_template_kwargs,
         )
 
-    def _plan(self, request: ChatRequest | CompletionRequest) -> Plan:
+    def _plans(self, request: ChatRequest | CompletionRequest) -> list[Plan]:
+        """One plan per prompt (a completion may have several), prompts checked."""
         default = self.config.default_output_tokens
         if isinstance(request, ChatRequest):
-            return plan_chat(self.vocab, request.messages, default)
-        return plan_completion(self.vocab, request.prompt, default)
+            if not request.messages:
+                raise ApiError(
+                    400,
+                    "Cannot apply chat template to an empty conversation. "
+                    "Provide at least one message.",
+                )
+            try:
+                return [
+                    plan_chat(
+                        self.vocab,
+                        request.message_dicts,
+                        default,
+                        request.tool_dicts,
+                        request.chat_template_kwargs,
+                    )
+                ]
+            except ChatTemplateError as exc:
+                raise ApiError(400, str(exc)) from exc
+        plans = []
+        for prompt in completion_prompts(request.prompt):
+            if isinstance(prompt, list):
+                self._check_vocabulary(prompt)
+            plans.append(plan_completion(self.vocab, prompt, default))
+        return plans
+
+    def _check_vocabulary(self, token_ids: list[int]) -> None:
+        for token_id in (min(token_ids, default=0), max(token_ids, default=0)):
+            if not 0 <= token_id < self.vocab.size:
+                raise ApiError(400, f"Token id {token_id} is out of vocabulary")
 
     async def _source(
         self, kv: dict[str, Any], plan: Plan, base: str, record: RequestRecord
@@ -307,14 +452,18 @@ class VllmServer:
     def _stream(
         self,
         formatter: Formatter,
-        steps: list[Step],
+        choices: list[list[Step]],
         usage_body: dict[str, Any],
         request: ChatRequest | CompletionRequest,
         record: RequestRecord,
         after_response: Callable[[], Awaitable[None]] | None,
     ) -> Response:
+        """vLLM's stream: per engine step one chunk per choice still running (chat first
+        sends each choice's role chunk), then the usage chunk if asked, then [DONE]."""
         die_after = self.faults.take("die_after")
         itl_s = self.config.itl_ms / 1000
+        chat = formatter.endpoint == "chat"
+        prompt_tokens = usage_body["prompt_tokens"]
 
         async def events() -> AsyncIterator[bytes]:
             sent = 0
@@ -327,26 +476,44 @@ class VllmServer:
                 return b"data: " + payload + b"\n\n"
 
             def counted(chunk: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
-                if request.continuous_usage:  # vLLM's running count on every chunk
-                    chunk["usage"] = usage(
-                        usage_body["prompt_tokens"],
-                        completion_tokens,
-                        usage_body["prompt_tokens_details"]["cached_tokens"],
-                    )
-                return chunk
+                if not request.continuous_usage:
+                    return chunk
+                running: dict[str, Any] = {
+                    "prompt_tokens": prompt_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                    "completion_tokens": completion_tokens,
+                }
+                if chat:
+                    running["completion_tokens_details"] = None
+                # vLLM's running count goes right after the choices.
+                head = {k: v for k, v in chunk.items() if k != "system_fingerprint"}
+                tail = {k: v for k, v in chunk.items() if k == "system_fingerprint"}
+                return {**head, "usage": running, **tail}
 
-            if formatter.endpoint == "chat":
-                yield event(orjson.dumps(counted(formatter.role_chunk(), 0)))
-            offset = 0
-            for index, step in enumerate(steps):
-                if index:
+            if chat:
+                for index in range(len(choices)):
+                    chunk = counted(formatter.role_chunk(index), 0)
+                    yield event(orjson.dumps(formatter.with_prompt_fields(chunk)))
+            offsets = [0] * len(choices)
+            for position in range(max(len(steps) for steps in choices)):
+                if position:
                     await asyncio.sleep(itl_s)
-                chunk = counted(formatter.chunk(step, offset), index + 1)
-                offset += len(step.text)
-                # vLLM skips steps that add nothing (e.g. half of a multi-byte character,
-                # or text a parser holds back).
-                adds = step.text if formatter.parser is None else chunk["choices"][0]["delta"]
-                if adds or step.finish_reason or formatter.logprobs is not None:
+                for index, steps in enumerate(choices):
+                    if position >= len(steps):
+                        continue
+                    step = steps[position]
+                    chunk = formatter.chunk(step, offsets[index], index, first=position == 0)
+                    logprobs = chunk["choices"][0]["logprobs"]
+                    if logprobs is not None and not chat and logprobs["tokens"]:
+                        offsets[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+                    else:
+                        offsets[index] += len(chunk["choices"][0]["text"] if not chat else "")
+                    chunk = counted(chunk, position + 1)
+                    # A parser holding text back sends nothing for the step.
+                    parser = formatter.parsers[index] if chat else None
+                    if parser is not None and not chunk["choices"][0]["delta"]:
+                        if step.finish_reason is None and formatter.logprobs is None:
+                            continue
                     yield event(orjson.dumps(chunk))
             if request.include_usage:
                 yield event(orjson.dumps(formatter.usage_chunk(usage_body)))
