@@ -256,7 +256,7 @@ class ResponsesRenderer:
 
     def _response(self, status: str, usage: Usage | None) -> dict[str, Any]:
         request, facts = self._request, self._facts
-        tools = request.get("tools") or []
+        tools = [_listed_tool(tool) for tool in request.get("tools") or []]
         tool_choice = request.get("tool_choice", "auto")
         if not tools and tool_choice in ("auto", "none"):
             tool_choice = "none"  # vLLM's reading of a request without tools
@@ -398,3 +398,23 @@ def _delta_logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
 
 def _token(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "bytes": list(token.encode("utf-8")), "logprob": logprob}
+
+
+# A function tool as a response lists it, every field of the OpenAI type in its order.
+_FUNCTION_TOOL_FIELDS = (
+    "name",
+    "parameters",
+    "strict",
+    "type",
+    "allowed_callers",
+    "async",
+    "defer_loading",
+    "description",
+    "output_schema",
+)
+
+
+def _listed_tool(tool: Any) -> Any:
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        return tool
+    return {field: tool.get(field) for field in _FUNCTION_TOOL_FIELDS}
