@@ -165,3 +165,18 @@ def stream_ending(events: list[Any]) -> dict[str, Any]:
         "fingerprints": [e["system_fingerprint"] for e in chunks if "system_fingerprint" in e],
         "last": None if last is None or last.get("choices") else textless(last),
     }
+
+
+def both_ways(
+    client: httpx.Client, direct_url: str, relayed_url: str, path: str, body: Any
+) -> tuple[Seen, Seen]:
+    """The same request sent to vLLM directly and through the gateway. A busy vLLM
+    sometimes sends two tokens in one chunk (its output lags the engine), so a stream
+    that came out cut differently is asked for again, twice at most: a relay that
+    changes what it relays differs every time."""
+    for _ in range(3):
+        direct = exchange(client, direct_url, path, body)
+        relayed = exchange(client, relayed_url, path, body)
+        if direct == relayed or direct.content_type != "text/event-stream":
+            break
+    return direct, relayed

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.real_vllm.cases import NATIVE_CASES
-from tests.real_vllm.compare import exchange
+from tests.real_vllm.compare import both_ways
 from tests.real_vllm.conftest import RealVllm
 from tests.support.gateway import GatewayProcess, start_gateway
 
@@ -38,7 +38,6 @@ def test_the_proxied_answer_is_vllms(
     case: str, real_vllm: RealVllm, gateway: GatewayProcess, client: httpx.Client
 ) -> None:
     path, body = NATIVE_CASES[case]
-    direct = exchange(client, real_vllm.url, path, body)
-    proxied = exchange(client, gateway.url, path, body)
+    direct, proxied = both_ways(client, real_vllm.url, gateway.url, path, body)
     assert direct.status == 200, direct.body
     assert proxied == direct

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.real_vllm.cases import chat, completion
-from tests.real_vllm.compare import exchange
+from tests.real_vllm.compare import both_ways, exchange
 from tests.real_vllm.conftest import require_vllm
 from tests.real_vllm.server import VllmServer
 from tests.support.gateway import GatewayProcess, start_gateway
@@ -78,17 +78,18 @@ def test_the_pulled_answer_is_the_consumers(
     path, body = CASES[case]
     _, consumer = pair
     with httpx.Client(timeout=120) as client:
-        pulled = exchange(client, gateway.url, path, body)
-        direct = exchange(client, consumer.url, path, body)
+        direct, pulled = both_ways(client, consumer.url, gateway.url, path, body)
     assert direct.status == 200, direct.body
     assert pulled == direct
 
 
-def test_the_producer_wrote_the_kv(
+def test_the_consumer_loads_what_the_producer_stored(
     pair: tuple[VllmServer, VllmServer], gateway: GatewayProcess
 ) -> None:
     path, body = CASES["chat"]
     with httpx.Client(timeout=120) as client:
         assert exchange(client, gateway.url, path, body).status == 200
-    producer, _ = pair
-    assert "External Cache Hit" in pair[1].log_path.read_text(errors="replace"), producer.log_tail()
+    producer, consumer = pair
+    stored = producer.log_path.parent / "kv"
+    assert any(stored.rglob("*.safetensors")), producer.log_tail()
+    assert "External Cache Hit" in consumer.log_path.read_text(errors="replace")
