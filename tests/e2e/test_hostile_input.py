@@ -288,7 +288,14 @@ def test_a_model_is_described_and_an_unsupported_endpoint_is_named_and_counted(
     assert stack.proxy is not None
     [own] = plain().get(stack.proxy.url + "/v1/models", timeout=10).json()["data"]
     described = plain().get(gateway.base_url + "/models/" + MODEL, timeout=10).json()
-    assert described == {**own, "id": MODEL, "created": described["created"]}
+    # vLLM names each permission anew on every call.
+    permission = [{**own["permission"][0], "id": described["permission"][0]["id"]}]
+    assert described == {
+        **own,
+        "id": MODEL,
+        "created": described["created"],
+        "permission": permission,
+    }
     assert described["owned_by"] == "vllm"
     missing = plain().get(gateway.base_url + "/models/nope", timeout=10)
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "model_not_found")
