@@ -453,6 +453,9 @@ class ServerConfig(StrictModel):
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     """Gateway processes on the one listening socket, an event loop (a core) each. More
     than one needs `gate.backend: redis`, where the pool's state is shared."""
+    expose_upstream: bool = False
+    """Add `x-pd-upstream: <url>; reason=<why>` to each answer: the vLLM server (or proxy)
+    chosen and why. Off by default: it shows clients the backends' addresses."""
 
 
 class ClassificationConfig(StrictModel):

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import __version__
 from router.config import ConfigError, GatewayConfig
@@ -23,6 +23,7 @@ from router.http.request_context import RequestContext
 from router.openai.endpoints import ENDPOINTS
 from router.runtime.state import AppState
 from router.serving.response import SERVER_SEND
+from router.telemetry.access import AccessRecord
 
 log = logging.getLogger("pd_gateway")
 
@@ -44,7 +45,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     app = GatewayApp(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(RequestContext, access_log=config.logging.access_log)
-    app.generation = RequestContext(_generate, access_log=config.logging.access_log)
+    generate = _generate_naming_upstream if config.server.expose_upstream else _generate
+    app.generation = RequestContext(generate, access_log=config.logging.access_log)
     cards = ModelCards(state.upstreams)
 
     @app.get("/v1/models")
@@ -154,6 +156,8 @@ class GatewayApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+UPSTREAM_HEADER = b"x-pd-upstream"
+
 _ENDPOINT_OF_PATH = {endpoint.path: endpoint for endpoint in ENDPOINTS.values()}
 
 
@@ -185,6 +189,19 @@ async def _generate(scope: Scope, receive: Receive, send: Send) -> None:
     except Exception as exc:
         response = await _exception_handler(request, exc)
     await response(scope, receive, send)
+
+
+async def _generate_naming_upstream(scope: Scope, receive: Receive, send: Send) -> None:
+    """`_generate`, and the answer names the chosen upstream and why (`x-pd-upstream`)."""
+    access: AccessRecord = scope["state"]["access"]
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start" and access.upstream is not None:
+            value = f"{access.upstream}; reason={access.upstream_reason}"
+            message["headers"] = [*message.get("headers", ()), (UPSTREAM_HEADER, value.encode())]
+        await send(message)
+
+    await _generate(scope, receive, sending)
 
 
 async def _exception_handler(request: Request, exc: Exception) -> Response:
