@@ -1,0 +1,95 @@
+"""A dead vLLM server next to a live one, through a running gateway: no client sees it.
+
+The dead server is a port bound by nobody who listens (every connection refused). The
+first request sent there is sent once more to the live server; after five refusals in a
+row the dead one is ejected and the live one is chosen as the only healthy server.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sim.stack import SimStack
+from tests.support.deployment import directive, latency_model
+from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.stacks import StackPool
+
+MODEL = "sim-model"
+RULES = {
+    "default": {"name": "native", "path": "throughput"},
+    "rules": [{"name": "fast", "match": {"headers": {"x-workload": "fast"}}, "path": "latency"}],
+}
+
+
+@pytest.fixture(scope="module")
+def dead_url() -> Iterator[str]:
+    """A URL whose every connection is refused: its port is held, never listened on."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(nodes=1, prefills=1, decodes=1, model=[MODEL])
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    stack: SimStack, dead_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    live_prefill, live_decode = stack.prefills[0].url, stack.decodes[0].url
+    model = latency_model(
+        stack,
+        MODEL,
+        throughput={
+            "mode": "pull",
+            "prefill": [dead_url, live_prefill],
+            "decode": [dead_url, live_decode],
+        },
+    )
+    model["latency"]["prefill"] = [dead_url, live_prefill]
+    with start_gateway(
+        tmp_path_factory,
+        [model],
+        classification={"rules": RULES},
+        server={"expose_upstream": True},
+        admin={"api_key": "operator-secret"},
+    ) as running:
+        yield running
+
+
+def ask(text: str) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": directive(text)}],
+        "max_tokens": 50,
+    }
+
+
+@pytest.mark.parametrize(
+    ("workload", "route", "live"),
+    [("fast", "latency", "prefills"), ("batch", "throughput", "decodes")],
+)
+async def test_twenty_of_twenty_succeed_with_a_dead_server_first(
+    gateway: GatewayProcess, stack: SimStack, dead_url: str, workload: str, route: str, live: str
+) -> None:
+    live_url = getattr(stack, live)[0].url
+    upstreams = []
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as http:
+        for i in range(20):
+            reply = await http.post(
+                "/chat/completions", json=ask(f"answer {i}"), headers={"x-workload": workload}
+            )
+            assert reply.status_code == 200, reply.text
+            assert reply.headers["x-pd-route"] == route
+            assert reply.json()["choices"][0]["message"]["content"] == f"answer {i}"
+            upstreams.append(reply.headers["x-pd-upstream"])
+    assert {value.split("; ")[0] for value in upstreams} == {live_url}
+    assert dead_url not in "".join(upstreams)
+    # Once the dead server is ejected, the live one is the only healthy choice.
+    assert upstreams[-1] == f"{live_url}; reason=only_healthy"
