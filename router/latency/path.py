@@ -64,7 +64,10 @@ class LatencyPath:
         self._sampling_defaults = sampling_defaults
         # A node's transfer must come from a prefill server of its own pool (its release).
         self._prefill_of_pool: dict[str | None, ServerSet] = {
-            pool.name: default_set(pool.prefill, name=f"prefill:{pool.name or model}")
+            pool.name: default_set(
+                pool.prefill,
+                name=f"latency:prefill:{pool.name}",
+            )
             for pool in config.pools
         }
         # A node of a pool a reload added while this request waited: its release will do.

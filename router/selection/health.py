@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from router.errors import UpstreamError
 
-Outcome = Literal["ok", "unreachable", "timeout", "error"]
+Outcome = Literal["ok", "unreachable", "timeout", "error", "probe_failed"]
 """What one call said about its server; all but `ok` count as failures."""
 
 Clock = Callable[[], float]
@@ -108,6 +108,8 @@ class HealthBook:
             return
         server.failures += 1
         server.last_failure = outcome
+        if not self.eligible(url):
+            return  # already out: a late answer or a probe does not lengthen its back-off
         server.consecutive_failures += 1
         on_probation = server.ejected_until is not None and self.eligible(url)
         if on_probation or server.consecutive_failures >= self.policy.consecutive_failures:

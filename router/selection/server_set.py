@@ -148,6 +148,16 @@ class ServerSet:
         if self.health is not None:
             self.health.report(url, outcome)
 
+    def probed(self, url: str, *, answered: bool) -> None:
+        """An active probe's result: a failure counts as a failed call; an answer lets an
+        ejected server back early, on probation (requests, not probes, prove it healthy)."""
+        if self.health is None:
+            return
+        if answered:
+            self.health.readmit(url)
+        else:
+            self.health.report(url, "probe_failed")
+
     def outstanding(self) -> dict[str, int]:
         return dict(self._outstanding)
 

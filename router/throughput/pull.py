@@ -28,8 +28,8 @@ class PullPath:
 
     def __init__(self, config: PullConfig, *, upstreams: Upstreams) -> None:
         self._upstreams = upstreams
-        self._prefill = default_set(config.prefill, name="prefill")
-        self._decode = default_set(config.decode, name="decode")
+        self._prefill = default_set(config.prefill, name="pull:prefill")
+        self._decode = default_set(config.decode, name="pull:decode")
 
     def server_sets(self) -> list[ServerSet]:
         return [self._prefill, self._decode]

@@ -31,8 +31,8 @@ class PushPath:
     def __init__(self, config: PushConfig, *, upstreams: Upstreams) -> None:
         self._upstreams = upstreams
         self._engines = {engine.url: engine for engine in config.prefill}
-        self._prefill = default_set(list(self._engines), name="prefill")
-        self._decode = default_set(config.decode, name="decode")
+        self._prefill = default_set(list(self._engines), name="push:prefill")
+        self._decode = default_set(config.decode, name="push:decode")
 
     def server_sets(self) -> list[ServerSet]:
         return [self._prefill, self._decode]

@@ -93,3 +93,41 @@ async def test_twenty_of_twenty_succeed_with_a_dead_server_first(
     assert dead_url not in "".join(upstreams)
     # Once the dead server is ejected, the live one is the only healthy choice.
     assert upstreams[-1] == f"{live_url}; reason=only_healthy"
+
+
+async def test_the_admin_api_and_the_metrics_show_the_dead_server_ejected(
+    gateway: GatewayProcess, stack: SimStack, dead_url: str
+) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+        for workload in ("fast", "batch"):
+            for i in range(6):
+                reply = await http.post(
+                    "/v1/chat/completions", json=ask(f"{i}"), headers={"x-workload": workload}
+                )
+                assert reply.status_code == 200, reply.text
+        assert (await http.get("/admin/upstreams")).status_code == 401
+        admin = await http.get(
+            "/admin/upstreams", headers={"authorization": "Bearer operator-secret"}
+        )
+        metrics = (await http.get("/metrics")).text
+    assert admin.status_code == 200, admin.text
+    sets = admin.json()["models"][MODEL]
+    assert sorted(sets) == ["latency:prefill:default", "pull:decode", "pull:prefill"]
+    for servers in sets.values():
+        assert servers[dead_url]["state"] == "ejected"
+        assert servers[dead_url]["ejections"] >= 1
+        assert servers[dead_url]["last_failure"] in ("unreachable", "probe_failed")
+        live = next(url for url in servers if url != dead_url)
+        assert servers[live]["state"] == "healthy"
+    dead = f'url="{dead_url}"'
+    assert any(
+        line.startswith("pd_gateway_upstream_ejections_total{") and dead in line
+        for line in metrics.splitlines()
+    )
+    assert any(
+        line.startswith("pd_gateway_upstream_server_state{")
+        and dead in line
+        and 'state="ejected"' in line
+        and line.endswith(" 1.0")
+        for line in metrics.splitlines()
+    )
