@@ -64,10 +64,7 @@ class LatencyPath:
         self._sampling_defaults = sampling_defaults
         # A node's transfer must come from a prefill server of its own pool (its release).
         self._prefill_of_pool: dict[str | None, ServerSet] = {
-            pool.name: default_set(
-                pool.prefill,
-                name=f"latency:prefill:{pool.name}",
-            )
+            pool.name: default_set(pool.prefill, name=f"latency:prefill:{pool.name}")
             for pool in config.pools
         }
         # A node of a pool a reload added while this request waited: its release will do.
@@ -98,12 +95,10 @@ class LatencyPath:
         except PrefillError as exc:
             # Nothing reached the prefill server: the request goes once more, to another
             # one, on a slot taken again once this one is back in the pool.
-            if outcome_of(exc) != "unreachable":
+            if outcome_of(exc) != "unreachable" or len(servers.urls) < 2:
                 raise
-            retry = servers.pick(exclude=[choice.url])
-            if retry.url == choice.url:
-                raise
-            await released.wait()
+            if not await _set_within(released, self._deps.timeouts.cancel_s):
+                raise  # the slot is not back yet: no second slot for one request
             lease = await self._acquire(request, started)
             servers = await self._prefill_servers(lease)
             choice = servers.pick(exclude=[choice.url])
@@ -271,6 +266,14 @@ class LatencyPath:
         requests may have been cut off before their own cleanup could start)."""
         for session in list(self._live):
             session.close()
+
+
+async def _set_within(event: asyncio.Event, limit_s: float) -> bool:
+    try:
+        await asyncio.wait_for(event.wait(), limit_s)
+    except TimeoutError:
+        return False
+    return True
 
 
 def answer_facts(
