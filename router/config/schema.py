@@ -405,6 +405,9 @@ class UpstreamsConfig(StrictModel):
     # A whole non-streamed answer: n choices of a long generation with top logprobs run to
     # megabytes; a streamed body is relayed as it comes and not capped.
     max_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+    probe_interval_s: Annotated[float, Field(ge=0)] = 5.0
+    """How often each vLLM server (and proxy) is asked `GET /health`: a server that fails
+    counts it as a failed call, an ejected one that answers is let back early; 0: never."""
 
 
 class TimeoutsConfig(StrictModel):
@@ -453,6 +456,9 @@ class ServerConfig(StrictModel):
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     """Gateway processes on the one listening socket, an event loop (a core) each. More
     than one needs `gate.backend: redis`, where the pool's state is shared."""
+    expose_upstream: bool = False
+    """Add `x-pd-upstream: <url>; reason=<why>` to each answer: the vLLM server (or proxy)
+    chosen and why. Off by default: it shows clients the backends' addresses."""
 
 
 class ClassificationConfig(StrictModel):

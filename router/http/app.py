@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
@@ -11,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router import __version__
 from router.config import ConfigError, GatewayConfig
@@ -22,7 +23,10 @@ from router.http.model_cards import ModelCards
 from router.http.request_context import RequestContext
 from router.openai.endpoints import ENDPOINTS
 from router.runtime.state import AppState
+from router.selection import ServerSet, probe_forever, sets_of
 from router.serving.response import SERVER_SEND
+from router.telemetry.access import AccessRecord
+from router.upstream import vllm
 
 log = logging.getLogger("pd_gateway")
 
@@ -37,14 +41,19 @@ def create_app(config: GatewayConfig) -> FastAPI:
         await state.start()
         app.state.gateway = state
         app.state.dispatcher = Dispatcher(state)
+        prober = _start_upstream_prober(state)
         try:
             yield
         finally:
+            if prober is not None:
+                prober.cancel()
+                await asyncio.wait([prober])
             await state.aclose()
 
     app = GatewayApp(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(RequestContext, access_log=config.logging.access_log)
-    app.generation = RequestContext(_generate, access_log=config.logging.access_log)
+    generate = _generate_naming_upstream if config.server.expose_upstream else _generate
+    app.generation = RequestContext(generate, access_log=config.logging.access_log)
     cards = ModelCards(state.upstreams)
 
     @app.get("/v1/models")
@@ -84,7 +93,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         state: AppState = request.app.state.gateway
-        rendered = state.metrics.render(await state.pool_snapshots())
+        rendered = state.metrics.render(await state.pool_snapshots(), server_sets(state))
         return Response(rendered, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/ready")
@@ -103,6 +112,15 @@ def create_app(config: GatewayConfig) -> FastAPI:
             for name, s in snapshots.items()
         }
         return json_response({"models": models, "background_tasks": state.background_tasks})
+
+    @app.get("/admin/upstreams")
+    async def upstream_servers(request: Request) -> Response:
+        state.epoch.keys.admin.check(request.headers)
+        models = {
+            model: {servers.name: servers.snapshot() for servers in sets}
+            for model, sets in server_sets(state).items()
+        }
+        return json_response({"models": models})
 
     @app.post("/admin/reload")
     async def reload(request: Request) -> Response:
@@ -126,6 +144,28 @@ def create_app(config: GatewayConfig) -> FastAPI:
     for kind in (GatewayError, StarletteHTTPException, Exception):
         app.add_exception_handler(kind, _exception_handler)
     return app
+
+
+def server_sets(state: AppState) -> dict[str, list[ServerSet]]:
+    """The vLLM server sets of every model's paths."""
+    return {
+        name: sets_of([model.latency, *model.paths.values()])
+        for name, model in state.epoch.models.items()
+    }
+
+
+def _start_upstream_prober(state: AppState) -> asyncio.Task[None] | None:
+    interval_s = state.config.upstreams.probe_interval_s
+    if interval_s <= 0:
+        return None
+
+    def every_set() -> list[ServerSet]:
+        return [servers for sets in server_sets(state).values() for servers in sets]
+
+    async def answers(url: str) -> bool:
+        return await vllm.answers_health(state.upstreams, url)
+
+    return asyncio.create_task(probe_forever(every_set, answers, interval_s=interval_s))
 
 
 class GatewayApp(FastAPI):
@@ -153,6 +193,8 @@ class GatewayApp(FastAPI):
             return
         await super().__call__(scope, receive, send)
 
+
+UPSTREAM_HEADER = b"x-pd-upstream"
 
 _ENDPOINT_OF_PATH = {endpoint.path: endpoint for endpoint in ENDPOINTS.values()}
 
@@ -185,6 +227,19 @@ async def _generate(scope: Scope, receive: Receive, send: Send) -> None:
     except Exception as exc:
         response = await _exception_handler(request, exc)
     await response(scope, receive, send)
+
+
+async def _generate_naming_upstream(scope: Scope, receive: Receive, send: Send) -> None:
+    """`_generate`, and the answer names the chosen upstream and why (`x-pd-upstream`)."""
+    access: AccessRecord = scope["state"]["access"]
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start" and access.upstream is not None:
+            value = f"{access.upstream}; reason={access.upstream_reason}"
+            message["headers"] = [*message.get("headers", ()), (UPSTREAM_HEADER, value.encode())]
+        await send(message)
+
+    await _generate(scope, receive, sending)
 
 
 async def _exception_handler(request: Request, exc: Exception) -> Response:

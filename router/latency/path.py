@@ -3,6 +3,7 @@ OpenAI's shape from the decode relay."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -11,14 +12,14 @@ from contextlib import AsyncExitStack
 import orjson
 
 from router.config import LatencyConfig
-from router.errors import GatewayError, Overloaded, UpstreamError
+from router.errors import GatewayError, Overloaded, PrefillError, UpstreamError
 from router.gate import Gate, GateRejected, Lease
 from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.relay import DecodeRelay, RelayEnd
-from router.latency.sampling import Sampling, SamplingDefaults, decode_options
+from router.latency.sampling import DecodeOptions, Sampling, SamplingDefaults, decode_options
 from router.openai.render import AnswerFacts, Renderer, Usage
 from router.openai.requests import ChatRequest, CompletionRequest
-from router.selection.least_outstanding import LeastOutstanding
+from router.selection import Choice, ServerSet, default_set, outcome_of
 from router.serving import Answer, RoutedRequest, json_answer
 from router.tokens.tokenizer import LoadedTokenizer
 from router.upstream.vllm import Prefilled
@@ -62,11 +63,12 @@ class LatencyPath:
         self._default_wait_ms = default_wait_ms
         self._sampling_defaults = sampling_defaults
         # A node's transfer must come from a prefill server of its own pool (its release).
-        self._prefill_of_pool: dict[str | None, LeastOutstanding] = {
-            pool.name: LeastOutstanding(pool.prefill) for pool in config.pools
+        self._prefill_of_pool: dict[str | None, ServerSet] = {
+            pool.name: default_set(pool.prefill, name=f"latency:prefill:{pool.name}")
+            for pool in config.pools
         }
         # A node of a pool a reload added while this request waited: its release will do.
-        self._prefill_of_release: dict[str | None, LeastOutstanding] = {
+        self._prefill_of_release: dict[str | None, ServerSet] = {
             pool.tilert: self._prefill_of_pool[pool.name] for pool in config.pools
         }
         self._live: set[NodeSession] = set()  # sessions whose slot is not yet released
@@ -78,29 +80,30 @@ class LatencyPath:
             self._deps.metrics.upstream_error(self._model, str(exc.code))
             raise
 
+    def server_sets(self) -> list[ServerSet]:
+        return list(self._prefill_of_pool.values())
+
     async def _open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         started = time.monotonic()
         options = decode_options(request.parsed, request.body, self._sampling_defaults)
         lease = await self._acquire(request, started)
-        node = lease.node
-        prefill = self._prefill_of_pool.get(node.pool) or self._prefill_of_release.get(node.tilert)
-        if prefill is None:
-            await lease.release(reports_health=False)
-            raise UpstreamError(
-                f"no prefill server of TileRT {node.tilert} for node {node.id}",
-                status=503,
-                code="no_prefill_for_node",
-            )
-        url = prefill.pick()
-        access = request.access
-        access.node, access.prefill = lease.node.id, url
-        session = NodeSession(
-            self._deps, lease, model=self._model, prefill_url=url, on_released=self._live.discard
-        )
-        self._live.add(session)
-        stack.callback(session.close)
-        with prefill.hold(url):
-            prefilled = await session.start(request, options, max_seq_len=self._config.max_seq_len)
+        servers = await self._prefill_servers(lease)
+        choice = servers.pick()
+        session, released = self._session(request, lease, choice, stack)
+        try:
+            prefilled = await self._prefill(session, servers, choice, request, options)
+        except PrefillError as exc:
+            # Nothing reached the prefill server: the request goes once more, to another
+            # one, on a slot taken again once this one is back in the pool.
+            if outcome_of(exc) != "unreachable" or len(servers.urls) < 2:
+                raise
+            if not await _set_within(released, self._deps.timeouts.cancel_s):
+                raise  # the slot is not back yet: no second slot for one request
+            lease = await self._acquire(request, started)
+            servers = await self._prefill_servers(lease)
+            choice = servers.pick(exclude=[choice.url])
+            session, _ = self._session(request, lease, choice, stack)
+            prefilled = await self._prefill(session, servers, choice, request, options)
         relay = DecodeRelay(
             request,
             prefilled,
@@ -137,6 +140,64 @@ class LatencyPath:
             relay.all_logprobs(),
         )
         return json_answer(orjson.dumps(body))
+
+    async def _prefill_servers(self, lease: Lease) -> ServerSet:
+        node = lease.node
+        servers = self._prefill_of_pool.get(node.pool) or self._prefill_of_release.get(node.tilert)
+        if servers is None:
+            await lease.release(reports_health=False)
+            raise UpstreamError(
+                f"no prefill server of TileRT {node.tilert} for node {node.id}",
+                status=503,
+                code="no_prefill_for_node",
+            )
+        return servers
+
+    def _session(
+        self, request: RoutedRequest, lease: Lease, choice: Choice, stack: AsyncExitStack
+    ) -> tuple[NodeSession, asyncio.Event]:
+        """A node session on `lease` with the chosen prefill server; the event is set once
+        the session has released its slot."""
+        access = request.access
+        access.node, access.prefill = lease.node.id, choice.url
+        access.upstream, access.upstream_reason = choice.url, choice.reason
+        released = asyncio.Event()
+
+        def on_released(session: NodeSession) -> None:
+            self._live.discard(session)
+            released.set()
+
+        session = NodeSession(
+            self._deps, lease, model=self._model, prefill_url=choice.url, on_released=on_released
+        )
+        self._live.add(session)
+        stack.callback(session.close)
+        return session, released
+
+    async def _prefill(
+        self,
+        session: NodeSession,
+        servers: ServerSet,
+        choice: Choice,
+        request: RoutedRequest,
+        options: DecodeOptions,
+    ) -> Prefilled:
+        """The session's start; how the prefill went is reported to the server's health (an
+        error after the prefill is the node's, and the prefill answered)."""
+        with servers.hold(choice.url):
+            try:
+                prefilled = await session.start(
+                    request, options, max_seq_len=self._config.max_seq_len
+                )
+            except PrefillError as exc:
+                if (outcome := outcome_of(exc)) is not None:
+                    servers.report(choice.url, outcome)
+                raise
+            except UpstreamError:
+                servers.report(choice.url, "ok")
+                raise
+        servers.report(choice.url, "ok")
+        return prefilled
 
     async def _acquire(self, request: RoutedRequest, started: float) -> Lease:
         decision = request.decision
@@ -205,6 +266,14 @@ class LatencyPath:
         requests may have been cut off before their own cleanup could start)."""
         for session in list(self._live):
             session.close()
+
+
+async def _set_within(event: asyncio.Event, limit_s: float) -> bool:
+    try:
+        await asyncio.wait_for(event.wait(), limit_s)
+    except TimeoutError:
+        return False
+    return True
 
 
 def answer_facts(

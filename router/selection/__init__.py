@@ -1,1 +1,35 @@
-"""Choosing among equivalent upstream servers."""
+"""Choosing among equivalent upstream servers: filters, scorers, a picker, and each
+server's health from the outcomes of the calls made to it."""
+
+from router.selection.attempt import call_on
+from router.selection.health import EjectionPolicy, HealthBook, Outcome, outcome_of, status_outcome
+from router.selection.prober import ServedBy, probe_forever, probe_once, sets_of
+from router.selection.server_set import (
+    Choice,
+    Filter,
+    Healthy,
+    LeastOutstanding,
+    Scorer,
+    ServerSet,
+    default_set,
+)
+
+__all__ = [
+    "Choice",
+    "EjectionPolicy",
+    "Filter",
+    "HealthBook",
+    "Healthy",
+    "LeastOutstanding",
+    "Outcome",
+    "Scorer",
+    "ServedBy",
+    "ServerSet",
+    "call_on",
+    "default_set",
+    "outcome_of",
+    "probe_forever",
+    "probe_once",
+    "sets_of",
+    "status_outcome",
+]

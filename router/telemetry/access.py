@@ -21,6 +21,11 @@ class AccessRecord:
     reroute_reason: str | None = None
     node: str | None = None
     prefill: str | None = None
+    upstream: str | None = None
+    """The vLLM server (or proxy) whose answer the client got: on the latency path the
+    prefill server, on the native path the decode instance or the proxy."""
+    upstream_reason: str | None = None
+    """Why that server was chosen (`load`, `only_healthy`, `rotation`, `retry_...`)."""
     queue_wait_ms: float | None = None
     ttft_ms: float | None = None
     completion_tokens: int | None = None

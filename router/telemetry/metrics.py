@@ -11,7 +11,7 @@ built (`Metrics.gate`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -21,12 +21,13 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from router.gate import GateSnapshot
 from router.gate.metrics import GateMetrics
+from router.selection import ServerSet
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """Where worker processes keep their shared counters (prometheus_client's multiprocess
@@ -110,6 +111,8 @@ class Metrics:
         self._token_gap_children: dict[str, Any] = {}
         self._pools = _PoolCollector()
         r.register(self._pools)
+        self._upstreams = _UpstreamCollector()
+        r.register(self._upstreams)
         # Several worker processes (`router.process.workers`): each scrape reads every worker's
         # counters and histograms from the shared files, and this worker's pool gauges
         # (the pool's state is shared, so any worker's picture is the whole one).
@@ -118,6 +121,7 @@ class Metrics:
             self._exposed = CollectorRegistry()
             MultiProcessCollector(self._exposed, path=shared_dir)  # type: ignore[no-untyped-call]
             self._exposed.register(self._pools)
+            self._exposed.register(self._upstreams)
         self.gate = GateMetrics(r)
 
     def request(self, model: str, path: str, rule: str, status: int) -> None:
@@ -155,9 +159,15 @@ class Metrics:
     def cancelled(self, model: str, reason: str) -> None:
         self._cancellations.labels(model, reason).inc()
 
-    def render(self, pools: Mapping[str, GateSnapshot]) -> bytes:
-        """The exposition, with the pool gauges read from `pools` (model -> its snapshot)."""
+    def render(
+        self,
+        pools: Mapping[str, GateSnapshot],
+        upstreams: Mapping[str, Sequence[ServerSet]] | None = None,
+    ) -> bytes:
+        """The exposition, with the pool gauges read from `pools` (model -> its snapshot)
+        and the vLLM servers' from `upstreams` (model -> its server sets)."""
         self._pools.snapshots = pools
+        self._upstreams.sets = upstreams or {}
         return generate_latest(self._exposed)
 
 
@@ -192,3 +202,50 @@ class _PoolCollector(Collector):
         yield busy
         yield up
         yield waiting
+
+
+SERVER_STATES = ("healthy", "failing", "ejected", "probation")
+
+
+class _UpstreamCollector(Collector):
+    """Each vLLM server's (and proxy's) state, requests in flight, failures and ejections,
+    as this process sees them (each process judges the servers by its own calls)."""
+
+    def __init__(self) -> None:
+        self.sets: Mapping[str, Sequence[ServerSet]] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["model", "set", "url"]
+        state = GaugeMetricFamily(
+            "pd_gateway_upstream_server_state",
+            "1 for a vLLM server's current state (healthy, failing, ejected, probation).",
+            labels=[*labels, "state"],
+        )
+        outstanding = GaugeMetricFamily(
+            "pd_gateway_upstream_outstanding",
+            "Requests in flight on a vLLM server.",
+            labels=labels,
+        )
+        failures = CounterMetricFamily(
+            "pd_gateway_upstream_failures",
+            "Failed calls and probes of a vLLM server.",
+            labels=labels,
+        )
+        ejections = CounterMetricFamily(
+            "pd_gateway_upstream_ejections",
+            "Times a vLLM server was ejected for failing.",
+            labels=labels,
+        )
+        for model, sets in self.sets.items():
+            for servers in sets:
+                for url, seen in servers.snapshot().items():
+                    key = [model, servers.name, url]
+                    for name in SERVER_STATES:
+                        state.add_metric([*key, name], 1 if seen["state"] == name else 0)
+                    outstanding.add_metric(key, seen["outstanding"])
+                    failures.add_metric(key, seen.get("failures", 0))
+                    ejections.add_metric(key, seen.get("ejections", 0))
+        yield state
+        yield outstanding
+        yield failures
+        yield ejections

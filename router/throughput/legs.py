@@ -6,11 +6,17 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 from typing import Any
 
+from router.selection import Choice
 from router.serving import Answer, RoutedRequest
 from router.throughput.answer import read_unless_streamed, relay
 from router.throughput.usage import CachedTokensRewriter
 from router.upstream import Reply, Upstreams, vllm
 from router.upstream.vllm import NixlPrefilled
+
+
+def chosen(request: RoutedRequest, choice: Choice) -> None:
+    """Record the server whose answer the client gets, and why it was chosen."""
+    request.access.upstream, request.access.upstream_reason = choice.url, choice.reason
 
 
 async def run_prefill(upstreams: Upstreams, url: str, request: RoutedRequest) -> NixlPrefilled:

@@ -9,32 +9,43 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from router.config import ProxyConfig
-from router.selection.least_outstanding import LeastOutstanding
+from router.selection import Choice, ServerSet, call_on, default_set, status_outcome
 from router.serving import Answer, RoutedRequest
 from router.throughput.answer import read_unless_streamed, relay
-from router.upstream import Upstreams
+from router.throughput.legs import chosen
+from router.upstream import Reply, Upstreams
 from router.upstream.vllm import PROXY
 
 
 class ProxyPath:
-    """Forwards to the least busy of the configured proxy URLs."""
+    """Forwards to a healthy proxy URL, the least busy first."""
 
     def __init__(self, config: ProxyConfig, *, upstreams: Upstreams) -> None:
         self._upstreams = upstreams
-        self._proxy = LeastOutstanding(config.urls)
+        self._proxy = default_set(config.urls, name="proxy")
+
+    def server_sets(self) -> list[ServerSet]:
+        return [self._proxy]
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
-        url = stack.enter_context(self._proxy.hold(self._proxy.pick()))
         # A non-stream answer only arrives when generation ends: no bound on that wait.
         read_s = self._upstreams.timeouts.prefill_s if request.parsed.stream else None
-        reply = await self._upstreams.open(
-            PROXY,
-            "POST",
-            url,
-            request.endpoint.path,
-            body=request.native_body,
-            read_s=read_s,
-            request_id=request.request_id,
-            stack=stack,
+
+        async def forward(choice: Choice) -> Reply:
+            chosen(request, choice)
+            reply = await self._upstreams.open(
+                PROXY,
+                "POST",
+                choice.url,
+                request.endpoint.path,
+                body=request.native_body,
+                read_s=read_s,
+                request_id=request.request_id,
+                stack=stack,
+            )
+            return await read_unless_streamed(reply)
+
+        reply = await call_on(
+            self._proxy, forward, hold_on=stack, judge=lambda r: status_outcome(r.status)
         )
-        return relay(await read_unless_streamed(reply), request.endpoint.stream_failure)
+        return relay(reply, request.endpoint.stream_failure)

@@ -1,7 +1,8 @@
 """`pull` mode (docs/protocols.md §2.2): prefill first, then the decode instance reads its KV.
 
 The prefill's `kv_transfer_params` names where the KV state waits; the decode leg carries it
-verbatim along with the client's original body, and its answer is the client's.
+verbatim along with the client's original body, and its answer is the client's. Either leg
+whose server was unreachable is sent once more to another server of its set.
 """
 
 from __future__ import annotations
@@ -9,28 +10,50 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from router.config import PullConfig
-from router.selection.least_outstanding import LeastOutstanding
+from router.selection import Choice, ServerSet, call_on, default_set
 from router.serving import Answer, RoutedRequest
-from router.throughput.legs import decode_answer, run_prefill, send_decode, whole_on_decode
-from router.upstream import Upstreams
-from router.upstream.vllm import pull_decode_body
+from router.throughput.legs import (
+    chosen,
+    decode_answer,
+    run_prefill,
+    send_decode,
+    whole_on_decode,
+)
+from router.upstream import Reply, Upstreams
+from router.upstream.vllm import NixlPrefilled, pull_decode_body
 
 
 class PullPath:
-    """Balances each leg over its own pool by requests in flight."""
+    """Each leg on a healthy server of its own set, the least busy first."""
 
     def __init__(self, config: PullConfig, *, upstreams: Upstreams) -> None:
         self._upstreams = upstreams
-        self._prefill = LeastOutstanding(config.prefill)
-        self._decode = LeastOutstanding(config.decode)
+        self._prefill = default_set(config.prefill, name="pull:prefill")
+        self._decode = default_set(config.decode, name="pull:decode")
+
+    def server_sets(self) -> list[ServerSet]:
+        return [self._prefill, self._decode]
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        upstreams = self._upstreams
         if not request.splits:
-            url = stack.enter_context(self._decode.hold(self._decode.pick()))
-            return await whole_on_decode(self._upstreams, stack, url, request)
-        with self._prefill.hold(self._prefill.pick()) as prefill_url:
-            prefill = await run_prefill(self._upstreams, prefill_url, request)
-        decode_url = stack.enter_context(self._decode.hold(self._decode.pick()))
+
+            async def whole(choice: Choice) -> Answer:
+                chosen(request, choice)
+                return await whole_on_decode(upstreams, stack, choice.url, request)
+
+            return await call_on(self._decode, whole, hold_on=stack)
+
+        async def prefill_leg(choice: Choice) -> NixlPrefilled:
+            request.access.prefill = choice.url
+            return await run_prefill(upstreams, choice.url, request)
+
+        prefill = await call_on(self._prefill, prefill_leg)
         body = pull_decode_body(request.body, prefill.kv_transfer_params)
-        reply = await send_decode(self._upstreams, stack, decode_url, request, body)
+
+        async def decode_leg(choice: Choice) -> Reply:
+            chosen(request, choice)
+            return await send_decode(upstreams, stack, choice.url, request, body)
+
+        reply = await call_on(self._decode, decode_leg, hold_on=stack)
         return decode_answer(reply, prefill, request)

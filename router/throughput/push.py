@@ -2,7 +2,10 @@
 
 The decode leg names the chosen prefill engine (its NIXL side channel, from configuration)
 and the shared request id, so the decode side registers its blocks while the prefill
-computes and then writes into them. If either leg fails, the other is cancelled.
+computes and then writes into them. If either leg fails, the other is cancelled. Neither
+leg is sent again elsewhere: they are bound to each other (the decode leg names the prefill
+engine) and start together, so a failed leg leaves the other in doubt; each outcome still
+counts towards its server's health.
 """
 
 from __future__ import annotations
@@ -15,43 +18,72 @@ from typing import TypeVar
 import anyio
 
 from router.config import PushConfig
-from router.selection.least_outstanding import LeastOutstanding
+from router.selection import Choice, ServerSet, call_on, default_set, outcome_of
 from router.serving import Answer, RoutedRequest
-from router.throughput.legs import decode_answer, run_prefill, send_decode, whole_on_decode
+from router.throughput.legs import chosen, decode_answer, run_prefill, send_decode, whole_on_decode
 from router.upstream import Reply, Upstreams
 from router.upstream.vllm import NixlPrefilled, push_decode_body
 
 
 class PushPath:
-    """Balances decode instances, then prefill engines, by requests in flight."""
+    """A healthy decode instance, then a healthy prefill engine, the least busy first."""
 
     def __init__(self, config: PushConfig, *, upstreams: Upstreams) -> None:
         self._upstreams = upstreams
         self._engines = {engine.url: engine for engine in config.prefill}
-        self._prefill = LeastOutstanding(list(self._engines))
-        self._decode = LeastOutstanding(config.decode)
+        self._prefill = default_set(list(self._engines), name="push:prefill")
+        self._decode = default_set(config.decode, name="push:decode")
+
+    def server_sets(self) -> list[ServerSet]:
+        return [self._prefill, self._decode]
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
-        decode_url = stack.enter_context(self._decode.hold(self._decode.pick()))
-        if not request.splits:
-            return await whole_on_decode(self._upstreams, stack, decode_url, request)
+        if not request.splits:  # one leg: sent again elsewhere if its server was unreachable
+
+            async def whole(choice: Choice) -> Answer:
+                chosen(request, choice)
+                return await whole_on_decode(self._upstreams, stack, choice.url, request)
+
+            return await call_on(self._decode, whole, hold_on=stack)
+        decode_choice = self._decode.pick()
+        decode_url = stack.enter_context(self._decode.hold(decode_choice.url))
+        chosen(request, decode_choice)
         # The prefill engine is held only while its leg runs; the callback covers a leg
         # cancelled before it started.
         prefill_hold = ExitStack()
         stack.callback(prefill_hold.close)
-        prefill_url = prefill_hold.enter_context(self._prefill.hold(self._prefill.pick()))
+        prefill_choice = self._prefill.pick()
+        prefill_url = prefill_hold.enter_context(self._prefill.hold(prefill_choice.url))
+        request.access.prefill = prefill_url
         engine = self._engines[prefill_url]
 
         async def prefill() -> NixlPrefilled:
             with prefill_hold:
-                return await run_prefill(self._upstreams, prefill_url, request)
+                leg = run_prefill(self._upstreams, prefill_url, request)
+                return await _judged(self._prefill, prefill_choice, leg)
 
         async def decode() -> Reply:
             body = push_decode_body(request.body, engine, request.request_id)
-            return await send_decode(self._upstreams, stack, decode_url, request, body)
+            leg = send_decode(self._upstreams, stack, decode_url, request, body)
+            return await _judged(self._decode, decode_choice, leg)
 
         answer, reply = await both_or_cancel(prefill(), decode())
         return decode_answer(reply, answer, request)
+
+
+T = TypeVar("T")
+
+
+async def _judged(servers: ServerSet, choice: Choice, leg: Awaitable[T]) -> T:
+    """The leg's result; its outcome reported to the server's health."""
+    try:
+        result = await leg
+    except BaseException as exc:
+        if (outcome := outcome_of(exc)) is not None:
+            servers.report(choice.url, outcome)
+        raise
+    servers.report(choice.url, "ok")
+    return result
 
 
 A = TypeVar("A")

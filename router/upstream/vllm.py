@@ -15,7 +15,7 @@ from typing import Any
 
 from policies.types import Endpoint
 from router.config import PrefillEngineConfig
-from router.errors import PrefillError
+from router.errors import PrefillError, UpstreamError
 from router.node import Node
 from router.upstream.client import Upstreams
 from router.upstream.failures import Target
@@ -25,6 +25,7 @@ log = logging.getLogger("pd_gateway.upstream")
 PREFILL = Target("prefill", "the prefill server", PrefillError)
 DECODE = Target("decode", "the decode server")
 PROXY = Target("proxy", "the disaggregation proxy")
+HEALTH = Target("health", "the vLLM server's health check")
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -148,6 +149,18 @@ async def prefill(
     if reply.status != 200:
         raise await reply.failure()
     return await reply.json()
+
+
+async def answers_health(upstreams: Upstreams, url: str) -> bool:
+    """Whether the server at `url` answers `GET /health` without a server error (vLLM's is
+    200 while its engine runs; a proxy without one answers 404, and is alive)."""
+    try:
+        reply = await upstreams.call(
+            HEALTH, "GET", url, "/health", read_s=upstreams.timeouts.connect_s
+        )
+    except UpstreamError:
+        return False
+    return reply.status < 500
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from policies import Decision
 from router.config import TimeoutsConfig, UpstreamsConfig
 from router.openai.endpoints import ENDPOINTS
-from router.selection.least_outstanding import LeastOutstanding
+from router.selection.server_set import ServerSet
 from router.serving import PathResponse, RoutedRequest, ServePath
 from router.upstream import Upstreams as UpstreamClients
 from router.upstream.httpx_transport import HttpxTransport
@@ -177,7 +177,7 @@ def balancers(path: ServePath) -> dict[str, dict[str, int]]:
     return {
         name.lstrip("_"): value.outstanding()
         for name, value in vars(path).items()
-        if isinstance(value, LeastOutstanding)
+        if isinstance(value, ServerSet)
     }
 
 

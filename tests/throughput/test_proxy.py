@@ -135,3 +135,36 @@ async def test_requests_go_to_the_least_busy_url_and_are_released() -> None:
         hosts = [(await client.post("/v1/completions", json=CHAT)).json()["host"] for _ in range(4)]
     assert sorted(hosts) == ["a", "a", "b", "b"]
     assert balancers(path) == {"proxy": {"http://a:8000": 0, "http://b:8000": 0}}
+
+
+async def test_an_unreachable_proxy_is_tried_once_and_the_other_answers() -> None:
+    up = Upstreams()
+    up.on("a", failing(httpx.ConnectError("refused")))
+    up.on("b", answer({"host": "b"}))
+    path = proxy(up, "a", "b")
+    async with asgi_client(path) as client:
+        replies = [await client.post("/v1/completions", json=CHAT) for _ in range(12)]
+    assert [r.json()["host"] for r in replies] == ["b"] * 12
+    # Every other request chose `a` and was sent again; five refusals ejected it.
+    assert len(up.to("a")) == 5 and len(up.to("b")) == 12
+    assert path.server_sets()[0].snapshot()["http://a:8000"]["state"] == "ejected"
+
+
+async def test_a_proxy_that_timed_out_is_not_asked_again() -> None:
+    up = Upstreams()
+    up.on("a", failing(httpx.ReadTimeout("slow")))
+    up.on("b", answer({"host": "b"}))
+    async with asgi_client(proxy(up, "a", "b")) as client:
+        response = await client.post("/v1/completions", json=CHAT)
+    assert response.json()["error"]["code"] == "proxy_timeout"
+    assert up.to("b") == []
+
+
+async def test_a_relayed_server_error_counts_against_the_proxy() -> None:
+    up = Upstreams()
+    up.on("px", answer({"error": {"message": "engine dead"}}, status=500))
+    path = proxy(up, "px")
+    async with asgi_client(path) as client:
+        response = await client.post("/v1/completions", json=CHAT)
+    assert response.status_code == 500
+    assert path.server_sets()[0].snapshot()["http://px:8000"]["failures"] == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
+
 import httpx
 import orjson
 import pytest
@@ -10,7 +12,7 @@ from router.config import PullConfig
 from router.throughput.pull import PullPath
 from tests.support.legs import NIXL_PREFILL_PARAMS
 
-from .support import RID, Upstreams, answer, asgi_client, events, failing, sse
+from .support import RID, Upstreams, answer, asgi_client, events, failing, routed, sse
 
 CHAT = {
     "model": "m",
@@ -240,3 +242,56 @@ async def test_an_echo_without_logprobs_is_split_as_usual() -> None:
         response = await client.post("/v1/completions", json=body)
     assert response.status_code == 200
     assert [seen.host for seen in up.seen] == ["p", "d"]
+
+
+def pull_over(up: Upstreams, prefill: list[str], decode: list[str]) -> PullPath:
+    config = PullConfig(
+        mode="pull",
+        prefill=[f"http://{h}:8000" for h in prefill],
+        decode=[f"http://{h}:8000" for h in decode],
+    )
+    return PullPath(config, upstreams=up.pool())
+
+
+@pytest.mark.parametrize("leg", ["prefill", "decode"])
+async def test_a_leg_whose_server_refused_goes_to_the_other(leg: str) -> None:
+    up = Upstreams()
+    refused = failing(httpx.ConnectError("refused"))
+    up.on("p1", refused if leg == "prefill" else answer(prefill_answer()))
+    up.on("p2", answer(prefill_answer()))
+    up.on("d1", refused if leg == "decode" else answer(decode_answer()))
+    up.on("d2", answer(decode_answer()))
+    async with asgi_client(pull_over(up, ["p1", "p2"], ["d1", "d2"])) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "hello"
+    hosts = [seen.host for seen in up.seen]
+    assert hosts == (["p1", "p2", "d1"] if leg == "prefill" else ["p1", "d1", "d2"])
+
+
+async def test_a_prefill_that_timed_out_is_not_sent_again() -> None:
+    up = Upstreams()
+    up.on("p1", failing(httpx.ReadTimeout("slow")))
+    up.on("p2", answer(prefill_answer()))
+    up.on("d1", answer(decode_answer()))
+    async with asgi_client(pull_over(up, ["p1", "p2"], ["d1"])) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.json()["error"]["code"] == "prefill_timeout"
+    assert [seen.host for seen in up.seen] == ["p1"]
+
+
+async def test_the_access_record_names_the_decode_and_the_prefill() -> None:
+    up = Upstreams()
+    up.on("p", answer(prefill_answer()))
+    up.on("d1", answer(decode_answer()))
+    up.on("d2", answer(decode_answer()))
+    path = pull_over(up, ["p"], ["d1", "d2"])
+    request = routed(CHAT)
+    async with AsyncExitStack() as stack:
+        await path.open(request, stack)
+    access = request.access
+    assert (access.prefill, access.upstream, access.upstream_reason) == (
+        "http://p:8000",
+        "http://d1:8000",
+        "rotation",
+    )

@@ -10,7 +10,7 @@ import pytest
 from router.config import PrefillEngineConfig, PushConfig
 from router.throughput.push import PushPath
 
-from .support import RID, Upstreams, answer, asgi_client, balancers, events, sse
+from .support import RID, Upstreams, answer, asgi_client, balancers, events, failing, sse
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 ENGINES = [
@@ -151,3 +151,35 @@ async def test_engines_are_balanced_and_released() -> None:
         "prefill": {"http://p0:8000": 0, "http://p1:8000": 0},
         "decode": {"http://d:8000": 0},
     }
+
+
+def push_over_two_decodes(up: Upstreams) -> PushPath:
+    config = PushConfig(mode="push", prefill=ENGINES, decode=["http://d1:8000", "http://d2:8000"])
+    return PushPath(config, upstreams=up.pool())
+
+
+async def test_a_split_request_whose_prefill_refused_is_not_sent_again() -> None:
+    up = Upstreams()
+    up.on("p0", failing(httpx.ConnectError("refused")))
+    up.on("p1", answer(PREFILL_ANSWER))
+    up.on("d1", answer(DECODE_ANSWER))
+    up.on("d2", answer(DECODE_ANSWER))
+    path = push_over_two_decodes(up)
+    async with asgi_client(path) as client:
+        response = await client.post("/v1/completions", json=CHAT)
+    # The decode leg named p0's engine: another prefill engine cannot serve it.
+    assert response.json()["error"]["code"] == "prefill_unreachable"
+    assert [seen.host for seen in up.to("p1")] == []
+    prefill_set = path.server_sets()[0]
+    assert prefill_set.snapshot()["http://p0:8000"]["last_failure"] == "unreachable"
+
+
+async def test_a_request_served_whole_goes_to_the_other_decode_if_one_refused() -> None:
+    up = Upstreams()
+    up.on("d1", failing(httpx.ConnectError("refused")))
+    up.on("d2", answer(DECODE_ANSWER))
+    body = {"model": "m", "prompt": "hi there", "echo": True, "logprobs": 1, "max_tokens": 0}
+    async with asgi_client(push_over_two_decodes(up)) as client:
+        response = await client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert [seen.host for seen in up.seen] == ["d1", "d2"]

@@ -1,0 +1,180 @@
+"""Choosing among equivalent servers: filters narrow the set, scorers rank what is left, the
+picker takes the best (ties rotate). Every choice says why it was made.
+
+    ServerSet(urls, filters=[Healthy(book)], scorers=[LeastOutstanding()], health=book)
+      .pick()          -> Choice(url, reason)
+      .hold(url)       counts a request in flight for as long as it runs
+      .report(url, o)  tells the health book how a call went
+
+Reasons: `only_server` (a set of one), `only_<filter>` (the filters left one server, e.g.
+`only_healthy`), the name of the scorer that separated the winner from the runner-up
+(`load`), `rotation` (a tie, taken in turn), `none_<filter>` (the filters left nothing, so
+every server was a candidate); a retry's reason is `retry_` and the reason it was chosen
+(`retry_only_other` when one other server was left).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from router.selection.health import HealthBook, Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    url: str
+    reason: str
+
+    def header(self) -> str:
+        """The `x-pd-upstream` header's value."""
+        return f"{self.url}; reason={self.reason}"
+
+
+class Filter(Protocol):
+    name: str
+
+    def keep(self, url: str) -> bool: ...
+
+
+class Scorer(Protocol):
+    name: str
+    weight: float
+
+    def score(self, url: str, outstanding: Mapping[str, int]) -> float:
+        """Lower is better."""
+        ...
+
+
+class Healthy:
+    """Keeps the servers the health book does not eject."""
+
+    name = "healthy"
+
+    def __init__(self, book: HealthBook) -> None:
+        self._book = book
+
+    def keep(self, url: str) -> bool:
+        return self._book.eligible(url)
+
+
+class LeastOutstanding:
+    """Ranks by requests in flight."""
+
+    name = "load"
+
+    def __init__(self, weight: float = 1.0) -> None:
+        self.weight = weight
+
+    def score(self, url: str, outstanding: Mapping[str, int]) -> float:
+        return float(outstanding[url])
+
+
+class ServerSet:
+    """Equivalent servers (one leg of one path) and the requests each has in flight."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        filters: Sequence[Filter] = (),
+        scorers: Sequence[Scorer] = (),
+        health: HealthBook | None = None,
+        name: str = "",
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one upstream URL is needed")
+        self.name = name
+        self.health = health
+        self._urls = list(dict.fromkeys(urls))
+        self._filters = list(filters)
+        self._scorers = list(scorers)
+        self._outstanding = dict.fromkeys(self._urls, 0)
+        self._turn = itertools.count()
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._urls)
+
+    def pick(self, exclude: Collection[str] = ()) -> Choice:
+        """The best server not in `exclude` (all of them if that leaves none)."""
+        candidates = [url for url in self._urls if url not in exclude] or list(self._urls)
+        prefix = "retry_" if exclude else ""
+        if len(self._urls) == 1:
+            return Choice(candidates[0], "only_server")
+        if exclude and len(candidates) == 1:
+            return Choice(candidates[0], "retry_only_other")
+        for kept_filter in self._filters:
+            kept = [url for url in candidates if kept_filter.keep(url)]
+            if not kept:
+                prefix += f"none_{kept_filter.name}_"
+                continue  # a filter that leaves nothing is ignored
+            if len(kept) == 1:
+                return Choice(kept[0], f"{prefix}only_{kept_filter.name}")
+            candidates = kept
+        start = next(self._turn) % len(candidates)
+        rotated = candidates[start:] + candidates[:start]
+        totals = {url: self._total(url) for url in rotated}
+        best = min(rotated, key=totals.__getitem__)
+        runners_up = [url for url in rotated if url != best]
+        return Choice(best, prefix + self._why(best, runners_up, totals))
+
+    def _total(self, url: str) -> float:
+        return sum(s.weight * s.score(url, self._outstanding) for s in self._scorers)
+
+    def _why(self, best: str, others: list[str], totals: Mapping[str, float]) -> str:
+        if not others or any(totals[url] == totals[best] for url in others):
+            return "rotation"
+        runner_up = min(others, key=totals.__getitem__)
+        load = self._outstanding
+        margins = [
+            (s.weight * (s.score(runner_up, load) - s.score(best, load)), s.name)
+            for s in self._scorers
+        ]
+        return max(margins)[1]
+
+    @contextmanager
+    def hold(self, url: str) -> Iterator[str]:
+        self._outstanding[url] += 1
+        try:
+            yield url
+        finally:
+            self._outstanding[url] -= 1
+
+    def report(self, url: str, outcome: Outcome) -> None:
+        if self.health is not None:
+            self.health.report(url, outcome)
+
+    def probed(self, url: str, *, answered: bool) -> None:
+        """An active probe's result: a failure counts as a failed call; an answer lets an
+        ejected server back early, on probation (requests, not probes, prove it healthy)."""
+        if self.health is None:
+            return
+        if answered:
+            self.health.readmit(url)
+        else:
+            self.health.report(url, "probe_failed")
+
+    def outstanding(self) -> dict[str, int]:
+        return dict(self._outstanding)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Each server's requests in flight and health, for the admin API and metrics."""
+        health = self.health.snapshot() if self.health is not None else {}
+        return {
+            url: {"outstanding": self._outstanding[url], **health.get(url, {"state": "healthy"})}
+            for url in self._urls
+        }
+
+
+def default_set(
+    urls: Sequence[str], *, name: str = "", health: HealthBook | None = None
+) -> ServerSet:
+    """The default composition: healthy servers only, the least busy first."""
+    book = health or HealthBook(urls)
+    return ServerSet(
+        urls, filters=[Healthy(book)], scorers=[LeastOutstanding()], health=book, name=name
+    )
