@@ -21,6 +21,8 @@ def server_member(config: ServerConfig, vocab: Vocab) -> serving.Member:
         "engine_id": config.engine_id,
         "role": config.role,
     }
+    if server.kv_events is not None:
+        ready["kv_events_endpoint"] = server.kv_events.endpoint
     gate = serving.Gate()
     return serving.Member(
         build_app(server, gate), http, [(side, server.side_channel())], ready, gate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -43,6 +44,8 @@ class ServerConfig:
     max_num_seqs: int | None = None
     block_size: int = 16
     num_gpu_blocks: int = 4096
+    kv_events_endpoint: str | None = None  # publish KV-cache events when set
+    kv_events_topic: str = ""
     itl_ms: float = 5.0
     default_output_tokens: int = 48
     sender_ranks: tuple[int, ...] = (0,)
@@ -82,6 +85,18 @@ def _positive(text: str) -> int:
     return value
 
 
+def _kv_events_config(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a JSON object, e.g. '{\"enable_kv_cache_events\": true}'")
+    if value.get("publisher") not in (None, "zmq", "null"):
+        raise argparse.ArgumentTypeError("publisher is zmq or null")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m sim.vllm`` command line."""
     parser = argparse.ArgumentParser(
@@ -100,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-num-seqs", type=_positive, help="requests run at once (default: unlimited)")
     add("--block-size", type=_positive, default=16, help="tokens per KV block (prefix cache)")
     add("--num-gpu-blocks", type=_positive, default=4096, help="KV blocks (prefix cache size)")
+    add(
+        "--kv-events-config",
+        type=_kv_events_config,
+        help="vLLM's JSON: enable_kv_cache_events, publisher, endpoint, topic",
+    )
     add("--itl-ms", type=float, default=5.0, help="time per output token")
     add("--default-output-tokens", type=int, default=48)
     add("--sender-ranks", type=_ranks, default=(0,), help="TileRT connector ranks, e.g. 0,1")
@@ -149,6 +169,8 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         parser.error("--enable-auto-tool-choice requires --tool-call-parser")
     faults = {name: getattr(args, name) for name in FAULTS}
+    events = args.kv_events_config or {}
+    events_on = bool(events.get("enable_kv_cache_events")) and events.get("publisher") != "null"
     return ServerConfig(
         role=args.role,
         host=args.host,
@@ -162,6 +184,8 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
         max_num_seqs=args.max_num_seqs,
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks,
+        kv_events_endpoint=str(events.get("endpoint", "tcp://*:5557")) if events_on else None,
+        kv_events_topic=str(events.get("topic", "")),
         itl_ms=args.itl_ms,
         default_output_tokens=args.default_output_tokens,
         sender_ranks=(

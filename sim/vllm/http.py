@@ -98,7 +98,7 @@ def build_app(server: VllmServer, gate: Gate | None = None) -> Availability:
 
     async def sim_reset(request: Request) -> Response:
         server.records.reset()
-        server.prefix_cache.clear()
+        server.clear_prefix_cache()
         return JSONResponse({"reset": True})
 
     async def http_error(request: Request, exc: Exception) -> Response:

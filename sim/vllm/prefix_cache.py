@@ -28,9 +28,11 @@ def block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
 
 @dataclass(slots=True)
 class Admission:
-    """What caching one prompt did: tokens found, blocks newly stored, blocks evicted."""
+    """What caching one prompt did: tokens found, its blocks (all, newly stored) and the
+    blocks evicted to make room."""
 
     cached_tokens: int
+    hashes: list[bytes] = field(default_factory=list)
     stored: list[bytes] = field(default_factory=list)
     evicted: list[bytes] = field(default_factory=list)
 
@@ -58,7 +60,7 @@ class PrefixCache:
             if block_hash not in self._blocks:
                 break
             hits += 1
-        admission = Admission(hits * self.block_size)
+        admission = Admission(hits * self.block_size, hashes)
         for block_hash in hashes:
             if block_hash in self._blocks:
                 self._blocks.move_to_end(block_hash)

@@ -28,6 +28,7 @@ from sim.vllm.config import FAULTS, ServerConfig
 from sim.vllm.engine import Step, generate
 from sim.vllm.errors import ApiError, invalid, json_error, schema_error
 from sim.vllm.formats import Echo, Formatter, system_fingerprint, usage
+from sim.vllm.kv_events import KvEventPublisher, admission_events, all_cleared
 from sim.vllm.load import EngineLoad, Ticket
 from sim.vllm.metrics import ServerCounters
 from sim.vllm.parsers import NativeParser
@@ -104,6 +105,11 @@ class VllmServer:
         self.load = EngineLoad(config.max_num_seqs, config.block_size, config.num_gpu_blocks)
         self.prefix_cache = PrefixCache(config.block_size, config.num_gpu_blocks)
         self.counters = ServerCounters()
+        self.kv_events = (
+            KvEventPublisher(config.kv_events_endpoint, config.kv_events_topic)
+            if config.kv_events_endpoint
+            else None
+        )
 
     @property
     def produces(self) -> bool:
@@ -281,6 +287,10 @@ class VllmServer:
             return source
         admission = self.prefix_cache.admit(plan.prompt_ids)
         cached = admission.cached_tokens
+        if self.kv_events is not None:
+            self.kv_events.publish(
+                admission_events(plan.prompt_ids, self.config.block_size, admission)
+            )
         counters.prefix_cache_queries += source.prompt_len
         counters.prefix_cache_hits += cached
         counters.prompt_tokens_cached += cached
@@ -297,6 +307,11 @@ class VllmServer:
             for _ in steps:
                 run.token()
         run.finish([steps[-1].finish_reason if steps else "stop" for steps in choices])
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached block (announced as vLLM announces a prefix-cache reset)."""
+        if self.prefix_cache.clear() and self.kv_events is not None:
+            self.kv_events.publish(all_cleared())
 
     def _check_tool_choice(self, request: ChatRequest) -> None:
         """vLLM refuses a tool choice it has no tool-call parser for (only with
