@@ -1,8 +1,9 @@
 """``GET /metrics``: the server's state in Prometheus text, under vLLM 0.32's metric names.
 
 Every sample carries vLLM's labels ``model_name`` (the first served name) and ``engine``
-("0": one engine core). Counters are written as ``prometheus_client`` writes them: the
-family name in HELP/TYPE, samples ``<name>_total`` and ``<name>_created``.
+("0": one engine core). The text reads as ``prometheus_client`` writes it: labels sorted
+by name, a counter ``<name>`` as the family ``<name>_total`` followed by the gauge
+``<name>_created``, values as Go formats floats.
 """
 
 from __future__ import annotations
@@ -33,7 +34,16 @@ def _labels(pairs: list[tuple[str, str]]) -> str:
     def quote(value: str) -> str:
         return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
-    return "{" + ",".join(f'{name}="{quote(value)}"' for name, value in pairs) + "}"
+    return "{" + ",".join(f'{name}="{quote(value)}"' for name, value in sorted(pairs)) + "}"
+
+
+def _value(value: float) -> str:
+    text = repr(float(value))
+    digits, _, fraction = text.partition(".")
+    if value >= 1e6 and "e" not in text:  # Go writes large floats with an exponent
+        mantissa = (digits[0] + "." + digits[1:] + fraction).rstrip("0").rstrip(".")
+        return f"{mantissa}e+{len(digits) - 1:02d}"
+    return text
 
 
 def render(model_name: str, load: EngineLoad, counters: ServerCounters) -> str:
@@ -42,16 +52,17 @@ def render(model_name: str, load: EngineLoad, counters: ServerCounters) -> str:
     labels = _labels(base)
     lines: list[str] = []
 
+    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+        lines.extend(f"{name}{sample_labels} {_value(value)}" for sample_labels, value in samples)
+
     def gauge(name: str, help_text: str, value: float) -> None:
-        lines.extend(
-            [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{labels} {float(value)}"]
-        )
+        family(name, "gauge", help_text, [(labels, value)])
 
     def counter(name: str, help_text: str, values: list[tuple[str, float]]) -> None:
-        lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} counter"])
-        for extra, value in values:
-            lines.append(f"{name}_total{extra} {float(value)}")
-            lines.append(f"{name}_created{extra} {counters.created}")
+        family(f"{name}_total", "counter", help_text, values)
+        created = [(sample_labels, counters.created) for sample_labels, _ in values]
+        family(f"{name}_created", "gauge", help_text, created)
 
     gauge(
         "vllm:num_requests_running", "Number of requests in model execution batches.", load.running

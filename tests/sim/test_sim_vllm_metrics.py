@@ -14,7 +14,7 @@ from .sim_support import wait_until
 
 pytestmark = pytest.mark.e2e
 
-LABELS = '{model_name="sim-model",engine="0"}'
+LABELS = '{engine="0",model_name="sim-model"}'
 ARGS = ["--itl-ms", "20", "--prefill-ms-per-token", "20", "--max-num-seqs", "1"]
 
 
@@ -53,11 +53,12 @@ async def test_metrics_carry_vllm_names_types_and_labels(
         assert f"# TYPE vllm:{gauge} gauge" in text
         assert re.search(rf"^vllm:{gauge}{re.escape(LABELS)} \d", text, re.M)
     for counter in ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens"):
-        assert f"# TYPE vllm:{counter} counter" in text
+        assert f"# TYPE vllm:{counter}_total counter" in text
+        assert f"# TYPE vllm:{counter}_created gauge" in text
         assert re.search(rf"^vllm:{counter}_total{re.escape(LABELS)} \d", text, re.M)
     assert re.search(
-        r'^vllm:request_success_total\{model_name="sim-model",engine="0",'
-        r'finished_reason="length"\} \d',
+        r'^vllm:request_success_total\{engine="0",finished_reason="length",'
+        r'model_name="sim-model"\} \d',
         text,
         re.M,
     )
@@ -91,7 +92,7 @@ async def test_running_and_waiting_follow_the_requests(
     assert after[f"vllm:kv_cache_usage_perc{LABELS}"] == 0
     key = f"vllm:generation_tokens_total{LABELS}"
     assert after[key] - before[key] == 60
-    key = 'vllm:request_success_total{model_name="sim-model",engine="0",finished_reason="length"}'
+    key = 'vllm:request_success_total{engine="0",finished_reason="length",model_name="sim-model"}'
     assert after[key] - before[key] == 2
 
 
