@@ -44,6 +44,7 @@ class ServerConfig:
     max_num_seqs: int | None = None
     block_size: int = 16
     num_gpu_blocks: int = 4096
+    enable_prefix_caching: bool = False
     kv_events_endpoint: str | None = None  # publish KV-cache events when set
     kv_events_topic: str = ""
     itl_ms: float = 5.0
@@ -116,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--block-size", type=_positive, default=16, help="tokens per KV block (prefix cache)")
     add("--num-gpu-blocks", type=_positive, default=4096, help="KV blocks (prefix cache size)")
     add(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="cache prompt blocks (on in vLLM; off here unless asked, so answers repeat)",
+    )
+    add(
         "--kv-events-config",
         type=_kv_events_config,
         help="vLLM's JSON: enable_kv_cache_events, publisher, endpoint, topic",
@@ -184,6 +191,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
         max_num_seqs=args.max_num_seqs,
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks,
+        enable_prefix_caching=args.enable_prefix_caching,
         kv_events_endpoint=str(events.get("endpoint", "tcp://*:5557")) if events_on else None,
         kv_events_topic=str(events.get("topic", "")),
         itl_ms=args.itl_ms,

@@ -285,6 +285,8 @@ class VllmServer:
         if not source.local:
             counters.prompt_tokens_cached += source.cached_tokens
             return source
+        if not self.config.enable_prefix_caching:
+            return source
         admission = self.prefix_cache.admit(plan.prompt_ids)
         cached = admission.cached_tokens
         if self.kv_events is not None:

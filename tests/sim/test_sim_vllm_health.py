@@ -99,3 +99,14 @@ async def test_refuse_connections_needs_a_positive_number(
 ) -> None:
     answer = await client.post(f"{server.url}/sim/faults", json={"refuse_connections_ms": value})
     assert answer.status_code == 400
+
+
+async def test_without_prefix_caching_a_repeated_prompt_hits_nothing(
+    client: httpx.AsyncClient, server: ServerInfo
+) -> None:
+    body = {"model": "sim-model", "prompt": list(range(100, 140)), "max_tokens": 1}
+    for _ in range(2):
+        answer = await client.post(f"{server.url}/v1/completions", json=body)
+        assert answer.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    metrics = (await client.get(f"{server.url}/metrics")).text
+    assert 'vllm:prefix_cache_hits_total{engine="0",model_name="sim-model"} 0.0' in metrics

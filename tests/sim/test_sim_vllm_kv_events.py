@@ -19,7 +19,15 @@ pytestmark = pytest.mark.e2e
 
 TOPIC = b"kv"
 EVENTS = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:*"}
-ARGS = ["--itl-ms", "0", "--prefill-ms-per-token", "0", "--block-size", "4"]
+ARGS = [
+    "--itl-ms",
+    "0",
+    "--prefill-ms-per-token",
+    "0",
+    "--block-size",
+    "4",
+    "--enable-prefix-caching",
+]
 
 
 @pytest.fixture(scope="module")

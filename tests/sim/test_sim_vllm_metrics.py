@@ -20,7 +20,12 @@ ARGS = ["--itl-ms", "20", "--prefill-ms-per-token", "20", "--max-num-seqs", "1"]
 
 @pytest.fixture(scope="module")
 def stack(sim_stacks: StackPool) -> SimStack:
-    return sim_stacks.get(nodes=0, prefills=0, proxy=True, proxy_args=[*ARGS, "--block-size", "4"])
+    return sim_stacks.get(
+        nodes=0,
+        prefills=0,
+        proxy=True,
+        proxy_args=[*ARGS, "--block-size", "4", "--enable-prefix-caching"],
+    )
 
 
 @pytest.fixture
