@@ -210,7 +210,8 @@ class VllmServer:
             plans = [extend_output(self.vocab, p, budget) for p in plans]
             plan = plans[0]
         source = await self._source(kv, plan, base, record)
-        run.ticket = await self.load.admit(source.prompt_len + len(source.output_ids))
+        output_len = min(len(source.output_ids), budget)
+        run.ticket = await self.load.admit(source.prompt_len + output_len)
         source = self._prefill(source, plan)
         self.counters.prompt_tokens += sum(len(p.prompt_ids) for p in plans[1:])
         await asyncio.sleep(source.prefill_s)
