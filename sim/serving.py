@@ -31,6 +31,57 @@ class Member:
     http: socket.socket
     streams: list[tuple[socket.socket, StreamHandler]] = field(default_factory=list)
     ready: dict[str, Any] = field(default_factory=dict)
+    gate: Gate | None = None
+
+
+class Gate:
+    """Closes one member's HTTP listening socket for a while, so connections are refused.
+
+    Connections already open stay served. The socket is bound again on the same port when
+    the time is up (``serve`` binds the gate to the running uvicorn server).
+    """
+
+    def __init__(self) -> None:
+        self._server: uvicorn.Server | None = None
+        self._port = 0
+        self._host = ""
+        self._reopen: asyncio.Task[None] | None = None
+
+    def bind(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        """Attach the gate to the uvicorn server listening on ``sock``."""
+        self._server = server
+        self._host, self._port = sock.getsockname()[:2]
+
+    @property
+    def closed(self) -> bool:
+        """Connections are being refused now."""
+        return self._reopen is not None and not self._reopen.done()
+
+    async def refuse_for(self, seconds: float) -> None:
+        """Stop listening now and listen again after ``seconds``."""
+        server = self._server
+        if server is None or self.closed:
+            return
+        for listener in list(server.servers):
+            if any(port_of(sock) == self._port for sock in listener.sockets):
+                listener.close()
+                server.servers.remove(listener)
+        self._reopen = asyncio.ensure_future(self._listen_after(server, seconds))
+
+    async def _listen_after(self, server: uvicorn.Server, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        config = server.config
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=server.server_state, app_state={}
+            )
+
+        sock = listen(self._host, self._port)
+        listener = await asyncio.get_running_loop().create_server(
+            protocol, sock=sock, backlog=config.backlog
+        )
+        server.servers.append(listener)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -82,9 +133,13 @@ async def serve(members: list[Member], ready: dict[str, Any]) -> None:
         log_level="warning",
         timeout_graceful_shutdown=1,
     )
+    server = uvicorn.Server(config)
+    for member in members:
+        if member.gate is not None:
+            member.gate.bind(server, member.http)
     announce(ready)
     try:
-        await uvicorn.Server(config).serve(sockets=[m.http for m in members])
+        await server.serve(sockets=[m.http for m in members])
     finally:
         for server in servers:
             server.close()

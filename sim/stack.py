@@ -59,6 +59,7 @@ class ServerInfo:
     engine_id: str
     side_channel_port: int
     pid: int
+    kv_events_endpoint: str | None = None  # with --kv-events-config
 
     @property
     def url(self) -> str:
@@ -276,6 +277,7 @@ class SimStack:
             ready["engine_id"],
             ready["side_channel_port"],
             pid,
+            ready.get("kv_events_endpoint"),
         )
         if kind == "prefill":
             self.prefills.append(info)

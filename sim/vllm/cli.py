@@ -21,7 +21,12 @@ def server_member(config: ServerConfig, vocab: Vocab) -> serving.Member:
         "engine_id": config.engine_id,
         "role": config.role,
     }
-    return serving.Member(build_app(server), http, [(side, server.side_channel())], ready)
+    if server.kv_events is not None:
+        ready["kv_events_endpoint"] = server.kv_events.endpoint
+    gate = serving.Gate()
+    return serving.Member(
+        build_app(server, gate), http, [(side, server.side_channel())], ready, gate
+    )
 
 
 async def run_server(config: ServerConfig) -> None:

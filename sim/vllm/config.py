@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,6 +23,8 @@ FAULTS: dict[str, type] = {
     "stall": bool,
     "die_after": int,
     "pull_fail": bool,
+    "health_503": bool,
+    "slow_ms": float,
 }
 
 
@@ -37,6 +40,13 @@ class ServerConfig:
     engine_id: str = "sim-engine"
     side_channel_port: int = 0
     prefill_ms_per_token: float = 0.02
+    cached_prefill_ms_per_token: float = 0.0
+    max_num_seqs: int | None = None
+    block_size: int = 16
+    num_gpu_blocks: int = 4096
+    enable_prefix_caching: bool = False
+    kv_events_endpoint: str | None = None  # publish KV-cache events when set
+    kv_events_topic: str = ""
     itl_ms: float = 5.0
     default_output_tokens: int = 48
     sender_ranks: tuple[int, ...] = (0,)
@@ -69,6 +79,25 @@ def _ranks(text: str) -> tuple[int, ...]:
     return ranks
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
+def _kv_events_config(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a JSON object, e.g. '{\"enable_kv_cache_events\": true}'")
+    if value.get("publisher") not in (None, "zmq", "null"):
+        raise argparse.ArgumentTypeError("publisher is zmq or null")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m sim.vllm`` command line."""
     parser = argparse.ArgumentParser(
@@ -82,7 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tokenizer", default="deepseek", help="deepseek, glm or a tokenizer.json path")
     add("--engine-id", default=None, help="NIXL engine id (default: random)")
     add("--side-channel-port", type=int, default=0, help="NIXL side channel (0 = free port)")
-    add("--prefill-ms-per-token", type=float, default=0.02)
+    add("--prefill-ms-per-token", type=float, default=0.02, help="per uncached prompt token")
+    add("--cached-prefill-ms-per-token", type=float, default=0.0, help="per cached prompt token")
+    add("--max-num-seqs", type=_positive, help="requests run at once (default: unlimited)")
+    add("--block-size", type=_positive, default=16, help="tokens per KV block (prefix cache)")
+    add("--num-gpu-blocks", type=_positive, default=4096, help="KV blocks (prefix cache size)")
+    add(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="cache prompt blocks (on in vLLM; off here unless asked, so answers repeat)",
+    )
+    add(
+        "--kv-events-config",
+        type=_kv_events_config,
+        help="vLLM's JSON: enable_kv_cache_events, publisher, endpoint, topic",
+    )
     add("--itl-ms", type=float, default=5.0, help="time per output token")
     add("--default-output-tokens", type=int, default=48)
     add("--sender-ranks", type=_ranks, default=(0,), help="TileRT connector ranks, e.g. 0,1")
@@ -120,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--stall", action="store_true", help="never answer")
     faults.add_argument("--die-after", type=int, help="drop a stream after N events")
     faults.add_argument("--pull-fail", action="store_true", help="NIXL side channel fails")
+    faults.add_argument("--health-503", action="store_true", help="/health and /v1/ answer 503")
+    faults.add_argument("--slow-ms", type=float, help="delay every answer by MS")
     return parser
 
 
@@ -130,6 +176,8 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         parser.error("--enable-auto-tool-choice requires --tool-call-parser")
     faults = {name: getattr(args, name) for name in FAULTS}
+    events = args.kv_events_config or {}
+    events_on = bool(events.get("enable_kv_cache_events")) and events.get("publisher") != "null"
     return ServerConfig(
         role=args.role,
         host=args.host,
@@ -139,6 +187,13 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
         engine_id=args.engine_id or f"sim-{secrets.token_hex(6)}",
         side_channel_port=args.side_channel_port,
         prefill_ms_per_token=args.prefill_ms_per_token,
+        cached_prefill_ms_per_token=args.cached_prefill_ms_per_token,
+        max_num_seqs=args.max_num_seqs,
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks,
+        enable_prefix_caching=args.enable_prefix_caching,
+        kv_events_endpoint=str(events.get("endpoint", "tcp://*:5557")) if events_on else None,
+        kv_events_topic=str(events.get("topic", "")),
         itl_ms=args.itl_ms,
         default_output_tokens=args.default_output_tokens,
         sender_ranks=(

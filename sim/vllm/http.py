@@ -8,17 +8,24 @@ from typing import Any
 
 import orjson
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sim.faults import FaultError
+from sim.serving import Gate
+from sim.vllm import metrics
+from sim.vllm.availability import Availability
 from sim.vllm.server import VllmServer
 
+# Not a fault of the board: it acts once, on the listening socket, when posted.
+REFUSE_CONNECTIONS = "refuse_connections_ms"
 
-def build_app(server: VllmServer) -> Starlette:
-    """The Starlette app serving ``server``."""
+
+def build_app(server: VllmServer, gate: Gate | None = None) -> Availability:
+    """The ASGI app serving ``server``; ``gate`` lets ``/sim/faults`` refuse connections."""
 
     async def chat(request: Request) -> Any:
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -52,6 +59,10 @@ def build_app(server: VllmServer) -> Starlette:
     async def health(request: Request) -> Response:
         return Response(status_code=200)
 
+    async def metrics_text(request: Request) -> Response:
+        text = metrics.render(server.config.model_name, server.load, server.counters)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
     async def sim_requests(request: Request) -> Response:
         return JSONResponse(server.records.to_json())
 
@@ -63,14 +74,31 @@ def build_app(server: VllmServer) -> Starlette:
             if not isinstance(values, dict):
                 return JSONResponse({"error": "expected a JSON object"}, status_code=400)
             count = values.pop("count", None)
+            refuse_ms = values.pop(REFUSE_CONNECTIONS, None)
+            if refuse_ms is not None and (
+                isinstance(refuse_ms, bool)
+                or not isinstance(refuse_ms, int | float)
+                or refuse_ms <= 0
+                or gate is None
+            ):
+                return JSONResponse(
+                    {"error": f"{REFUSE_CONNECTIONS} takes a positive number"}, status_code=400
+                )
             try:
                 server.faults.arm(values, count)
             except FaultError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=400)
+            if refuse_ms is not None and gate is not None:
+                # Close the socket once this answer is out, so the caller gets it.
+                return JSONResponse(
+                    {"faults": server.faults.snapshot(), REFUSE_CONNECTIONS: refuse_ms},
+                    background=BackgroundTask(gate.refuse_for, refuse_ms / 1000),
+                )
         return JSONResponse({"faults": server.faults.snapshot()})
 
     async def sim_reset(request: Request) -> Response:
         server.records.reset()
+        server.clear_prefix_cache()
         return JSONResponse({"reset": True})
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -78,7 +106,7 @@ def build_app(server: VllmServer) -> Starlette:
         assert isinstance(exc, HTTPException)
         return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
 
-    return Starlette(
+    app = Starlette(
         exception_handlers={HTTPException: http_error},
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -86,11 +114,13 @@ def build_app(server: VllmServer) -> Starlette:
             Route("/v1/responses", responses, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics_text, methods=["GET"]),
             Route("/sim/requests", sim_requests, methods=["GET"]),
             Route("/sim/faults", sim_faults, methods=["GET", "POST", "DELETE"]),
             Route("/sim/reset", sim_reset, methods=["POST"]),
         ],
     )
+    return Availability(app, server.faults)
 
 
 def _permission(created: int) -> dict[str, Any]:

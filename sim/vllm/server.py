@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
@@ -28,7 +28,11 @@ from sim.vllm.config import FAULTS, ServerConfig
 from sim.vllm.engine import Step, generate
 from sim.vllm.errors import ApiError, invalid, json_error, schema_error
 from sim.vllm.formats import Echo, Formatter, system_fingerprint, usage
+from sim.vllm.kv_events import KvEventPublisher, admission_events, all_cleared
+from sim.vllm.load import EngineLoad, Ticket
+from sim.vllm.metrics import ServerCounters
 from sim.vllm.parsers import NativeParser
+from sim.vllm.prefix_cache import PrefixCache
 from sim.vllm.records import RequestRecord, ServerRecords, TransferRecord
 from sim.vllm.responses import ResponsesFormatter
 from sim.vllm.schema import (
@@ -56,6 +60,34 @@ class Source:
     prompt_len: int
     cached_tokens: int
     prefill_s: float
+    local: bool  # prefilled here (not read from a remote prefill)
+
+
+class Run:
+    """A request's hold on the engine, from admission until its last token is out."""
+
+    def __init__(self, counters: ServerCounters) -> None:
+        self._counters = counters
+        self.ticket: Ticket | None = None
+
+    def token(self) -> None:
+        """One output token generated."""
+        self._counters.generation_tokens += 1
+
+    def finish(self, reasons: list[str | None]) -> None:
+        """The request ended (each choice with its finish reason, None if cut short)."""
+        if self.ticket is None:
+            return
+        self.ticket.release()
+        self.ticket = None
+        for reason in reasons:
+            self._counters.request_success[reason or "abort"] += 1
+
+    def abandon(self) -> None:
+        """The request ended without an answer (an error after admission)."""
+        if self.ticket is not None:
+            self.ticket.release()
+            self.ticket = None
 
 
 class VllmServer:
@@ -70,6 +102,14 @@ class VllmServer:
         self.store = nixl.KvStore(config.kv_expiry_s)
         self.side_channel_port = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.load = EngineLoad(config.max_num_seqs, config.block_size, config.num_gpu_blocks)
+        self.prefix_cache = PrefixCache(config.block_size, config.num_gpu_blocks)
+        self.counters = ServerCounters()
+        self.kv_events = (
+            KvEventPublisher(config.kv_events_endpoint, config.kv_events_topic)
+            if config.kv_events_endpoint
+            else None
+        )
 
     @property
     def produces(self) -> bool:
@@ -106,6 +146,7 @@ class VllmServer:
             bad_json = None
         record = RequestRecord(path, headers, body, self.config.role, self.config.engine_id)
         self.records.requests.append(record)
+        run = Run(self.counters)
         try:
             media = headers.get("content-type", "application/json").split(";")[0].strip()
             if media.lower() != "application/json":
@@ -116,10 +157,14 @@ class VllmServer:
                 )
             if bad_json is not None:
                 raise bad_json
-            return await self._handle(endpoint, body, headers, record)
+            return await self._handle(endpoint, body, headers, record, run)
         except ApiError as exc:
+            run.abandon()
             record.status, record.finished = exc.status, time.time()
             return JSONResponse(exc.body(), status_code=exc.status)
+        except BaseException:
+            run.abandon()
+            raise
 
     async def _handle(
         self,
@@ -127,6 +172,7 @@ class VllmServer:
         body: Any,
         headers: dict[str, str],
         record: RequestRecord,
+        run: Run,
     ) -> Any:
         status = self.faults.take("http_status")
         if status:
@@ -164,6 +210,10 @@ class VllmServer:
             plans = [extend_output(self.vocab, p, budget) for p in plans]
             plan = plans[0]
         source = await self._source(kv, plan, base, record)
+        output_len = min(len(source.output_ids), budget)
+        run.ticket = await self.load.admit(source.prompt_len + output_len)
+        source = self._prefill(source, plan)
+        self.counters.prompt_tokens += sum(len(p.prompt_ids) for p in plans[1:])
         await asyncio.sleep(source.prefill_s)
         outputs = [source.output_ids] + [p.output_ids for p in plans[1:]]
         choices = [
@@ -214,15 +264,57 @@ class VllmServer:
                 usage_body,
                 request,
                 record,
+                run,
             )
         if request.stream:
-            return self._stream(formatter, choices, usage_body, request, record, after_response)
+            return self._stream(
+                formatter, choices, usage_body, request, record, after_response, run
+            )
         await asyncio.sleep(max(len(choices[0]) - 1, 0) * self.config.itl_ms / 1000)
+        self._generated(run, choices)
         record.status, record.finished = 200, time.time()
         return JSONResponse(
             formatter.response(choices, usage_body, kv_out),
             background=BackgroundTask(after_response) if after_response else None,
         )
+
+    def _prefill(self, source: Source, plan: Plan) -> Source:
+        """Look the prompt up in the prefix cache and cache it; the prefill time grows with
+        the uncached tokens only."""
+        counters = self.counters
+        counters.prompt_tokens += source.prompt_len
+        if not source.local:
+            counters.prompt_tokens_cached += source.cached_tokens
+            return source
+        if not self.config.enable_prefix_caching:
+            return source
+        admission = self.prefix_cache.admit(plan.prompt_ids)
+        cached = admission.cached_tokens
+        if self.kv_events is not None:
+            self.kv_events.publish(
+                admission_events(plan.prompt_ids, self.config.block_size, admission)
+            )
+        counters.prefix_cache_queries += source.prompt_len
+        counters.prefix_cache_hits += cached
+        counters.prompt_tokens_cached += cached
+        prefill_ms = (
+            self.config.prefill_ms_per_token * (source.prompt_len - cached)
+            + self.config.cached_prefill_ms_per_token * cached
+        )
+        return replace(source, cached_tokens=cached, prefill_s=prefill_ms / 1000)
+
+    @staticmethod
+    def _generated(run: Run, choices: list[list[Step]]) -> None:
+        """A whole (not streamed) answer generated: count its tokens, end the run."""
+        for steps in choices:
+            for _ in steps:
+                run.token()
+        run.finish([steps[-1].finish_reason if steps else "stop" for steps in choices])
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached block (announced as vLLM announces a prefix-cache reset)."""
+        if self.prefix_cache.clear() and self.kv_events is not None:
+            self.kv_events.publish(all_cleared())
 
     def _check_tool_choice(self, request: ChatRequest) -> None:
         """vLLM refuses a tool choice it has no tool-call parser for (only with
@@ -296,10 +388,12 @@ class VllmServer:
         usage_body: dict[str, Any],
         request: ChatRequest | CompletionRequest,
         record: RequestRecord,
+        run: Run,
     ) -> Response:
         """The answer to ``/v1/responses``."""
         itl_s = self.config.itl_ms / 1000
         if not request.stream:
+            self._generated(run, [steps])
             record.status, record.finished = 200, time.time()
             return JSONResponse(view.response(steps, usage_body))
 
@@ -307,11 +401,16 @@ class VllmServer:
 
         async def events() -> AsyncIterator[bytes]:
             sent = 0
-            async for event in view.events(steps, usage_body, lambda: asyncio.sleep(itl_s)):
-                if die_after is not None and sent >= die_after:
-                    raise SimulatedDeath("simulated server death mid-stream")
-                sent += 1
-                yield event
+            try:
+                async for event in view.events(steps, usage_body, lambda: asyncio.sleep(itl_s)):
+                    if die_after is not None and sent >= die_after:
+                        raise SimulatedDeath("simulated server death mid-stream")
+                    sent += 1
+                    yield event
+            except BaseException:
+                run.finish([None])
+                raise
+            self._generated(run, [steps])
             record.status, record.finished = 200, time.time()
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -367,7 +466,7 @@ class VllmServer:
         prompt_len = len(plan.prompt_ids)
         prefill_s = self.config.prefill_ms_per_token * prompt_len / 1000
         if not (self.consumes and kv.get("do_remote_prefill") is True):
-            return Source(list(plan.output_ids), prompt_len, 0, prefill_s)
+            return Source(list(plan.output_ids), prompt_len, 0, prefill_s, local=True)
         push = not kv.get("remote_block_ids")
         record.kv_mode = "nixl_consumer_push" if push else "nixl_consumer_pull"
         key = str(kv.get("remote_request_id") or base)
@@ -384,7 +483,7 @@ class VllmServer:
         except nixl.PullError as exc:
             raise ApiError(500, f"KV transfer from the remote prefill failed: {exc}") from exc
         # vLLM reports the whole prompt as cached on the decode leg.
-        return Source(state.output_ids, prompt_len, prompt_len, 0.0)
+        return Source(state.output_ids, prompt_len, prompt_len, 0.0, local=False)
 
     async def _tilert(
         self,
@@ -457,6 +556,7 @@ class VllmServer:
         request: ChatRequest | CompletionRequest,
         record: RequestRecord,
         after_response: Callable[[], Awaitable[None]] | None,
+        run: Run,
     ) -> Response:
         """vLLM's stream: per engine step one chunk per choice still running (chat first
         sends each choice's role chunk), then the usage chunk if asked, then [DONE]."""
@@ -466,6 +566,14 @@ class VllmServer:
         prompt_tokens = usage_body["prompt_tokens"]
 
         async def events() -> AsyncIterator[bytes]:
+            reasons: list[str | None] = [None] * len(choices)
+            try:
+                async for event in stream(reasons):
+                    yield event
+            finally:
+                run.finish(reasons)
+
+        async def stream(reasons: list[str | None]) -> AsyncIterator[bytes]:
             sent = 0
 
             def event(payload: bytes) -> bytes:
@@ -502,6 +610,9 @@ class VllmServer:
                     if position >= len(steps):
                         continue
                     step = steps[position]
+                    run.token()
+                    if position == len(steps) - 1:
+                        reasons[index] = step.finish_reason or "stop"
                     chunk = formatter.chunk(step, offsets[index], index, first=position == 0)
                     logprobs = chunk["choices"][0]["logprobs"]
                     if logprobs is not None and not chat and logprobs["tokens"]:
