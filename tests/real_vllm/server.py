@@ -74,6 +74,9 @@ class VllmServer:
             str(MAX_MODEL_LEN),
             "--seed",
             "0",
+            # A request asked twice computes alike: a prefix-cache hit on the second
+            # changes its numbers by a rounding, and sampled tokens may follow.
+            "--no-enable-prefix-caching",
             "--host",
             "127.0.0.1",
             "--port",
