@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,12 +40,14 @@ def block_hashes(ids: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE) -> tu
     """Each full block's hash covers its parent's hash and its own token ids, so equal
     hashes mean equal prefixes. A trailing partial block is not hashed (no cache holds it
     either)."""
+    # One packing of the whole prompt, then a hash per block over a view of its bytes.
+    packed = memoryview(array("I", ids).tobytes() if ids else b"")
+    step = block_size * 4
     hashes = []
     parent = _ROOT
-    for start in range(0, len(ids) - block_size + 1, block_size):
-        chunk = ids[start : start + block_size]
+    for start in range(0, len(packed) - step + 1, step):
         digest = hashlib.blake2b(parent, digest_size=16)
-        digest.update(b"".join(i.to_bytes(4, "little", signed=False) for i in chunk))
+        digest.update(packed[start : start + step])
         parent = digest.digest()
         hashes.append(parent)
     return tuple(hashes)
