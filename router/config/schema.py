@@ -418,6 +418,21 @@ class TimeoutsConfig(StrictModel):
     cancel_s: Annotated[float, Field(gt=0)] = 5.0
 
 
+class SelectionConfig(StrictModel):
+    """How a model's servers are chosen beyond health and load (docs/upstreams.md)."""
+
+    prefix_affinity: bool = True
+    """Send a prompt to the server that was recently sent its longest prefix (its KV cache
+    likely still holds it); costs encoding each prompt with the model's tokenizer."""
+    block_size: Annotated[int, Field(ge=1, le=4096)] = 16
+    """Tokens per KV block, as the prefill servers' `--block-size` (vLLM's default: 16)."""
+    session_header: Annotated[
+        str, Field(min_length=1, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+    ] = "x-session-id"
+    """A request header naming the conversation; without it the request's `user` field.
+    A session's requests prefer one stable server when no prefix decides."""
+
+
 class ModelConfig(StrictModel):
     """One served model as clients see it."""
 
@@ -429,6 +444,7 @@ class ModelConfig(StrictModel):
     latency request leaves unset, as vLLM applies them (else vLLM's own defaults)."""
     latency: LatencyConfig | None = None
     throughput: ThroughputConfig | None = None
+    selection: SelectionConfig = SelectionConfig()
 
     @field_validator("output_parser")
     @classmethod

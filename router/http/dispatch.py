@@ -67,6 +67,7 @@ class Dispatcher:
             headers,
             access,
             client_body,
+            request.headers,
         )
         return PathResponse(path, routed, state.live)
 

@@ -19,7 +19,14 @@ from router.latency.relay import DecodeRelay, RelayEnd
 from router.latency.sampling import DecodeOptions, Sampling, SamplingDefaults, decode_options
 from router.openai.render import AnswerFacts, Renderer, Usage
 from router.openai.requests import ChatRequest, CompletionRequest
-from router.selection import Choice, ServerSet, default_set, outcome_of
+from router.selection import (
+    Affinity,
+    AffinityKeys,
+    Choice,
+    ServerSet,
+    default_set,
+    outcome_of,
+)
 from router.serving import Answer, RoutedRequest, json_answer
 from router.tokens.tokenizer import LoadedTokenizer
 from router.upstream.vllm import Prefilled
@@ -51,6 +58,7 @@ class LatencyPath:
         gate: Gate,
         tokenizer: LoadedTokenizer,
         deps: LatencyDeps,
+        keys: AffinityKeys | None = None,
         default_wait_ms: int,
         sampling_defaults: SamplingDefaults,
     ) -> None:
@@ -62,9 +70,13 @@ class LatencyPath:
         self._deps = deps
         self._default_wait_ms = default_wait_ms
         self._sampling_defaults = sampling_defaults
+        self._keys = keys
+        scorers = keys.scorers if keys is not None else list
         # A node's transfer must come from a prefill server of its own pool (its release).
         self._prefill_of_pool: dict[str | None, ServerSet] = {
-            pool.name: default_set(pool.prefill, name=f"latency:prefill:{pool.name}")
+            pool.name: default_set(
+                pool.prefill, name=f"latency:prefill:{pool.name}", request_scorers=scorers()
+            )
             for pool in config.pools
         }
         # A node of a pool a reload added while this request waited: its release will do.
@@ -86,12 +98,14 @@ class LatencyPath:
     async def _open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         started = time.monotonic()
         options = decode_options(request.parsed, request.body, self._sampling_defaults)
+        # Before a slot is taken: encoding the prompt must not hold one.
+        affinity = await self._affinity(request)
         lease = await self._acquire(request, started)
         servers = await self._prefill_servers(lease)
-        choice = servers.pick()
+        choice = servers.pick(request=affinity)
         session, released = self._session(request, lease, choice, stack)
         try:
-            prefilled = await self._prefill(session, servers, choice, request, options)
+            prefilled = await self._prefill(session, servers, choice, request, options, affinity)
         except PrefillError as exc:
             # Nothing reached the prefill server: the request goes once more, to another
             # one, on a slot taken again once this one is back in the pool.
@@ -101,9 +115,9 @@ class LatencyPath:
                 raise  # the slot is not back yet: no second slot for one request
             lease = await self._acquire(request, started)
             servers = await self._prefill_servers(lease)
-            choice = servers.pick(exclude=[choice.url])
+            choice = servers.pick(exclude=[choice.url], request=affinity)
             session, _ = self._session(request, lease, choice, stack)
-            prefilled = await self._prefill(session, servers, choice, request, options)
+            prefilled = await self._prefill(session, servers, choice, request, options, affinity)
         relay = DecodeRelay(
             request,
             prefilled,
@@ -140,6 +154,11 @@ class LatencyPath:
             relay.all_logprobs(),
         )
         return json_answer(orjson.dumps(body))
+
+    async def _affinity(self, request: RoutedRequest) -> Affinity | None:
+        if self._keys is None or not any(s.request_aware for s in self.server_sets()):
+            return None
+        return await self._keys.of(request.endpoint.wire, request.body, request.client_headers)
 
     async def _prefill_servers(self, lease: Lease) -> ServerSet:
         node = lease.node
@@ -181,10 +200,11 @@ class LatencyPath:
         choice: Choice,
         request: RoutedRequest,
         options: DecodeOptions,
+        affinity: Affinity | None,
     ) -> Prefilled:
         """The session's start; how the prefill went is reported to the server's health (an
         error after the prefill is the node's, and the prefill answered)."""
-        with servers.hold(choice.url):
+        with servers.hold(choice.url, affinity):
             try:
                 prefilled = await session.start(
                     request, options, max_seq_len=self._config.max_seq_len

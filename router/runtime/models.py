@@ -15,6 +15,7 @@ from router.latency.path import LatencyPath
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
 from router.node import configured_nodes
+from router.selection import AffinityKeys
 from router.serving import Fallback, ServePath
 from router.throughput import make_throughput_path
 from router.tokens.prompt_tokens import PromptCounter
@@ -50,10 +51,16 @@ def build_model(
 ) -> ModelRuntime:
     """`gate`: the model's pool from before a reload, to keep (a new one otherwise)."""
     paths: dict[Path, ServePath] = {}
+    selection = config.selection
+    keys = AffinityKeys(
+        counter.ids_now if selection.prefix_affinity else None,
+        block_size=selection.block_size,
+        session_header=selection.session_header,
+    )
     throughput = None
     if config.throughput is not None:
         throughput = paths["throughput"] = make_throughput_path(
-            config.throughput, upstreams=deps.upstreams
+            config.throughput, upstreams=deps.upstreams, keys=keys
         )
     latency = None
     sampling_defaults = sampling_defaults or SamplingDefaults()
@@ -70,6 +77,7 @@ def build_model(
                 pool_id=config.name,
             ),
             tokenizer=tokenizer,
+            keys=keys,
             deps=deps,
             default_wait_ms=gate_config.max_queue_wait_ms,
             sampling_defaults=sampling_defaults,

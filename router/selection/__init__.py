@@ -1,20 +1,25 @@
 """Choosing among equivalent upstream servers: filters, scorers, a picker, and each
 server's health from the outcomes of the calls made to it."""
 
+from router.selection.affinity import Affinity, PrefixAffinity, PrefixIndex, SessionAffinity
 from router.selection.attempt import call_on
 from router.selection.health import EjectionPolicy, HealthBook, Outcome, outcome_of, status_outcome
 from router.selection.prober import ServedBy, probe_forever, probe_once, sets_of
+from router.selection.request_keys import AffinityKeys
 from router.selection.server_set import (
     Choice,
     Filter,
     Healthy,
     LeastOutstanding,
+    RequestScorer,
     Scorer,
     ServerSet,
     default_set,
 )
 
 __all__ = [
+    "Affinity",
+    "AffinityKeys",
     "Choice",
     "EjectionPolicy",
     "Filter",
@@ -22,9 +27,13 @@ __all__ = [
     "Healthy",
     "LeastOutstanding",
     "Outcome",
+    "PrefixAffinity",
+    "PrefixIndex",
+    "RequestScorer",
     "Scorer",
     "ServedBy",
     "ServerSet",
+    "SessionAffinity",
     "call_on",
     "default_set",
     "outcome_of",

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, ExitStack
 from typing import TypeVar
 
+from router.selection.affinity import Affinity
 from router.selection.health import Outcome, outcome_of
 from router.selection.server_set import Choice, ServerSet
 
@@ -23,15 +24,17 @@ async def call_on(
     *,
     hold_on: AsyncExitStack | None = None,
     judge: Callable[[T], Outcome] | None = None,
+    request: Affinity | None = None,
 ) -> T:
     """`call` on the chosen server. The server stays held until `hold_on` closes (for an
     answer still being relayed), else until the call returns. `judge` says what a returned
-    value tells of the server (an error status relayed as it came); by default, success."""
-    choice = servers.pick()
+    value tells of the server (an error status relayed as it came); by default, success.
+    `request`: what the request offers request-aware scorers."""
+    choice = servers.pick(request=request)
     tried: list[str] = []
     while True:
         hold = ExitStack()
-        hold.enter_context(servers.hold(choice.url))
+        hold.enter_context(servers.hold(choice.url, request))
         try:
             result = await call(choice)
         except BaseException as exc:
@@ -42,7 +45,7 @@ async def call_on(
             tried.append(choice.url)
             if outcome != "unreachable" or len(tried) > 1:
                 raise
-            retry = servers.pick(exclude=tried)
+            retry = servers.pick(exclude=tried, request=request)
             if retry.url in tried:
                 raise
             choice = retry

@@ -11,6 +11,10 @@ Reasons: `only_server` (a set of one), `only_<filter>` (the filters left one ser
 (`load`), `rotation` (a tie, taken in turn), `none_<filter>` (the filters left nothing, so
 every server was a candidate); a retry's reason is `retry_` and the reason it was chosen
 (`retry_only_other` when one other server was left).
+
+Request-aware scorers (`RequestScorer`, router/selection/affinity.py) also see what the
+request offers (`Affinity`: its prompt's blocks, its session) when `pick` is given it, and
+are told where it was sent by `hold`; their reason may carry detail (`prefix:12 blocks`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from router.selection.affinity import Affinity
 from router.selection.health import HealthBook, Outcome
 
 
@@ -46,6 +51,25 @@ class Scorer(Protocol):
 
     def score(self, url: str, outstanding: Mapping[str, int]) -> float:
         """Lower is better."""
+        ...
+
+
+class RequestScorer(Protocol):
+    """A scorer that ranks by what the request offers; it only takes part when given one."""
+
+    name: str
+    weight: float
+
+    def score(self, url: str, outstanding: Mapping[str, int], request: Affinity) -> float:
+        """Lower is better."""
+        ...
+
+    def reason(self, url: str, request: Affinity) -> str:
+        """Why `url` won when this scorer separated it from the runner-up."""
+        ...
+
+    def sent(self, url: str, request: Affinity) -> None:
+        """The request was sent to `url`."""
         ...
 
 
@@ -82,6 +106,7 @@ class ServerSet:
         *,
         filters: Sequence[Filter] = (),
         scorers: Sequence[Scorer] = (),
+        request_scorers: Sequence[RequestScorer] = (),
         health: HealthBook | None = None,
         name: str = "",
     ) -> None:
@@ -92,6 +117,7 @@ class ServerSet:
         self._urls = list(dict.fromkeys(urls))
         self._filters = list(filters)
         self._scorers = list(scorers)
+        self._request_scorers = list(request_scorers)
         self._outstanding = dict.fromkeys(self._urls, 0)
         self._turn = itertools.count()
 
@@ -99,7 +125,12 @@ class ServerSet:
     def urls(self) -> list[str]:
         return list(self._urls)
 
-    def pick(self, exclude: Collection[str] = ()) -> Choice:
+    @property
+    def request_aware(self) -> bool:
+        """Whether a request's `Affinity` would change a choice (worth computing it)."""
+        return bool(self._request_scorers) and len(self._urls) > 1
+
+    def pick(self, exclude: Collection[str] = (), request: Affinity | None = None) -> Choice:
         """The best server not in `exclude` (all of them if that leaves none)."""
         candidates = [url for url in self._urls if url not in exclude] or list(self._urls)
         prefix = "retry_" if exclude else ""
@@ -117,27 +148,52 @@ class ServerSet:
             candidates = kept
         start = next(self._turn) % len(candidates)
         rotated = candidates[start:] + candidates[:start]
-        totals = {url: self._total(url) for url in rotated}
+        # Scorers compare the candidates only: an excluded or ejected server's load is no
+        # measure of balance.
+        load = {url: self._outstanding[url] for url in rotated}
+        scores = {url: self._scores(url, load, request) for url in rotated}
+        totals = {url: sum(margin for margin, _ in scores[url]) for url in rotated}
         best = min(rotated, key=totals.__getitem__)
         runners_up = [url for url in rotated if url != best]
-        return Choice(best, prefix + self._why(best, runners_up, totals))
+        return Choice(best, prefix + self._why(best, runners_up, totals, scores, request))
 
-    def _total(self, url: str) -> float:
-        return sum(s.weight * s.score(url, self._outstanding) for s in self._scorers)
+    def _scores(
+        self, url: str, load: Mapping[str, int], request: Affinity | None
+    ) -> list[tuple[float, int]]:
+        """Each scorer's weighted score and its position (plain scorers first)."""
+        scores = [s.weight * s.score(url, load) for s in self._scorers]
+        if request is not None:
+            scores += [s.weight * s.score(url, load, request) for s in self._request_scorers]
+        return [(score, i) for i, score in enumerate(scores)]
 
-    def _why(self, best: str, others: list[str], totals: Mapping[str, float]) -> str:
+    def _why(
+        self,
+        best: str,
+        others: list[str],
+        totals: Mapping[str, float],
+        scores: Mapping[str, list[tuple[float, int]]],
+        request: Affinity | None,
+    ) -> str:
         if not others or any(totals[url] == totals[best] for url in others):
             return "rotation"
         runner_up = min(others, key=totals.__getitem__)
-        load = self._outstanding
         margins = [
-            (s.weight * (s.score(runner_up, load) - s.score(best, load)), s.name)
-            for s in self._scorers
+            (theirs - ours, i)
+            for (ours, i), (theirs, _) in zip(scores[best], scores[runner_up], strict=True)
         ]
-        return max(margins)[1]
+        decider = max(margins)[1]
+        if decider < len(self._scorers):
+            return self._scorers[decider].name
+        assert request is not None
+        return self._request_scorers[decider - len(self._scorers)].reason(best, request)
 
     @contextmanager
-    def hold(self, url: str) -> Iterator[str]:
+    def hold(self, url: str, request: Affinity | None = None) -> Iterator[str]:
+        """Counts a request in flight on `url` while held; `request` is remembered as sent
+        there."""
+        if request is not None:
+            for scorer in self._request_scorers:
+                scorer.sent(url, request)
         self._outstanding[url] += 1
         try:
             yield url
@@ -171,10 +227,20 @@ class ServerSet:
 
 
 def default_set(
-    urls: Sequence[str], *, name: str = "", health: HealthBook | None = None
+    urls: Sequence[str],
+    *,
+    name: str = "",
+    health: HealthBook | None = None,
+    request_scorers: Sequence[RequestScorer] = (),
 ) -> ServerSet:
-    """The default composition: healthy servers only, the least busy first."""
+    """The default composition: healthy servers only, the least busy first (then what
+    `request_scorers` add, for a request that offers them something)."""
     book = health or HealthBook(urls)
     return ServerSet(
-        urls, filters=[Healthy(book)], scorers=[LeastOutstanding()], health=book, name=name
+        urls,
+        filters=[Healthy(book)],
+        scorers=[LeastOutstanding()],
+        request_scorers=request_scorers,
+        health=book,
+        name=name,
     )

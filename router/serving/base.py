@@ -36,6 +36,8 @@ class RoutedRequest:
     """The request's access line, for the paths to fill in."""
     client_body: dict[str, Any] | None = None
     """The client's body, when `body` is a translation of it."""
+    client_headers: Mapping[str, str] = field(default_factory=dict)
+    """The client's request headers (a session key may be among them)."""
 
     @property
     def model(self) -> str:

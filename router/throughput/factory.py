@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from router.config import ProxyConfig, PullConfig, PushConfig
+from router.selection import AffinityKeys
 from router.serving import ServePath
 from router.throughput.proxy import ProxyPath
 from router.throughput.pull import PullPath
@@ -11,14 +12,17 @@ from router.upstream import Upstreams
 
 
 def make_throughput_path(
-    config: ProxyConfig | PullConfig | PushConfig, *, upstreams: Upstreams
+    config: ProxyConfig | PullConfig | PushConfig,
+    *,
+    upstreams: Upstreams,
+    keys: AffinityKeys | None = None,
 ) -> ServePath:
     """The throughput path for one model, one of proxy, pull or push."""
     match config:
         case ProxyConfig():
             return ProxyPath(config, upstreams=upstreams)
         case PullConfig():
-            return PullPath(config, upstreams=upstreams)
+            return PullPath(config, upstreams=upstreams, keys=keys)
         case PushConfig():
-            return PushPath(config, upstreams=upstreams)
+            return PushPath(config, upstreams=upstreams, keys=keys)
     raise TypeError(f"not a throughput configuration: {type(config).__name__}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from router.config import PullConfig
-from router.selection import Choice, ServerSet, call_on, default_set
+from router.selection import Affinity, AffinityKeys, Choice, ServerSet, call_on, default_set
 from router.serving import Answer, RoutedRequest
 from router.throughput.legs import (
     chosen,
@@ -26,34 +26,44 @@ from router.upstream.vllm import NixlPrefilled, pull_decode_body
 class PullPath:
     """Each leg on a healthy server of its own set, the least busy first."""
 
-    def __init__(self, config: PullConfig, *, upstreams: Upstreams) -> None:
+    def __init__(
+        self, config: PullConfig, *, upstreams: Upstreams, keys: AffinityKeys | None = None
+    ) -> None:
         self._upstreams = upstreams
-        self._prefill = default_set(config.prefill, name="pull:prefill")
-        self._decode = default_set(config.decode, name="pull:decode")
+        self._keys = keys
+        scorers = keys.scorers if keys is not None else list
+        self._prefill = default_set(config.prefill, name="pull:prefill", request_scorers=scorers())
+        self._decode = default_set(config.decode, name="pull:decode", request_scorers=scorers())
 
     def server_sets(self) -> list[ServerSet]:
         return [self._prefill, self._decode]
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         upstreams = self._upstreams
+        affinity = await self._affinity(request)
         if not request.splits:
 
             async def whole(choice: Choice) -> Answer:
                 chosen(request, choice)
                 return await whole_on_decode(upstreams, stack, choice.url, request)
 
-            return await call_on(self._decode, whole, hold_on=stack)
+            return await call_on(self._decode, whole, hold_on=stack, request=affinity)
 
         async def prefill_leg(choice: Choice) -> NixlPrefilled:
             request.access.prefill = choice.url
             return await run_prefill(upstreams, choice.url, request)
 
-        prefill = await call_on(self._prefill, prefill_leg)
+        prefill = await call_on(self._prefill, prefill_leg, request=affinity)
         body = pull_decode_body(request.body, prefill.kv_transfer_params)
 
         async def decode_leg(choice: Choice) -> Reply:
             chosen(request, choice)
             return await send_decode(upstreams, stack, choice.url, request, body)
 
-        reply = await call_on(self._decode, decode_leg, hold_on=stack)
+        reply = await call_on(self._decode, decode_leg, hold_on=stack, request=affinity)
         return decode_answer(reply, prefill, request)
+
+    async def _affinity(self, request: RoutedRequest) -> Affinity | None:
+        if self._keys is None or not (self._prefill.request_aware or self._decode.request_aware):
+            return None
+        return await self._keys.of(request.endpoint.wire, request.body, request.client_headers)

@@ -18,7 +18,15 @@ from typing import TypeVar
 import anyio
 
 from router.config import PushConfig
-from router.selection import Choice, ServerSet, call_on, default_set, outcome_of
+from router.selection import (
+    Affinity,
+    AffinityKeys,
+    Choice,
+    ServerSet,
+    call_on,
+    default_set,
+    outcome_of,
+)
 from router.serving import Answer, RoutedRequest
 from router.throughput.legs import chosen, decode_answer, run_prefill, send_decode, whole_on_decode
 from router.upstream import Reply, Upstreams
@@ -28,32 +36,39 @@ from router.upstream.vllm import NixlPrefilled, push_decode_body
 class PushPath:
     """A healthy decode instance, then a healthy prefill engine, the least busy first."""
 
-    def __init__(self, config: PushConfig, *, upstreams: Upstreams) -> None:
+    def __init__(
+        self, config: PushConfig, *, upstreams: Upstreams, keys: AffinityKeys | None = None
+    ) -> None:
         self._upstreams = upstreams
+        self._keys = keys
         self._engines = {engine.url: engine for engine in config.prefill}
-        self._prefill = default_set(list(self._engines), name="push:prefill")
-        self._decode = default_set(config.decode, name="push:decode")
+        scorers = keys.scorers if keys is not None else list
+        self._prefill = default_set(
+            list(self._engines), name="push:prefill", request_scorers=scorers()
+        )
+        self._decode = default_set(config.decode, name="push:decode", request_scorers=scorers())
 
     def server_sets(self) -> list[ServerSet]:
         return [self._prefill, self._decode]
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        affinity = await self._affinity(request)
         if not request.splits:  # one leg: sent again elsewhere if its server was unreachable
 
             async def whole(choice: Choice) -> Answer:
                 chosen(request, choice)
                 return await whole_on_decode(self._upstreams, stack, choice.url, request)
 
-            return await call_on(self._decode, whole, hold_on=stack)
-        decode_choice = self._decode.pick()
-        decode_url = stack.enter_context(self._decode.hold(decode_choice.url))
+            return await call_on(self._decode, whole, hold_on=stack, request=affinity)
+        decode_choice = self._decode.pick(request=affinity)
+        decode_url = stack.enter_context(self._decode.hold(decode_choice.url, affinity))
         chosen(request, decode_choice)
         # The prefill engine is held only while its leg runs; the callback covers a leg
         # cancelled before it started.
         prefill_hold = ExitStack()
         stack.callback(prefill_hold.close)
-        prefill_choice = self._prefill.pick()
-        prefill_url = prefill_hold.enter_context(self._prefill.hold(prefill_choice.url))
+        prefill_choice = self._prefill.pick(request=affinity)
+        prefill_url = prefill_hold.enter_context(self._prefill.hold(prefill_choice.url, affinity))
         request.access.prefill = prefill_url
         engine = self._engines[prefill_url]
 
@@ -69,6 +84,11 @@ class PushPath:
 
         answer, reply = await both_or_cancel(prefill(), decode())
         return decode_answer(reply, answer, request)
+
+    async def _affinity(self, request: RoutedRequest) -> Affinity | None:
+        if self._keys is None or not (self._prefill.request_aware or self._decode.request_aware):
+            return None
+        return await self._keys.of(request.endpoint.wire, request.body, request.client_headers)
 
 
 T = TypeVar("T")

@@ -40,12 +40,27 @@ class PromptCounter:
     def count_now(self, endpoint: str, body: dict[str, Any], cap: int | None = None) -> int:
         if endpoint == "completions":
             return self._count_completion(body.get("prompt"), cap)
+        return _count(self._tokenizer, self._chat_text(body), cap)
+
+    def ids_now(self, endpoint: str, body: dict[str, Any]) -> list[int]:
+        """The prompt's token ids, rendered and encoded as `count_now` counts them (of a
+        batch of prompts, the first)."""
+        prompt = body.get("prompt") if endpoint == "completions" else self._chat_text(body)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+            prompt = prompt[0]  # a list of token-id lists
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            return [i for i in prompt if isinstance(i, int)]
+        if isinstance(prompt, list):
+            prompt = prompt[0] if prompt else ""
+        return _ids(self._tokenizer, str(prompt))
+
+    def _chat_text(self, body: dict[str, Any]) -> str:
         if self._template is not None:
             try:
-                return int(self._template(body, cap))
+                return str(self._template(body))
             except Exception:  # a template refusing the request (raise_exception, bad kwargs)
-                log.debug("chat template failed; counting the approximate rendering")
-        return _count(self._tokenizer, render_chat(body), cap)
+                log.debug("chat template failed; using the approximate rendering")
+        return render_chat(body)
 
     def _count_completion(self, prompt: Any, cap: int | None) -> int:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
@@ -78,6 +93,16 @@ def _count(tokenizer: tokenizers.Tokenizer, text: str, cap: int | None = None) -
             if cap is not None and total >= cap:
                 return total
     return total + (_encoded_lengths(tokenizer, batch) if batch else 0)
+
+
+def _ids(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
+    pieces = [text] if len(text) <= SLICE_CHARS else list(_slices(text))
+    ids: list[int] = []
+    for start in range(0, len(pieces), SLICES_PER_CALL):
+        batch = pieces[start : start + SLICES_PER_CALL]
+        for encoding in tokenizer.encode_batch(batch, add_special_tokens=False):
+            ids.extend(encoding.ids)
+    return ids
 
 
 def _slices(text: str) -> Iterator[str]:
@@ -159,8 +184,7 @@ _SPECIAL_TOKENS = (
 
 
 def _load_template(tokenizer_file: Path, tokenizer: tokenizers.Tokenizer) -> Any:
-    """A function rendering a chat body with the model's template and counting its tokens
-    with `tokenizer`, or None.
+    """A function rendering a chat body's text with the model's template, or None.
 
     Rendered by transformers' own template renderer (what its `apply_chat_template` and so
     vLLM use) without building a second tokenizer: a transformers tokenizer would hold a
@@ -183,7 +207,7 @@ def _load_template(tokenizer_file: Path, tokenizer: tokenizers.Tokenizer) -> Any
 
     special = {k: _token_text(config[k]) for k in _SPECIAL_TOKENS if config.get(k) is not None}
 
-    def render(body: dict[str, Any], cap: int | None) -> int:
+    def render(body: dict[str, Any]) -> str:
         tools = body.get("tools")
         template = templates
         if isinstance(template, dict):
@@ -196,7 +220,7 @@ def _load_template(tokenizer_file: Path, tokenizer: tokenizers.Tokenizer) -> Any
             add_generation_prompt=True,
             **{**special, **_template_kwargs(body.get("chat_template_kwargs"))},
         )
-        return _count(tokenizer, str(rendered[0][0]), cap)
+        return str(rendered[0][0])
 
     return render
 

@@ -1,0 +1,168 @@
+"""Request-aware scorers: send a prompt where its prefix is already in a KV cache.
+
+Agent loops and chat sessions send a growing context every turn; the prefill server that
+computed the previous turn still holds most of it. `PrefixAffinity` remembers the prompt
+blocks each server was sent recently and prefers the server holding the longest prefix of
+the new prompt; `SessionAffinity` maps a session key to a stable preferred server for
+requests whose prefix is not known anywhere. Both give way to load: a server with more
+than `max_imbalance` requests in flight beyond the least busy candidate gets no bonus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MAX_IMBALANCE = 4
+BLOCKS_PER_SERVER = 100_000
+"""A prompt's blocks are remembered per server up to this many (16-byte keys: a few MB)."""
+BLOCK_TTL_S = 600.0
+"""Blocks older than this are forgotten: the server has likely evicted them by then."""
+
+_ROOT = b"\0" * 16
+
+
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    """What a request offers the request-aware scorers."""
+
+    blocks: tuple[bytes, ...] = ()
+    """The chained hashes of the prompt's full blocks, first block first."""
+    session: str | None = None
+
+
+def block_hashes(ids: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[bytes, ...]:
+    """Each full block's hash covers its parent's hash and its own token ids, so equal
+    hashes mean equal prefixes. A trailing partial block is not hashed (no cache holds it
+    either)."""
+    # One packing of the whole prompt, then a hash per block over a view of its bytes.
+    packed = memoryview(array("I", ids).tobytes() if ids else b"")
+    step = block_size * 4
+    hashes = []
+    parent = _ROOT
+    for start in range(0, len(packed) - step + 1, step):
+        digest = hashlib.blake2b(parent, digest_size=16)
+        digest.update(packed[start : start + step])
+        parent = digest.digest()
+        hashes.append(parent)
+    return tuple(hashes)
+
+
+class PrefixIndex:
+    """The blocks each server was sent recently: an LRU per server, bounded in size and age."""
+
+    def __init__(
+        self,
+        *,
+        max_blocks: int = BLOCKS_PER_SERVER,
+        ttl_s: float = BLOCK_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_blocks = max_blocks
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._blocks: dict[str, OrderedDict[bytes, float]] = {}
+
+    def record(self, url: str, blocks: Sequence[bytes]) -> None:
+        now = self._clock()
+        held = self._blocks.setdefault(url, OrderedDict())
+        for block in blocks:
+            held[block] = now
+            held.move_to_end(block)
+        self._evict(held, now)
+
+    def matched(self, url: str, blocks: Sequence[bytes]) -> int:
+        """How many leading blocks of `blocks` `url` holds (the chain makes a held block
+        imply its parents were sent there too, so the first miss ends the match)."""
+        held = self._blocks.get(url)
+        if not held:
+            return 0
+        oldest = self._clock() - self._ttl_s
+        count = 0
+        for block in blocks:
+            seen = held.get(block)
+            if seen is None or seen < oldest:
+                break
+            count += 1
+        return count
+
+    def size(self, url: str) -> int:
+        return len(self._blocks.get(url, ()))
+
+    def _evict(self, held: OrderedDict[bytes, float], now: float) -> None:
+        while len(held) > self._max_blocks:
+            held.popitem(last=False)
+        oldest = now - self._ttl_s
+        while held and next(iter(held.values())) < oldest:
+            held.popitem(last=False)
+
+
+def _within_balance(url: str, outstanding: Mapping[str, int], max_imbalance: int) -> bool:
+    return outstanding[url] - min(outstanding.values()) <= max_imbalance
+
+
+class PrefixAffinity:
+    """Prefers the server holding the longest prefix of the prompt: a bonus of up to
+    `max_imbalance` requests in flight, in proportion to the share of the prompt matched."""
+
+    name = "prefix"
+
+    def __init__(
+        self,
+        index: PrefixIndex | None = None,
+        *,
+        max_imbalance: int = DEFAULT_MAX_IMBALANCE,
+        weight: float = 1.0,
+    ) -> None:
+        self.index = index or PrefixIndex()
+        self.max_imbalance = max_imbalance
+        self.weight = weight
+
+    def score(self, url: str, outstanding: Mapping[str, int], request: Affinity) -> float:
+        if not request.blocks or not _within_balance(url, outstanding, self.max_imbalance):
+            return 0.0
+        matched = self.index.matched(url, request.blocks)
+        return -self.max_imbalance * matched / len(request.blocks)
+
+    def reason(self, url: str, request: Affinity) -> str:
+        return f"prefix:{self.index.matched(url, request.blocks)} blocks"
+
+    def sent(self, url: str, request: Affinity) -> None:
+        self.index.record(url, request.blocks)
+
+
+class SessionAffinity:
+    """A session's preferred server by rendezvous hashing over the candidates: stable while
+    the set is, and only the sessions of a server that leaves move. Worth one request in
+    flight, so a matched prefix outweighs it."""
+
+    name = "session"
+
+    def __init__(self, *, max_imbalance: int = DEFAULT_MAX_IMBALANCE, weight: float = 1.0):
+        self.max_imbalance = max_imbalance
+        self.weight = weight
+
+    def score(self, url: str, outstanding: Mapping[str, int], request: Affinity) -> float:
+        if request.session is None or not _within_balance(url, outstanding, self.max_imbalance):
+            return 0.0
+        return -1.0 if url == preferred(request.session, list(outstanding)) else 0.0
+
+    def reason(self, url: str, request: Affinity) -> str:
+        return self.name
+
+    def sent(self, url: str, request: Affinity) -> None:
+        return None
+
+
+def preferred(session: str, urls: Sequence[str]) -> str:
+    """The rendezvous (highest random weight) choice of `session` among `urls`."""
+    return max(urls, key=lambda url: _weight(session, url))
+
+
+def _weight(session: str, url: str) -> bytes:
+    return hashlib.blake2b(f"{session}\0{url}".encode(), digest_size=8).digest()

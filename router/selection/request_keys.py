@@ -1,0 +1,68 @@
+"""What a request offers the request-aware scorers: its prompt's block hashes, its session.
+
+The prompt is rendered and encoded as the prompt counter does (the model's chat template
+and tokenizer), in a thread: encoding a long prompt takes hundreds of ms. Hashing is linear
+in the prompt and runs in the same thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from router.selection.affinity import (
+    DEFAULT_BLOCK_SIZE,
+    Affinity,
+    PrefixAffinity,
+    SessionAffinity,
+    block_hashes,
+)
+from router.selection.server_set import RequestScorer
+
+PromptIds = Callable[[str, dict[str, Any]], list[int]]
+"""(wire endpoint, body) -> the prompt's token ids."""
+
+DEFAULT_SESSION_HEADER = "x-session-id"
+PROMPTS_AT_ONCE = 2
+"""Each encoding holds a tokenizer's working memory: a few at a time, whatever the load."""
+
+
+class AffinityKeys:
+    def __init__(
+        self,
+        prompt_ids: PromptIds | None,
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        session_header: str = DEFAULT_SESSION_HEADER,
+    ) -> None:
+        """`prompt_ids` None: no prefix affinity, sessions only."""
+        self._prompt_ids = prompt_ids
+        self._block_size = block_size
+        self._session_header = session_header.lower()
+        self._encoding = asyncio.Semaphore(PROMPTS_AT_ONCE)
+
+    async def of(self, endpoint: str, body: dict[str, Any], headers: Mapping[str, str]) -> Affinity:
+        blocks: tuple[bytes, ...] = ()
+        if self._prompt_ids is not None:
+            async with self._encoding:
+                blocks = await asyncio.to_thread(self.blocks_now, endpoint, body)
+        return Affinity(blocks, session_of(body, headers, self._session_header))
+
+    def blocks_now(self, endpoint: str, body: dict[str, Any]) -> tuple[bytes, ...]:
+        if self._prompt_ids is None:
+            return ()
+        return block_hashes(self._prompt_ids(endpoint, body), self._block_size)
+
+    def scorers(self) -> list[RequestScorer]:
+        """Fresh request-aware scorers for one server set (each set its own prefix index)."""
+        session = SessionAffinity()
+        return [PrefixAffinity(), session] if self._prompt_ids is not None else [session]
+
+
+def session_of(body: dict[str, Any], headers: Mapping[str, str], header: str) -> str | None:
+    """The session header's value, else the request's `user`, else none."""
+    if value := headers.get(header):
+        return value
+    user = body.get("user")
+    return user if isinstance(user, str) and user else None
