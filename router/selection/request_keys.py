@@ -25,7 +25,8 @@ PromptIds = Callable[[str, dict[str, Any]], list[int]]
 
 DEFAULT_SESSION_HEADER = "x-session-id"
 PROMPTS_AT_ONCE = 2
-"""Each encoding holds a tokenizer's working memory: a few at a time, whatever the load."""
+"""Each encoding holds a tokenizer's working memory and a thread: a few at a time, whatever
+the load; a request that finds them all taken is served without prefix affinity."""
 
 
 class AffinityKeys:
@@ -44,7 +45,9 @@ class AffinityKeys:
 
     async def of(self, endpoint: str, body: dict[str, Any], headers: Mapping[str, str]) -> Affinity:
         blocks: tuple[bytes, ...] = ()
-        if self._prompt_ids is not None:
+        # Affinity is a preference: a request never queues for it. While every encoding
+        # slot is taken, it goes on without its prefix.
+        if self._prompt_ids is not None and not self._encoding.locked():
             async with self._encoding:
                 blocks = await asyncio.to_thread(self.blocks_now, endpoint, body)
         return Affinity(blocks, session_of(body, headers, self._session_header))
