@@ -23,7 +23,15 @@ from router.http.model_cards import ModelCards
 from router.http.request_context import RequestContext
 from router.openai.endpoints import ENDPOINTS
 from router.runtime.state import AppState
-from router.selection import ServerSet, probe_forever, sets_of
+from router.selection import (
+    Load,
+    ServerSet,
+    load_snapshot,
+    probe_forever,
+    read_load,
+    scrape_forever,
+    sets_of,
+)
 from router.serving.response import SERVER_SEND
 from router.telemetry.access import AccessRecord
 from router.upstream import vllm
@@ -41,13 +49,18 @@ def create_app(config: GatewayConfig) -> FastAPI:
         await state.start()
         app.state.gateway = state
         app.state.dispatcher = Dispatcher(state)
-        prober = _start_upstream_prober(state)
+        watchers = [
+            task
+            for task in (_start_upstream_prober(state), _start_load_scraper(state))
+            if task is not None
+        ]
         try:
             yield
         finally:
-            if prober is not None:
-                prober.cancel()
-                await asyncio.wait([prober])
+            for task in watchers:
+                task.cancel()
+            if watchers:
+                await asyncio.wait(watchers)
             await state.aclose()
 
     app = GatewayApp(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -117,7 +130,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def upstream_servers(request: Request) -> Response:
         state.epoch.keys.admin.check(request.headers)
         models = {
-            model: {servers.name: servers.snapshot() for servers in sets}
+            model: {servers.name: _with_load(servers) for servers in sets}
             for model, sets in server_sets(state).items()
         }
         return json_response({"models": models})
@@ -152,6 +165,33 @@ def server_sets(state: AppState) -> dict[str, list[ServerSet]]:
         name: sets_of([model.latency, *model.paths.values()])
         for name, model in state.epoch.models.items()
     }
+
+
+def _with_load(servers: ServerSet) -> dict[str, dict[str, object]]:
+    """A set's snapshot, each server with the load figures last read from it (if any)."""
+    figures = load_snapshot(servers)
+    return {
+        url: {**seen, "load": figures[url]} if url in figures else seen
+        for url, seen in servers.snapshot().items()
+    }
+
+
+def _every_set(state: AppState) -> list[ServerSet]:
+    return [servers for sets in server_sets(state).values() for servers in sets]
+
+
+def _start_load_scraper(state: AppState) -> asyncio.Task[None] | None:
+    interval_s = state.config.upstreams.load_interval_s
+    if interval_s <= 0:
+        return None
+
+    def every_set() -> list[ServerSet]:
+        return _every_set(state)
+
+    async def read(url: str) -> Load | None:
+        return await read_load(state.upstreams, url)
+
+    return asyncio.create_task(scrape_forever(every_set, read, interval_s=interval_s))
 
 
 def _start_upstream_prober(state: AppState) -> asyncio.Task[None] | None:

@@ -3,6 +3,8 @@ server's health from the outcomes of the calls made to it."""
 
 from router.selection.attempt import call_on
 from router.selection.health import EjectionPolicy, HealthBook, Outcome, outcome_of, status_outcome
+from router.selection.load import Load, LoadBook, LoadWeights, ServerLoad, parse_load
+from router.selection.load_scraper import load_snapshot, read_load, scrape_forever, scrape_once
 from router.selection.prober import ServedBy, probe_forever, probe_once, sets_of
 from router.selection.server_set import (
     Choice,
@@ -21,15 +23,24 @@ __all__ = [
     "HealthBook",
     "Healthy",
     "LeastOutstanding",
+    "Load",
+    "LoadBook",
+    "LoadWeights",
     "Outcome",
     "Scorer",
     "ServedBy",
+    "ServerLoad",
     "ServerSet",
     "call_on",
     "default_set",
+    "load_snapshot",
     "outcome_of",
+    "parse_load",
     "probe_forever",
     "probe_once",
+    "read_load",
+    "scrape_forever",
+    "scrape_once",
     "sets_of",
     "status_outcome",
 ]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from router.selection.health import HealthBook, Outcome
+from router.selection.load import LoadBook, ServerLoad
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,12 +170,21 @@ class ServerSet:
             for url in self._urls
         }
 
+    @property
+    def scorers(self) -> list[Scorer]:
+        return list(self._scorers)
+
 
 def default_set(
-    urls: Sequence[str], *, name: str = "", health: HealthBook | None = None
+    urls: Sequence[str],
+    *,
+    name: str = "",
+    health: HealthBook | None = None,
+    load: LoadBook | None = None,
 ) -> ServerSet:
-    """The default composition: healthy servers only, the least busy first."""
+    """The default composition: healthy servers only, the least busy first, busy as the
+    gateway's own requests in flight and the server's own queue and KV use (`load`: the
+    figures read from its `/metrics`) tell it."""
     book = health or HealthBook(urls)
-    return ServerSet(
-        urls, filters=[Healthy(book)], scorers=[LeastOutstanding()], health=book, name=name
-    )
+    scorers: list[Scorer] = [LeastOutstanding(), ServerLoad(load or LoadBook())]
+    return ServerSet(urls, filters=[Healthy(book)], scorers=scorers, health=book, name=name)
