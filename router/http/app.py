@@ -27,14 +27,16 @@ from router.selection import (
     Load,
     ServerSet,
     load_snapshot,
+    parse_load,
     probe_forever,
-    read_load,
     scrape_forever,
     sets_of,
 )
 from router.serving.response import SERVER_SEND
 from router.telemetry.access import AccessRecord
 from router.upstream import vllm
+from router.upstream.client import Upstreams
+from router.upstream.failures import Target
 
 log = logging.getLogger("pd_gateway")
 
@@ -176,22 +178,43 @@ def _with_load(servers: ServerSet) -> dict[str, dict[str, object]]:
     }
 
 
-def _every_set(state: AppState) -> list[ServerSet]:
-    return [servers for sets in server_sets(state).values() for servers in sets]
-
-
 def _start_load_scraper(state: AppState) -> asyncio.Task[None] | None:
     interval_s = state.config.upstreams.load_interval_s
     if interval_s <= 0:
         return None
 
-    def every_set() -> list[ServerSet]:
-        return _every_set(state)
-
     async def read(url: str) -> Load | None:
-        return await read_load(state.upstreams, url)
+        return await _read_load(state.upstreams, url)
+
+    def every_set() -> list[ServerSet]:
+        return [servers for sets in server_sets(state).values() for servers in sets]
 
     return asyncio.create_task(scrape_forever(every_set, read, interval_s=interval_s))
+
+
+METRICS = Target("metrics", "the vLLM server's metrics")
+# vLLM's page is tens of kilobytes (mostly histograms); anything far larger is not read.
+MAX_METRICS_BYTES = 4 * 1024 * 1024
+
+
+async def _read_load(upstreams: Upstreams, url: str) -> Load | None:
+    """The load figures of the server at `url`; None if it has no `/metrics`, an overlong
+    one, or one that names none of them. Raises UpstreamError if it does not answer."""
+    reply = await upstreams.open(
+        METRICS, "GET", url, "/metrics", read_s=upstreams.timeouts.connect_s
+    )
+    try:
+        if reply.status != 200:
+            return None
+        parts, size = [], 0
+        async for chunk in reply.chunks():
+            size += len(chunk)
+            if size > MAX_METRICS_BYTES:
+                return None
+            parts.append(chunk)
+    finally:
+        await reply.aclose()
+    return parse_load(b"".join(parts).decode("utf-8", "replace"))
 
 
 def _start_upstream_prober(state: AppState) -> asyncio.Task[None] | None:

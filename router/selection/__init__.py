@@ -4,7 +4,7 @@ server's health from the outcomes of the calls made to it."""
 from router.selection.attempt import call_on
 from router.selection.health import EjectionPolicy, HealthBook, Outcome, outcome_of, status_outcome
 from router.selection.load import Load, LoadBook, LoadWeights, ServerLoad, parse_load
-from router.selection.load_scraper import load_snapshot, read_load, scrape_forever, scrape_once
+from router.selection.load_scraper import load_snapshot, scrape_forever, scrape_once
 from router.selection.prober import ServedBy, probe_forever, probe_once, sets_of
 from router.selection.server_set import (
     Choice,
@@ -38,7 +38,6 @@ __all__ = [
     "parse_load",
     "probe_forever",
     "probe_once",
-    "read_load",
     "scrape_forever",
     "scrape_once",
     "sets_of",

@@ -12,17 +12,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from router.errors import UpstreamError
-from router.selection.load import Load, LoadBook, ServerLoad, parse_load
+from router.selection.load import Load, LoadBook, ServerLoad
 from router.selection.server_set import ServerSet
-from router.upstream.client import Upstreams
-from router.upstream.failures import Target
 
 log = logging.getLogger("pd_gateway.load")
 
-METRICS = Target("metrics", "the vLLM server's metrics")
 STALE_AFTER_INTERVALS = 3
-# vLLM's page is tens of kilobytes (mostly histograms); anything far larger is not read.
-MAX_METRICS_BYTES = 4 * 1024 * 1024
 
 
 def load_books(sets: Iterable[ServerSet]) -> list[tuple[ServerSet, LoadBook]]:
@@ -35,26 +30,6 @@ def load_books(sets: Iterable[ServerSet]) -> list[tuple[ServerSet, LoadBook]]:
     return found
 
 
-async def read_load(upstreams: Upstreams, url: str) -> Load | None:
-    """The figures of the server at `url`; None if it has no `/metrics` or names none of
-    them. Raises UpstreamError if it does not answer."""
-    reply = await upstreams.open(
-        METRICS, "GET", url, "/metrics", read_s=upstreams.timeouts.connect_s
-    )
-    try:
-        if reply.status != 200:
-            return None
-        parts, size = [], 0
-        async for chunk in reply.chunks():
-            size += len(chunk)
-            if size > MAX_METRICS_BYTES:
-                return None
-            parts.append(chunk)
-    finally:
-        await reply.aclose()
-    return parse_load(b"".join(parts).decode("utf-8", "replace"))
-
-
 async def scrape_once(
     sets: Iterable[ServerSet],
     read: Callable[[str], Awaitable[Load | None]],
@@ -62,7 +37,8 @@ async def scrape_once(
     interval_s: float,
 ) -> dict[str, Load | None]:
     """Read every server of `sets` that ranks by load once; what each reported, by URL (a
-    server that did not answer is left out, and its last figures age)."""
+    server that did not answer, `read` raising UpstreamError, is left out: its last
+    figures age). `read` gives None for a server without figures."""
     books = load_books(sets)
     urls = list(dict.fromkeys(url for servers, _ in books for url in servers.urls))
 

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from router.errors import UpstreamError
 from router.selection import (
     HealthBook,
     Load,
@@ -18,7 +19,6 @@ from router.selection import (
     scrape_forever,
     scrape_once,
 )
-from router.selection.load_scraper import METRICS
 
 A, B = "http://a", "http://b"
 
@@ -150,7 +150,7 @@ class Reader:
     async def __call__(self, url: str) -> Load | None:
         self.asked.append(url)
         if url not in self.loads:
-            raise METRICS.failure("unreachable", "is not reachable", status=502)
+            raise UpstreamError("the server is unreachable", status=502, code="unreachable")
         return self.loads[url]
 
 
