@@ -184,7 +184,7 @@ def _start_load_scraper(state: AppState) -> asyncio.Task[None] | None:
         return None
 
     async def read(url: str) -> Load | None:
-        return await _read_load(state.upstreams, url)
+        return await read_load(state.upstreams, url)
 
     def every_set() -> list[ServerSet]:
         return [servers for sets in server_sets(state).values() for servers in sets]
@@ -197,7 +197,7 @@ METRICS = Target("metrics", "the vLLM server's metrics")
 MAX_METRICS_BYTES = 4 * 1024 * 1024
 
 
-async def _read_load(upstreams: Upstreams, url: str) -> Load | None:
+async def read_load(upstreams: Upstreams, url: str) -> Load | None:
     """The load figures of the server at `url`; None if it has no `/metrics`, an overlong
     one, or one that names none of them. Raises UpstreamError if it does not answer."""
     reply = await upstreams.open(
