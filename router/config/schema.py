@@ -408,6 +408,10 @@ class UpstreamsConfig(StrictModel):
     probe_interval_s: Annotated[float, Field(ge=0)] = 5.0
     """How often each vLLM server (and proxy) is asked `GET /health`: a server that fails
     counts it as a failed call, an ejected one that answers is let back early; 0: never."""
+    load_interval_s: Annotated[float, Field(ge=0)] = 2.0
+    """How often each vLLM server (and proxy) is asked `GET /metrics` for its requests
+    running and waiting and its KV-cache use, to rank it by; 0: never (ranked by the
+    gateway's own requests in flight alone)."""
 
 
 class TimeoutsConfig(StrictModel):

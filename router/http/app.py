@@ -23,10 +23,20 @@ from router.http.model_cards import ModelCards
 from router.http.request_context import RequestContext
 from router.openai.endpoints import ENDPOINTS
 from router.runtime.state import AppState
-from router.selection import ServerSet, probe_forever, sets_of
+from router.selection import (
+    Load,
+    ServerSet,
+    load_snapshot,
+    parse_load,
+    probe_forever,
+    scrape_forever,
+    sets_of,
+)
 from router.serving.response import SERVER_SEND
 from router.telemetry.access import AccessRecord
 from router.upstream import vllm
+from router.upstream.client import Upstreams
+from router.upstream.failures import Target
 
 log = logging.getLogger("pd_gateway")
 
@@ -41,13 +51,18 @@ def create_app(config: GatewayConfig) -> FastAPI:
         await state.start()
         app.state.gateway = state
         app.state.dispatcher = Dispatcher(state)
-        prober = _start_upstream_prober(state)
+        watchers = [
+            task
+            for task in (_start_upstream_prober(state), _start_load_scraper(state))
+            if task is not None
+        ]
         try:
             yield
         finally:
-            if prober is not None:
-                prober.cancel()
-                await asyncio.wait([prober])
+            for task in watchers:
+                task.cancel()
+            if watchers:
+                await asyncio.wait(watchers)
             await state.aclose()
 
     app = GatewayApp(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -117,7 +132,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def upstream_servers(request: Request) -> Response:
         state.epoch.keys.admin.check(request.headers)
         models = {
-            model: {servers.name: servers.snapshot() for servers in sets}
+            model: {servers.name: _with_load(servers) for servers in sets}
             for model, sets in server_sets(state).items()
         }
         return json_response({"models": models})
@@ -152,6 +167,54 @@ def server_sets(state: AppState) -> dict[str, list[ServerSet]]:
         name: sets_of([model.latency, *model.paths.values()])
         for name, model in state.epoch.models.items()
     }
+
+
+def _with_load(servers: ServerSet) -> dict[str, dict[str, object]]:
+    """A set's snapshot, each server with the load figures last read from it (if any)."""
+    figures = load_snapshot(servers)
+    return {
+        url: {**seen, "load": figures[url]} if url in figures else seen
+        for url, seen in servers.snapshot().items()
+    }
+
+
+def _start_load_scraper(state: AppState) -> asyncio.Task[None] | None:
+    interval_s = state.config.upstreams.load_interval_s
+    if interval_s <= 0:
+        return None
+
+    async def read(url: str) -> Load | None:
+        return await read_load(state.upstreams, url)
+
+    def every_set() -> list[ServerSet]:
+        return [servers for sets in server_sets(state).values() for servers in sets]
+
+    return asyncio.create_task(scrape_forever(every_set, read, interval_s=interval_s))
+
+
+METRICS = Target("metrics", "the vLLM server's metrics")
+# vLLM's page is tens of kilobytes (mostly histograms); anything far larger is not read.
+MAX_METRICS_BYTES = 4 * 1024 * 1024
+
+
+async def read_load(upstreams: Upstreams, url: str) -> Load | None:
+    """The load figures of the server at `url`; None if it has no `/metrics`, an overlong
+    one, or one that names none of them. Raises UpstreamError if it does not answer."""
+    reply = await upstreams.open(
+        METRICS, "GET", url, "/metrics", read_s=upstreams.timeouts.connect_s
+    )
+    try:
+        if reply.status != 200:
+            return None
+        parts, size = [], 0
+        async for chunk in reply.chunks():
+            size += len(chunk)
+            if size > MAX_METRICS_BYTES:
+                return None
+            parts.append(chunk)
+    finally:
+        await reply.aclose()
+    return parse_load(b"".join(parts).decode("utf-8", "replace"))
 
 
 def _start_upstream_prober(state: AppState) -> asyncio.Task[None] | None:

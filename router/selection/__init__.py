@@ -4,6 +4,8 @@ server's health from the outcomes of the calls made to it."""
 from router.selection.affinity import Affinity, PrefixAffinity, PrefixIndex, SessionAffinity
 from router.selection.attempt import call_on
 from router.selection.health import EjectionPolicy, HealthBook, Outcome, outcome_of, status_outcome
+from router.selection.load import Load, LoadBook, LoadWeights, ServerLoad, parse_load
+from router.selection.load_scraper import load_snapshot, scrape_forever, scrape_once
 from router.selection.prober import ServedBy, probe_forever, probe_once, sets_of
 from router.selection.request_keys import AffinityKeys
 from router.selection.server_set import (
@@ -26,19 +28,27 @@ __all__ = [
     "HealthBook",
     "Healthy",
     "LeastOutstanding",
+    "Load",
+    "LoadBook",
+    "LoadWeights",
     "Outcome",
     "PrefixAffinity",
     "PrefixIndex",
     "RequestScorer",
     "Scorer",
     "ServedBy",
+    "ServerLoad",
     "ServerSet",
     "SessionAffinity",
     "call_on",
     "default_set",
+    "load_snapshot",
     "outcome_of",
+    "parse_load",
     "probe_forever",
     "probe_once",
+    "scrape_forever",
+    "scrape_once",
     "sets_of",
     "status_outcome",
 ]

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from router.selection.affinity import Affinity
 from router.selection.health import HealthBook, Outcome
+from router.selection.load import LoadBook, ServerLoad
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +226,10 @@ class ServerSet:
             for url in self._urls
         }
 
+    @property
+    def scorers(self) -> list[Scorer]:
+        return list(self._scorers)
+
 
 def default_set(
     urls: Sequence[str],
@@ -232,14 +237,18 @@ def default_set(
     name: str = "",
     health: HealthBook | None = None,
     request_scorers: Sequence[RequestScorer] = (),
+    load: LoadBook | None = None,
 ) -> ServerSet:
-    """The default composition: healthy servers only, the least busy first (then what
-    `request_scorers` add, for a request that offers them something)."""
+    """The default composition: healthy servers only, the least busy first, busy as the
+    gateway's own requests in flight and the server's own queue and KV use (`load`: the
+    figures read from its `/metrics`) tell it; then what `request_scorers` add, for a
+    request that offers them something."""
     book = health or HealthBook(urls)
+    scorers: list[Scorer] = [LeastOutstanding(), ServerLoad(load or LoadBook())]
     return ServerSet(
         urls,
         filters=[Healthy(book)],
-        scorers=[LeastOutstanding()],
+        scorers=scorers,
         request_scorers=request_scorers,
         health=book,
         name=name,

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from router.gate import GateSnapshot
 from router.gate.metrics import GateMetrics
-from router.selection import ServerSet
+from router.selection import ServerSet, load_snapshot
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """Where worker processes keep their shared counters (prometheus_client's multiprocess
@@ -205,6 +205,12 @@ class _PoolCollector(Collector):
 
 
 SERVER_STATES = ("healthy", "failing", "ejected", "probation")
+# A load figure of the admin snapshot -> its metric's name and help.
+LOAD_FIGURES = {
+    "running": ("requests_running", "Requests a vLLM server reports running"),
+    "waiting": ("requests_waiting", "Requests a vLLM server reports waiting"),
+    "kv_cache_usage": ("kv_cache_usage", "The share of its KV cache a vLLM server reports in use"),
+}
 
 
 class _UpstreamCollector(Collector):
@@ -236,8 +242,17 @@ class _UpstreamCollector(Collector):
             "Times a vLLM server was ejected for failing.",
             labels=labels,
         )
+        reported = {
+            figure: GaugeMetricFamily(
+                f"pd_gateway_upstream_{metric}",
+                f"{help_text} (read from its /metrics; absent while not fresh).",
+                labels=labels,
+            )
+            for figure, (metric, help_text) in LOAD_FIGURES.items()
+        }
         for model, sets in self.sets.items():
             for servers in sets:
+                figures = load_snapshot(servers)
                 for url, seen in servers.snapshot().items():
                     key = [model, servers.name, url]
                     for name in SERVER_STATES:
@@ -245,7 +260,12 @@ class _UpstreamCollector(Collector):
                     outstanding.add_metric(key, seen["outstanding"])
                     failures.add_metric(key, seen.get("failures", 0))
                     ejections.add_metric(key, seen.get("ejections", 0))
+                    load = figures.get(url)
+                    if load is not None and not load["stale"]:
+                        for figure, family in reported.items():
+                            family.add_metric(key, load[figure])
         yield state
         yield outstanding
         yield failures
         yield ejections
+        yield from reported.values()
