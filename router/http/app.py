@@ -35,8 +35,6 @@ from router.selection import (
 from router.serving.response import SERVER_SEND
 from router.telemetry.access import AccessRecord
 from router.upstream import vllm
-from router.upstream.client import Upstreams
-from router.upstream.failures import Target
 
 log = logging.getLogger("pd_gateway")
 
@@ -184,37 +182,13 @@ def _start_load_scraper(state: AppState) -> asyncio.Task[None] | None:
         return None
 
     async def read(url: str) -> Load | None:
-        return await read_load(state.upstreams, url)
+        text = await vllm.metrics_text(state.upstreams, url)
+        return None if text is None else parse_load(text)
 
     def every_set() -> list[ServerSet]:
         return [servers for sets in server_sets(state).values() for servers in sets]
 
     return asyncio.create_task(scrape_forever(every_set, read, interval_s=interval_s))
-
-
-METRICS = Target("metrics", "the vLLM server's metrics")
-# vLLM's page is tens of kilobytes (mostly histograms); anything far larger is not read.
-MAX_METRICS_BYTES = 4 * 1024 * 1024
-
-
-async def read_load(upstreams: Upstreams, url: str) -> Load | None:
-    """The load figures of the server at `url`; None if it has no `/metrics`, an overlong
-    one, or one that names none of them. Raises UpstreamError if it does not answer."""
-    reply = await upstreams.open(
-        METRICS, "GET", url, "/metrics", read_s=upstreams.timeouts.connect_s
-    )
-    try:
-        if reply.status != 200:
-            return None
-        parts, size = [], 0
-        async for chunk in reply.chunks():
-            size += len(chunk)
-            if size > MAX_METRICS_BYTES:
-                return None
-            parts.append(chunk)
-    finally:
-        await reply.aclose()
-    return parse_load(b"".join(parts).decode("utf-8", "replace"))
 
 
 def _start_upstream_prober(state: AppState) -> asyncio.Task[None] | None:

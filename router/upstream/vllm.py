@@ -163,6 +163,31 @@ async def answers_health(upstreams: Upstreams, url: str) -> bool:
     return reply.status < 500
 
 
+METRICS = Target("metrics", "the vLLM server's metrics")
+# vLLM's page is tens of kilobytes (mostly histograms); anything far larger is not read.
+MAX_METRICS_BYTES = 4 * 1024 * 1024
+
+
+async def metrics_text(upstreams: Upstreams, url: str) -> str | None:
+    """The server's `/metrics` page; None if it has none or one over `MAX_METRICS_BYTES`
+    (not kept while it grows). Raises UpstreamError if it does not answer."""
+    reply = await upstreams.open(
+        METRICS, "GET", url, "/metrics", read_s=upstreams.timeouts.connect_s
+    )
+    try:
+        if reply.status != 200:
+            return None
+        parts, size = [], 0
+        async for chunk in reply.chunks():
+            size += len(chunk)
+            if size > MAX_METRICS_BYTES:
+                return None
+            parts.append(chunk)
+    finally:
+        await reply.aclose()
+    return b"".join(parts).decode("utf-8", "replace")
+
+
 @dataclass(frozen=True, slots=True)
 class Prefilled:
     """What the latency path needs from a prefill's answer."""

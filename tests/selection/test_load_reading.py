@@ -7,13 +7,19 @@ import pytest
 
 from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
-from router.http.app import MAX_METRICS_BYTES, read_load
-from router.selection import Load
+from router.selection import Load, parse_load
 from router.upstream.client import Upstreams
 from router.upstream.httpx_transport import HttpxTransport
+from router.upstream.vllm import MAX_METRICS_BYTES, metrics_text
 from tests.selection.test_load import PAGE
 
 URL = "http://vllm"
+
+
+async def read_load(client: Upstreams, url: str) -> Load | None:
+    """As the gateway's load scraper reads a server."""
+    text = await metrics_text(client, url)
+    return None if text is None else parse_load(text)
 
 
 def upstreams(respond: httpx.Response | Exception) -> tuple[Upstreams, list[str]]:
