@@ -9,20 +9,22 @@ requests on the latency path of a gateway in front of 4 simulated vLLM prefill s
 a prefix cache (`--enable-prefix-caching`, 16-token blocks) whose prefill time is
 dominated by uncached tokens (0.05 ms per uncached token, none per cached one).
 
-Two gateways run on the same servers, one per selection policy:
+Two gateways run on the same servers, one with each selection setting; three policies:
 
-* `affinity`: the default composition (health, least outstanding, the servers' own load,
-  prefix affinity);
-* `baseline`: `selection.prefix_affinity: false` (health, least outstanding, load).
+* `baseline`: `selection.prefix_affinity: false` (health, least outstanding, the servers'
+  own load);
+* `affinity`: the default composition (the same, plus prefix affinity);
+* `session`: the default composition, and each conversation names itself in
+  `x-session-id` (its fallback when the prompt's prefix is nowhere, or was not encoded).
 
 A random choice cannot be configured, so it is not measured. The policies take turns: each
-round runs the whole workload once per policy (in alternating order), with every prefill
-server's cache emptied first and conversations of their own, so that neither inherits the
-other's cache or noise falls on one alone. Reported per policy and as the ratio affinity /
-baseline: TTFT p50 and p99 (from sending the request to the first content event), the
-prefix hit rate (cached_tokens / prompt_tokens summed over the answers' usage), each
-server's share of the requests and the gateway's reasons for its choices
-(`x-pd-upstream`).
+round runs the whole workload once per policy (in rotating order), with every prefill
+server's cache emptied first and conversations of their own, so that none inherits
+another's cache and noise falls on none alone. Reported per policy and as its ratio to
+`baseline`: TTFT p50 and p99 (from sending the request to the first content event), the
+prefix hit rate (cached_tokens / prompt_tokens summed over the answers' usage; the best a
+policy can reach is the share of each prompt its previous turn sent), each server's share
+of the requests and the gateway's reasons for its choices (`x-pd-upstream`).
 
 Run: `python -m bench.experiments.prefix_affinity [--conversations N] [--turns T]
 [--rounds R] [--first-tokens K] [--turn-tokens K]`.
@@ -37,7 +39,7 @@ import random
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +60,7 @@ PREFILL_ARGS = [
     "--block-size",
     str(BLOCK_SIZE),
     "--prefill-ms-per-token",
-    "0.05",
+    "0.2",
     "--cached-prefill-ms-per-token",
     "0",
     "--itl-ms",
@@ -66,7 +68,8 @@ PREFILL_ARGS = [
 ]
 NODE_ARGS = ["--step-ms", "2", "--tokens-per-step", "4"]
 ANSWER_TOKENS = 32
-POLICIES = {"affinity": True, "baseline": False}
+POLICIES = {"baseline": (False, False), "affinity": (True, False), "session": (True, True)}
+"""name: (prefix affinity, a session header per conversation)"""
 WORDS = (
     "apple river stone cloud tiger paper window garden silver rocket orange forest bridge "
     "candle engine harbor island jacket kettle ladder marble needle ocean pencil quartz "
@@ -138,7 +141,11 @@ def policy_gateways(configs: dict[str, dict[str, Any]]) -> Iterator[dict[str, Be
 
 
 async def turn(
-    client: httpx.AsyncClient, base_url: str, messages: list[dict[str, str]], outcome: Outcome
+    client: httpx.AsyncClient,
+    base_url: str,
+    messages: list[dict[str, str]],
+    outcome: Outcome,
+    headers: dict[str, str] | None = None,
 ) -> str:
     """One streamed turn: notes its TTFT, usage and server; returns the answer's text."""
     body = {
@@ -152,7 +159,9 @@ async def turn(
     ttft = math.nan
     parts: list[str] = []
     usage: dict[str, Any] | None = None
-    async with client.stream("POST", base_url + "/chat/completions", json=body) as response:
+    async with client.stream(
+        "POST", base_url + "/chat/completions", json=body, headers=headers
+    ) as response:
         if response.status_code != 200 or response.headers.get("x-pd-route") != "latency":
             raise SystemExit(
                 f"unexpected answer {response.status_code}: {await response.aread()!r}"
@@ -186,18 +195,25 @@ async def conversation(
     seed: str,
     args: argparse.Namespace,
     outcome: Outcome,
+    session: bool,
 ) -> None:
     rng = random.Random(seed)
+    headers = {"x-session-id": seed} if session else None
     messages = [{"role": "user", "content": text(rng, args.first_tokens)}]
     for index in range(args.turns):
         if index:
             messages.append({"role": "user", "content": text(rng, args.turn_tokens)})
-        answer = await turn(client, base_url, messages, outcome)
+        answer = await turn(client, base_url, messages, outcome, headers)
         messages.append({"role": "assistant", "content": answer})
 
 
 async def workload(
-    base_url: str, prefill_urls: list[str], seed: str, args: argparse.Namespace, outcome: Outcome
+    base_url: str,
+    prefill_urls: list[str],
+    seed: str,
+    args: argparse.Namespace,
+    outcome: Outcome,
+    session: bool,
 ) -> None:
     limits = httpx.Limits(max_connections=args.conversations + 8)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
@@ -205,7 +221,7 @@ async def workload(
             (await client.post(url + "/sim/reset")).raise_for_status()
         await asyncio.gather(
             *(
-                conversation(client, base_url, f"{seed}/{c}", args, outcome)
+                conversation(client, base_url, f"{seed}/{c}", args, outcome, session)
                 for c in range(args.conversations)
             )
         )
@@ -236,26 +252,19 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Outcome], list[str]]:
         ) as nodes,
     ):
         urls = [p.url for p in prefills.prefills]
-        configs = {
-            policy: gateway_config(prefills, nodes, affinity)
-            for policy, affinity in POLICIES.items()
-        }
+        configs = {f"prefix={on}": gateway_config(prefills, nodes, on) for on in (True, False)}
         with policy_gateways(configs) as gateways:
-            base_urls = {policy: gateway.wait_ready() for policy, gateway in gateways.items()}
+            base_urls = {name: gateway.wait_ready() for name, gateway in gateways.items()}
             for base_url in base_urls.values():  # loads the tokenizer and chat template
                 uvloop.run(warm_up(base_url))
             order = list(POLICIES)
             for round_index in range(args.rounds):
-                for policy in order if round_index % 2 == 0 else order[::-1]:
-                    uvloop.run(
-                        workload(
-                            base_urls[policy],
-                            urls,
-                            f"{policy}/{round_index}",
-                            args,
-                            outcomes[policy],
-                        )
-                    )
+                shift = round_index % len(order)
+                for policy in order[shift:] + order[:shift]:
+                    prefix, session = POLICIES[policy]
+                    base_url = base_urls[f"prefix={prefix}"]
+                    seed = f"{policy}/{round_index}"
+                    uvloop.run(workload(base_url, urls, seed, args, outcomes[policy], session))
     return outcomes, urls
 
 
@@ -263,30 +272,34 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "-"
 
 
+def share_of(url: str) -> Callable[[Outcome], float]:
+    return lambda outcome: outcome.servers[url] / outcome.requests
+
+
 def report(outcomes: dict[str, Outcome], urls: list[str], args: argparse.Namespace) -> str:
-    affinity, baseline = outcomes["affinity"], outcomes["baseline"]
+    baseline = outcomes["baseline"]
+    others = [policy for policy in outcomes if policy != "baseline"]
     last = args.first_tokens + (args.turns - 1) * args.turn_tokens
     lines = [
         f"{args.conversations} conversations x {args.turns} turns (~{args.first_tokens} to "
         f"~{last} words of context), {args.rounds} round(s); {PREFILLS} prefill servers "
         f"({' '.join(PREFILL_ARGS)})",
-        f"{'':<28}{'affinity':>10}{'baseline':>10}{'ratio':>8}",
+        f"{'':<24}{'baseline':>10}" + "".join(f"{p:>10}{'/ base':>8}" for p in others),
     ]
 
-    def row(name: str, a: float, b: float, fmt: str) -> None:
-        lines.append(f"{name:<28}{a:>10{fmt}}{b:>10{fmt}}{ratio(a, b):>8}")
-
-    row("requests", affinity.requests, baseline.requests, "d")
-    row("TTFT p50 (ms)", pct(affinity.ttft_s, 0.5), pct(baseline.ttft_s, 0.5), ".1f")
-    row("TTFT p99 (ms)", pct(affinity.ttft_s, 0.99), pct(baseline.ttft_s, 0.99), ".1f")
-    row("prefix hit rate", affinity.hit_rate, baseline.hit_rate, ".3f")
-    for index, url in enumerate(urls):
-        row(
-            f"share of prefill-{index}",
-            affinity.servers[url] / affinity.requests,
-            baseline.servers[url] / baseline.requests,
-            ".3f",
+    def row(name: str, measure: Callable[[Outcome], float], fmt: str) -> None:
+        base = measure(baseline)
+        cells = "".join(
+            f"{measure(outcomes[p]):>10{fmt}}{ratio(measure(outcomes[p]), base):>8}" for p in others
         )
+        lines.append(f"{name:<24}{base:>10{fmt}}{cells}")
+
+    row("requests", lambda o: o.requests, "d")
+    row("TTFT p50 (ms)", lambda o: pct(o.ttft_s, 0.5), ".1f")
+    row("TTFT p99 (ms)", lambda o: pct(o.ttft_s, 0.99), ".1f")
+    row("prefix hit rate", lambda o: o.hit_rate, ".3f")
+    for index, url in enumerate(urls):
+        row(f"share of prefill-{index}", share_of(url), ".3f")
     for policy, outcome in outcomes.items():
         reasons = ", ".join(f"{k} x{v}" for k, v in sorted(outcome.reasons.items()))
         lines.append(f"{policy} reasons: {reasons}")
