@@ -21,8 +21,8 @@ A random choice cannot be configured, so it is not measured. The policies take t
 round runs the whole workload once per policy (in rotating order), with every prefill
 server's cache emptied first and conversations of their own, so that none inherits
 another's cache and noise falls on none alone. Reported per policy and as its ratio to
-`baseline`: TTFT p50 and p99 (from sending the request to the first content event), the
-prefix hit rate (cached_tokens / prompt_tokens summed over the answers' usage; the best a
+`baseline`: TTFT mean, p50 and p99 (from sending the request to the first content event),
+the prefix hit rate (cached_tokens / prompt_tokens summed over the answers' usage; the best a
 policy can reach is the share of each prompt its previous turn sent), each server's share
 of the requests and the gateway's reasons for its choices (`x-pd-upstream`).
 
@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import math
 import random
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -295,6 +296,7 @@ def report(outcomes: dict[str, Outcome], urls: list[str], args: argparse.Namespa
         lines.append(f"{name:<24}{base:>10{fmt}}{cells}")
 
     row("requests", lambda o: o.requests, "d")
+    row("TTFT mean (ms)", lambda o: statistics.fmean(o.ttft_s) * 1e3, ".1f")
     row("TTFT p50 (ms)", lambda o: pct(o.ttft_s, 0.5), ".1f")
     row("TTFT p99 (ms)", lambda o: pct(o.ttft_s, 0.99), ".1f")
     row("prefix hit rate", lambda o: o.hit_rate, ".3f")
