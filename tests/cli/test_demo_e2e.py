@@ -76,7 +76,7 @@ def test_demo_serves_both_paths_and_stops_everything_on_sigint(demo: Demo) -> No
     assert text
 
     demo.popen.send_signal(signal.SIGINT)
-    assert demo.popen.wait(timeout=60) == 0
+    assert demo.exit_code(60) == 0
     demo.read_until(re.escape("Stopping the gateway and the simulators."), 5)
     assert not [pid for pid in children if alive(pid)]
     assert [port for port in ports if not bindable(port)] == []

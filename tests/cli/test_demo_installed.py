@@ -128,7 +128,11 @@ def test_the_demo_runs_from_a_wheel_in_another_folder(install: Install, tmp_path
         assert "Base URL: http://127.0.0.1:" in text
     finally:
         demo.send_signal(signal.SIGINT)
-        assert demo.wait(timeout=60) == 0, out.read_text()[-3000:]
+        try:
+            code = demo.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the demo had not stopped:\n" + out.read_text()[-3000:]) from None
+        assert code == 0, out.read_text()[-3000:]
 
 
 @pytest.mark.parametrize(

@@ -107,6 +107,6 @@ def test_killing_a_replica_breaks_nothing_behind_the_demo_address(demo: Demo) ->
     client.close()
 
     demo.popen.send_signal(signal.SIGINT)
-    assert demo.popen.wait(timeout=90) == 0
+    assert demo.exit_code(90) == 0
     demo.read_until(re.escape(STOPPING), 5)
     assert not [pid for pid in children if alive(pid)]

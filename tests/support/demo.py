@@ -27,6 +27,7 @@ class Demo:
     and what it announced."""
 
     def __init__(self, stderr: Path, *args: str) -> None:
+        self.stderr = stderr
         with stderr.open("w") as log:  # the process keeps its own copy
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "router.cli", "demo", *args, "--free-ports"],
@@ -59,6 +60,21 @@ class Demo:
             self.output.append(line)
             if re.fullmatch(pattern, line):
                 return line
+
+    def exit_code(self, timeout_s: float) -> int:
+        """The demo's exit code once it has stopped; what it said if it does not in time."""
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            while not self.lines.empty():
+                line = self.lines.get_nowait()
+                self.output.append(line or "")
+            said = "\n".join(self.output[-40:])
+            logged = "\n".join(self.stderr.read_text(errors="replace").splitlines()[-60:])
+            raise AssertionError(
+                f"the demo had not stopped after {timeout_s:.0f} s\nstdout:\n{said}\n"
+                f"stderr:\n{logged}"
+            ) from None
 
     def announced(self, prefix: str) -> str:
         return next(line[len(prefix) :] for line in self.output if line.startswith(prefix))
