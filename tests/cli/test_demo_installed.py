@@ -103,6 +103,9 @@ def test_the_bundled_configuration_is_the_repositorys_router_yaml() -> None:
         )
 
 
+# Its start and stop are bounded in time: not under other tests' load (a whole demo
+# stack, gateway and simulators, competes for the same cores).
+@pytest.mark.serial
 @pytest.mark.timeout(240)
 def test_the_demo_runs_from_a_wheel_in_another_folder(install: Install, tmp_path: Path) -> None:
     bin_dir = install(["pyproject.toml", "README.md", "router", "policies", "sim", "bench"])
