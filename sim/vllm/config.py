@@ -41,6 +41,7 @@ class ServerConfig:
     side_channel_port: int = 0
     prefill_ms_per_token: float = 0.02
     cached_prefill_ms_per_token: float = 0.0
+    serial_prefill: bool = False
     max_num_seqs: int | None = None
     block_size: int = 16
     num_gpu_blocks: int = 4096
@@ -113,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--side-channel-port", type=int, default=0, help="NIXL side channel (0 = free port)")
     add("--prefill-ms-per-token", type=float, default=0.02, help="per uncached prompt token")
     add("--cached-prefill-ms-per-token", type=float, default=0.0, help="per cached prompt token")
+    add(
+        "--serial-prefill",
+        action="store_true",
+        help="prefill one request at a time, in arrival order (a compute-bound GPU); "
+        "default: every prefill takes its own time whatever else runs",
+    )
     add("--max-num-seqs", type=_positive, help="requests run at once (default: unlimited)")
     add("--block-size", type=_positive, default=16, help="tokens per KV block (prefix cache)")
     add("--num-gpu-blocks", type=_positive, default=4096, help="KV blocks (prefix cache size)")
@@ -188,6 +195,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
         side_channel_port=args.side_channel_port,
         prefill_ms_per_token=args.prefill_ms_per_token,
         cached_prefill_ms_per_token=args.cached_prefill_ms_per_token,
+        serial_prefill=args.serial_prefill,
         max_num_seqs=args.max_num_seqs,
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks,

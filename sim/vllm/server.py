@@ -103,6 +103,7 @@ class VllmServer:
         self.side_channel_port = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self.load = EngineLoad(config.max_num_seqs, config.block_size, config.num_gpu_blocks)
+        self._prefill_turn = asyncio.Lock() if config.serial_prefill else None
         self.prefix_cache = PrefixCache(config.block_size, config.num_gpu_blocks)
         self.counters = ServerCounters()
         self.kv_events = (
@@ -214,7 +215,7 @@ class VllmServer:
         run.ticket = await self.load.admit(source.prompt_len + output_len)
         source = self._prefill(source, plan)
         self.counters.prompt_tokens += sum(len(p.prompt_ids) for p in plans[1:])
-        await asyncio.sleep(source.prefill_s)
+        await self._compute_prefill(source.prefill_s)
         outputs = [source.output_ids] + [p.output_ids for p in plans[1:]]
         choices = [
             generate(
@@ -277,6 +278,15 @@ class VllmServer:
             formatter.response(choices, usage_body, kv_out),
             background=BackgroundTask(after_response) if after_response else None,
         )
+
+    async def _compute_prefill(self, seconds: float) -> None:
+        """A prefill's time; with --serial-prefill, after the prefills that arrived before
+        it (an asyncio lock is taken in arrival order)."""
+        if self._prefill_turn is None:
+            await asyncio.sleep(seconds)
+            return
+        async with self._prefill_turn:
+            await asyncio.sleep(seconds)
 
     def _prefill(self, source: Source, plan: Plan) -> Source:
         """Look the prompt up in the prefix cache and cache it; the prefill time grows with
