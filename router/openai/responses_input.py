@@ -133,7 +133,7 @@ def _add_items(messages: list[dict[str, Any]], items: list[Any], hosted: list[st
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     role = item.get("role")
-    if role not in _MESSAGE_ROLES:
+    if not isinstance(role, str) or role not in _MESSAGE_ROLES:
         raise InvalidRequest(
             f"'{where}.role' must be one of user, assistant, system, developer",
             param=f"{where}.role",
@@ -151,7 +151,7 @@ def _parts(content: Any, where: str) -> list[dict[str, Any]]:
     for index, part in enumerate(content):
         at = f"{where}[{index}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _TEXT_PARTS:
+        if isinstance(kind, str) and kind in _TEXT_PARTS:
             text = part.get("refusal") if kind == "refusal" else part.get("text")
             if not isinstance(text, str):
                 raise InvalidRequest(f"'{at}' has no text", param=at)

@@ -139,6 +139,8 @@ def test_items_of_hosted_tools_are_marked() -> None:
         ({"input": []}, "input"),
         ({"input": ["text"]}, "input[0]"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"role": [], "content": ""}]}, "input[0].role"),
+        ({"input": [{"role": "user", "content": [{"type": []}]}]}, "input[0].content[0]"),
         ({"input": [{"role": "user", "content": 5}]}, "input[0].content"),
         ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "input[0].content[0]"),
         ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0]"),
