@@ -55,6 +55,52 @@ class DiscoveryConfig(StrictModel):
     family: Literal["ipv4", "ipv6", "any"] = "any"
 
 
+class SelectionWeights(StrictModel):
+    """Each scorer's weight in a server's total (docs/upstreams.md); 0 leaves it out."""
+
+    load: Annotated[float, Field(ge=0, le=100)] = 1.0
+    """The work the gateway has in flight on the server."""
+    queue: Annotated[float, Field(ge=0, le=100)] = 1.0
+    """The server's own queue and KV-cache use, from its `/metrics`."""
+    prefix: Annotated[float, Field(ge=0, le=100)] = 1.0
+    """The share of the prompt the server holds in its prefix cache."""
+    session: Annotated[float, Field(ge=0, le=100)] = 0.5
+    """The session's preferred server."""
+    random: Annotated[float, Field(ge=0, le=100)] = 0.0
+    """A random score in [0, 1): alone (the others 0), a uniformly random choice."""
+
+
+class SelectionConfig(StrictModel):
+    """How a model's servers are chosen beyond health (docs/upstreams.md). Under a model it
+    applies to every path; under `latency` or `throughput` it changes the fields it names
+    for that path."""
+
+    prefix_affinity: bool = True
+    """Send a prompt to the server that was recently sent its longest prefix (its KV cache
+    likely still holds it); costs encoding each prompt with the model's tokenizer."""
+    block_size: Annotated[int, Field(ge=1, le=4096)] = 16
+    """Tokens per KV block, as the prefill servers' `--block-size` (vLLM's default: 16)."""
+    session_header: Annotated[
+        str, Field(min_length=1, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+    ] = "x-session-id"
+    """A request header naming the conversation; without it the request's `user` field.
+    A session's requests prefer one stable server when no prefix decides."""
+    weights: SelectionWeights = SelectionWeights()
+
+    def overridden_by(self, override: SelectionConfig | None) -> SelectionConfig:
+        """This selection with the fields `override` names replaced (weights field by
+        field)."""
+        if override is None:
+            return self
+        update = {name: getattr(override, name) for name in override.model_fields_set}
+        if "weights" in update:
+            named = override.weights.model_fields_set
+            update["weights"] = self.weights.model_copy(
+                update={name: getattr(override.weights, name) for name in named}
+            )
+        return self.model_copy(update=update)
+
+
 class LatencyPoolConfig(StrictModel):
     """TileRT decode nodes and the vLLM prefill servers that push KV state to them: a
     request's prefill is always sent to a prefill server of its node's pool."""
@@ -97,6 +143,8 @@ class LatencyConfig(StrictModel):
 
     pools: Annotated[list[LatencyPoolConfig], Field(min_length=1)]
     max_seq_len: Annotated[int, Field(ge=2)] = 131072
+    selection: SelectionConfig | None = None
+    """The model's `selection`, changed for the latency path's prefill choice."""
 
     @model_validator(mode="before")
     @classmethod
@@ -148,6 +196,8 @@ class ProxyConfig(StrictModel):
 
     mode: Literal["proxy"]
     urls: Annotated[list[str], Field(min_length=1)]
+    selection: SelectionConfig | None = None
+    """The model's `selection`, changed for the native path."""
 
     @field_validator("urls")
     @classmethod
@@ -161,6 +211,8 @@ class PullConfig(StrictModel):
     mode: Literal["pull"]
     prefill: Annotated[list[str], Field(min_length=1)]
     decode: Annotated[list[str], Field(min_length=1)]
+    selection: SelectionConfig | None = None
+    """The model's `selection`, changed for the native path."""
 
     @field_validator("prefill", "decode")
     @classmethod
@@ -190,6 +242,8 @@ class PushConfig(StrictModel):
     mode: Literal["push"]
     prefill: Annotated[list[PrefillEngineConfig], Field(min_length=1)]
     decode: Annotated[list[str], Field(min_length=1)]
+    selection: SelectionConfig | None = None
+    """The model's `selection`, changed for the native path."""
 
     @field_validator("decode")
     @classmethod
@@ -422,21 +476,6 @@ class TimeoutsConfig(StrictModel):
     cancel_s: Annotated[float, Field(gt=0)] = 5.0
 
 
-class SelectionConfig(StrictModel):
-    """How a model's servers are chosen beyond health and load (docs/upstreams.md)."""
-
-    prefix_affinity: bool = True
-    """Send a prompt to the server that was recently sent its longest prefix (its KV cache
-    likely still holds it); costs encoding each prompt with the model's tokenizer."""
-    block_size: Annotated[int, Field(ge=1, le=4096)] = 16
-    """Tokens per KV block, as the prefill servers' `--block-size` (vLLM's default: 16)."""
-    session_header: Annotated[
-        str, Field(min_length=1, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
-    ] = "x-session-id"
-    """A request header naming the conversation; without it the request's `user` field.
-    A session's requests prefer one stable server when no prefix decides."""
-
-
 class ModelConfig(StrictModel):
     """One served model as clients see it."""
 
@@ -449,6 +488,11 @@ class ModelConfig(StrictModel):
     latency: LatencyConfig | None = None
     throughput: ThroughputConfig | None = None
     selection: SelectionConfig = SelectionConfig()
+
+    def selection_of(self, path: Literal["latency", "throughput"]) -> SelectionConfig:
+        """The selection for one path: the model's, changed by the path's own."""
+        section = self.latency if path == "latency" else self.throughput
+        return self.selection.overridden_by(section.selection if section else None)
 
     @field_validator("output_parser")
     @classmethod

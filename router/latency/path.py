@@ -21,10 +21,9 @@ from router.openai.render import AnswerFacts, Renderer, Usage
 from router.openai.requests import ChatRequest, CompletionRequest
 from router.selection import (
     Affinity,
-    AffinityKeys,
     Choice,
+    PathSelection,
     ServerSet,
-    default_set,
     outcome_of,
 )
 from router.serving import Answer, RoutedRequest, json_answer
@@ -58,7 +57,7 @@ class LatencyPath:
         gate: Gate,
         tokenizer: LoadedTokenizer,
         deps: LatencyDeps,
-        keys: AffinityKeys | None = None,
+        selection: PathSelection | None = None,
         default_wait_ms: int,
         sampling_defaults: SamplingDefaults,
     ) -> None:
@@ -70,13 +69,10 @@ class LatencyPath:
         self._deps = deps
         self._default_wait_ms = default_wait_ms
         self._sampling_defaults = sampling_defaults
-        self._keys = keys
-        scorers = keys.scorers if keys is not None else list
+        self._selection = selection = selection or PathSelection()
         # A node's transfer must come from a prefill server of its own pool (its release).
         self._prefill_of_pool: dict[str | None, ServerSet] = {
-            pool.name: default_set(
-                pool.prefill, name=f"latency:prefill:{pool.name}", request_scorers=scorers()
-            )
+            pool.name: selection.server_set(pool.prefill, f"latency:prefill:{pool.name}")
             for pool in config.pools
         }
         # A node of a pool a reload added while this request waited: its release will do.
@@ -156,9 +152,9 @@ class LatencyPath:
         return json_answer(orjson.dumps(body))
 
     async def _affinity(self, request: RoutedRequest) -> Affinity | None:
-        if self._keys is None or not any(s.request_aware for s in self.server_sets()):
-            return None
-        return await self._keys.of(request.endpoint.wire, request.body, request.client_headers)
+        return await self._selection.affinity(
+            self.server_sets(), request.endpoint.wire, request.body, request.client_headers
+        )
 
     async def _prefill_servers(self, lease: Lease) -> ServerSet:
         node = lease.node

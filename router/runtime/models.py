@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from policies.types import Path
-from router.config import GateConfig, ModelConfig
+from router.config import GateConfig, ModelConfig, SelectionConfig
 from router.gate import Gate, make_gate
 from router.latency.path import LatencyPath
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
 from router.node import configured_nodes
-from router.selection import AffinityKeys
+from router.selection import AffinityKeys, PathSelection, Weights
 from router.serving import Fallback, ServePath
 from router.throughput import make_throughput_path
 from router.tokens.prompt_tokens import PromptCounter
@@ -51,16 +51,12 @@ def build_model(
 ) -> ModelRuntime:
     """`gate`: the model's pool from before a reload, to keep (a new one otherwise)."""
     paths: dict[Path, ServePath] = {}
-    selection = config.selection
-    keys = AffinityKeys(
-        counter.ids_now if selection.prefix_affinity else None,
-        block_size=selection.block_size,
-        session_header=selection.session_header,
-    )
     throughput = None
     if config.throughput is not None:
         throughput = paths["throughput"] = make_throughput_path(
-            config.throughput, upstreams=deps.upstreams, keys=keys
+            config.throughput,
+            upstreams=deps.upstreams,
+            selection=path_selection(config.selection_of("throughput"), counter),
         )
     latency = None
     sampling_defaults = sampling_defaults or SamplingDefaults()
@@ -77,7 +73,7 @@ def build_model(
                 pool_id=config.name,
             ),
             tokenizer=tokenizer,
-            keys=keys,
+            selection=path_selection(config.selection_of("latency"), counter),
             deps=deps,
             default_wait_ms=gate_config.max_queue_wait_ms,
             sampling_defaults=sampling_defaults,
@@ -87,3 +83,12 @@ def build_model(
         )
     vocab_size = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
     return ModelRuntime(config, tokenizer, counter, MappingProxyType(paths), latency, vocab_size)
+
+
+def path_selection(config: SelectionConfig, counter: PromptCounter) -> PathSelection:
+    keys = AffinityKeys(
+        counter.ids_now if config.prefix_affinity else None,
+        block_size=config.block_size,
+        session_header=config.session_header,
+    )
+    return PathSelection(keys, Weights(**config.weights.model_dump()))

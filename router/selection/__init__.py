@@ -3,6 +3,7 @@ server's health from the outcomes of the calls made to it."""
 
 from router.selection.affinity import Affinity, PrefixAffinity, PrefixIndex, SessionAffinity
 from router.selection.attempt import call_on
+from router.selection.composition import PathSelection
 from router.selection.health import EjectionPolicy, HealthBook, Outcome, outcome_of, status_outcome
 from router.selection.load import Load, LoadBook, LoadWeights, ServerLoad, parse_load
 from router.selection.load_scraper import load_snapshot, scrape_forever, scrape_once
@@ -13,9 +14,11 @@ from router.selection.server_set import (
     Filter,
     Healthy,
     LeastOutstanding,
+    RandomOrder,
     RequestScorer,
     Scorer,
     ServerSet,
+    Weights,
     default_set,
 )
 
@@ -32,14 +35,17 @@ __all__ = [
     "LoadBook",
     "LoadWeights",
     "Outcome",
+    "PathSelection",
     "PrefixAffinity",
     "PrefixIndex",
+    "RandomOrder",
     "RequestScorer",
     "Scorer",
     "ServedBy",
     "ServerLoad",
     "ServerSet",
     "SessionAffinity",
+    "Weights",
     "call_on",
     "default_set",
     "load_snapshot",

@@ -2,10 +2,11 @@
 
 Agent loops and chat sessions send a growing context every turn; the prefill server that
 computed the previous turn still holds most of it. `PrefixAffinity` remembers the prompt
-blocks each server was sent recently and prefers the server holding the longest prefix of
-the new prompt; `SessionAffinity` maps a session key to a stable preferred server for
-requests whose prefix is not known anywhere. Both give way to load: a server with more
-than `max_imbalance` requests in flight beyond the least busy candidate gets no bonus.
+blocks each server was sent recently and scores each server by the share of the prompt it
+would not have to compute; the set weighs that against the work already in flight there
+(both in units of this prompt), so the choice is the server expected to start it soonest
+and one hot conversation cannot pin a busy server. `SessionAffinity` maps a session key to
+a stable preferred server for requests whose prefix is not known anywhere.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_IMBALANCE = 4
+"""A session's preference yields to a server this many requests less busy."""
 BLOCKS_PER_SERVER = 100_000
 """A prompt's blocks are remembered per server up to this many (16-byte keys: a few MB)."""
 BLOCK_TTL_S = 600.0
@@ -34,6 +36,9 @@ class Affinity:
     blocks: tuple[bytes, ...] = ()
     """The chained hashes of the prompt's full blocks, first block first."""
     session: str | None = None
+    tokens: int = 0
+    """The prompt's length in tokens (0: not known)."""
+    block_size: int = DEFAULT_BLOCK_SIZE
 
 
 def block_hashes(ids: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[bytes, ...]:
@@ -102,32 +107,30 @@ class PrefixIndex:
             held.popitem(last=False)
 
 
-def _within_balance(url: str, outstanding: Mapping[str, int], max_imbalance: int) -> bool:
-    return outstanding[url] - min(outstanding.values()) <= max_imbalance
+def _within_balance(url: str, load: Mapping[str, float], max_imbalance: float) -> bool:
+    return load[url] - min(load.values()) <= max_imbalance
 
 
 class PrefixAffinity:
-    """Prefers the server holding the longest prefix of the prompt: a bonus of up to
-    `max_imbalance` requests in flight, in proportion to the share of the prompt matched."""
+    """Scores a server by the share of the prompt it holds: minus the cached tokens in units
+    of the prompt (a whole cached prompt is worth one prompt's work in flight)."""
 
     name = "prefix"
 
-    def __init__(
-        self,
-        index: PrefixIndex | None = None,
-        *,
-        max_imbalance: int = DEFAULT_MAX_IMBALANCE,
-        weight: float = 1.0,
-    ) -> None:
+    def __init__(self, index: PrefixIndex | None = None, *, weight: float = 1.0) -> None:
         self.index = index or PrefixIndex()
-        self.max_imbalance = max_imbalance
         self.weight = weight
 
-    def score(self, url: str, outstanding: Mapping[str, int], request: Affinity) -> float:
-        if not request.blocks or not _within_balance(url, outstanding, self.max_imbalance):
+    def score(self, url: str, load: Mapping[str, float], request: Affinity) -> float:
+        if not request.blocks or not request.tokens:
             return 0.0
-        matched = self.index.matched(url, request.blocks)
-        return -self.max_imbalance * matched / len(request.blocks)
+        return -self.cached_tokens(url, request) / request.tokens
+
+    def cached_tokens(self, url: str, request: Affinity) -> int:
+        if not request.blocks:
+            return 0
+        matched = self.index.matched(url, request.blocks) * request.block_size
+        return min(matched, request.tokens)
 
     def reason(self, url: str, request: Affinity) -> str:
         return f"prefix:{self.index.matched(url, request.blocks)} blocks"
@@ -138,19 +141,25 @@ class PrefixAffinity:
 
 class SessionAffinity:
     """A session's preferred server by rendezvous hashing over the candidates: stable while
-    the set is, and only the sessions of a server that leaves move. Worth one request in
-    flight, so a matched prefix outweighs it."""
+    the set is, and only the sessions of a server that leaves move. Worth half a request's
+    work (a whole cached prompt is worth one), and nothing on a server more than
+    `max_imbalance` requests busier than the least busy candidate."""
 
     name = "session"
 
-    def __init__(self, *, max_imbalance: int = DEFAULT_MAX_IMBALANCE, weight: float = 1.0):
+    def __init__(
+        self, *, max_imbalance: float = DEFAULT_MAX_IMBALANCE, weight: float = 0.5
+    ) -> None:
         self.max_imbalance = max_imbalance
         self.weight = weight
 
-    def score(self, url: str, outstanding: Mapping[str, int], request: Affinity) -> float:
-        if request.session is None or not _within_balance(url, outstanding, self.max_imbalance):
+    def score(self, url: str, load: Mapping[str, float], request: Affinity) -> float:
+        if request.session is None or not _within_balance(url, load, self.max_imbalance):
             return 0.0
-        return -1.0 if url == preferred(request.session, list(outstanding)) else 0.0
+        return -1.0 if url == preferred(request.session, list(load)) else 0.0
+
+    def cached_tokens(self, url: str, request: Affinity) -> int:
+        return 0
 
     def reason(self, url: str, request: Affinity) -> str:
         return self.name

@@ -121,13 +121,13 @@ class ServerLoad:
         self.weights = weights or LoadWeights()
         self.weight = weight
 
-    def score(self, url: str, outstanding: Mapping[str, int]) -> float:
-        load = self.book.fresh(url)
-        if load is None:
+    def score(self, url: str, load: Mapping[str, float]) -> float:
+        figures = self.book.fresh(url)
+        if figures is None:
             return 0.0
         w = self.weights
         return (
-            load.waiting * w.waiting
-            + load.running * w.running
-            + load.kv_cache_usage * w.kv_cache_usage
+            figures.waiting * w.waiting
+            + figures.running * w.running
+            + figures.kv_cache_usage * w.kv_cache_usage
         )

@@ -18,7 +18,7 @@ from router.selection.affinity import (
     SessionAffinity,
     block_hashes,
 )
-from router.selection.server_set import RequestScorer
+from router.selection.server_set import RequestScorer, Weights
 
 PromptIds = Callable[[str, dict[str, Any]], list[int]]
 """(wire endpoint, body) -> the prompt's token ids."""
@@ -45,22 +45,30 @@ class AffinityKeys:
 
     async def of(self, endpoint: str, body: dict[str, Any], headers: Mapping[str, str]) -> Affinity:
         blocks: tuple[bytes, ...] = ()
+        tokens = 0
         # Affinity is a preference: a request never queues for it. While every encoding
         # slot is taken, it goes on without its prefix.
         if self._prompt_ids is not None and not self._encoding.locked():
             async with self._encoding:
-                blocks = await asyncio.to_thread(self.blocks_now, endpoint, body)
-        return Affinity(blocks, session_of(body, headers, self._session_header))
+                blocks, tokens = await asyncio.to_thread(self.prompt_now, endpoint, body)
+        session = session_of(body, headers, self._session_header)
+        return Affinity(blocks, session, tokens, self._block_size)
 
-    def blocks_now(self, endpoint: str, body: dict[str, Any]) -> tuple[bytes, ...]:
+    def prompt_now(self, endpoint: str, body: dict[str, Any]) -> tuple[tuple[bytes, ...], int]:
+        """The prompt's block hashes and its length in tokens."""
         if self._prompt_ids is None:
-            return ()
-        return block_hashes(self._prompt_ids(endpoint, body), self._block_size)
+            return (), 0
+        ids = self._prompt_ids(endpoint, body)
+        return block_hashes(ids, self._block_size), len(ids)
 
-    def scorers(self) -> list[RequestScorer]:
-        """Fresh request-aware scorers for one server set (each set its own prefix index)."""
-        session = SessionAffinity()
-        return [PrefixAffinity(), session] if self._prompt_ids is not None else [session]
+    def scorers(self, weights: Weights | None = None) -> list[RequestScorer]:
+        """Fresh request-aware scorers for one server set (each set its own prefix index),
+        those of weight 0 left out."""
+        w = weights or Weights()
+        scorers: list[RequestScorer] = [SessionAffinity(weight=w.session)]
+        if self._prompt_ids is not None:
+            scorers.insert(0, PrefixAffinity(weight=w.prefix))
+        return [s for s in scorers if s.weight]
 
 
 def session_of(body: dict[str, Any], headers: Mapping[str, str], header: str) -> str | None:

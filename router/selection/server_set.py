@@ -13,13 +13,21 @@ every server was a candidate); a retry's reason is `retry_` and the reason it wa
 (`retry_only_other` when one other server was left).
 
 Request-aware scorers (`RequestScorer`, router/selection/affinity.py) also see what the
-request offers (`Affinity`: its prompt's blocks, its session) when `pick` is given it, and
-are told where it was sent by `hold`; their reason may carry detail (`prefix:12 blocks`).
+request offers (`Affinity`: its prompt's blocks and length, its session) when `pick` is
+given it, and are told where it was sent by `hold`; their reason may carry detail
+(`prefix:12 blocks`).
+
+Load is what each server has in flight from this set. For a request of known length it is
+counted in units of that request: the tokens the requests in flight there had left to
+compute when sent (their uncached part), divided by this request's tokens, plus one for
+each request of unknown length. A server's total is then the work ahead of the request
+there plus its own uncached share: lowest, soonest started.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,7 +58,7 @@ class Scorer(Protocol):
     name: str
     weight: float
 
-    def score(self, url: str, outstanding: Mapping[str, int]) -> float:
+    def score(self, url: str, load: Mapping[str, float]) -> float:
         """Lower is better."""
         ...
 
@@ -61,8 +69,12 @@ class RequestScorer(Protocol):
     name: str
     weight: float
 
-    def score(self, url: str, outstanding: Mapping[str, int], request: Affinity) -> float:
+    def score(self, url: str, load: Mapping[str, float], request: Affinity) -> float:
         """Lower is better."""
+        ...
+
+    def cached_tokens(self, url: str, request: Affinity) -> int:
+        """How many of the request's tokens `url` is believed to hold already."""
         ...
 
     def reason(self, url: str, request: Affinity) -> str:
@@ -87,15 +99,28 @@ class Healthy:
 
 
 class LeastOutstanding:
-    """Ranks by requests in flight."""
+    """Ranks by the work in flight (see the module's description of load)."""
 
     name = "load"
 
     def __init__(self, weight: float = 1.0) -> None:
         self.weight = weight
 
-    def score(self, url: str, outstanding: Mapping[str, int]) -> float:
-        return float(outstanding[url])
+    def score(self, url: str, load: Mapping[str, float]) -> float:
+        return load[url]
+
+
+class RandomOrder:
+    """A random score in [0, 1): alone, a uniformly random choice; beside others, noise."""
+
+    name = "random"
+
+    def __init__(self, weight: float = 1.0, rng: random.Random | None = None) -> None:
+        self.weight = weight
+        self._rng = rng or random.Random()
+
+    def score(self, url: str, load: Mapping[str, float]) -> float:
+        return self._rng.random()
 
 
 class ServerSet:
@@ -120,6 +145,8 @@ class ServerSet:
         self._scorers = list(scorers)
         self._request_scorers = list(request_scorers)
         self._outstanding = dict.fromkeys(self._urls, 0)
+        self._unsized = dict.fromkeys(self._urls, 0)  # in flight, length unknown
+        self._work = dict.fromkeys(self._urls, 0)  # in flight: uncached tokens when sent
         self._turn = itertools.count()
 
     @property
@@ -151,15 +178,20 @@ class ServerSet:
         rotated = candidates[start:] + candidates[:start]
         # Scorers compare the candidates only: an excluded or ejected server's load is no
         # measure of balance.
-        load = {url: self._outstanding[url] for url in rotated}
+        load = self._load(rotated, request)
         scores = {url: self._scores(url, load, request) for url in rotated}
         totals = {url: sum(margin for margin, _ in scores[url]) for url in rotated}
         best = min(rotated, key=totals.__getitem__)
         runners_up = [url for url in rotated if url != best]
         return Choice(best, prefix + self._why(best, runners_up, totals, scores, request))
 
+    def _load(self, urls: list[str], request: Affinity | None) -> dict[str, float]:
+        if request is None or not request.tokens:
+            return {url: float(self._outstanding[url]) for url in urls}
+        return {url: self._unsized[url] + self._work[url] / request.tokens for url in urls}
+
     def _scores(
-        self, url: str, load: Mapping[str, int], request: Affinity | None
+        self, url: str, load: Mapping[str, float], request: Affinity | None
     ) -> list[tuple[float, int]]:
         """Each scorer's weighted score and its position (plain scorers first)."""
         scores = [s.weight * s.score(url, load) for s in self._scorers]
@@ -192,14 +224,28 @@ class ServerSet:
     def hold(self, url: str, request: Affinity | None = None) -> Iterator[str]:
         """Counts a request in flight on `url` while held; `request` is remembered as sent
         there."""
+        work = None
         if request is not None:
+            if request.tokens:
+                cached = max(
+                    (s.cached_tokens(url, request) for s in self._request_scorers), default=0
+                )
+                work = request.tokens - cached
             for scorer in self._request_scorers:
                 scorer.sent(url, request)
         self._outstanding[url] += 1
+        if work is None:
+            self._unsized[url] += 1
+        else:
+            self._work[url] += work
         try:
             yield url
         finally:
             self._outstanding[url] -= 1
+            if work is None:
+                self._unsized[url] -= 1
+            else:
+                self._work[url] -= work
 
     def report(self, url: str, outcome: Outcome) -> None:
         if self.health is not None:
@@ -231,6 +277,17 @@ class ServerSet:
         return list(self._scorers)
 
 
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """Each scorer's weight; 0 leaves it out."""
+
+    load: float = 1.0
+    queue: float = 1.0
+    prefix: float = 1.0
+    session: float = 0.5
+    random: float = 0.0
+
+
 def default_set(
     urls: Sequence[str],
     *,
@@ -238,18 +295,24 @@ def default_set(
     health: HealthBook | None = None,
     request_scorers: Sequence[RequestScorer] = (),
     load: LoadBook | None = None,
+    weights: Weights | None = None,
 ) -> ServerSet:
     """The default composition: healthy servers only, the least busy first, busy as the
     gateway's own requests in flight and the server's own queue and KV use (`load`: the
     figures read from its `/metrics`) tell it; then what `request_scorers` add, for a
-    request that offers them something."""
+    request that offers them something (weighted by their maker)."""
+    w = weights or Weights()
     book = health or HealthBook(urls)
-    scorers: list[Scorer] = [LeastOutstanding(), ServerLoad(load or LoadBook())]
+    scorers: list[Scorer] = [
+        LeastOutstanding(w.load),
+        ServerLoad(load or LoadBook(), weight=w.queue),
+        RandomOrder(w.random),
+    ]
     return ServerSet(
         urls,
         filters=[Healthy(book)],
-        scorers=scorers,
-        request_scorers=request_scorers,
+        scorers=[s for s in scorers if s.weight],
+        request_scorers=[s for s in request_scorers if s.weight],
         health=book,
         name=name,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from router.config import ProxyConfig, PullConfig, PushConfig
-from router.selection import AffinityKeys
+from router.selection import PathSelection
 from router.serving import ServePath
 from router.throughput.proxy import ProxyPath
 from router.throughput.pull import PullPath
@@ -15,14 +15,14 @@ def make_throughput_path(
     config: ProxyConfig | PullConfig | PushConfig,
     *,
     upstreams: Upstreams,
-    keys: AffinityKeys | None = None,
+    selection: PathSelection | None = None,
 ) -> ServePath:
     """The throughput path for one model, one of proxy, pull or push."""
     match config:
         case ProxyConfig():
-            return ProxyPath(config, upstreams=upstreams)
+            return ProxyPath(config, upstreams=upstreams, selection=selection)
         case PullConfig():
-            return PullPath(config, upstreams=upstreams, keys=keys)
+            return PullPath(config, upstreams=upstreams, selection=selection)
         case PushConfig():
-            return PushPath(config, upstreams=upstreams, keys=keys)
+            return PushPath(config, upstreams=upstreams, selection=selection)
     raise TypeError(f"not a throughput configuration: {type(config).__name__}")

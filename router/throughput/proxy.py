@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from router.config import ProxyConfig
-from router.selection import Choice, ServerSet, call_on, default_set, status_outcome
+from router.selection import Choice, PathSelection, ServerSet, call_on, status_outcome
 from router.serving import Answer, RoutedRequest
 from router.throughput.answer import read_unless_streamed, relay
 from router.throughput.legs import chosen
@@ -20,9 +20,12 @@ from router.upstream.vllm import PROXY
 class ProxyPath:
     """Forwards to a healthy proxy URL, the least busy first."""
 
-    def __init__(self, config: ProxyConfig, *, upstreams: Upstreams) -> None:
+    def __init__(
+        self, config: ProxyConfig, *, upstreams: Upstreams, selection: PathSelection | None = None
+    ) -> None:
         self._upstreams = upstreams
-        self._proxy = default_set(config.urls, name="proxy")
+        selection = selection or PathSelection()
+        self._proxy = selection.server_set(config.urls, "proxy", request_aware=False)
 
     def server_sets(self) -> list[ServerSet]:
         return [self._proxy]

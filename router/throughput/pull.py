@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from router.config import PullConfig
-from router.selection import Affinity, AffinityKeys, Choice, ServerSet, call_on, default_set
+from router.selection import Affinity, Choice, PathSelection, ServerSet, call_on
 from router.serving import Answer, RoutedRequest
 from router.throughput.legs import (
     chosen,
@@ -27,13 +27,12 @@ class PullPath:
     """Each leg on a healthy server of its own set, the least busy first."""
 
     def __init__(
-        self, config: PullConfig, *, upstreams: Upstreams, keys: AffinityKeys | None = None
+        self, config: PullConfig, *, upstreams: Upstreams, selection: PathSelection | None = None
     ) -> None:
         self._upstreams = upstreams
-        self._keys = keys
-        scorers = keys.scorers if keys is not None else list
-        self._prefill = default_set(config.prefill, name="pull:prefill", request_scorers=scorers())
-        self._decode = default_set(config.decode, name="pull:decode", request_scorers=scorers())
+        self._selection = selection = selection or PathSelection()
+        self._prefill = selection.server_set(config.prefill, "pull:prefill")
+        self._decode = selection.server_set(config.decode, "pull:decode")
 
     def server_sets(self) -> list[ServerSet]:
         return [self._prefill, self._decode]
@@ -64,6 +63,6 @@ class PullPath:
         return decode_answer(reply, prefill, request)
 
     async def _affinity(self, request: RoutedRequest) -> Affinity | None:
-        if self._keys is None or not (self._prefill.request_aware or self._decode.request_aware):
-            return None
-        return await self._keys.of(request.endpoint.wire, request.body, request.client_headers)
+        return await self._selection.affinity(
+            self.server_sets(), request.endpoint.wire, request.body, request.client_headers
+        )

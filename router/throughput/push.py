@@ -20,11 +20,10 @@ import anyio
 from router.config import PushConfig
 from router.selection import (
     Affinity,
-    AffinityKeys,
     Choice,
+    PathSelection,
     ServerSet,
     call_on,
-    default_set,
     outcome_of,
 )
 from router.serving import Answer, RoutedRequest
@@ -37,16 +36,13 @@ class PushPath:
     """A healthy decode instance, then a healthy prefill engine, the least busy first."""
 
     def __init__(
-        self, config: PushConfig, *, upstreams: Upstreams, keys: AffinityKeys | None = None
+        self, config: PushConfig, *, upstreams: Upstreams, selection: PathSelection | None = None
     ) -> None:
         self._upstreams = upstreams
-        self._keys = keys
+        self._selection = selection = selection or PathSelection()
         self._engines = {engine.url: engine for engine in config.prefill}
-        scorers = keys.scorers if keys is not None else list
-        self._prefill = default_set(
-            list(self._engines), name="push:prefill", request_scorers=scorers()
-        )
-        self._decode = default_set(config.decode, name="push:decode", request_scorers=scorers())
+        self._prefill = selection.server_set(list(self._engines), "push:prefill")
+        self._decode = selection.server_set(config.decode, "push:decode")
 
     def server_sets(self) -> list[ServerSet]:
         return [self._prefill, self._decode]
@@ -86,9 +82,9 @@ class PushPath:
         return decode_answer(reply, answer, request)
 
     async def _affinity(self, request: RoutedRequest) -> Affinity | None:
-        if self._keys is None or not (self._prefill.request_aware or self._decode.request_aware):
-            return None
-        return await self._keys.of(request.endpoint.wire, request.body, request.client_headers)
+        return await self._selection.affinity(
+            self.server_sets(), request.endpoint.wire, request.body, request.client_headers
+        )
 
 
 T = TypeVar("T")

@@ -5,7 +5,14 @@ import threading
 
 import pytest
 
-from router.selection import Affinity, PrefixAffinity, PrefixIndex, ServerSet, SessionAffinity
+from router.selection import (
+    Affinity,
+    Choice,
+    PrefixAffinity,
+    PrefixIndex,
+    ServerSet,
+    SessionAffinity,
+)
 from router.selection.affinity import block_hashes, preferred
 from router.selection.request_keys import PROMPTS_AT_ONCE, AffinityKeys
 from router.selection.server_set import LeastOutstanding
@@ -49,16 +56,21 @@ def test_index_is_bounded_in_size_and_age() -> None:
 
 
 def prefix_set(urls: list[str]) -> tuple[ServerSet, PrefixAffinity]:
-    prefix = PrefixAffinity(max_imbalance=4)
+    prefix = PrefixAffinity()
     servers = ServerSet(urls, scorers=[LeastOutstanding()], request_scorers=[prefix])
     return servers, prefix
 
 
-def test_a_known_prefix_wins_over_a_slightly_busier_server() -> None:
+def prompt(tokens: int, first: int = 0) -> Affinity:
+    ids = list(range(first, first + tokens))
+    return Affinity(block_hashes(ids), tokens=tokens)
+
+
+def test_a_known_prefix_wins_over_a_server_with_less_work() -> None:
     servers, prefix = prefix_set([A, B])
-    request = Affinity(block_hashes(list(range(160))))
+    request = prompt(160)
     prefix.sent(B, request)
-    with servers.hold(B), servers.hold(B):
+    with servers.hold(B, prompt(32, first=1000)):  # 32 tokens to compute ahead on B
         choice = servers.pick(request=request)
     assert choice.url == B
     assert choice.reason == "prefix:10 blocks"
@@ -66,17 +78,42 @@ def test_a_known_prefix_wins_over_a_slightly_busier_server() -> None:
 
 def test_a_hot_prefix_does_not_pin_a_loaded_server() -> None:
     servers, prefix = prefix_set([A, B])
-    request = Affinity(block_hashes(list(range(160))))
+    request = prompt(160)
     prefix.sent(B, request)
-    with servers.hold(B), servers.hold(B), servers.hold(B), servers.hold(B), servers.hold(B):
+    # More than the whole prompt's work ahead on B: A computes it all sooner.
+    with servers.hold(B, prompt(200, first=1000)):
         choice = servers.pick(request=request)
         assert choice == servers.pick(request=request)  # no rotation: load decides
     assert (choice.url, choice.reason) == (A, "load")
 
 
+def test_a_request_of_unknown_length_counts_as_one_prompt() -> None:
+    servers, prefix = prefix_set([A, B])
+    request = prompt(160)
+    prefix.sent(B, request)
+    with servers.hold(B):  # one request ahead, length unknown: as long as this one
+        assert servers.pick(request=request).url in (A, B)
+        with servers.hold(B):
+            assert servers.pick(request=request) == Choice(A, "load")
+
+
+def test_work_in_flight_is_the_uncached_part_and_ends_with_the_request() -> None:
+    servers, prefix = prefix_set([A, B])
+    first = prompt(160)
+    prefix.sent(B, first)
+    grown = prompt(320)  # the same 160 tokens, then 160 more
+    with servers.hold(B, grown):  # 160 tokens left to compute on B, not 320
+        assert servers.pick(request=prompt(320, first=5000)) == Choice(A, "load")
+        other = prompt(160, first=9000)
+        with servers.hold(A, other), servers.hold(A, prompt(160, first=7000)):
+            # A: 320 tokens ahead; B: 160 ahead.
+            assert servers.pick(request=prompt(320, first=5000)) == Choice(B, "load")
+    assert servers.pick(request=grown).url == B  # nothing ahead; B holds all 320 now
+
+
 def test_hold_records_the_request_as_sent() -> None:
     servers, _ = prefix_set([A, B, C])
-    request = Affinity(block_hashes(list(range(64))))
+    request = prompt(64)
     with servers.hold(C, request):
         pass
     assert servers.pick(request=request) == servers.pick(request=request)
@@ -85,7 +122,7 @@ def test_hold_records_the_request_as_sent() -> None:
 
 def test_without_a_request_the_choice_is_unchanged() -> None:
     servers, prefix = prefix_set([A, B])
-    prefix.sent(B, Affinity(block_hashes(list(range(64)))))
+    prefix.sent(B, prompt(64))
     assert servers.pick().reason == "rotation"
 
 
@@ -120,8 +157,8 @@ def test_a_prefix_outweighs_a_session() -> None:
     )
     blocks = block_hashes(list(range(64)))
     session = next(s for s in (f"s{i}" for i in range(100)) if preferred(s, [A, B]) == A)
-    prefix.sent(B, Affinity(blocks))
-    choice = servers.pick(request=Affinity(blocks, session))
+    prefix.sent(B, Affinity(blocks, tokens=64))
+    choice = servers.pick(request=Affinity(blocks, session, tokens=64))
     assert (choice.url, choice.reason) == (B, "prefix:4 blocks")
 
 
@@ -143,4 +180,4 @@ async def test_a_request_never_waits_for_its_prefix_to_be_encoded() -> None:
     release.set()
     encoded = await asyncio.gather(*busy)
     assert skipped == Affinity((), "u1")
-    assert [len(a.blocks) for a in encoded] == [4] * PROMPTS_AT_ONCE
+    assert [(len(a.blocks), a.tokens) for a in encoded] == [(4, 64)] * PROMPTS_AT_ONCE

@@ -1,0 +1,39 @@
+"""How one path chooses its servers: the composition of its server sets (the scorers and
+their weights) and what a request offers their request-aware scorers, worked out once per
+request and only where a set would use it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from router.selection.affinity import Affinity
+from router.selection.request_keys import AffinityKeys
+from router.selection.server_set import ServerSet, Weights, default_set
+
+
+class PathSelection:
+    def __init__(self, keys: AffinityKeys | None = None, weights: Weights | None = None) -> None:
+        """`keys` None: no request-aware scorers (health and load only)."""
+        self._keys = keys
+        self.weights = weights or Weights()
+
+    def server_set(
+        self, urls: Sequence[str], name: str, *, request_aware: bool = True
+    ) -> ServerSet:
+        """A fresh set of `urls` (its own prefix index); `request_aware` False: by health
+        and load only, whatever the request offers."""
+        scorers = self._keys.scorers(self.weights) if self._keys and request_aware else []
+        return default_set(urls, name=name, request_scorers=scorers, weights=self.weights)
+
+    async def affinity(
+        self,
+        sets: Iterable[ServerSet],
+        endpoint: str,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+    ) -> Affinity | None:
+        """What the request offers, or None where no set would look at it."""
+        if self._keys is None or not any(s.request_aware for s in sets):
+            return None
+        return await self._keys.of(endpoint, body, headers)
