@@ -18,16 +18,24 @@ class NoPlaceInReport(Exception):
     """The file given to `--report` has no place marked for the table."""
 
 
-def embedded(report: str, table: str) -> str:
+def markers(scenario: str = "paths") -> tuple[str, str]:
+    """The lines that mark a scenario's place in a report."""
+    if scenario == "paths":
+        return REPORT_START, REPORT_END
+    return REPORT_START.replace("bench:", f"bench {scenario}:"), REPORT_END.replace(
+        "bench:", f"bench {scenario}:"
+    )
+
+
+def embedded(report: str, table: str, start: str = REPORT_START, end: str = REPORT_END) -> str:
     """`report` with `table` in place of whatever stands between its two marker lines (each
     a line of its own: the page may quote the markers in its text)."""
     lines = report.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.strip() == REPORT_START]
-    ends = [i for i, line in enumerate(lines) if line.strip() == REPORT_END]
+    starts = [i for i, line in enumerate(lines) if line.strip() == start]
+    ends = [i for i, line in enumerate(lines) if line.strip() == end]
     if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
         raise NoPlaceInReport(
-            f"mark the table's place with one line {REPORT_START} and, below it, one line"
-            f" {REPORT_END}"
+            f"mark the table's place with one line {start} and, below it, one line {end}"
         )
     return "".join(lines[: starts[0] + 1]) + table + "".join(lines[ends[0] :])
 

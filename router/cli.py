@@ -106,6 +106,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--quick", action="store_true", help="a run of seconds (for a test)")
     bench.add_argument(
+        "--scenario",
+        choices=["paths", "agents"],
+        default="paths",
+        help="paths: what the gateway adds on each path (default); agents: multi-turn"
+        " conversations under each way of choosing a prefill server",
+    )
+    bench.add_argument(
+        "--conversations", type=_positive, help="agents: conversations side by side (default 32)"
+    )
+    bench.add_argument(
+        "--turns", type=_positive, help="agents: turns per conversation (default 10)"
+    )
+    bench.add_argument(
         "--out", type=Path, default=Path("bench-results"), help="where results go (created)"
     )
     bench.add_argument("--rounds", type=_positive, help="interleaved rounds (default 3)")
@@ -181,6 +194,18 @@ def _bench(args: argparse.Namespace) -> int:
 
     if (problem := missing_equipment("pd-gateway bench", "bench", "sim")) is not None:
         raise UsageError(problem)
+    command = " ".join(["pd-gateway", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else ""
+    if args.report is not None:  # before minutes of measuring, not after
+        from bench.report import NoPlaceInReport, embedded, markers
+
+        try:
+            embedded(args.report.read_text(encoding="utf-8"), "", *markers(args.scenario))
+        except (OSError, NoPlaceInReport) as exc:
+            raise UsageError(f"--report {args.report}: {exc}") from None
+    if args.scenario == "agents":
+        from bench.agents import run_agents
+
+        return run_agents(args, command or "pd-gateway bench --scenario agents")
     from bench import BenchOptions, run_bench
     from bench.options import quick
 
@@ -199,7 +224,6 @@ def _bench(args: argparse.Namespace) -> int:
         given["capacity_levels"] = ()
     if args.no_handoff:
         given["handoff_requests"] = 0
-    command = " ".join(["pd-gateway", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else ""
     options = replace(
         options,
         out=args.out.resolve(),
@@ -211,13 +235,6 @@ def _bench(args: argparse.Namespace) -> int:
     )
     if options.tokens < 8:
         raise UsageError("--tokens: at least 8, so that every stream has several chunks")
-    if options.report is not None:  # before minutes of measuring, not after
-        from bench.report import NoPlaceInReport, embedded
-
-        try:
-            embedded(options.report.read_text(encoding="utf-8"), "")
-        except (OSError, NoPlaceInReport) as exc:
-            raise UsageError(f"--report {options.report}: {exc}") from None
     return run_bench(options)
 
 
