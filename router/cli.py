@@ -54,9 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--probe",
         action="store_true",
-        help="also reach every TileRT node (its release and features, against its pool's)"
-        " and the gate's shared state (gate.backend: redis): Redis answers, the password"
-        " works, the gate's scripts load",
+        help="also reach every TileRT node (its release and features, against its pool's),"
+        " every vLLM server and proxy (/health, its load from /metrics, the models of"
+        " /v1/models) and the gate's shared state (gate.backend: redis): Redis answers, the"
+        " password works, the gate's scripts load",
     )
     check.set_defaults(run=_check)
 
