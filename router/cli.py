@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from policies.types import ENDPOINTS as POLICY_ENDPOINTS
 from policies.types import Endpoint
 from router import __version__
-from router.config import ConfigError, GatewayConfig, RedisGateConfig, compile_rules, load_config
+from router.config import ConfigError, GatewayConfig, compile_rules, load_config
 from router.telemetry.logs import LEVELS
 
 if TYPE_CHECKING:
@@ -55,9 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--probe",
         action="store_true",
-        help="also reach every TileRT node (its release and features, against its pool's)"
-        " and the gate's shared state (gate.backend: redis): Redis answers, the password"
-        " works, the gate's scripts load",
+        help="also reach every TileRT node (its release and features, against its pool's),"
+        " every vLLM server and proxy (/health, its load from /metrics, the models of"
+        " /v1/models) and the gate's shared state (gate.backend: redis): Redis answers, the"
+        " password works, the gate's scripts load",
     )
     check.set_defaults(run=_check)
 
@@ -329,130 +329,10 @@ def _check(args: argparse.Namespace) -> int:
     _load_tokenizers(config)
     print(f"{args.config}: ok ({len(config.models)} model(s), tokenizers loaded)")
     if args.probe:
-        nodes_ok = asyncio.run(_probe_nodes(config))
-        return max(nodes_ok, _probe_gate(config))
+        from router.probe import probe
+
+        return probe(config)
     return 0
-
-
-async def _probe_nodes(config: GatewayConfig) -> int:
-    """`check --probe`: every TileRT node's release and features, one line each; 1 if a node
-    cannot be reached or runs another release than its pool."""
-    from router.node import Node
-    from router.upstream import Upstreams, tilert
-
-    failed = 0
-    upstreams = Upstreams(config.upstreams, config.timeouts)
-    try:
-        for model in config.models:
-            for pool in model.latency.pools if model.latency is not None else []:
-                nodes = [Node.of_pool(pool, node) for node in pool.nodes]
-                found = await asyncio.gather(*(tilert.node_facts(upstreams, n) for n in nodes))
-                for node, facts in zip(nodes, found, strict=True):
-                    where = f"node {node.id} (model {model.name}, pool {pool.name})"
-                    if facts is None:
-                        print(f"error: {where}: cannot reach {node.url}", file=sys.stderr)
-                        failed = 1
-                    elif facts.version != pool.tilert:
-                        print(
-                            f"error: {where}: runs TileRT {facts.version}, its pool is"
-                            f" {pool.tilert}",
-                            file=sys.stderr,
-                        )
-                        failed = 1
-                    else:
-                        features = ", ".join(sorted(facts.features)) or "none"
-                        print(f"{where}: TileRT {facts.version}, features: {features}")
-    finally:
-        await upstreams.aclose()
-    return failed
-
-
-def _probe_gate(config: GatewayConfig) -> int:
-    """`check --probe`: with the redis backend, connect as the gate does (one server, a
-    Cluster or Sentinel; password, timeouts), PING and SCRIPT LOAD every gate script. 0 if
-    all went well, else 1 and an `error:` line naming the field (the configuration is valid;
-    the world is not)."""
-    redis_config = config.gate.redis
-    if config.gate.backend != "redis" or redis_config is None:
-        print(f"gate: {config.gate.backend} backend, nothing to probe")
-        return 0
-    from redis.exceptions import AuthenticationError
-
-    from router.gate.redis import redis_password
-    from router.gate.redis.client import UNAVAILABLE
-    from router.gate.redis.scripts import SCRIPTS
-
-    where = f"{config.source}: gate.redis.url"
-    shown = _without_password(redis_config.url)
-    try:
-        password = redis_password(redis_config)
-    except ConfigError as exc:
-        raise ConfigError(f"{config.source}: {exc}") from None
-    stage = ["cannot reach it"]
-    try:
-        round_trip_ms, kept = asyncio.run(_load_gate_scripts(redis_config, password, stage))
-    except AuthenticationError as exc:
-        refused = password or redis_config.url_has_password
-        why = (
-            "the password was refused"
-            if refused
-            else "it wants a password (gate.redis.password_file or password)"
-        )
-        return _probe_failed(where, shown, why, exc)
-    except UNAVAILABLE as exc:
-        return _probe_failed(where, shown, stage[0], exc)
-    if missing := [name for name, ok in zip(SCRIPTS, kept, strict=True) if not ok]:
-        return _probe_failed(where, shown, "scripts not kept", ", ".join(missing))
-    print(
-        f"gate: redis at {shown} answers ({round_trip_ms:.1f} ms),"
-        f" {len(SCRIPTS)} gate scripts loaded"
-    )
-    return 0
-
-
-async def _script_load(client: Any, *, source: str) -> str:
-    sha: str = await client.script_load(source)
-    return sha
-
-
-async def _load_gate_scripts(
-    redis_config: RedisGateConfig, password: str | None, stage: list[str]
-) -> tuple[float, list[bool]]:
-    """PING's round trip in ms, and whether each gate script is kept once loaded; `stage`
-    says what was being tried when a call fails."""
-    import time
-
-    from router.gate.redis.client import connect
-    from router.gate.redis.scripts import SCRIPTS
-
-    redis = connect(redis_config, password, max_connections=2)
-    try:
-        sent_at = time.perf_counter()
-        await redis.run(lambda client: client.ping())
-        round_trip_ms = (time.perf_counter() - sent_at) * 1000
-        stage[0] = "cannot load the gate's scripts"  # an ACL without the rights, say
-        loaded: list[str] = []
-        for source in SCRIPTS.values():
-            loaded.append(await redis.run(functools.partial(_script_load, source=source)))
-        kept: list[bool] = await redis.run(lambda client: client.script_exists(*loaded))
-        return round_trip_ms, kept
-    finally:
-        await redis.aclose()
-
-
-def _probe_failed(where: str, shown: str, what: str, why: object) -> int:
-    print(f"error: {where}: {shown}: {what}: {why}", file=sys.stderr)
-    return 1
-
-
-def _without_password(url: str) -> str:
-    """A Redis URL fit to print: the password in its user part is masked."""
-    scheme, sep, rest = url.partition("://")
-    address, slash, path = rest.partition("/")
-    user, at, host = address.rpartition("@")
-    if at and ":" in user:
-        user = user.split(":", 1)[0] + ":***"
-    return f"{scheme}{sep}{user}{at}{host}{slash}{path}"
 
 
 def _demo(args: argparse.Namespace) -> int:

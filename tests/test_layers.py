@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Top to bottom; rooms on one line stand side by side and do not import each other.
 LAYERS: list[set[str]] = [
     {"cli"},
-    {"demo"},
+    {"demo", "probe"},
     {"process"},
     {"http"},
     {"runtime"},

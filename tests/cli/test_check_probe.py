@@ -6,7 +6,7 @@ the password never shown. Runs a real redis-server, hence `e2e`."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +31,38 @@ GLM_TOKENIZER = Path(__file__).resolve().parents[2] / "sim" / "fixtures" / "glm"
 PASSWORD = "s3cret-probe-password"
 
 
-def config_file(tmp_path: Path, gate: dict[str, Any]) -> Path:
-    document = {
-        "gate": gate,
-        "models": [
-            {
-                "name": "m",
-                "tokenizer": str(GLM_TOKENIZER),
-                # No TileRT node to reach: these tests are about the gate's Redis.
-                "throughput": {"mode": "proxy", "urls": ["http://127.0.0.1:9"]},
-            }
-        ],
-    }
-    path = tmp_path / "router.yaml"
-    path.write_text(yaml.safe_dump(document), encoding="utf-8")
-    return path
+@pytest.fixture(scope="module")
+def proxy() -> Iterator[str]:
+    """A healthy proxy serving `m`, for configurations that are about the gate's Redis."""
+    with SimStack(nodes=0, prefills=0, proxy=True, model="m") as stack:
+        assert stack.proxy is not None
+        yield stack.proxy.url
+
+
+@pytest.fixture
+def config_file(proxy: str) -> Callable[[Path, dict[str, Any]], Path]:
+    def write(tmp_path: Path, gate: dict[str, Any]) -> Path:
+        document = {
+            "gate": gate,
+            "models": [
+                {
+                    "name": "m",
+                    "tokenizer": str(GLM_TOKENIZER),
+                    # No TileRT node to reach: these tests are about the gate's Redis.
+                    "throughput": {"mode": "proxy", "urls": [proxy]},
+                }
+            ],
+        }
+        path = tmp_path / "router.yaml"
+        path.write_text(yaml.safe_dump(document), encoding="utf-8")
+        return path
+
+    return write
+
+
+def gate_line(out: str) -> str:
+    (line,) = [line for line in out.splitlines() if line.startswith("gate: ")]
+    return line
 
 
 def redis_gate(url: str, **settings: Any) -> dict[str, Any]:
@@ -69,18 +86,23 @@ def locked_redis() -> Iterator[RedisServer]:
 
 
 def test_a_reachable_redis_passes_and_every_script_loads(
-    tmp_path: Path, redis: RedisServer, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    redis: RedisServer,
+    capsys: pytest.CaptureFixture[str],
+    config_file: Callable[[Path, dict[str, Any]], Path],
 ) -> None:
     path = config_file(tmp_path, redis_gate(redis.url))
     assert main(["check", "--config", str(path), "--probe"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"{path}: ok (1 model(s), tokenizers loaded)"
-    assert out[1].startswith(f"gate: redis at {redis.url} answers (")
-    assert out[1].endswith(f"{len(SCRIPTS)} gate scripts loaded")
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"{path}: ok (1 model(s), tokenizers loaded)"
+    assert gate_line(out).startswith(f"gate: redis at {redis.url} answers (")
+    assert gate_line(out).endswith(f"{len(SCRIPTS)} gate scripts loaded")
 
 
 def test_without_probe_redis_is_not_contacted(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    config_file: Callable[[Path, dict[str, Any]], Path],
 ) -> None:
     path = config_file(tmp_path, redis_gate(f"redis://127.0.0.1:{free_port()}/0"))
     assert main(["check", "--config", str(path)]) == 0
@@ -88,15 +110,19 @@ def test_without_probe_redis_is_not_contacted(
 
 
 def test_the_memory_backend_has_nothing_to_probe(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    config_file: Callable[[Path, dict[str, Any]], Path],
 ) -> None:
     path = config_file(tmp_path, {"backend": "memory"})
     assert main(["check", "--config", str(path), "--probe"]) == 0
-    assert capsys.readouterr().out.splitlines()[1] == "gate: memory backend, nothing to probe"
+    assert gate_line(capsys.readouterr().out) == "gate: memory backend, nothing to probe"
 
 
 def test_a_redis_that_is_down_fails_the_check(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    config_file: Callable[[Path, dict[str, Any]], Path],
 ) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     path = config_file(tmp_path, redis_gate(url))
@@ -108,7 +134,10 @@ def test_a_redis_that_is_down_fails_the_check(
 
 
 def test_the_password_from_a_mounted_file_opens_a_locked_redis(
-    tmp_path: Path, locked_redis: RedisServer, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    locked_redis: RedisServer,
+    capsys: pytest.CaptureFixture[str],
+    config_file: Callable[[Path, dict[str, Any]], Path],
 ) -> None:
     secret = tmp_path / "password"
     secret.write_text(PASSWORD + "\n", encoding="utf-8")
@@ -130,6 +159,7 @@ def test_a_missing_or_wrong_password_fails_the_check_without_showing_it(
     capsys: pytest.CaptureFixture[str],
     how: str,
     problem: str,
+    config_file: Callable[[Path, dict[str, Any]], Path],
 ) -> None:
     url = locked_redis.url
     if how == "wrong":
@@ -144,7 +174,10 @@ def test_a_missing_or_wrong_password_fails_the_check_without_showing_it(
 
 
 def test_an_unreadable_password_file_is_a_configuration_error(
-    tmp_path: Path, locked_redis: RedisServer, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    locked_redis: RedisServer,
+    capsys: pytest.CaptureFixture[str],
+    config_file: Callable[[Path, dict[str, Any]], Path],
 ) -> None:
     gate = redis_gate(locked_redis.url, password_file=str(tmp_path / "absent"))
     path = config_file(tmp_path, gate)
@@ -199,17 +232,20 @@ def test_a_cluster_or_sentinel_is_probed_as_the_gate_reaches_it(
     deployment: str,
     request: pytest.FixtureRequest,
     capsys: pytest.CaptureFixture[str],
+    config_file: Callable[[Path, dict[str, Any]], Path],
 ) -> None:
     url = request.getfixturevalue(deployment).url
     path = config_file(tmp_path, redis_gate(url))
     assert main(["check", "--config", str(path), "--probe"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[1].startswith(f"gate: redis at {url} answers (")
-    assert out[1].endswith(f"{len(SCRIPTS)} gate scripts loaded")
+    out = capsys.readouterr().out
+    assert gate_line(out).startswith(f"gate: redis at {url} answers (")
+    assert gate_line(out).endswith(f"{len(SCRIPTS)} gate scripts loaded")
 
 
 def test_an_unreachable_sentinel_fails_the_check(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    config_file: Callable[[Path, dict[str, Any]], Path],
 ) -> None:
     url = f"redis+sentinel://127.0.0.1:{free_port()}/gate"
     path = config_file(tmp_path, redis_gate(url))
