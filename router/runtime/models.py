@@ -15,7 +15,7 @@ from router.latency.path import LatencyPath
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
 from router.node import configured_nodes
-from router.selection import AffinityKeys
+from router.selection import AffinityKeys, KvEventsHub
 from router.serving import Fallback, ServePath
 from router.throughput import make_throughput_path
 from router.tokens.prompt_tokens import PromptCounter
@@ -48,14 +48,17 @@ def build_model(
     deps: LatencyDeps,
     gate: Gate | None = None,
     sampling_defaults: SamplingDefaults | None = None,
+    kv_events: KvEventsHub | None = None,
 ) -> ModelRuntime:
-    """`gate`: the model's pool from before a reload, to keep (a new one otherwise)."""
+    """`gate`: the model's pool from before a reload, to keep (a new one otherwise);
+    `kv_events`: the servers' KV-cache events, for `selection.prefix_index: kv_events`."""
     paths: dict[Path, ServePath] = {}
     selection = config.selection
     keys = AffinityKeys(
         counter.ids_now if selection.prefix_affinity else None,
         block_size=selection.block_size,
         session_header=selection.session_header,
+        kv_events=kv_events if selection.prefix_index == "kv_events" else None,
     )
     throughput = None
     if config.throughput is not None:

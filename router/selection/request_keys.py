@@ -18,6 +18,7 @@ from router.selection.affinity import (
     SessionAffinity,
     block_hashes,
 )
+from router.selection.kv_events import KvEventsHub, KvEventsIndex
 from router.selection.server_set import RequestScorer
 
 PromptIds = Callable[[str, dict[str, Any]], list[int]]
@@ -36,12 +37,16 @@ class AffinityKeys:
         *,
         block_size: int = DEFAULT_BLOCK_SIZE,
         session_header: str = DEFAULT_SESSION_HEADER,
+        kv_events: KvEventsHub | None = None,
     ) -> None:
-        """`prompt_ids` None: no prefix affinity, sessions only."""
+        """`prompt_ids` None: no prefix affinity, sessions only. `kv_events`: prefixes are
+        matched against what the servers' KV-cache events say they hold (else against
+        what was sent to them)."""
         self._prompt_ids = prompt_ids
         self._block_size = block_size
         self._session_header = session_header.lower()
         self._encoding = asyncio.Semaphore(PROMPTS_AT_ONCE)
+        self._kv_events = kv_events
 
     async def of(self, endpoint: str, body: dict[str, Any], headers: Mapping[str, str]) -> Affinity:
         blocks: tuple[bytes, ...] = ()
@@ -60,7 +65,10 @@ class AffinityKeys:
     def scorers(self) -> list[RequestScorer]:
         """Fresh request-aware scorers for one server set (each set its own prefix index)."""
         session = SessionAffinity()
-        return [PrefixAffinity(), session] if self._prompt_ids is not None else [session]
+        if self._prompt_ids is None:
+            return [session]
+        index = KvEventsIndex(self._kv_events) if self._kv_events is not None else None
+        return [PrefixAffinity(index), session]
 
 
 def session_of(body: dict[str, Any], headers: Mapping[str, str], header: str) -> str | None:
