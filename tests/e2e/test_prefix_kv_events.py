@@ -3,6 +3,7 @@ what each holds, including prompts it never sent them, and forgets what they dro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -74,6 +75,7 @@ async def index_until(
     deadline = time.monotonic() + 15
     while not done(index := await index_of(http, server)):
         assert time.monotonic() < deadline, f"{what}: {index}"
+        await asyncio.sleep(0.05)
     return index
 
 
