@@ -55,6 +55,22 @@ class DiscoveryConfig(StrictModel):
     family: Literal["ipv4", "ipv6", "any"] = "any"
 
 
+class KvEventsConfig(StrictModel):
+    """Where each vLLM server publishes its KV-cache events (its `--kv-events-config`)."""
+
+    port: Annotated[int, Field(ge=1, le=65535)] = 5557
+    """A server's events are read from `tcp://<host of its URL>:<port>` ..."""
+    topic: str = ""
+    """... under this topic (vLLM's `topic`) ..."""
+    endpoints: dict[str, Annotated[str, Field(pattern=r"^(tcp|ipc)://.+")]] = {}
+    """... unless its URL is named here: server URL -> ZMQ endpoint."""
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, endpoints: dict[str, str]) -> dict[str, str]:
+        return {_check_url(url): endpoint for url, endpoint in endpoints.items()}
+
+
 class SelectionWeights(StrictModel):
     """Each scorer's weight in a server's total (docs/upstreams.md); 0 leaves it out."""
 
@@ -76,8 +92,13 @@ class SelectionConfig(StrictModel):
     for that path."""
 
     prefix_affinity: bool = True
-    """Send a prompt to the server that was recently sent its longest prefix (its KV cache
-    likely still holds it); costs encoding each prompt with the model's tokenizer."""
+    """Send a prompt to the server whose KV cache likely holds its longest prefix; costs
+    encoding each prompt with the model's tokenizer."""
+    prefix_index: Literal["sent", "kv_events"] = "sent"
+    """How the gateway knows what each server holds: `sent`, the prompts sent to it
+    recently; `kv_events`, what its KV-cache events say (vLLM's `--kv-events-config`),
+    falling back to `sent` while its events are not flowing."""
+    kv_events: KvEventsConfig = KvEventsConfig()
     block_size: Annotated[int, Field(ge=1, le=4096)] = 16
     """Tokens per KV block, as the prefill servers' `--block-size` (vLLM's default: 16)."""
     session_header: Annotated[

@@ -24,8 +24,11 @@ from router.http.request_context import RequestContext
 from router.openai.endpoints import ENDPOINTS
 from router.runtime.state import AppState
 from router.selection import (
+    KvEventsHub,
     Load,
     ServerSet,
+    Source,
+    endpoint_of,
     load_snapshot,
     parse_load,
     probe_forever,
@@ -51,7 +54,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.state.dispatcher = Dispatcher(state)
         watchers = [
             task
-            for task in (_start_upstream_prober(state), _start_load_scraper(state))
+            for task in (
+                _start_upstream_prober(state),
+                _start_load_scraper(state),
+                _start_kv_events(state),
+            )
             if task is not None
         ]
         try:
@@ -107,7 +114,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def metrics(request: Request) -> Response:
         state: AppState = request.app.state.gateway
         rendered = state.metrics.render(await state.pool_snapshots(), server_sets(state))
-        return Response(rendered, media_type=CONTENT_TYPE_LATEST)
+        return Response(rendered + state.kv_events.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/ready")
     async def ready(request: Request) -> Response:
@@ -130,7 +137,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def upstream_servers(request: Request) -> Response:
         state.epoch.keys.admin.check(request.headers)
         models = {
-            model: {servers.name: _with_load(servers) for servers in sets}
+            model: {servers.name: _with_load(servers, state.kv_events) for servers in sets}
             for model, sets in server_sets(state).items()
         }
         return json_response({"models": models})
@@ -167,13 +174,16 @@ def server_sets(state: AppState) -> dict[str, list[ServerSet]]:
     }
 
 
-def _with_load(servers: ServerSet) -> dict[str, dict[str, object]]:
-    """A set's snapshot, each server with the load figures last read from it (if any)."""
+def _with_load(servers: ServerSet, kv_events: KvEventsHub) -> dict[str, dict[str, object]]:
+    """A set's snapshot, each server with the load figures last read from it and the state
+    of its KV-event index (if any)."""
     figures = load_snapshot(servers)
-    return {
-        url: {**seen, "load": figures[url]} if url in figures else seen
-        for url, seen in servers.snapshot().items()
-    }
+    out: dict[str, dict[str, object]] = {}
+    for url, seen in servers.snapshot().items():
+        out[url] = {**seen, "load": figures[url]} if url in figures else dict(seen)
+        if (index := kv_events.snapshot(url)) is not None:
+            out[url]["kv_events"] = index
+    return out
 
 
 def _start_load_scraper(state: AppState) -> asyncio.Task[None] | None:
@@ -189,6 +199,28 @@ def _start_load_scraper(state: AppState) -> asyncio.Task[None] | None:
         return [servers for sets in server_sets(state).values() for servers in sets]
 
     return asyncio.create_task(scrape_forever(every_set, read, interval_s=interval_s))
+
+
+def _start_kv_events(state: AppState) -> asyncio.Task[None]:
+    """Follow the KV-cache events of the servers of every model whose prefix index is
+    `kv_events` (of its sets that choose by prefix: more than one server)."""
+
+    def wanted() -> dict[str, Source]:
+        sources: dict[str, Source] = {}
+        for name, sets in server_sets(state).items():
+            selection = state.epoch.models[name].config.selection
+            if not selection.prefix_affinity or selection.prefix_index != "kv_events":
+                continue
+            events = selection.kv_events
+            for servers in sets:
+                if not servers.request_aware:
+                    continue
+                for url in servers.urls:
+                    endpoint = endpoint_of(url, port=events.port, endpoints=events.endpoints)
+                    sources.setdefault(url, Source(endpoint, events.topic, selection.block_size))
+        return sources
+
+    return asyncio.create_task(state.kv_events.follow_forever(wanted))
 
 
 def _start_upstream_prober(state: AppState) -> asyncio.Task[None] | None:

@@ -23,6 +23,7 @@ from router.latency.sampling import SamplingDefaults
 from router.node import Node, configured_nodes
 from router.runtime.auth import Keys
 from router.runtime.models import ModelRuntime, build_model
+from router.selection import KvEventsHub
 from router.tokens.prompt_tokens import PromptCounter
 from router.tokens.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_path
 
@@ -59,6 +60,7 @@ async def build_epoch(
     *,
     keys: Keys | None = None,
     found: Callable[[str], list[Node]] = lambda model: [],
+    kv_events: KvEventsHub | None = None,
 ) -> tuple[ConfigEpoch, Changes]:
     """Raises ConfigError (before any pool is touched) when `config` cannot be used.
     `keys`: already loaded from `config` (else loaded here); `found`: the nodes discovery
@@ -94,6 +96,7 @@ async def build_epoch(
             deps=deps,
             gate=gate,
             sampling_defaults=sampling[model.name],
+            kv_events=kv_events,
         )
         models[model.name] = runtime
         changes.models[model.name] = "changed" if before is not None else "added"

@@ -15,7 +15,7 @@ from router.latency.path import LatencyPath
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
 from router.node import configured_nodes
-from router.selection import AffinityKeys, PathSelection, Weights
+from router.selection import AffinityKeys, KvEventsHub, PathSelection, Weights
 from router.serving import Fallback, ServePath
 from router.throughput import make_throughput_path
 from router.tokens.prompt_tokens import PromptCounter
@@ -48,15 +48,17 @@ def build_model(
     deps: LatencyDeps,
     gate: Gate | None = None,
     sampling_defaults: SamplingDefaults | None = None,
+    kv_events: KvEventsHub | None = None,
 ) -> ModelRuntime:
-    """`gate`: the model's pool from before a reload, to keep (a new one otherwise)."""
+    """`gate`: the model's pool from before a reload, to keep (a new one otherwise);
+    `kv_events`: the servers' KV-cache events, for `selection.prefix_index: kv_events`."""
     paths: dict[Path, ServePath] = {}
     throughput = None
     if config.throughput is not None:
         throughput = paths["throughput"] = make_throughput_path(
             config.throughput,
             upstreams=deps.upstreams,
-            selection=path_selection(config.selection_of("throughput"), counter),
+            selection=path_selection(config.selection_of("throughput"), counter, kv_events),
         )
     latency = None
     sampling_defaults = sampling_defaults or SamplingDefaults()
@@ -73,7 +75,7 @@ def build_model(
                 pool_id=config.name,
             ),
             tokenizer=tokenizer,
-            selection=path_selection(config.selection_of("latency"), counter),
+            selection=path_selection(config.selection_of("latency"), counter, kv_events),
             deps=deps,
             default_wait_ms=gate_config.max_queue_wait_ms,
             sampling_defaults=sampling_defaults,
@@ -85,10 +87,13 @@ def build_model(
     return ModelRuntime(config, tokenizer, counter, MappingProxyType(paths), latency, vocab_size)
 
 
-def path_selection(config: SelectionConfig, counter: PromptCounter) -> PathSelection:
+def path_selection(
+    config: SelectionConfig, counter: PromptCounter, kv_events: KvEventsHub | None = None
+) -> PathSelection:
     keys = AffinityKeys(
         counter.ids_now if config.prefix_affinity else None,
         block_size=config.block_size,
         session_header=config.session_header,
+        kv_events=kv_events if config.prefix_index == "kv_events" else None,
     )
     return PathSelection(keys, Weights(**config.weights.model_dump()))

@@ -23,6 +23,7 @@ from router.nodes.facts import NodeFactsBook
 from router.nodes.prober import admit_ready_nodes, probe_forever
 from router.runtime.auth import Keys, upstream_credentials
 from router.runtime.epoch import ConfigEpoch, build_epoch
+from router.selection import KvEventsHub
 from router.serving.live import LiveResponses
 from router.telemetry import logs
 from router.telemetry.metrics import Metrics
@@ -54,6 +55,7 @@ class AppState:
         self._tasks: set[asyncio.Task[None]] = set()
         self._probers: dict[Gate, asyncio.Task[None]] = {}
         self._discoveries: dict[str, tuple[Discovery, asyncio.Task[None]]] = {}
+        self.kv_events = KvEventsHub()  # followed by the app (router/http/app.py)
         self._reloading = asyncio.Lock()
         self.draining = False  # set on SIGTERM: /ready fails, in-flight requests finish
         self.live = LiveResponses()  # answers being sent, for shutdown to wait for
@@ -70,7 +72,9 @@ class AppState:
     async def start(self) -> None:
         """Load tokenizers (off the event loop), build each model's paths, find and probe
         the nodes."""
-        self.epoch, changes = await build_epoch(self._config, self.deps, keys=self._keys)
+        self.epoch, changes = await build_epoch(
+            self._config, self.deps, keys=self._keys, kv_events=self.kv_events
+        )
         self._keys = None  # a reload loads its own
         await self._discover()
         await self._watch(changes.new_gates.values())
@@ -88,7 +92,9 @@ class AppState:
                     log.warning("reload: '%s' changes only on a restart; kept as it was", section)
             kept = {section: getattr(current.config, section) for section in RESTART_ONLY}
             config = config.model_copy(update=kept)
-            epoch, changes = await build_epoch(config, self.deps, current, found=self._found)
+            epoch, changes = await build_epoch(
+                config, self.deps, current, found=self._found, kv_events=self.kv_events
+            )
             self.epoch = epoch
             await self._discover()
             if config.logging != current.config.logging:

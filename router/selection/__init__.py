@@ -5,6 +5,7 @@ from router.selection.affinity import Affinity, PrefixAffinity, PrefixIndex, Ses
 from router.selection.attempt import call_on
 from router.selection.composition import PathSelection
 from router.selection.health import EjectionPolicy, HealthBook, Outcome, outcome_of, status_outcome
+from router.selection.kv_events import KvEventsHub, KvEventsIndex, Source, endpoint_of
 from router.selection.load import Load, LoadBook, LoadWeights, ServerLoad, parse_load
 from router.selection.load_scraper import load_snapshot, scrape_forever, scrape_once
 from router.selection.prober import ServedBy, probe_forever, probe_once, sets_of
@@ -30,6 +31,8 @@ __all__ = [
     "Filter",
     "HealthBook",
     "Healthy",
+    "KvEventsHub",
+    "KvEventsIndex",
     "LeastOutstanding",
     "Load",
     "LoadBook",
@@ -45,9 +48,11 @@ __all__ = [
     "ServerLoad",
     "ServerSet",
     "SessionAffinity",
+    "Source",
     "Weights",
     "call_on",
     "default_set",
+    "endpoint_of",
     "load_snapshot",
     "outcome_of",
     "parse_load",

@@ -17,6 +17,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_IMBALANCE = 4
@@ -26,7 +27,7 @@ BLOCKS_PER_SERVER = 100_000
 BLOCK_TTL_S = 600.0
 """Blocks older than this are forgotten: the server has likely evicted them by then."""
 
-_ROOT = b"\0" * 16
+ROOT_HASH = b"\0" * 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,21 +42,34 @@ class Affinity:
     block_size: int = DEFAULT_BLOCK_SIZE
 
 
-def block_hashes(ids: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[bytes, ...]:
+def block_hashes(
+    ids: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE, *, parent: bytes = ROOT_HASH
+) -> tuple[bytes, ...]:
     """Each full block's hash covers its parent's hash and its own token ids, so equal
     hashes mean equal prefixes. A trailing partial block is not hashed (no cache holds it
-    either)."""
+    either). `parent`: the hash of the block before `ids` (none: the prompt's start)."""
     # One packing of the whole prompt, then a hash per block over a view of its bytes.
     packed = memoryview(array("I", ids).tobytes() if ids else b"")
     step = block_size * 4
     hashes = []
-    parent = _ROOT
     for start in range(0, len(packed) - step + 1, step):
         digest = hashlib.blake2b(parent, digest_size=16)
         digest.update(packed[start : start + step])
         parent = digest.digest()
         hashes.append(parent)
     return tuple(hashes)
+
+
+class BlockIndex(Protocol):
+    """Which leading blocks of a prompt each server holds."""
+
+    def record(self, url: str, blocks: Sequence[bytes]) -> None:
+        """`blocks` were sent to `url`."""
+        ...
+
+    def matched(self, url: str, blocks: Sequence[bytes]) -> int: ...
+
+    def size(self, url: str) -> int: ...
 
 
 class PrefixIndex:
@@ -117,8 +131,8 @@ class PrefixAffinity:
 
     name = "prefix"
 
-    def __init__(self, index: PrefixIndex | None = None, *, weight: float = 1.0) -> None:
-        self.index = index or PrefixIndex()
+    def __init__(self, index: BlockIndex | None = None, *, weight: float = 1.0) -> None:
+        self.index: BlockIndex = index or PrefixIndex()
         self.weight = weight
 
     def score(self, url: str, load: Mapping[str, float], request: Affinity) -> float:

@@ -18,6 +18,7 @@ from router.selection.affinity import (
     SessionAffinity,
     block_hashes,
 )
+from router.selection.kv_events import KvEventsHub, KvEventsIndex
 from router.selection.server_set import RequestScorer, Weights
 
 PromptIds = Callable[[str, dict[str, Any]], list[int]]
@@ -36,12 +37,16 @@ class AffinityKeys:
         *,
         block_size: int = DEFAULT_BLOCK_SIZE,
         session_header: str = DEFAULT_SESSION_HEADER,
+        kv_events: KvEventsHub | None = None,
     ) -> None:
-        """`prompt_ids` None: no prefix affinity, sessions only."""
+        """`prompt_ids` None: no prefix affinity, sessions only. `kv_events`: prefixes are
+        matched against what the servers' KV-cache events say they hold (else against
+        what was sent to them)."""
         self._prompt_ids = prompt_ids
         self._block_size = block_size
         self._session_header = session_header.lower()
         self._encoding = asyncio.Semaphore(PROMPTS_AT_ONCE)
+        self._kv_events = kv_events
 
     async def of(self, endpoint: str, body: dict[str, Any], headers: Mapping[str, str]) -> Affinity:
         blocks: tuple[bytes, ...] = ()
@@ -67,7 +72,8 @@ class AffinityKeys:
         w = weights or Weights()
         scorers: list[RequestScorer] = [SessionAffinity(weight=w.session)]
         if self._prompt_ids is not None:
-            scorers.insert(0, PrefixAffinity(weight=w.prefix))
+            index = KvEventsIndex(self._kv_events) if self._kv_events is not None else None
+            scorers.insert(0, PrefixAffinity(index, weight=w.prefix))
         return [s for s in scorers if s.weight]
 
 
