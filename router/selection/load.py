@@ -101,16 +101,20 @@ class LoadBook:
 
 @dataclass(frozen=True, slots=True)
 class LoadWeights:
-    waiting: float = 2.0
-    """A waiting request will wait for every running one: it costs the most."""
-    running: float = 1.0
+    foreign: float = 1.0
+    """A request the server runs or queues that the gateway did not send it (or not yet
+    counts): as one the gateway has in flight."""
+    waiting: float = 1.0
+    """A waiting request will wait for every running one: it counts once more."""
     kv_cache_usage: float = 4.0
     """A full KV cache (1.0) counts as four running requests: new ones would preempt."""
 
 
 class ServerLoad:
-    """Ranks by the server's own queue and KV-cache use. The gateway's requests in flight
-    are ranked by `LeastOutstanding` beside it; stale or missing figures score 0."""
+    """Ranks by what the server's own figures add to what the gateway knows: the requests
+    it runs or queues beyond the gateway's own in flight there (other replicas' and
+    clients'), its waiting requests again, and its KV-cache use. The gateway's own work is
+    ranked by `LeastOutstanding` beside it; stale or missing figures score 0."""
 
     name = "queue"
 
@@ -121,13 +125,14 @@ class ServerLoad:
         self.weights = weights or LoadWeights()
         self.weight = weight
 
-    def score(self, url: str, load: Mapping[str, float]) -> float:
+    def score(self, url: str, load: Mapping[str, float], in_flight: Mapping[str, int]) -> float:
         figures = self.book.fresh(url)
         if figures is None:
             return 0.0
         w = self.weights
+        foreign = max(0.0, figures.running + figures.waiting - in_flight[url])
         return (
-            figures.waiting * w.waiting
-            + figures.running * w.running
+            foreign * w.foreign
+            + figures.waiting * w.waiting
             + figures.kv_cache_usage * w.kv_cache_usage
         )

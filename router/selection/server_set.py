@@ -58,8 +58,9 @@ class Scorer(Protocol):
     name: str
     weight: float
 
-    def score(self, url: str, load: Mapping[str, float]) -> float:
-        """Lower is better."""
+    def score(self, url: str, load: Mapping[str, float], in_flight: Mapping[str, int]) -> float:
+        """Lower is better. `load`: the work in flight in units of the request (see the
+        module); `in_flight`: the requests in flight, counted."""
         ...
 
 
@@ -106,7 +107,7 @@ class LeastOutstanding:
     def __init__(self, weight: float = 1.0) -> None:
         self.weight = weight
 
-    def score(self, url: str, load: Mapping[str, float]) -> float:
+    def score(self, url: str, load: Mapping[str, float], in_flight: Mapping[str, int]) -> float:
         return load[url]
 
 
@@ -119,7 +120,7 @@ class RandomOrder:
         self.weight = weight
         self._rng = rng or random.Random()
 
-    def score(self, url: str, load: Mapping[str, float]) -> float:
+    def score(self, url: str, load: Mapping[str, float], in_flight: Mapping[str, int]) -> float:
         return self._rng.random()
 
 
@@ -194,7 +195,7 @@ class ServerSet:
         self, url: str, load: Mapping[str, float], request: Affinity | None
     ) -> list[tuple[float, int]]:
         """Each scorer's weighted score and its position (plain scorers first)."""
-        scores = [s.weight * s.score(url, load) for s in self._scorers]
+        scores = [s.weight * s.score(url, load, self._outstanding) for s in self._scorers]
         if request is not None:
             scores += [s.weight * s.score(url, load, request) for s in self._request_scorers]
         return [(score, i) for i, score in enumerate(scores)]

@@ -96,13 +96,16 @@ def test_figures_hold_for_their_validity_and_then_go_stale() -> None:
     assert book.fresh(A) is None and book.snapshot([A]) == {}
 
 
-def test_the_score_weighs_waiting_running_and_kv_use_and_is_zero_without_figures() -> None:
+def test_the_score_weighs_foreign_and_waiting_requests_and_kv_use() -> None:
     book = LoadBook(clock=Clock())
     scorer = ServerLoad(book)
     book.record(A, Load(running=3, waiting=5, kv_cache_usage=0.25), valid_s=1)
     assert scorer.name == "queue"
-    assert scorer.score(A, {A: 0}) == 5 * 2.0 + 3 * 1.0 + 0.25 * 4.0
-    assert scorer.score(B, {B: 7}) == 0.0
+    # 8 requests on the server, 2 of them the gateway's own: 6 foreign; 5 waiting.
+    assert scorer.score(A, {A: 2.0}, {A: 2}) == 6 * 1.0 + 5 * 1.0 + 0.25 * 4.0
+    # The gateway's own requests are not counted twice (nor below zero).
+    assert scorer.score(A, {A: 9.0}, {A: 9}) == 5 * 1.0 + 0.25 * 4.0
+    assert scorer.score(B, {B: 7.0}, {B: 7}) == 0.0  # no figures
 
 
 def loaded_set(clock: Clock) -> tuple[ServerSet, LoadBook]:

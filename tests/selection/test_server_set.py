@@ -66,7 +66,7 @@ class Weighted:
     def __init__(self, name: str, rank: Mapping[str, float], weight: float = 1.0) -> None:
         self.name, self._rank, self.weight = name, rank, weight
 
-    def score(self, url: str, outstanding: Mapping[str, int]) -> float:
+    def score(self, url: str, load: Mapping[str, float], in_flight: Mapping[str, int]) -> float:
         return self._rank[url]
 
 
