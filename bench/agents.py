@@ -18,6 +18,7 @@ run on emptied caches with conversations of its own:
 * `session`: the default composition without prefix affinity, each conversation naming
   itself in `x-session-id`;
 * `prefix`: the default composition (prefix affinity from the blocks sent);
+* `prefix_kv_events`: the same, knowing what each server holds from its KV-cache events;
 * `oracle`: not a run but a bound: the hit rate of sending every turn where the previous
   one was computed, with no eviction (a turn's answer is decoded elsewhere, so the
   previous prompt is the most any prefill server can hold).
@@ -56,6 +57,7 @@ MODEL = "agents"
 BLOCK_SIZE = 16
 ANSWER_TOKENS = 32
 SESSION_HEADER = "x-session-id"
+KV_EVENTS = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:*"}
 WORDS = (
     "apple river stone cloud tiger paper window garden silver rocket orange forest bridge "
     "candle engine harbor island jacket kettle ladder marble needle ocean pencil quartz "
@@ -77,6 +79,7 @@ POLICIES = {
     ),
     "session": Policy({"prefix_affinity": False}, session=True),
     "prefix": Policy({}),
+    "prefix_kv_events": Policy({"prefix_index": "kv_events"}),
 }
 BASELINE = "least_outstanding"
 
@@ -88,8 +91,11 @@ class AgentOptions:
     first_words: int = 2000
     turn_words: int = 3100
     prefills: int = 4
-    prefill_ms_per_token: float = 0.01
-    think_ms: float = 500.0
+    prefill_ms_per_token: float = 0.02
+    cache_blocks: int = 65536
+    """Each server's prefix cache, in blocks: a million tokens, room for every
+    conversation's context."""
+    think_ms: float = 1000.0
     """Mean pause between a turn's answer and the next turn (exponential)."""
     rounds: int = 1
     kill: bool = True
@@ -108,6 +114,10 @@ class AgentOptions:
             "--serial-prefill",
             "--block-size",
             str(BLOCK_SIZE),
+            "--num-gpu-blocks",
+            str(self.cache_blocks),
+            "--kv-events-config",
+            orjson.dumps(KV_EVENTS).decode(),
             "--prefill-ms-per-token",
             str(self.prefill_ms_per_token),
             "--itl-ms",
@@ -167,7 +177,11 @@ def gateway_config(prefills: SimStack, nodes: SimStack, policy: Policy) -> dict[
                 for n in nodes.nodes
             ],
         },
-        "selection": {"block_size": BLOCK_SIZE, **policy.selection},
+        "selection": {
+            "block_size": BLOCK_SIZE,
+            "kv_events": {"endpoints": {p.url: p.kv_events_endpoint for p in prefills.prefills}},
+            **policy.selection,
+        },
     }
     return {
         "server": {"expose_upstream": True},

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments import prefix_affinity
 from bench.report import embedded
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,22 +45,3 @@ def test_the_benchmarks_page_has_the_tables_place() -> None:
     before, after = rewritten.split(marked)
     assert page.startswith(before) and page.endswith(after)  # the text around it is kept
     assert "| target | measure |" not in before + after  # the old table is gone
-
-
-@pytest.mark.e2e
-def test_prefix_affinity_sends_a_conversation_back_to_the_server_holding_its_context() -> None:
-    sizes = "--conversations 2 --turns 3 --rounds 1 --first-tokens 200 --turn-tokens 200"
-    args = prefix_affinity.parser().parse_args(sizes.split())
-    outcomes, urls = prefix_affinity.measure(args)
-
-    assert set(outcomes) == {"baseline", "affinity", "session"}
-    for outcome in outcomes.values():
-        assert outcome.requests == 6
-        assert sum(outcome.servers.values()) == 6 and set(outcome.servers) <= set(urls)
-    # Every later turn shares its whole previous prompt; with two conversations the
-    # encoder is never busy, so affinity finds that prefix each time.
-    for policy in ("affinity", "session"):
-        assert outcomes[policy].reasons["prefix"] == 4
-        assert outcomes[policy].hit_rate > 0.4
-    report = prefix_affinity.report(outcomes, urls, args)
-    assert "TTFT p50 (ms)" in report and "prefix hit rate" in report
