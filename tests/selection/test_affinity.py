@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import tracemalloc
 
 import pytest
 
@@ -13,7 +14,7 @@ from router.selection import (
     ServerSet,
     SessionAffinity,
 )
-from router.selection.affinity import block_hashes, preferred
+from router.selection.affinity import BLOCKS_PER_SERVER, block_hashes, preferred
 from router.selection.request_keys import PROMPTS_AT_ONCE, AffinityKeys
 from router.selection.server_set import LeastOutstanding
 
@@ -181,3 +182,23 @@ async def test_a_request_never_waits_for_its_prefix_to_be_encoded() -> None:
     encoded = await asyncio.gather(*busy)
     assert skipped == Affinity((), "u1")
     assert [(len(a.blocks), a.tokens) for a in encoded] == [(4, 64)] * PROMPTS_AT_ONCE
+
+
+def test_the_index_stays_within_its_bound_under_100k_distinct_prompts() -> None:
+    index = PrefixIndex()
+    prompts = [tuple((4 * i + j).to_bytes(16, "big") for j in range(4)) for i in range(100_000)]
+    tracemalloc.start()
+    try:
+        for blocks in prompts[:50_000]:  # 200,000 blocks: twice what a server keeps
+            index.record(A, blocks)
+        half, _ = tracemalloc.get_traced_memory()
+        for blocks in prompts[50_000:]:
+            index.record(A, blocks)
+        full, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert index.size(A) == BLOCKS_PER_SERVER  # 400,000 blocks sent: the newest kept
+    assert index.matched(A, prompts[-1]) == 4 and index.matched(A, prompts[0]) == 0
+    # A plateau (about 180 bytes a kept block); kept, the second half would add 35 MB.
+    assert full < 250 * BLOCKS_PER_SERVER
+    assert abs(full - half) < 2 * 1024 * 1024
