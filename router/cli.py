@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -194,6 +195,9 @@ def _bench(args: argparse.Namespace) -> int:
 
     if (problem := missing_equipment("pd-gateway bench", "bench", "sim")) is not None:
         raise UsageError(problem)
+    # Stopped (kill, a CI timeout), a run still stops the processes it started on its way
+    # out: they run in sessions of their own, which the signal does not reach.
+    signal.signal(signal.SIGTERM, _exit_on_term)
     command = " ".join(["pd-gateway", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else ""
     if args.report is not None:  # before minutes of measuring, not after
         from bench.report import NoPlaceInReport, embedded, markers
@@ -236,6 +240,10 @@ def _bench(args: argparse.Namespace) -> int:
     if options.tokens < 8:
         raise UsageError("--tokens: at least 8, so that every stream has several chunks")
     return run_bench(options)
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _positive(text: str) -> int:
