@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.tokens import prompt_tokens
+from router.tokens import segments
 from router.tokens.prompt_tokens import PromptCounter, render_chat
 from router.tokens.tokenizer import load_tokenizer, tokenizer_path
 
@@ -107,13 +107,13 @@ def test_a_long_text_counted_in_slices_agrees_with_one_encoding() -> None:
     tokenizer = load_tokenizer("deepseek", base_dir=Path(".")).tokenizer
     text = SENTENCE * 3000  # about 250k characters: four slices and more
     whole = len(tokenizer.encode(text, add_special_tokens=False).ids)
-    slices = -(-len(text) // (prompt_tokens.SLICE_CHARS // 2))
-    assert abs(prompt_tokens._count(tokenizer, text) - whole) <= slices
+    slices = -(-len(text) // (segments.SLICE_CHARS // 2))
+    assert abs(segments.SegmentEncoder(tokenizer).count([text]) - whole) <= slices
 
 
 def test_counting_stops_at_the_cap() -> None:
-    tokenizer = load_tokenizer("deepseek", base_dir=Path(".")).tokenizer
+    encoder = segments.SegmentEncoder(load_tokenizer("deepseek", base_dir=Path(".")).tokenizer)
     text = SENTENCE * 20_000
-    whole = prompt_tokens._count(tokenizer, text)
-    capped = prompt_tokens._count(tokenizer, text, cap=10_000)
+    whole = segments.SegmentEncoder(encoder._tokenizer).count([text])
+    capped = encoder.count([text], cap=10_000)
     assert 10_000 <= capped < whole / 4, "past the cap nothing more is encoded"
