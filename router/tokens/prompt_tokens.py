@@ -46,13 +46,13 @@ class PromptCounter:
     def count_now(self, endpoint: str, body: dict[str, Any], cap: int | None = None) -> int:
         if endpoint == "completions":
             return self._count_completion(body.get("prompt"), cap)
-        return self.encoder.count(self._chat_parts(body), cap)
+        return self.encoder.count(self.chat_parts(body), cap)
 
     def ids_now(self, endpoint: str, body: dict[str, Any]) -> list[int]:
         """The prompt's token ids, rendered and encoded as `count_now` counts them (of a
         batch of prompts, the first)."""
         if endpoint != "completions":
-            return self.encoder.ids(self._chat_parts(body))
+            return self.encoder.ids(self.chat_parts(body))
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
             prompt = prompt[0]  # a list of token-id lists
@@ -62,14 +62,14 @@ class PromptCounter:
             prompt = prompt[0] if prompt else ""
         return self.encoder.ids([str(prompt)])
 
-    def _chat_parts(self, body: dict[str, Any]) -> list[str]:
+    def chat_parts(self, body: dict[str, Any]) -> list[str]:
         """The rendered chat prompt, in parts encoded each on its own."""
         if self._template is not None:
             try:
                 return [str(self._template(body))]
             except Exception:  # a template refusing the request (raise_exception, bad kwargs)
                 log.debug("chat template failed; using the approximate rendering")
-        return render_chat_parts(body)
+        return renderchat_parts(body)
 
     def _count_completion(self, prompt: Any, cap: int | None) -> int:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
@@ -83,10 +83,10 @@ class PromptCounter:
 
 def render_chat(body: dict[str, Any]) -> str:
     """The approximate chat rendering used when no chat template is known."""
-    return "".join(render_chat_parts(body))
+    return "".join(renderchat_parts(body))
 
 
-def render_chat_parts(body: dict[str, Any]) -> list[str]:
+def renderchat_parts(body: dict[str, Any]) -> list[str]:
     """The approximate rendering's parts: the tools, each message, the generation prompt."""
     parts = []
     tools = body.get("tools")

@@ -35,8 +35,8 @@ SLICES_PER_CALL = 4
 BATCH_CHARS = SLICES_PER_CALL * SLICE_CHARS
 
 # The cache's bound, in token ids (4 bytes each in the cache), each entry charged
-# ENTRY_COST more for its key, array and slot (some 250 bytes): at most about 16 MB
-# of ids and as much again in entries, per tokenizer.
+# ENTRY_COST more for its key, array and slot (some 220 bytes): about 16 MB per
+# tokenizer when full, whether its pieces are short or long.
 MAX_CACHED_TOKENS = 4_000_000
 ENTRY_COST = 64
 
@@ -196,11 +196,17 @@ class SegmentEncoder:
     """A tokenizer's encodings of texts, each text's pieces between added tokens cached."""
 
     def __init__(
-        self, tokenizer: tokenizers.Tokenizer, *, max_cached_tokens: int = MAX_CACHED_TOKENS
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        max_cached_tokens: int = MAX_CACHED_TOKENS,
+        cached: bool = True,
     ) -> None:
+        """`cached=False` encodes every text whole, as for a tokenizer that cannot be
+        split (for comparison)."""
         self._tokenizer = tokenizer
         self.exact = split_is_exact(tokenizer)
-        self._splitter = Splitter(tokenizer) if self.exact else None
+        self._splitter = Splitter(tokenizer) if self.exact and cached else None
         self.cache = SegmentCache(max_cached_tokens)
         self.encoded_chars = 0  # characters given to the tokenizer so far (a statistic)
 
