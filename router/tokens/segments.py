@@ -9,8 +9,9 @@ that come back unchanged turn after turn; only the new ones are encoded.
 
 That equality needs added tokens that do not reach into their neighbours (`lstrip`,
 `rstrip`, `single_word`), an identity normaliser where tokens are matched in normalised
-text, a pre-tokeniser whose splits do not depend on where in the text they are, and a
-deterministic model. A tokenizer without all of these is encoded as one text, as before.
+text (and none of those able to take the place of another token), a pre-tokeniser whose
+splits do not depend on where in the text they are, and a deterministic model. A
+tokenizer without all of these is encoded as one text, as before.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ ENTRY_COST = 64
 # Pieces looked up per encoding call at most, so that a prompt of many small pieces is
 # encoded (and a count checked against its cap) as it goes.
 WINDOW_PIECES = 4096
+# Characters scanned for added tokens per regex call.
+SCAN_CHARS = 64 * 1024
 
 # Pre-tokenisers that split every piece the same wherever it stands in the text.
 _POSITION_FREE = frozenset(
@@ -99,10 +102,14 @@ def split_is_exact(tokenizer: tokenizers.Tokenizer) -> bool:
     normaliser = _state(tokenizer.normalizer)
     if any(t.normalized for t in added) and not _is_identity(normaliser):
         return False
+    normalised = [t.content for t in added if t.normalized]
+    if normalised and pre_empts(normalised, [t.content for t in added if not t.normalized]):
+        return False
     if not _position_free(_state(tokenizer.pre_tokenizer)):
         return False
-    model = _state(tokenizer.model) or {}
-    if model.get("type") not in _MODELS or model.get("dropout") is not None:
+    # (the model's own state would serialise its whole vocabulary)
+    model = tokenizer.model
+    if type(model).__name__ not in _MODELS or getattr(model, "dropout", None) is not None:
         return False
     return tokenizer.truncation is None and tokenizer.padding is None
 
@@ -134,37 +141,53 @@ def _position_free(pre_tokeniser: dict[str, Any] | None) -> bool:
 
 
 class Splitter:
-    """Cuts a text at its added tokens as the tokenizer does: leftmost-longest matches of
-    the tokens matched in the raw text first, then of those matched in normalised text
-    (the same text, the normaliser being the identity) within the pieces left."""
+    """Cuts a text at its added tokens as the tokenizer does, and the text between them
+    into slices of at most SLICE_CHARS (as `slices` cuts it).
+
+    The tokenizer matches the tokens marked `normalized` in the pieces left between the
+    others (leftmost-longest, each pass); where none of them can pre-empt one of the
+    others (`pre_empts`), that is the leftmost-longest match of all of them in one pass,
+    which this does. The text is scanned SCAN_CHARS at a time: a regex holds the GIL while it runs,
+    and a count that reaches its cap stops scanning too.
+    """
 
     def __init__(self, tokenizer: tokenizers.Tokenizer) -> None:
         added = list(tokenizer.get_added_tokens_decoder().items())
-        self._ids = {token.content: token_id for token_id, token in added}
-        self._raw = _matcher([t.content for _, t in added if not t.normalized])
-        self._normalised = _matcher([t.content for _, t in added if t.normalized])
+        self._ids = {token.content: token_id for token_id, token in added if token.content}
+        self._longest = max(map(len, self._ids), default=0)
+        self._matcher = _matcher(list(self._ids))
 
     def pieces(self, text: str) -> Iterator[str | int]:
-        """The text between added tokens (never empty), and each added token's id."""
-        for piece in _split(self._raw, text, self._ids):
-            if isinstance(piece, int):
-                yield piece
-            else:
-                yield from _split(self._normalised, piece, self._ids)
+        """The text between added tokens in slices (never empty), and each token's id."""
+        matcher, end = self._matcher, len(text)
+        start = scanned = 0  # the text from `start` holds no token before `scanned`
+        while matcher is not None and scanned < end:
+            window = min(end, scanned + SCAN_CHARS)
+            # Every token starting in the window ends before `window + longest`.
+            match = matcher.search(text, scanned, min(end, window + self._longest))
+            if match is None or match.start() >= window:
+                scanned = window
+                while scanned - start > SLICE_CHARS:  # the piece goes on past this slice
+                    stop = _slice_end(text, start, scanned)
+                    yield text[start:stop]
+                    start = stop
+                continue
+            yield from _slices(text, start, match.start())
+            yield self._ids[match.group()]
+            start = scanned = match.end()
+        yield from _slices(text, start, end)
 
 
-def _split(matcher: re.Pattern[str] | None, text: str, ids: dict[str, int]) -> Iterator[str | int]:
-    if matcher is None:
-        yield text
-        return
-    start = 0
-    for match in matcher.finditer(text):
-        if match.start() > start:
-            yield text[start : match.start()]
-        yield ids[match.group()]
-        start = match.end()
-    if start < len(text):
-        yield text[start:]
+def pre_empts(normalised: Iterable[str], raw: Iterable[str]) -> bool:
+    """Whether a token of `normalised` can start at or before one of `raw` and overlap it
+    (contain it, or end inside it), taking its place in one leftmost-longest pass where
+    the tokenizer would have matched the raw token first. A raw token starting first
+    wins either way."""
+    normalised, raw = [t for t in normalised if t], [t for t in raw if t]
+    prefixes = {t[:k] for t in raw for k in range(1, len(t))}
+    if any(t[-k:] in prefixes for t in normalised for k in range(1, len(t))):
+        return True
+    return any(r in n for n in normalised for r in raw)
 
 
 def _matcher(contents: list[str]) -> re.Pattern[str] | None:
@@ -277,11 +300,7 @@ class SegmentEncoder:
     def _pieces(self, texts: Iterable[str]) -> Iterator[str | int]:
         assert self._splitter is not None
         for text in texts:
-            for piece in self._splitter.pieces(text):
-                if isinstance(piece, str) and len(piece) > SLICE_CHARS:
-                    yield from slices(piece)
-                else:
-                    yield piece
+            yield from self._splitter.pieces(text)
 
     def _encoded_whole(self, text: str) -> Iterator[Sequence[int]]:
         pieces = [text] if len(text) <= SLICE_CHARS else list(slices(text))
@@ -293,11 +312,19 @@ class SegmentEncoder:
 
 
 def slices(text: str) -> Iterator[str]:
-    start, end = 0, len(text)
+    return _slices(text, 0, len(text))
+
+
+def _slices(text: str, start: int, end: int) -> Iterator[str]:
     while start < end:
-        stop = min(start + SLICE_CHARS, end)
-        if stop < end:
-            space = text.rfind(" ", start + SLICE_CHARS // 2, stop)
-            stop = space if space > start else stop
+        stop = _slice_end(text, start, end)
         yield text[start:stop]
         start = stop
+
+
+def _slice_end(text: str, start: int, end: int) -> int:
+    stop = min(start + SLICE_CHARS, end)
+    if stop < end:
+        space = text.rfind(" ", start + SLICE_CHARS // 2, stop)
+        stop = space if space > start else stop
+    return stop

@@ -18,7 +18,7 @@ import tokenizers
 
 from router.tokens import segments
 from router.tokens.prompt_tokens import PromptCounter, render_chat
-from router.tokens.segments import SegmentEncoder, Splitter, split_is_exact
+from router.tokens.segments import SegmentEncoder, Splitter, pre_empts, split_is_exact
 from router.tokens.tokenizer import load_tokenizer, tokenizer_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -327,3 +327,51 @@ def test_encodings_in_threads_share_the_cache_safely() -> None:
     assert encoder.cache.charged == sum(
         len(ids) + segments.ENTRY_COST for ids in encoder.cache._entries.values()
     )
+
+
+@pytest.mark.parametrize(
+    ("normalised", "raw", "expected"),
+    [
+        (["<think>"], ["<|user|>"], False),
+        (["｜DSML｜"], ["<｜/table>｜"], False),  # the raw token starts first: it wins anyway
+        (["<ab"], ["b>"], True),  # "<ab>": one pass would take "<ab" where "b>" came first
+        (["<abc>"], ["abc"], True),
+        (["<x>"], ["<x>"], True),
+    ],
+)
+def test_a_normalised_token_that_could_take_a_raw_ones_place_is_found(
+    normalised: list[str], raw: list[str], expected: bool
+) -> None:
+    assert pre_empts(normalised, raw) is expected
+
+
+def test_a_tokenizer_whose_normalised_tokens_could_take_others_places_is_encoded_whole() -> None:
+    state = json.loads(TOKENIZERS["sim/fixtures/glm"].to_str())
+    state["added_tokens"].append(
+        {
+            "id": 151400,
+            "content": "ab<|user|",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": True,
+            "special": False,
+        }
+    )
+    assert not split_is_exact(tokenizers.Tokenizer.from_str(json.dumps(state)))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_tokens_astride_the_scanning_windows_are_found(spec: str) -> None:
+    tokenizer = TOKENIZERS[spec]
+    token = "<think>"
+    token_id = tokenizer.token_to_id(token)
+    text = ""
+    for boundary in range(1, 4):  # a token ending just before, across, just after each
+        for offset in (-len(token), -3, 0):
+            text += "x" * (boundary * segments.SCAN_CHARS + offset - len(text)) + token
+    pieces = list(Splitter(tokenizer).pieces(text))
+    assert pieces.count(token_id) == 9
+    rebuilt = "".join(token if p == token_id else p for p in pieces if isinstance(p, str | int))
+    assert rebuilt == text
+    assert all(len(p) <= segments.SLICE_CHARS for p in pieces if isinstance(p, str))
