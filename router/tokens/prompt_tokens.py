@@ -33,7 +33,6 @@ log = logging.getLogger("pd_gateway.classify")
 
 class PromptCounter:
     def __init__(self, tokenizer: LoadedTokenizer, tokenizer_file: Path) -> None:
-        self._tokenizer = tokenizer.tokenizer
         self._template = _load_template(tokenizer_file, tokenizer.tokenizer)
         self.encoder = SegmentEncoder(tokenizer.tokenizer)
 

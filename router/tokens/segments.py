@@ -147,8 +147,8 @@ class Splitter:
     The tokenizer matches the tokens marked `normalized` in the pieces left between the
     others (leftmost-longest, each pass); where none of them can pre-empt one of the
     others (`pre_empts`), that is the leftmost-longest match of all of them in one pass,
-    which this does. The text is scanned SCAN_CHARS at a time: a regex holds the GIL while it runs,
-    and a count that reaches its cap stops scanning too.
+    which this does. The text is scanned SCAN_CHARS at a time: a regex holds the GIL
+    while it runs, and a count that reaches its cap stops scanning too.
     """
 
     def __init__(self, tokenizer: tokenizers.Tokenizer) -> None:
@@ -272,7 +272,8 @@ class SegmentEncoder:
                         missing_chars += len(piece)
                     missing[key][1].append(len(window))
                 window.append(cached)
-            if missing_chars >= BATCH_CHARS or len(window) >= WINDOW_PIECES:
+            # Encoded once another slice might not fit in BATCH_CHARS.
+            if missing_chars > BATCH_CHARS - SLICE_CHARS or len(window) >= WINDOW_PIECES:
                 yield from self._completed(window, missing)
                 window, missing, missing_chars = [], {}, 0
         if window:

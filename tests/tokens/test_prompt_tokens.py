@@ -84,7 +84,8 @@ def test_a_template_refusing_the_request_falls_back_to_the_approximation() -> No
 
 
 def test_without_a_template_the_approximate_rendering_is_counted() -> None:
-    expected = len(DEEPSEEK._tokenizer.encode(render_chat(CHAT), add_special_tokens=False).ids)
+    tokenizer = load_tokenizer("deepseek", base_dir=ROOT).tokenizer
+    expected = len(tokenizer.encode(render_chat(CHAT), add_special_tokens=False).ids)
     assert DEEPSEEK.count_now("chat", CHAT) == expected
 
 
@@ -112,8 +113,10 @@ def test_a_long_text_counted_in_slices_agrees_with_one_encoding() -> None:
 
 
 def test_counting_stops_at_the_cap() -> None:
-    encoder = segments.SegmentEncoder(load_tokenizer("deepseek", base_dir=Path(".")).tokenizer)
+    tokenizer = load_tokenizer("deepseek", base_dir=Path(".")).tokenizer
     text = SENTENCE * 20_000
-    whole = segments.SegmentEncoder(encoder._tokenizer).count([text])
+    whole = segments.SegmentEncoder(tokenizer).count([text])
+    encoder = segments.SegmentEncoder(tokenizer)
     capped = encoder.count([text], cap=10_000)
-    assert 10_000 <= capped < whole / 4, "past the cap nothing more is encoded"
+    assert 10_000 <= capped < whole / 4
+    assert encoder.encoded_chars <= segments.BATCH_CHARS, "past the cap nothing is encoded"
