@@ -5,7 +5,12 @@ tokenizer.json), chat prompts are rendered by transformers' template renderer ex
 vLLM renders them.
 Without one, the count is an approximation: each message as `<|role|>\\n` + its text +
 `\\n`, the tools as JSON, then `<|assistant|>\\n` — within a few tokens per message of
-what a real template adds, and only ever used against rule thresholds.
+what a real template adds, and only ever used against rule thresholds. Each of these
+parts is encoded on its own (for DeepSeek's and GLM's pre-tokenisers, which always split
+between a newline and a `<`, the same ids as the whole text).
+
+Texts are encoded by a SegmentEncoder: the pieces of a conversation met in earlier turns
+come from its cache.
 """
 
 from __future__ import annotations
@@ -14,13 +19,13 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import tokenizers
 
+from router.tokens.segments import SegmentEncoder
 from router.tokens.tokenizer import LoadedTokenizer
 
 log = logging.getLogger("pd_gateway.classify")
@@ -28,8 +33,8 @@ log = logging.getLogger("pd_gateway.classify")
 
 class PromptCounter:
     def __init__(self, tokenizer: LoadedTokenizer, tokenizer_file: Path) -> None:
-        self._tokenizer = tokenizer.tokenizer
         self._template = _load_template(tokenizer_file, tokenizer.tokenizer)
+        self.encoder = SegmentEncoder(tokenizer.tokenizer)
 
     async def count(self, endpoint: str, body: dict[str, Any], *, cap: int | None = None) -> int:
         """The prompt's token count, or a count of at least `cap` once it is known to reach
@@ -40,27 +45,30 @@ class PromptCounter:
     def count_now(self, endpoint: str, body: dict[str, Any], cap: int | None = None) -> int:
         if endpoint == "completions":
             return self._count_completion(body.get("prompt"), cap)
-        return _count(self._tokenizer, self._chat_text(body), cap)
+        return self.encoder.count(self.chat_parts(body), cap)
 
     def ids_now(self, endpoint: str, body: dict[str, Any]) -> list[int]:
         """The prompt's token ids, rendered and encoded as `count_now` counts them (of a
         batch of prompts, the first)."""
-        prompt = body.get("prompt") if endpoint == "completions" else self._chat_text(body)
+        if endpoint != "completions":
+            return self.encoder.ids(self.chat_parts(body))
+        prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
             prompt = prompt[0]  # a list of token-id lists
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             return [i for i in prompt if isinstance(i, int)]
         if isinstance(prompt, list):
             prompt = prompt[0] if prompt else ""
-        return _ids(self._tokenizer, str(prompt))
+        return self.encoder.ids([str(prompt)])
 
-    def _chat_text(self, body: dict[str, Any]) -> str:
+    def chat_parts(self, body: dict[str, Any]) -> list[str]:
+        """The rendered chat prompt, in parts encoded each on its own."""
         if self._template is not None:
             try:
-                return str(self._template(body))
+                return [str(self._template(body))]
             except Exception:  # a template refusing the request (raise_exception, bad kwargs)
                 log.debug("chat template failed; using the approximate rendering")
-        return render_chat(body)
+        return renderchat_parts(body)
 
     def _count_completion(self, prompt: Any, cap: int | None) -> int:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
@@ -69,61 +77,16 @@ class PromptCounter:
             prompt = prompt[0] if prompt else ""
         if isinstance(prompt, list):  # a list of token-id lists
             return len(prompt)
-        return _count(self._tokenizer, str(prompt), cap)
-
-
-# Long texts are encoded a slice at a time, a few slices per call: the tokenizer's memory
-# stays bounded (a whole 8 MB prompt took over 2 GB), and counting stops at the cap. Slices
-# end at whitespace where they can, so a slice boundary splits a token rarely (by at most
-# one token per slice when it does).
-SLICE_CHARS = 64 * 1024
-SLICES_PER_CALL = 4
-
-
-def _count(tokenizer: tokenizers.Tokenizer, text: str, cap: int | None = None) -> int:
-    if len(text) <= SLICE_CHARS:
-        return _encoded_lengths(tokenizer, [text])
-    total = 0
-    batch: list[str] = []
-    for piece in _slices(text):
-        batch.append(piece)
-        if len(batch) == SLICES_PER_CALL:
-            total += _encoded_lengths(tokenizer, batch)
-            batch = []
-            if cap is not None and total >= cap:
-                return total
-    return total + (_encoded_lengths(tokenizer, batch) if batch else 0)
-
-
-def _ids(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
-    pieces = [text] if len(text) <= SLICE_CHARS else list(_slices(text))
-    ids: list[int] = []
-    for start in range(0, len(pieces), SLICES_PER_CALL):
-        batch = pieces[start : start + SLICES_PER_CALL]
-        for encoding in tokenizer.encode_batch(batch, add_special_tokens=False):
-            ids.extend(encoding.ids)
-    return ids
-
-
-def _slices(text: str) -> Iterator[str]:
-    start, end = 0, len(text)
-    while start < end:
-        stop = min(start + SLICE_CHARS, end)
-        if stop < end:
-            space = text.rfind(" ", start + SLICE_CHARS // 2, stop)
-            stop = space if space > start else stop
-        yield text[start:stop]
-        start = stop
-
-
-def _encoded_lengths(tokenizer: tokenizers.Tokenizer, texts: list[str]) -> int:
-    # encode_batch releases the GIL while it works; encode holds it for the whole prompt
-    # (half a second for 200k tokens), which would stall the event loop despite the thread.
-    return sum(len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False))
+        return self.encoder.count([str(prompt)], cap)
 
 
 def render_chat(body: dict[str, Any]) -> str:
     """The approximate chat rendering used when no chat template is known."""
+    return "".join(renderchat_parts(body))
+
+
+def renderchat_parts(body: dict[str, Any]) -> list[str]:
+    """The approximate rendering's parts: the tools, each message, the generation prompt."""
     parts = []
     tools = body.get("tools")
     if tools:
@@ -131,7 +94,7 @@ def render_chat(body: dict[str, Any]) -> str:
     for message in body.get("messages") or []:
         parts.append(f"<|{message.get('role', 'user')}|>\n{_text(message.get('content'))}\n")
     parts.append("<|assistant|>\n")
-    return "".join(parts)
+    return parts
 
 
 def _text(content: Any) -> str:

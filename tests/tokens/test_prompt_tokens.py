@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.tokens import prompt_tokens
+from router.tokens import segments
 from router.tokens.prompt_tokens import PromptCounter, render_chat
 from router.tokens.tokenizer import load_tokenizer, tokenizer_path
 
@@ -84,7 +84,8 @@ def test_a_template_refusing_the_request_falls_back_to_the_approximation() -> No
 
 
 def test_without_a_template_the_approximate_rendering_is_counted() -> None:
-    expected = len(DEEPSEEK._tokenizer.encode(render_chat(CHAT), add_special_tokens=False).ids)
+    tokenizer = load_tokenizer("deepseek", base_dir=ROOT).tokenizer
+    expected = len(tokenizer.encode(render_chat(CHAT), add_special_tokens=False).ids)
     assert DEEPSEEK.count_now("chat", CHAT) == expected
 
 
@@ -107,13 +108,15 @@ def test_a_long_text_counted_in_slices_agrees_with_one_encoding() -> None:
     tokenizer = load_tokenizer("deepseek", base_dir=Path(".")).tokenizer
     text = SENTENCE * 3000  # about 250k characters: four slices and more
     whole = len(tokenizer.encode(text, add_special_tokens=False).ids)
-    slices = -(-len(text) // (prompt_tokens.SLICE_CHARS // 2))
-    assert abs(prompt_tokens._count(tokenizer, text) - whole) <= slices
+    slices = -(-len(text) // (segments.SLICE_CHARS // 2))
+    assert abs(segments.SegmentEncoder(tokenizer).count([text]) - whole) <= slices
 
 
 def test_counting_stops_at_the_cap() -> None:
     tokenizer = load_tokenizer("deepseek", base_dir=Path(".")).tokenizer
     text = SENTENCE * 20_000
-    whole = prompt_tokens._count(tokenizer, text)
-    capped = prompt_tokens._count(tokenizer, text, cap=10_000)
-    assert 10_000 <= capped < whole / 4, "past the cap nothing more is encoded"
+    whole = segments.SegmentEncoder(tokenizer).count([text])
+    encoder = segments.SegmentEncoder(tokenizer)
+    capped = encoder.count([text], cap=10_000)
+    assert 10_000 <= capped < whole / 4
+    assert encoder.encoded_chars <= segments.BATCH_CHARS, "past the cap nothing is encoded"
