@@ -54,6 +54,25 @@ class PromptCounter:
             prompt = prompt[0] if prompt else ""
         return _ids(self._tokenizer, str(prompt))
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether chat prompts are rendered by the model's own template (else approximated)."""
+        return self._template is not None
+
+    def template_ids(self, body: dict[str, Any], max_chars: int) -> list[int] | None:
+        """A chat prompt's ids as rendered by the model's own template and encoded whole, as
+        vLLM encodes a chat prompt; None without a template, when the template refuses the
+        request, or when the rendered text is longer than `max_chars`."""
+        if self._template is None:
+            return None
+        try:
+            text = str(self._template(body))
+        except Exception:  # a template refusing the request (raise_exception, bad kwargs)
+            return None
+        if len(text) > max_chars:
+            return None
+        return list(self._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
+
     def _chat_text(self, body: dict[str, Any]) -> str:
         if self._template is not None:
             try:
