@@ -259,4 +259,4 @@ def test_token_ids_answer_as_text(gateways: dict[str, GatewayProcess]) -> None:
                 assert text.status == ids.status == 200, (text.body, ids.body)
                 assert ids.body == text.body
         inputs = _metric(client, ids_gateway, "pd_gateway_prefill_inputs")
-    assert inputs.get('model="tiny",input="token_ids"') == 2 * len(cases), inputs
+    assert inputs.get('input="token_ids",model="tiny"') == 2 * len(cases), inputs

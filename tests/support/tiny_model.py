@@ -104,7 +104,7 @@ def write_model(directory: Path, tokenizer_dir: Path | None = None) -> Path:
     """Write config, tokenizer and chat template into ``directory``; return it.
 
     ``tokenizer_dir``: a shipped tokenizer (tokenizer.json and tokenizer_config.json, with
-    its own chat template) instead of the one trained here; the vocabulary is its size."""
+    its own chat template) instead of the one trained here; the vocabulary covers its ids."""
     directory.mkdir(parents=True, exist_ok=True)
     if tokenizer_dir is not None:
         return _write_with_tokenizer(directory, tokenizer_dir)
@@ -139,8 +139,10 @@ def _write_with_tokenizer(directory: Path, tokenizer_dir: Path) -> Path:
         return found if found is not None else 0
 
     bos_id, eos_id = token_id("bos_token"), token_id("eos_token")
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
     files = {
-        "config.json": model_config(tokenizer.get_vocab_size(), bos_id, eos_id),
+        # Its ids need not be dense (GLM's special tokens sit far above its vocabulary).
+        "config.json": model_config(max(vocab.values()) + 1, bos_id, eos_id),
         "generation_config.json": {"bos_token_id": bos_id, "eos_token_id": eos_id},
         "tokenizer_config.json": {**config, "model_max_length": MAX_MODEL_LEN},
     }
