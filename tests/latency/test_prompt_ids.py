@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from router.cli import main
 from router.config import TimeoutsConfig, UpstreamsConfig
 from router.latency.ids_proof import CANARIES, TokenIdsProof
 from router.latency.prompt_ids import PromptIds, rendered_chat
@@ -178,3 +179,31 @@ async def test_a_silent_server_stays_unproven(prompt_ids: PromptIds) -> None:
     proof, _ = _proof(prompt_ids, refuse)
     assert not await proof.prove("http://p")
     assert proof.verdicts() == {}  # asked again later, not judged
+
+
+@pytest.mark.parametrize("template", [True, False])
+def test_check_refuses_token_ids_without_the_models_template(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], template: bool
+) -> None:
+    directory = write_model(tmp_path / "model")
+    if not template:
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+        del config["chat_template"]
+        (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    router_yaml = tmp_path / "router.yaml"
+    router_yaml.write_text(
+        f"""
+models:
+  - name: m
+    tokenizer: {directory}
+    latency:
+      prefill: [http://127.0.0.1:9]
+      nodes: [{{host: 127.0.0.1, ctrl_port: 9, http_port: 9}}]
+      prefill_input: token_ids
+"""
+    )
+    assert main(["check", "--config", str(router_yaml)]) == (0 if template else 2)
+    err = capsys.readouterr().err
+    if not template:
+        assert err.startswith(f"error: {router_yaml}: models.0.latency.prefill_input: token_ids ")
+        assert "has no chat_template" in err

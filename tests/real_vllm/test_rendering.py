@@ -27,7 +27,7 @@ from router.latency.prompt_ids import PromptIds, rendered_chat
 from router.tokens.prompt_tokens import PromptCounter
 from router.tokens.tokenizer import load_tokenizer
 from sim.stack import SimStack
-from tests.real_vllm.compare import exchange
+from tests.real_vllm.compare import exchange, stream_ending, textless
 from tests.real_vllm.conftest import require_vllm
 from tests.real_vllm.server import VllmServer
 from tests.real_vllm.test_latency_path import connector_args
@@ -183,21 +183,6 @@ def test_requests_rendered_otherwise_get_no_ids() -> None:
         assert rendered_chat(body) is None, body
 
 
-def test_vllm_prefills_the_ids_it_is_given(prefill: VllmServer) -> None:
-    """The prefill takes the ids in `kv_transfer_params` instead of rendering the messages:
-    its prompt is as long as the ids, not as the messages."""
-    chat = {"model": prefill.model, "messages": [{"role": "user", "content": "Hello there."}]}
-    with httpx.Client(timeout=60) as client:
-        rendered = client.post(f"{prefill.url}/tokenize", json=chat).json()["tokens"]
-        ids = rendered * 3
-        answer = client.post(
-            f"{prefill.url}/v1/chat/completions",
-            json={**chat, "max_tokens": 1, "kv_transfer_params": {"prompt_token_ids": ids}},
-        )
-    assert answer.status_code == 200, answer.text
-    assert answer.json()["usage"]["prompt_tokens"] == len(ids) != len(rendered)
-
-
 @pytest.fixture(scope="module")
 def node(glm_model: Path) -> Iterator[SimStack]:
     node_args = ["--no-data-plane", "--senders", "1", "--max-seq-len", str(MAX_MODEL_LEN)]
@@ -234,6 +219,16 @@ def _metric(client: httpx.Client, gateway: GatewayProcess, name: str) -> dict[st
     return {labels: float(value) for labels, value in found}
 
 
+def _first_token(body: Any) -> Any:
+    """The first output token's logprobs entry (the prefill's), streamed or not."""
+    for event in body if isinstance(body, list) else [body]:
+        for choice in event.get("choices") or [] if isinstance(event, dict) else []:
+            content = (choice.get("logprobs") or {}).get("content")
+            if content:
+                return content[0]
+    raise AssertionError(f"no logprobs in {body}")
+
+
 def test_token_ids_answer_as_text(gateways: dict[str, GatewayProcess]) -> None:
     rng = random.Random("end-to-end")
     cases = [generated_chat(rng) for _ in range(4)]
@@ -251,12 +246,34 @@ def test_token_ids_answer_as_text(gateways: dict[str, GatewayProcess]) -> None:
         for chat in cases:
             for stream in (False, True):
                 body = {"model": "tiny", **chat, "max_tokens": 6, "temperature": 0}
-                body["stream"] = stream
+                body |= {"logprobs": True, "top_logprobs": 3, "stream": stream}
                 if stream:
                     body["stream_options"] = {"include_usage": True}
                 text = exchange(client, gateways["text"].url, "/v1/chat/completions", body)
                 ids = exchange(client, ids_gateway.url, "/v1/chat/completions", body)
                 assert text.status == ids.status == 200, (text.body, ids.body)
-                assert ids.body == text.body
+                # The node's tokens follow each request's own id; the prefill's first token,
+                # its candidates, the prompt's length and the answer's shape are the same.
+                assert _first_token(ids.body) == _first_token(text.body)
+                if stream:
+                    assert stream_ending(ids.body) == stream_ending(text.body)
+                else:
+                    assert textless(ids.body) == textless(text.body)
         inputs = _metric(client, ids_gateway, "pd_gateway_prefill_inputs")
     assert inputs.get('input="token_ids",model="tiny"') == 2 * len(cases), inputs
+
+
+def test_vllm_prefills_the_ids_it_is_given(prefill: VllmServer) -> None:
+    """The prefill takes the ids in `kv_transfer_params` instead of rendering the messages:
+    its prompt is as long as the ids, not as the messages. (Last in the module: its
+    transfer parameters name no node, which the TileRT connector is not meant to see.)"""
+    chat = {"model": prefill.model, "messages": [{"role": "user", "content": "Hello there."}]}
+    with httpx.Client(timeout=60) as client:
+        rendered = client.post(f"{prefill.url}/tokenize", json=chat).json()["tokens"]
+        ids = rendered * 3
+        answer = client.post(
+            f"{prefill.url}/v1/chat/completions",
+            json={**chat, "max_tokens": 1, "kv_transfer_params": {"prompt_token_ids": ids}},
+        )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["prompt_tokens"] == len(ids) != len(rendered)
