@@ -325,11 +325,21 @@ def _load_tokenizers(config: GatewayConfig) -> None:
     for i, model in enumerate(config.models):
         try:
             tokenizer = load_tokenizer(model.tokenizer, base_dir=config.base_dir)
-            PromptCounter(tokenizer, tokenizer_path(model.tokenizer, base_dir=config.base_dir))
+            path = tokenizer_path(model.tokenizer, base_dir=config.base_dir)
+            counter = PromptCounter(tokenizer, path)
         except Exception as exc:  # any failure of a third-party loader is the file's fault
             raise ConfigError(
                 f"{config.source}: models.{i}.tokenizer: cannot load it: {exc}"
             ) from None
+        latency = model.latency
+        if latency is not None and latency.prefill_input == "token_ids":
+            if not counter.has_chat_template:
+                raise ConfigError(
+                    f"{config.source}: models.{i}.latency.prefill_input: token_ids needs the "
+                    f"model's own chat template, and {path.parent / 'tokenizer_config.json'} "
+                    "has no chat_template: the gateway's rendering would only approximate "
+                    "vLLM's (set `tokenizer` to the model's folder, or use text)"
+                )
 
 
 def _check(args: argparse.Namespace) -> int:

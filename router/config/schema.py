@@ -166,6 +166,10 @@ class LatencyConfig(StrictModel):
     max_seq_len: Annotated[int, Field(ge=2)] = 131072
     selection: SelectionConfig | None = None
     """The model's `selection`, changed for the latency path's prefill choice."""
+    prefill_input: Literal["text", "token_ids"] = "text"
+    """How a chat prompt reaches the prefill: `text` (vLLM renders and tokenizes it) or
+    `token_ids` (the gateway's own rendering and encoding, once each prefill server's
+    `/tokenize` has shown it identical; needs the model's chat template)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -14,6 +14,8 @@ import orjson
 from router.config import LatencyConfig
 from router.errors import GatewayError, Overloaded, PrefillError, UpstreamError
 from router.gate import Gate, GateRejected, Lease
+from router.latency.ids_proof import TokenIdsProof
+from router.latency.prompt_ids import PromptIds
 from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.relay import DecodeRelay, RelayEnd
 from router.latency.sampling import DecodeOptions, Sampling, SamplingDefaults, decode_options
@@ -60,7 +62,11 @@ class LatencyPath:
         selection: PathSelection | None = None,
         default_wait_ms: int,
         sampling_defaults: SamplingDefaults,
+        prompt_ids: PromptIds | None = None,
     ) -> None:
+        """`prompt_ids`: the model's own rendering and encoding, for
+        `prefill_input: token_ids` (chat prompts then go as ids to the prefill servers
+        proven to render as the gateway does)."""
         self._model = model
         self._config = config
         self._output_parser = output_parser
@@ -80,6 +86,18 @@ class LatencyPath:
             pool.tilert: self._prefill_of_pool[pool.name] for pool in config.pools
         }
         self._live: set[NodeSession] = set()  # sessions whose slot is not yet released
+        self._prompt_ids: PromptIds | None = None
+        self._proof: TokenIdsProof | None = None
+        if config.prefill_input == "token_ids" and prompt_ids is not None:
+            if prompt_ids.exact:
+                self._prompt_ids = prompt_ids
+                self._proof = TokenIdsProof(model, prompt_ids, deps.upstreams, deps.metrics)
+            else:
+                log.warning(
+                    "model %s: prefill_input token_ids needs the model's chat template "
+                    "(tokenizer_config.json's chat_template): prompts go as text",
+                    model,
+                )
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         try:
@@ -96,12 +114,15 @@ class LatencyPath:
         options = decode_options(request.parsed, request.body, self._sampling_defaults)
         # Before a slot is taken: encoding the prompt must not hold one.
         affinity = await self._affinity(request)
+        ids = await self._token_ids(request)
         lease = await self._acquire(request, started)
         servers = await self._prefill_servers(lease)
         choice = servers.pick(request=affinity)
         session, released = self._session(request, lease, choice, stack)
         try:
-            prefilled = await self._prefill(session, servers, choice, request, options, affinity)
+            prefilled = await self._prefill(
+                session, servers, choice, request, options, affinity, self._ids_for(choice, ids)
+            )
         except PrefillError as exc:
             # Nothing reached the prefill server: the request goes once more, to another
             # one, on a slot taken again once this one is back in the pool.
@@ -113,7 +134,9 @@ class LatencyPath:
             servers = await self._prefill_servers(lease)
             choice = servers.pick(exclude=[choice.url], request=affinity)
             session, _ = self._session(request, lease, choice, stack)
-            prefilled = await self._prefill(session, servers, choice, request, options, affinity)
+            prefilled = await self._prefill(
+                session, servers, choice, request, options, affinity, self._ids_for(choice, ids)
+            )
         relay = DecodeRelay(
             request,
             prefilled,
@@ -156,6 +179,31 @@ class LatencyPath:
             self.server_sets(), request.endpoint.wire, request.body, request.client_headers
         )
 
+    async def _token_ids(self, request: RoutedRequest) -> list[int] | None:
+        """The chat prompt as token ids, if some prefill server of the model is proven to
+        render it as the gateway does; None: it goes as text."""
+        if self._prompt_ids is None or self._proof is None or request.endpoint.wire != "chat":
+            return None
+        proof = self._proof
+        proven = [proof.proven(url) for url in self._config.prefill]  # asks them all
+        if not any(proven):
+            return None
+        ids = await self._prompt_ids.ids(request.body)
+        if ids is not None and len(ids) >= self._config.max_seq_len:
+            return None  # too long: vLLM's own answer to it
+        return ids
+
+    def _ids_for(self, choice: Choice, ids: list[int] | None) -> list[int] | None:
+        if self._proof is None:
+            return None
+        sent = ids if ids is not None and self._proof.proven(choice.url) else None
+        self._deps.metrics.prefill_input(self._model, "text" if sent is None else "token_ids")
+        return sent
+
+    @property
+    def token_ids_proof(self) -> TokenIdsProof | None:
+        return self._proof
+
     async def _prefill_servers(self, lease: Lease) -> ServerSet:
         node = lease.node
         servers = self._prefill_of_pool.get(node.pool) or self._prefill_of_release.get(node.tilert)
@@ -197,13 +245,17 @@ class LatencyPath:
         request: RoutedRequest,
         options: DecodeOptions,
         affinity: Affinity | None,
+        prompt_token_ids: list[int] | None,
     ) -> Prefilled:
         """The session's start; how the prefill went is reported to the server's health (an
         error after the prefill is the node's, and the prefill answered)."""
         with servers.hold(choice.url, affinity):
             try:
                 prefilled = await session.start(
-                    request, options, max_seq_len=self._config.max_seq_len
+                    request,
+                    options,
+                    max_seq_len=self._config.max_seq_len,
+                    prompt_token_ids=prompt_token_ids,
                 )
             except PrefillError as exc:
                 if (outcome := outcome_of(exc)) is not None:

@@ -74,12 +74,20 @@ class NodeSession:
         self._cancel_reason = "client_gone"
 
     async def start(
-        self, request: RoutedRequest, options: DecodeOptions, *, max_seq_len: int
+        self,
+        request: RoutedRequest,
+        options: DecodeOptions,
+        *,
+        max_seq_len: int,
+        prompt_token_ids: list[int] | None = None,
     ) -> Prefilled:
         """Prefill, then open the node's decode stream. Raises GatewayError before any output;
-        the slot is then released (in the background if the protocol needs finishing)."""
+        the slot is then released (in the background if the protocol needs finishing).
+        `prompt_token_ids`: the chat prompt as the gateway encoded it, for the prefill."""
         self._rid = request.request_id  # dash-free: vLLM and the node reduce it to itself
-        self._start_task = asyncio.create_task(self._start(request, options, max_seq_len))
+        self._start_task = asyncio.create_task(
+            self._start(request, options, max_seq_len, prompt_token_ids)
+        )
         try:
             return await asyncio.shield(self._start_task)
         except BaseException:
@@ -87,7 +95,11 @@ class NodeSession:
             raise
 
     async def _start(
-        self, request: RoutedRequest, options: DecodeOptions, max_seq_len: int
+        self,
+        request: RoutedRequest,
+        options: DecodeOptions,
+        max_seq_len: int,
+        prompt_token_ids: list[int] | None,
     ) -> Prefilled:
         deps, node = self._deps, self._lease.node
         body = vllm.prefill_body(
@@ -96,6 +108,7 @@ class NodeSession:
             first_token_of=request.endpoint.wire,
             top_logprobs=options.top_logprobs or 1,
             sampling=options.sampling.for_prefill(),
+            prompt_token_ids=prompt_token_ids,
         )
         data = await vllm.prefill(
             deps.upstreams,

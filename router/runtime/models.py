@@ -12,6 +12,7 @@ from policies.types import Path
 from router.config import GateConfig, ModelConfig, SelectionConfig
 from router.gate import Gate, make_gate
 from router.latency.path import LatencyPath
+from router.latency.prompt_ids import PromptIds
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
 from router.node import configured_nodes
@@ -79,6 +80,7 @@ def build_model(
             deps=deps,
             default_wait_ms=gate_config.max_queue_wait_ms,
             sampling_defaults=sampling_defaults,
+            prompt_ids=PromptIds(counter) if config.latency.prefill_input == "token_ids" else None,
         )
         paths["latency"] = (
             latency if throughput is None else Fallback(latency, throughput, metrics=deps.metrics)

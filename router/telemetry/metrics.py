@@ -108,6 +108,19 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self._prefill_inputs = Counter(
+            "pd_gateway_prefill_inputs",
+            "Latency prefills by how the prompt was sent (text, token_ids).",
+            ["model", "input"],
+            registry=r,
+        )
+        self._token_ids_proofs = Counter(
+            "pd_gateway_prefill_token_ids_proofs",
+            "Verdicts on whether a prefill server renders chat prompts as the gateway does"
+            " (identical, differs, no_tokenize); only identical servers get token ids.",
+            ["model", "server", "verdict"],
+            registry=r,
+        )
         self._token_gap_children: dict[str, Any] = {}
         self._pools = _PoolCollector()
         r.register(self._pools)
@@ -126,6 +139,12 @@ class Metrics:
 
     def request(self, model: str, path: str, rule: str, status: int) -> None:
         self._requests.labels(model, path, rule, str(status)).inc()
+
+    def prefill_input(self, model: str, kind: str) -> None:
+        self._prefill_inputs.labels(model, kind).inc()
+
+    def token_ids_proof(self, model: str, server: str, verdict: str) -> None:
+        self._token_ids_proofs.labels(model, server, verdict).inc()
 
     def unsupported(self, endpoint: str) -> None:
         self._unsupported.labels(endpoint).inc()

@@ -61,6 +61,26 @@ class PromptCounter:
             prompt = prompt[0] if prompt else ""
         return self.encoder.ids([str(prompt)])
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether chat prompts are rendered by the model's own template (else approximated)."""
+        return self._template is not None
+
+    def template_ids(self, body: dict[str, Any], max_chars: int) -> list[int] | None:
+        """A chat prompt's ids as rendered by the model's own template and encoded as vLLM
+        encodes a chat prompt (the segment cache's ids are the whole text's); None without a
+        template, when the template refuses the request, or when the rendered text is
+        longer than `max_chars`."""
+        if self._template is None:
+            return None
+        try:
+            text = str(self._template(body))
+        except Exception:  # a template refusing the request (raise_exception, bad kwargs)
+            return None
+        if len(text) > max_chars:
+            return None
+        return self.encoder.ids([text])
+
     def chat_parts(self, body: dict[str, Any]) -> list[str]:
         """The rendered chat prompt, in parts encoded each on its own."""
         if self._template is not None:
@@ -68,7 +88,7 @@ class PromptCounter:
                 return [str(self._template(body))]
             except Exception:  # a template refusing the request (raise_exception, bad kwargs)
                 log.debug("chat template failed; using the approximate rendering")
-        return renderchat_parts(body)
+        return approximate_chat_parts(body)
 
     def _count_completion(self, prompt: Any, cap: int | None) -> int:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
@@ -82,10 +102,10 @@ class PromptCounter:
 
 def render_chat(body: dict[str, Any]) -> str:
     """The approximate chat rendering used when no chat template is known."""
-    return "".join(renderchat_parts(body))
+    return "".join(approximate_chat_parts(body))
 
 
-def renderchat_parts(body: dict[str, Any]) -> list[str]:
+def approximate_chat_parts(body: dict[str, Any]) -> list[str]:
     """The approximate rendering's parts: the tools, each message, the generation prompt."""
     parts = []
     tools = body.get("tools")

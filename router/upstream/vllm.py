@@ -65,10 +65,15 @@ def prefill_body(
     first_token_of: Endpoint | None = None,
     top_logprobs: int = 1,
     sampling: Mapping[str, Any] | None = None,
+    prompt_token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """One token, not streamed, with the gateway's `kv_transfer_params`; with `first_token_of`,
     the first token's logprob (and `top_logprobs` candidates) is asked for in that
-    endpoint's shape (the latency path), and `sampling` replaces the client's settings."""
+    endpoint's shape (the latency path), and `sampling` replaces the client's settings.
+
+    `prompt_token_ids`: a chat prompt already rendered and encoded, which vLLM (0.32) takes
+    from `kv_transfer_params` instead of rendering the messages (§1.1); the request stays a
+    chat request, so everything else about it and its answer is as without."""
     out = {k: v for k, v in body.items() if k not in _NOT_IN_PREFILL}
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
@@ -78,6 +83,8 @@ def prefill_body(
         out.update(_FIRST_TOKEN[first_token_of][0](max(1, top_logprobs)))
     if sampling is not None:
         out.update(sampling)
+    if prompt_token_ids is not None:
+        kv_transfer_params = {**kv_transfer_params, "prompt_token_ids": prompt_token_ids}
     out["kv_transfer_params"] = kv_transfer_params
     return out
 
@@ -149,6 +156,25 @@ async def prefill(
     if reply.status != 200:
         raise await reply.failure()
     return await reply.json()
+
+
+TOKENIZE = Target("tokenize", "the vLLM server's /tokenize")
+
+
+async def tokenize(upstreams: Upstreams, url: str, body: dict[str, Any]) -> list[int] | None:
+    """The ids vLLM renders and encodes for a chat body (`messages`, `tools`,
+    `chat_template_kwargs`) at `POST /tokenize`; None if the server answers no ids (no such
+    endpoint, or it refuses the body). Raises UpstreamError if it does not answer."""
+    reply = await upstreams.call(
+        TOKENIZE, "POST", url, "/tokenize", body=body, read_s=upstreams.timeouts.prefill_s
+    )
+    if reply.status != 200:
+        return None
+    data = await reply.json()
+    tokens = data.get("tokens") if isinstance(data, dict) else None
+    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+        return None
+    return tokens
 
 
 async def answers_health(upstreams: Upstreams, url: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -55,6 +56,24 @@ def build_app(server: VllmServer, gate: Gate | None = None) -> Availability:
             for name in server.config.served_model_names
         ]
         return JSONResponse({"object": "list", "data": data})
+
+    async def tokenize(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+            tokens = server.tokenize(body)
+        except (ValueError, TypeError, AttributeError) as exc:
+            return JSONResponse(
+                {"error": {"message": str(exc), "type": "BadRequestError", "code": 400}},
+                status_code=400,
+            )
+        return JSONResponse(
+            {
+                "count": len(tokens),
+                "max_model_len": server.config.max_model_len,
+                "tokens": tokens,
+                "token_strs": None,
+            }
+        )
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
@@ -113,6 +132,7 @@ def build_app(server: VllmServer, gate: Gate | None = None) -> Availability:
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/responses", responses, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics_text, methods=["GET"]),
             Route("/sim/requests", sim_requests, methods=["GET"]),

@@ -132,8 +132,10 @@ class ChatRequest(GenerationRequest):
 
     @property
     def message_dicts(self) -> list[dict[str, Any]]:
-        """The messages as plain dicts, as the client sent them."""
-        return [m.model_dump(exclude_unset=True) for m in self.messages]
+        """The messages as plain dicts, as the client sent them but for a missing or null
+        content, which vLLM hands the template as empty text."""
+        dicts = [m.model_dump(exclude_unset=True) for m in self.messages]
+        return [{**d, "content": "" if d.get("content") is None else d["content"]} for d in dicts]
 
     @property
     def tool_dicts(self) -> list[dict[str, Any]] | None:

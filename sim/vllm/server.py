@@ -96,6 +96,9 @@ class VllmServer:
     def __init__(self, config: ServerConfig, vocab: Vocab) -> None:
         self.config = config
         self.vocab = vocab
+        # As vLLM's bound: ids need not be dense (GLM's special tokens sit far above).
+        ids = vocab.tokenizer.get_vocab(with_added_tokens=True).values()
+        self._max_token_id = max(vocab.size - 1, *ids)
         self.records = ServerRecords()
         self.faults = FaultBoard(FAULTS)
         self.faults.arm(config.faults)
@@ -447,17 +450,31 @@ class VllmServer:
                     "Provide at least one message.",
                 )
             try:
-                return [
-                    plan_chat(
-                        self.vocab,
-                        request.message_dicts,
-                        default,
-                        request.tool_dicts,
-                        request.chat_template_kwargs,
-                    )
-                ]
+                plan = plan_chat(
+                    self.vocab,
+                    request.message_dicts,
+                    default,
+                    request.tool_dicts,
+                    request.chat_template_kwargs,
+                )
             except ChatTemplateError as exc:
                 raise ApiError(400, str(exc)) from exc
+            # As vLLM 0.32: ids a disaggregated prefill forwards replace the rendering.
+            reused = (request.kv_transfer_params or {}).pop("prompt_token_ids", None)
+            if reused is not None:
+                if (
+                    not isinstance(reused, list)
+                    or not reused
+                    or any(type(i) is not int or i < 0 for i in reused)
+                ):
+                    raise ApiError(
+                        400,
+                        "`kv_transfer_params['prompt_token_ids']` must be a non-empty list "
+                        "of non-negative integers.",
+                    )
+                self._check_vocabulary(reused)
+                plan = Plan(reused, plan.output_ids, plan.scripted)
+            return [plan]
         plans = []
         for prompt in completion_prompts(request.prompt):
             if isinstance(prompt, list):
@@ -465,9 +482,30 @@ class VllmServer:
             plans.append(plan_completion(self.vocab, prompt, default))
         return plans
 
+    def tokenize(self, body: dict[str, Any]) -> list[int]:
+        """``POST /tokenize``: a chat's prompt ids as a chat request renders them, or a
+        completion prompt's. Raises ValueError for a body neither."""
+        if "messages" in body:
+            chat = ChatRequest.model_validate(body)  # a pydantic ValidationError is a ValueError
+            try:
+                plan = plan_chat(
+                    self.vocab,
+                    chat.message_dicts,
+                    self.config.default_output_tokens,
+                    chat.tool_dicts,
+                    chat.chat_template_kwargs,
+                )
+            except ChatTemplateError as exc:
+                raise ValueError(str(exc)) from exc
+            return plan.prompt_ids
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise ValueError("give `messages` or a `prompt` string")
+        return plan_completion(self.vocab, prompt, self.config.default_output_tokens).prompt_ids
+
     def _check_vocabulary(self, token_ids: list[int]) -> None:
         for token_id in (min(token_ids, default=0), max(token_ids, default=0)):
-            if not 0 <= token_id < self.vocab.size:
+            if not 0 <= token_id <= self._max_token_id:
                 raise ApiError(400, f"Token id {token_id} is out of vocabulary")
 
     async def _source(

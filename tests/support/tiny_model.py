@@ -11,6 +11,7 @@ fixed seed), so what it says is noise, but every field around the text is vLLM's
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -99,9 +100,14 @@ def model_config(vocab_size: int, bos_id: int, eos_id: int) -> dict[str, object]
     }
 
 
-def write_model(directory: Path) -> Path:
-    """Write config, tokenizer and chat template into ``directory``; return it."""
+def write_model(directory: Path, tokenizer_dir: Path | None = None) -> Path:
+    """Write config, tokenizer and chat template into ``directory``; return it.
+
+    ``tokenizer_dir``: a shipped tokenizer (tokenizer.json and tokenizer_config.json, with
+    its own chat template) instead of the one trained here; the vocabulary covers its ids."""
     directory.mkdir(parents=True, exist_ok=True)
+    if tokenizer_dir is not None:
+        return _write_with_tokenizer(directory, tokenizer_dir)
     tokenizer = build_tokenizer()
     tokenizer.save(str(directory / "tokenizer.json"))
     bos_id, eos_id = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
@@ -116,6 +122,29 @@ def write_model(directory: Path) -> Path:
             "add_bos_token": False,
             "chat_template": CHAT_TEMPLATE,
         },
+    }
+    for name, content in files.items():
+        (directory / name).write_text(json.dumps(content, indent=2) + "\n")
+    return directory
+
+
+def _write_with_tokenizer(directory: Path, tokenizer_dir: Path) -> Path:
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    shutil.copyfile(tokenizer_dir / "tokenizer.json", directory / "tokenizer.json")
+
+    def token_id(field: str) -> int:
+        token = config.get(field)
+        found = tokenizer.token_to_id(token) if isinstance(token, str) else None
+        return found if found is not None else 0
+
+    bos_id, eos_id = token_id("bos_token"), token_id("eos_token")
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    files = {
+        # Its ids need not be dense (GLM's special tokens sit far above its vocabulary).
+        "config.json": model_config(max(vocab.values()) + 1, bos_id, eos_id),
+        "generation_config.json": {"bos_token_id": bos_id, "eos_token_id": eos_id},
+        "tokenizer_config.json": {**config, "model_max_length": MAX_MODEL_LEN},
     }
     for name, content in files.items():
         (directory / name).write_text(json.dumps(content, indent=2) + "\n")
