@@ -49,7 +49,7 @@ import httpx
 import orjson
 import uvloop
 
-from bench.experiments.harness import BenchGateway
+from bench.experiments.harness import BenchGateway, latency_model
 from bench.stats import percentile
 from sim.stack import SimStack
 
@@ -167,21 +167,10 @@ class Outcome:
 
 
 def gateway_config(prefills: SimStack, nodes: SimStack, policy: Policy) -> dict[str, Any]:
-    model = {
-        "name": MODEL,
-        "tokenizer": "deepseek",
-        "latency": {
-            "prefill": [p.url for p in prefills.prefills],
-            "nodes": [
-                {"host": n.host, "ctrl_port": n.ctrl_port, "http_port": n.http_port}
-                for n in nodes.nodes
-            ],
-        },
-        "selection": {
-            "block_size": BLOCK_SIZE,
-            "kv_events": {"endpoints": {p.url: p.kv_events_endpoint for p in prefills.prefills}},
-            **policy.selection,
-        },
+    selection = {
+        "block_size": BLOCK_SIZE,
+        "kv_events": {"endpoints": {p.url: p.kv_events_endpoint for p in prefills.prefills}},
+        **policy.selection,
     }
     return {
         "server": {"expose_upstream": True},
@@ -191,7 +180,7 @@ def gateway_config(prefills: SimStack, nodes: SimStack, policy: Policy) -> dict[
         "classification": {
             "rules": {"default": {"name": "all", "path": "latency", "on_saturation": "queue"}}
         },
-        "models": [model],
+        "models": [latency_model(prefills, MODEL, nodes, selection=selection)],
     }
 
 

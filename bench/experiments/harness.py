@@ -14,8 +14,11 @@ from bench.processes import GatewayChild, rss_mb
 from sim.stack import SimStack
 
 
-def latency_model(stack: SimStack, name: str, **entry: Any) -> dict[str, Any]:
-    """A model served by `stack`'s prefill servers and TileRT nodes (DeepSeek tokenizer)."""
+def latency_model(
+    stack: SimStack, name: str, nodes: SimStack | None = None, **entry: Any
+) -> dict[str, Any]:
+    """A model served by `stack`'s prefill servers and TileRT nodes (`nodes`' nodes if
+    another stack runs them), DeepSeek tokenizer."""
     return {
         "name": name,
         "tokenizer": "deepseek",
@@ -23,7 +26,7 @@ def latency_model(stack: SimStack, name: str, **entry: Any) -> dict[str, Any]:
             "prefill": [p.url for p in stack.prefills],
             "nodes": [
                 {"host": n.host, "ctrl_port": n.ctrl_port, "http_port": n.http_port}
-                for n in stack.nodes
+                for n in (nodes or stack).nodes
             ],
         },
         **entry,
