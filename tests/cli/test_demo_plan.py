@@ -182,7 +182,7 @@ def test_port_offset_moves_every_port_and_keeps_paths_loadable(tmp_path: Path) -
     assert ds.latency is not None and glm.latency is not None
     assert ds.latency.prefill == ["http://127.0.0.1:9100"]
     assert [(n.ctrl_port, n.http_port) for n in ds.latency.nodes] == [(6556, 6557), (6566, 6567)]
-    assert ds.throughput is not None and ds.throughput.model_dump() == {
+    assert ds.throughput is not None and ds.throughput.model_dump(exclude_none=True) == {
         "mode": "pull",
         "prefill": ["http://127.0.0.1:9100"],
         "decode": ["http://127.0.0.1:9200"],

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.report import markers
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -50,7 +52,11 @@ def test_the_readmes_performance_figures_are_those_of_the_benchmarks_page() -> N
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("\n## Performance\n")[1].split("\n## ")[0]
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    table = page.split("\n<!-- pd-gateway bench: start -->\n")[1].split("\n<!-- pd-gateway")[0]
+    tables = [
+        page.split(f"\n{start}\n")[1].split(f"\n{end}")[0]
+        for start, end in (markers("paths"), markers("agents"))
+    ]
+    table = "\n".join(tables)
     figures = re.findall(r"[-+]?\d+\.\d+", section)
     assert len(figures) > 10
     assert [f for f in figures if f not in table] == []

@@ -172,6 +172,7 @@ def stall_taken(server: KillableServer) -> bool:
     return "stall" not in response.json()["faults"]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("workload", "victim"), [("fast", 0), ("batch", 1)])
 async def test_a_killed_prefill_server_costs_only_the_request_in_flight_on_it(
     gateway: GatewayProcess, prefills: list[KillableServer], workload: str, victim: int
