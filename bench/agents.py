@@ -18,6 +18,7 @@ run on emptied caches with conversations of its own:
 * `session`: the default composition without prefix affinity, each conversation naming
   itself in `x-session-id`;
 * `prefix`: the default composition (prefix affinity from the blocks sent);
+* `prefix_weight_1`: the same with the `prefix` scorer's weight 1 (the default is 2);
 * `prefix_kv_events`: the same, knowing what each server holds from its KV-cache events;
 * `oracle`: not a run but a bound: the hit rate of sending every turn where the previous
   one was computed, with no eviction (a turn's answer is decoded elsewhere, so the
@@ -79,6 +80,7 @@ POLICIES = {
     ),
     "session": Policy({"prefix_affinity": False}, session=True),
     "prefix": Policy({}),
+    "prefix_weight_1": Policy({"weights": {"prefix": 1}}),
     "prefix_kv_events": Policy({"prefix_index": "kv_events"}),
 }
 BASELINE = "least_outstanding"
@@ -91,12 +93,16 @@ class AgentOptions:
     first_words: int = 2000
     turn_words: int = 3100
     prefills: int = 4
-    prefill_ms_per_token: float = 0.02
+    prefill_ms_per_token: float = 0.1
+    """10k uncached tokens a second: the order of one 8-GPU node's prefill of a large model
+    at these context lengths. Far below it, the servers idle and the simulators' and the
+    gateway's own CPU time (which grows with the whole prompt) dominates TTFT."""
     cache_blocks: int = 65536
     """Each server's prefix cache, in blocks: a million tokens, room for every
     conversation's context."""
-    think_ms: float = 1000.0
-    """Mean pause between a turn's answer and the next turn (exponential)."""
+    think_ms: float = 2000.0
+    """Mean pause between a turn's answer and the next turn (exponential): an agent's tool
+    calls, a person reading."""
     rounds: int = 1
     kill: bool = True
     recovery_s: float = 10.0

@@ -78,8 +78,9 @@ class SelectionWeights(StrictModel):
     """The work the gateway has in flight on the server."""
     queue: Annotated[float, Field(ge=0, le=100)] = 1.0
     """The server's own queue and KV-cache use, from its `/metrics`."""
-    prefix: Annotated[float, Field(ge=0, le=100)] = 1.0
-    """The share of the prompt the server holds in its prefix cache."""
+    prefix: Annotated[float, Field(ge=0, le=100)] = 2.0
+    """The share of the prompt the server holds in its prefix cache (worth this turn's
+    saving and the next turn's: a conversation that moves leaves its cache behind)."""
     session: Annotated[float, Field(ge=0, le=100)] = 0.5
     """The session's preferred server."""
     random: Annotated[float, Field(ge=0, le=100)] = 0.0

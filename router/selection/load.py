@@ -7,6 +7,10 @@ waiting for a place in the batch, and the share of the KV cache in use.
 
 A server's figures hold for a few scrape intervals; older ones, or a server with no
 `/metrics`, score 0, so the set ranks it by the gateway's own requests in flight alone.
+Each reading keeps how many requests the gateway itself had in flight there when it was
+read: the server's requests beyond those are other replicas' and clients' (comparing the
+figures with the requests in flight now would count every request that ended since the
+reading as someone else's).
 """
 
 from __future__ import annotations
@@ -60,14 +64,17 @@ class LoadBook:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._figures: dict[str, tuple[Load, float]] = {}  # url -> (figures, read at)
+        self._own: dict[str, int] = {}
         self._valid_s: dict[str, float] = {}
 
-    def record(self, url: str, load: Load | None, *, valid_s: float) -> None:
-        """What `url` reported (None: it has no figures), holding for `valid_s`."""
+    def record(self, url: str, load: Load | None, *, valid_s: float, own: int = 0) -> None:
+        """What `url` reported (None: it has no figures), holding for `valid_s`; `own`: the
+        requests the gateway had in flight there when it was read."""
         if load is None:
             self._figures.pop(url, None)
             return
         self._figures[url] = (load, self._clock())
+        self._own[url] = own
         self._valid_s[url] = valid_s
 
     def fresh(self, url: str) -> Load | None:
@@ -79,6 +86,14 @@ class LoadBook:
         if self._clock() - read_at > self._valid_s[url]:
             return None
         return load
+
+    def foreign(self, url: str) -> float:
+        """The requests `url` ran or queued when last read beyond the gateway's own then."""
+        entry = self._figures.get(url)
+        if entry is None:
+            return 0.0
+        load = entry[0]
+        return max(0.0, load.running + load.waiting - self._own[url])
 
     def snapshot(self, urls: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Each server's figures and their age, for the admin API and metrics."""
@@ -92,6 +107,7 @@ class LoadBook:
             seen[url] = {
                 "running": load.running,
                 "waiting": load.waiting,
+                "own_when_read": self._own[url],
                 "kv_cache_usage": load.kv_cache_usage,
                 "age_s": round(now - read_at, 3),
                 "stale": now - read_at > self._valid_s[url],
@@ -112,9 +128,9 @@ class LoadWeights:
 
 class ServerLoad:
     """Ranks by what the server's own figures add to what the gateway knows: the requests
-    it runs or queues beyond the gateway's own in flight there (other replicas' and
-    clients'), its waiting requests again, and its KV-cache use. The gateway's own work is
-    ranked by `LeastOutstanding` beside it; stale or missing figures score 0."""
+    it ran or queued beyond the gateway's own in flight there when read (other replicas'
+    and clients'), its waiting requests again, and its KV-cache use. The gateway's own work
+    is ranked by `LeastOutstanding` beside it; stale or missing figures score 0."""
 
     name = "queue"
 
@@ -130,9 +146,8 @@ class ServerLoad:
         if figures is None:
             return 0.0
         w = self.weights
-        foreign = max(0.0, figures.running + figures.waiting - in_flight[url])
         return (
-            foreign * w.foreign
+            self.book.foreign(url) * w.foreign
             + figures.waiting * w.waiting
             + figures.kv_cache_usage * w.kv_cache_usage
         )

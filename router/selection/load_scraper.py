@@ -39,14 +39,21 @@ async def scrape_once(
     """Read every server of `sets` that ranks by load once; what each reported, by URL (a
     server that did not answer, `read` raising UpstreamError, is left out: its last
     figures age). `read` gives None for a server without figures."""
+    sets = list(sets)
     books = load_books(sets)
     urls = list(dict.fromkeys(url for servers, _ in books for url in servers.urls))
+    own: dict[str, int] = {}
 
     async def reading(url: str) -> Load | UpstreamError | None:
+        before = own_in_flight(sets, url)
         try:
             return await read(url)
         except UpstreamError as exc:
             return exc
+        finally:
+            # The server counted its requests somewhere between the two: the larger count
+            # never takes one of the gateway's own for someone else's.
+            own[url] = max(before, own_in_flight(sets, url))
 
     answers = dict(zip(urls, await asyncio.gather(*map(reading, urls)), strict=True))
     valid_s = STALE_AFTER_INTERVALS * interval_s
@@ -57,8 +64,13 @@ async def scrape_once(
     for servers, book in books:
         for url in servers.urls:
             if url in read_now:
-                book.record(url, read_now[url], valid_s=valid_s)
+                book.record(url, read_now[url], valid_s=valid_s, own=own[url])
     return read_now
+
+
+def own_in_flight(sets: Iterable[ServerSet], url: str) -> int:
+    """The gateway's requests in flight on `url`, over every set that names it."""
+    return sum(servers.outstanding().get(url, 0) for servers in sets)
 
 
 async def scrape_forever(

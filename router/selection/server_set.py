@@ -284,7 +284,7 @@ class Weights:
 
     load: float = 1.0
     queue: float = 1.0
-    prefix: float = 1.0
+    prefix: float = 2.0
     session: float = 0.5
     random: float = 0.0
 

@@ -76,7 +76,7 @@ def test_a_path_changes_only_the_fields_it_names() -> None:
     assert latency.weights.model_dump() == {
         "load": 1.0,
         "queue": 0.0,
-        "prefix": 1.0,
+        "prefix": 2.0,
         "session": 2.0,
         "random": 0.0,
     }

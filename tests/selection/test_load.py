@@ -87,7 +87,14 @@ def test_figures_hold_for_their_validity_and_then_go_stale() -> None:
     clock.now += 6
     assert book.fresh(A) == load
     assert book.snapshot([A, B]) == {
-        A: {"running": 1, "waiting": 2, "kv_cache_usage": 0.5, "age_s": 6.0, "stale": False}
+        A: {
+            "running": 1,
+            "waiting": 2,
+            "own_when_read": 0,
+            "kv_cache_usage": 0.5,
+            "age_s": 6.0,
+            "stale": False,
+        }
     }
     clock.now += 0.5
     assert book.fresh(A) is None
@@ -99,11 +106,15 @@ def test_figures_hold_for_their_validity_and_then_go_stale() -> None:
 def test_the_score_weighs_foreign_and_waiting_requests_and_kv_use() -> None:
     book = LoadBook(clock=Clock())
     scorer = ServerLoad(book)
-    book.record(A, Load(running=3, waiting=5, kv_cache_usage=0.25), valid_s=1)
+    # 8 requests on the server when read, 2 of them the gateway's own: 6 foreign; 5 waiting.
+    book.record(A, Load(running=3, waiting=5, kv_cache_usage=0.25), valid_s=1, own=2)
     assert scorer.name == "queue"
-    # 8 requests on the server, 2 of them the gateway's own: 6 foreign; 5 waiting.
     assert scorer.score(A, {A: 2.0}, {A: 2}) == 6 * 1.0 + 5 * 1.0 + 0.25 * 4.0
+    # What the gateway has in flight now does not change what was foreign when read: the
+    # requests it counted then may have ended since.
+    assert scorer.score(A, {A: 0.0}, {A: 0}) == 6 * 1.0 + 5 * 1.0 + 0.25 * 4.0
     # The gateway's own requests are not counted twice (nor below zero).
+    book.record(A, Load(running=3, waiting=5, kv_cache_usage=0.25), valid_s=1, own=9)
     assert scorer.score(A, {A: 9.0}, {A: 9}) == 5 * 1.0 + 0.25 * 4.0
     assert scorer.score(B, {B: 7.0}, {B: 7}) == 0.0  # no figures
 
@@ -172,6 +183,30 @@ async def test_a_server_in_two_sets_is_read_once_and_both_books_hear_it() -> Non
     assert load_snapshot(first)[A]["stale"] is False
     clock.now += 0.1
     assert load_snapshot(first)[A]["stale"] is True
+
+
+async def test_a_reading_keeps_the_gateways_own_requests_then() -> None:
+    """Three requests on the server when read, two of them the gateway's: one is foreign,
+    also after the gateway's have ended; and one of the gateway's that ends while the
+    server is being read is still its own."""
+    clock = Clock()
+    servers, book = loaded_set(clock)
+    first, second = servers.hold(A), servers.hold(A)
+    first.__enter__()
+    second.__enter__()
+
+    class EndingDuringTheRead(Reader):
+        async def __call__(self, url: str) -> Load | None:
+            if url == A:
+                second.__exit__(None, None, None)
+            return await super().__call__(url)
+
+    three = Load(running=3, waiting=0, kv_cache_usage=0.0)
+    await scrape_once([servers], EndingDuringTheRead({A: three, B: None}), interval_s=1)
+    first.__exit__(None, None, None)
+    assert servers.outstanding() == {A: 0, B: 0}
+    assert book.foreign(A) == 1.0
+    assert load_snapshot(servers)[A]["own_when_read"] == 2
 
 
 async def test_a_server_that_does_not_answer_keeps_its_last_figures_until_they_age() -> None:
