@@ -37,9 +37,13 @@ def test_prefix_affinity_sends_each_turn_where_its_context_is() -> None:
         assert [t.reason for t in later] == ["prefix"] * len(later), name
         assert outcome.hit_rate() >= 0.9 * oracle, name
     assert results.outcomes["least_outstanding"].hit_rate() < 0.9 * oracle
+    remaining = results.remaining
+    assert remaining is not None and len(remaining.answered) == turns, remaining.errors
+    assert {t.server for t in remaining.answered} <= set(results.urls[:-1])
     killed = results.killed
     assert killed is not None and results.killed_at is not None
     assert not [code for code in killed.errors if "unreachable" in code]
 
     table = report(results, "pd-gateway bench --scenario agents --quick")
     assert "| prefix hit rate |" in table and "| target | measured | met |" in table
+    assert "healthy on the servers that remain" in table

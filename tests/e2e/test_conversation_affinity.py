@@ -48,10 +48,14 @@ def prefills() -> Iterator[list[KillableServer]]:
 def gateways(
     stack: SimStack, prefills: list[KillableServer], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, GatewayProcess]]:
-    """`prefix`: the defaults (prefix affinity on); `session`: prefix affinity off."""
+    """`prefix`: prefix affinity on, its scorer at weight 1 (a cached prompt is worth one
+    prompt's work ahead, so that the two requests the overload test holds outweigh the
+    conversation's cache; at the default weight, 2, it would take twice the work);
+    `session`: prefix affinity off."""
     configs = {}
     own_nodes = {"prefix": stack.nodes[: HOLDERS + 1], "session": stack.nodes[HOLDERS + 1 :]}
-    for name, selection in (("prefix", {}), ("session", {"prefix_affinity": False})):
+    selections = {"prefix": {"weights": {"prefix": 1}}, "session": {"prefix_affinity": False}}
+    for name, selection in selections.items():
         model = {
             "name": MODEL,
             "tokenizer": "deepseek",
