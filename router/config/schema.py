@@ -482,6 +482,8 @@ class UpstreamsConfig(StrictModel):
     keepalive_expiry_s: Annotated[float, Field(gt=0)] = 4.0
     max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
     """An answer's status line and headers (vLLM's are a few hundred bytes)."""
+    max_header_count: Annotated[int, Field(ge=16)] = 256
+    """An answer's header fields (vLLM sends a handful)."""
     # A whole non-streamed answer: n choices of a long generation with top logprobs run to
     # megabytes; a streamed body is relayed as it comes and not capped.
     max_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024

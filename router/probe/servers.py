@@ -167,7 +167,8 @@ async def _bounded(call: Awaitable[T], bound_s: float) -> T:
 
 async def _health_status(upstreams: Upstreams, url: str) -> int:
     """The status only: the body, whatever its size, is not read."""
-    reply = await upstreams.open(HEALTH, "GET", url, "/health", read_s=upstreams.timeouts.connect_s)
+    connect_s = upstreams.timeouts.connect_s
+    reply = await upstreams.open(HEALTH, "GET", url, "/health", read_s=connect_s, total_s=connect_s)
     await reply.aclose()
     return reply.status
 

@@ -59,7 +59,7 @@ async def _stream(
     # After the first byte the status is spent: a failure becomes an SSE error event.
     last = EVENT_END
     try:
-        async for raw in reply.chunks():
+        async for raw in reply.chunks(by_lines=True):
             chunk = raw if rewrite is None else rewrite.feed(raw)
             if chunk:
                 last = chunk

@@ -36,15 +36,16 @@ async def send_decode(
     body: dict[str, Any],
 ) -> Reply:
     """Send the decode leg; an error status raises before anything is relayed."""
-    # A non-stream answer only arrives when generation ends: no bound on that wait.
-    read_s = upstreams.timeouts.prefill_s if request.parsed.stream else None
+    # A non-stream answer only arrives when generation ends: it is bounded as a whole.
+    prefill_s = upstreams.timeouts.prefill_s
     reply = await upstreams.open(
         vllm.DECODE,
         "POST",
         url,
         request.endpoint.path,
         body=body,
-        read_s=read_s,
+        read_s=prefill_s,
+        total_s=None if request.parsed.stream else prefill_s,
         request_id=request.request_id,
         stack=stack,
     )

@@ -31,8 +31,9 @@ class ProxyPath:
         return [self._proxy]
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
-        # A non-stream answer only arrives when generation ends: no bound on that wait.
-        read_s = self._upstreams.timeouts.prefill_s if request.parsed.stream else None
+        # A non-stream answer only arrives when generation ends: it is bounded as a whole.
+        prefill_s = self._upstreams.timeouts.prefill_s
+        total_s = None if request.parsed.stream else prefill_s
 
         async def forward(choice: Choice) -> Reply:
             chosen(request, choice)
@@ -42,7 +43,8 @@ class ProxyPath:
                 choice.url,
                 request.endpoint.path,
                 body=request.native_body,
-                read_s=read_s,
+                read_s=prefill_s,
+                total_s=total_s,
                 request_id=request.request_id,
                 stack=stack,
             )

@@ -1,13 +1,15 @@
 """The one way the gateway calls a backend: `Upstreams` keeps one connection pool per
 upstream base URL, held to `upstreams` in router.yaml, with timeouts from `timeouts` only.
 
-A call names its `Target` (for errors) and how long each wait for the answer's bytes may
-last; its answer is a `Reply`, whose body is read whole, line by line or chunk by chunk.
+A call names its `Target` (for errors), how long each wait for the answer's bytes may
+last and, unless the answer is a stream, how long the whole answer may take; its answer is
+a `Reply`, whose body is read whole, line by line or chunk by chunk.
 Every transport failure, at any of those steps, surfaces as a `router.errors.UpstreamError`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 from collections.abc import AsyncIterator, Mapping
@@ -70,6 +72,7 @@ def limits_of(config: UpstreamsConfig) -> Limits:
         max_idle_connections=config.max_keepalive_connections,
         idle_expiry_s=config.keepalive_expiry_s,
         max_header_bytes=config.max_header_bytes,
+        max_header_count=config.max_header_count,
         max_body_bytes=config.max_body_bytes,
     )
 
@@ -80,24 +83,37 @@ class Reply:
 
     __slots__ = (
         "_answer",
+        "_deadline",
         "_max_body_bytes",
         "_raw_headers",
         "_read_s",
         "_source",
+        "_total_s",
         "content",
         "status",
         "target",
     )
 
     def __init__(
-        self, target: Target, answer: RawReply, *, read_s: float | None, max_body_bytes: int
+        self,
+        target: Target,
+        answer: RawReply,
+        *,
+        read_s: float | None,
+        max_body_bytes: int,
+        total_s: float | None = None,
+        deadline: float | None = None,
     ) -> None:
+        """`deadline`: the event loop's time by which the whole answer must have arrived
+        (`total_s` after it was asked for), if it must."""
         self.target = target
         self.status = answer.status
         self._raw_headers = answer.headers
         self._answer = answer
         self._read_s = read_s
         self._max_body_bytes = max_body_bytes
+        self._total_s = total_s
+        self._deadline = deadline
         self._source: RawReply | _Decoded | None = None  # what `receive` reads
         self.content: bytes | None = None
         """The whole body, once `read()` has run."""
@@ -150,16 +166,27 @@ class Reply:
             content = b""
         return status_failure(self.target, self.status, content)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives, each wait bounded by the call's `read_s`."""
+    async def chunks(self, *, by_lines: bool = False) -> AsyncIterator[bytes]:
+        """The body as it arrives, each wait bounded by the call's `read_s`. `by_lines`, for
+        a stream of lines or events that has no whole-answer deadline: `read_s` bounds the
+        time from one line's end to the next's instead, so a stream is never cut while its
+        lines keep coming, and one trickling in without ending a line ends all the same."""
+        read_s = self._read_s
+        gap_s = read_s if by_lines else None
+        loop = asyncio.get_running_loop()
+        line_due = None if gap_s is None else loop.time() + gap_s
         while True:
+            wait_s = read_s if line_due is None else max(line_due - loop.time(), 0.0)
             try:
-                chunk = await self.receive(self._read_s)
+                chunk = await self.receive(wait_s)
             except TimeoutError:
-                stalled = TimedOut(f"no body bytes within {self._read_s} s")
+                progress = "no line's end" if line_due is not None else "no body bytes"
+                stalled = TimedOut(f"{progress} within {read_s} s")
                 raise transport_failure(self.target, stalled) from None
             if not chunk:
                 return
+            if gap_s is not None and b"\n" in chunk:
+                line_due = loop.time() + gap_s
             yield chunk
 
     async def receive(self, timeout_s: float | None) -> bytes:
@@ -173,6 +200,19 @@ class Reply:
                 source = self._source = self._answer
             else:  # asked for none, but a server may encode all the same
                 source = self._source = _Decoded(self._answer, coding.strip().lower())
+        deadline = self._deadline
+        if deadline is not None:
+            left = deadline - asyncio.get_running_loop().time()
+            if timeout_s is None or left < timeout_s:
+                # What has arrived is handed out even past the deadline; a wait is not.
+                try:
+                    return await self._received(source, max(left, 0.0))
+                except TimeoutError:
+                    overdue = TimedOut(f"no whole answer within {self._total_s:g} s")
+                    raise transport_failure(self.target, overdue) from None
+        return await self._received(source, timeout_s)
+
+    async def _received(self, source: RawReply | _Decoded, timeout_s: float | None) -> bytes:
         try:
             return await source.receive(timeout_s)
         except TransportFailure as exc:
@@ -269,11 +309,16 @@ class Upstreams:
         *,
         body: Any = None,
         read_s: float | None,
+        total_s: float | None = None,
         request_id: str | None = None,
         stack: AsyncExitStack | None = None,
     ) -> Reply:
         """Send a request; return once its status and headers have arrived. The reply is
-        closed when `stack` unwinds, if one is given; otherwise by the caller."""
+        closed when `stack` unwinds, if one is given; otherwise by the caller.
+
+        `read_s` bounds the wait for the whole head, then each wait for body bytes (or, for
+        a body read `by_lines`, for each line's end); `total_s` the whole answer, head and
+        body, from now: every answer that is not a stream has one."""
         if self._closed:
             raise target.failure("unreachable", "is not called: the gateway is closing", status=502)
         content = None if body is None else orjson.dumps(body)
@@ -283,10 +328,15 @@ class Upstreams:
         if content is not None:
             headers.append((b"content-type", b"application/json"))
         t = self.timeouts
-        # `read_s` bounds each wait for the answer's bytes (None: as long as it takes, for
-        # answers that arrive only when generation ends).
         write_s = t.prefill_s if read_s is None else read_s
-        waits = Waits(pool_s=t.connect_s, connect_s=t.connect_s, write_s=write_s, read_s=read_s)
+        deadline = None if total_s is None else asyncio.get_running_loop().time() + total_s
+        waits = Waits(
+            pool_s=t.connect_s,
+            connect_s=t.connect_s,
+            write_s=write_s,
+            read_s=read_s,
+            deadline=deadline,
+        )
         try:
             answer = await self._pool(base).send(method, path, headers, content, waits)
         except TransportFailure as exc:
@@ -296,7 +346,14 @@ class Upstreams:
             raise transport_failure(target, exc) from None
         # The answer does not keep its request: a stream may stay open for minutes, and the
         # request's body (a whole prompt) is not needed once sent.
-        reply = Reply(target, answer, read_s=read_s, max_body_bytes=self.limits.max_body_bytes)
+        reply = Reply(
+            target,
+            answer,
+            read_s=read_s,
+            max_body_bytes=self.limits.max_body_bytes,
+            total_s=total_s,
+            deadline=deadline,
+        )
         if stack is not None:
             stack.push_async_callback(reply.aclose)
         return reply
@@ -310,11 +367,20 @@ class Upstreams:
         *,
         body: Any = None,
         read_s: float | None,
+        total_s: float | None = None,
         request_id: str | None = None,
     ) -> Reply:
-        """Send a request and read its whole answer."""
+        """Send a request and read its whole answer, within `total_s` (`read_s` if not
+        given)."""
         reply = await self.open(
-            target, method, base, path, body=body, read_s=read_s, request_id=request_id
+            target,
+            method,
+            base,
+            path,
+            body=body,
+            read_s=read_s,
+            total_s=read_s if total_s is None else total_s,
+            request_id=request_id,
         )
         try:
             await reply.read()

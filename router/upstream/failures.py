@@ -8,7 +8,8 @@ request got:
     unreachable  nothing was sent (refused, no route, connect or pool timeout)   502
     timeout      sent, but the answer did not come in time                       504, in doubt
     broken       sent, then the connection broke off, or the answer broke a      502, in doubt
-                 rule of HTTP or a cap (max_header_bytes, max_body_bytes)
+                 rule of HTTP or a cap (max_header_bytes, max_header_count,
+                 max_body_bytes)
 
 "In doubt" means the upstream may have acted on the request: a prefill server may have
 pushed a KV transfer, a node may be decoding.

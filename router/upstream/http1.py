@@ -9,7 +9,8 @@ URL's part of it prepared once per pool.
 
 It speaks what the gateway needs: requests whose body is in hand, answers framed by
 length, by chunks or by the connection's end; no HEAD, no upgrades, no pipelining, no
-proxy. Its failures are `transport`'s.
+proxy. Nothing after an answer's end is read as part of it: the connection is closed
+instead. Its failures are `transport`'s.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from router.upstream.transport import (
 
 # How much unread body a connection buffers before it stops reading from its socket.
 _READ_HIGH_WATER = 256 * 1024
+# Interim answers (100, 102, 103) skipped before the answer itself; more is not a server
+# working on the request.
+_MAX_INTERIM_ANSWERS = 8
 
 
 class Http1Transport:
@@ -76,7 +80,9 @@ class Exchange:
         "_ended",
         "_head_bytes",
         "_header_bytes",
-        "_max_header_bytes",
+        "_header_count",
+        "_interim_answers",
+        "_limits",
         "_pool",
         "_waiter",
         "body",
@@ -91,16 +97,18 @@ class Exchange:
         "status",
     )
 
-    def __init__(self, pool: Http1Pool, connection: _Connection, max_header_bytes: int) -> None:
+    def __init__(self, pool: Http1Pool, connection: _Connection, limits: Limits) -> None:
         self._pool = pool
         self._connection: _Connection | None = connection  # None once released
-        self._max_header_bytes = max_header_bytes
+        self._limits = limits
         self.parser = httptools.HttpResponseParser(self)
         # The answer as it arrives.
         self.status = 0
         self.headers: RawHeaders = []
         self._head_bytes = 0  # fed before the head was whole
         self._header_bytes = 0  # the headers parsed, interim answers' included
+        self._header_count = 0
+        self._interim_answers = 0
         self.head_done = False
         self.keep_alive = False
         self.ends_with_connection = False
@@ -121,21 +129,25 @@ class Exchange:
         """Bytes while the head is not whole: counted against its cap as they come, before
         httptools holds a whole header (a body's bytes go to the parser straight)."""
         self._head_bytes += len(data)
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.fail_to_parse(exc)
-            return
-        if not self.head_done and self._head_bytes > self._max_header_bytes:
+        self.feed(data)
+        if not self.head_done and self._head_bytes > self._limits.max_header_bytes:
             self.fail(self._head_too_large())
 
-    def fail_to_parse(self, exc: httptools.HttpParserError) -> None:
-        cause = exc.__context__  # what a callback of ours raised, if one did
-        self.fail(
-            cause
-            if isinstance(cause, Broken)
-            else Broken(f"the answer is not valid HTTP/1.1: {exc}")
-        )
+    def feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            if self.complete:  # bytes after the answer's end: never read, never reused
+                self.keep_alive = False
+                if self._connection is not None:
+                    self._connection.close()
+                return
+            cause = exc.__context__  # what a callback of ours raised, if one did
+            self.fail(
+                cause
+                if isinstance(cause, Broken)
+                else Broken(f"the answer is not valid HTTP/1.1: {exc!r}")
+            )
 
     def fail(self, error: TransportFailure) -> None:
         """The answer cannot go on: its connection is closed, its reader told."""
@@ -145,17 +157,35 @@ class Exchange:
             self._connection.close()
         self._wake()
 
-    # httptools' callbacks
+    # httptools' callbacks (what one raises stops httptools, and `feed` fails the exchange)
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise Broken("sent bytes after its answer's end")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
         self._header_bytes += len(name) + len(value) + 4
+        self._header_count += 1
+        if self._header_bytes > self._limits.max_header_bytes:
+            raise self._head_too_large()
+        if self._header_count > self._limits.max_header_count:
+            raise Broken(
+                f"sent a head over max_header_count ({self._limits.max_header_count} fields)"
+            )
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
-        if self._header_bytes > self._max_header_bytes:
-            raise self._head_too_large()  # httptools stops; `feed` fails the exchange
+        if self._header_bytes > self._limits.max_header_bytes:
+            raise self._head_too_large()
+        if self.status == 101:
+            raise Broken("answered 101 Switching Protocols: no upgrade was asked for")
+        if self.status < 100:
+            raise Broken(f"answered the status {self.status}, which HTTP does not have")
         if self.status < 200:  # an interim answer (103, ...): the real one follows
+            self._interim_answers += 1
+            if self._interim_answers > _MAX_INTERIM_ANSWERS:
+                raise Broken(f"sent over {_MAX_INTERIM_ANSWERS} interim (1xx) answers")
             return
         self.head_done = True
         self.keep_alive = self.parser.should_keep_alive()
@@ -178,7 +208,7 @@ class Exchange:
         self._wake()
 
     def _head_too_large(self) -> Broken:
-        return Broken(f"sent a head over max_header_bytes ({self._max_header_bytes} bytes)")
+        return Broken(f"sent a head over max_header_bytes ({self._limits.max_header_bytes} bytes)")
 
     # The reader's side
 
@@ -276,10 +306,7 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         if exchange.head_done:
-            try:
-                exchange.parser.feed_data(data)
-            except httptools.HttpParserError as exc:
-                exchange.fail_to_parse(exc)
+            exchange.feed(data)
         else:
             exchange.feed_head(data)
         if exchange.buffered > _READ_HIGH_WATER and self.transport is not None:
@@ -371,18 +398,28 @@ class Http1Pool:
     ) -> Exchange:
         request = self._request(method, path, headers, content)
         connection = await self._acquire(waits.pool_s, waits.connect_s)
-        exchange = Exchange(self, connection, self._limits.max_header_bytes)
+        exchange = Exchange(self, connection, self._limits)
         try:
             connection.start(exchange, request)
             await connection.drain(waits.write_s)
+            # The head is waited for whole: a head trickling in byte by byte ends too.
+            start = self.loop.time()
+            head_deadline = waits.deadline
+            if waits.read_s is not None:
+                by_read = start + waits.read_s
+                head_deadline = by_read if head_deadline is None else min(head_deadline, by_read)
             while not exchange.head_done:
                 if exchange.error is not None:
                     raise exchange.error
-                await exchange.wait(waits.read_s)
+                left = None if head_deadline is None else head_deadline - self.loop.time()
+                if left is not None and left <= 0:
+                    raise TimeoutError
+                await exchange.wait(left)
         except TimeoutError:
             connection.close()
             await exchange.aclose()
-            raise TimedOut(f"no answer within {waits.read_s} s") from None
+            allowed = "" if head_deadline is None else f" within {head_deadline - start:g} s"
+            raise TimedOut(f"no whole answer head{allowed}") from None
         except BaseException:
             connection.close()
             await exchange.aclose()

@@ -92,7 +92,7 @@ class HttpxPool:
         owned: bool,
     ) -> None:
         self._base = base
-        self._max_header_bytes = limits.max_header_bytes
+        self._limits = limits
         self._transport = transport
         self._owned = owned
 
@@ -118,16 +118,30 @@ class HttpxPool:
                 content=content,
                 extensions={"timeout": timeout},
             )
-            response = await self._transport.handle_async_request(request)
+            async with asyncio.timeout_at(waits.deadline):
+                response = await self._transport.handle_async_request(request)
+        except TimeoutError:
+            raise TimedOut("no whole answer head by the answer's deadline") from None
         except httpx.HTTPError as exc:
             raise translated(exc) from None
         except httpx.InvalidURL as exc:  # not an HTTPError, but nothing was sent either
             raise Unreachable(f"InvalidURL: {exc}") from None
         answer = HttpxReply(response)
-        if header_bytes(answer.headers) > self._max_header_bytes:
+        refusal = self._refusal(answer)
+        if refusal is not None:
             await answer.aclose()
-            raise Broken(f"sent a head over max_header_bytes ({self._max_header_bytes} bytes)")
+            raise refusal
         return answer
+
+    def _refusal(self, answer: HttpxReply) -> Broken | None:
+        limits = self._limits
+        if header_bytes(answer.headers) > limits.max_header_bytes:
+            return Broken(f"sent a head over max_header_bytes ({limits.max_header_bytes} bytes)")
+        if len(answer.headers) > limits.max_header_count:
+            return Broken(f"sent a head over max_header_count ({limits.max_header_count} fields)")
+        if answer.status == 101:
+            return Broken("answered 101 Switching Protocols: no upgrade was asked for")
+        return None
 
     async def aclose(self) -> None:
         if self._owned:

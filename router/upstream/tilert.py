@@ -1,8 +1,9 @@
 """The TileRT decode node's HTTP API (docs/protocols.md §1.4–1.6) as the gateway uses it.
 
 `open_decode` returns once the node has answered 200 (the transfer arrived); its lines are
-then read one at a time with a stall timeout. Every node failure becomes a DecodeError; a
-0.1.6 node's typed refusal (an answer about the request) becomes a NodeRefused.
+then read one at a time, each due within the stall timeout of the one before. Every node
+failure becomes a DecodeError; a 0.1.6 node's typed refusal (an answer about the request)
+becomes a NodeRefused.
 The other calls (`cancel`, `consume_transfer`, `drain`, `flush`, `wait_idle`, `is_ready`,
 `node_facts`) are cleanups and probes: they never raise.
 """
@@ -88,7 +89,8 @@ past this is a broken node, and is not kept in memory while it grows."""
 class DecodeStream:
     """An open `/pd/decode` ndjson stream. Always `aclose()` it (idempotent).
 
-    `next_line` reads the body as it needs lines, each wait bounded by the stall timeout. A
+    `next_line` reads the body as it needs lines, each line's end due within the stall
+    timeout of the last one's (bytes trickling in without a line's end are no progress). A
     stall or a cancelled caller interrupts only the wait, never the read: the stream stays
     readable to its end (the node releases its lock only when its response has ended).
     """
@@ -100,12 +102,15 @@ class DecodeStream:
         self._stall_s = stall_s
         self._max_line_bytes = max_line_bytes
         self._lines: deque[bytes] = deque()
-        self._partial = b""  # a line whose end has not arrived yet
+        self._partial: list[bytes] = []  # a line whose end has not arrived yet, in pieces
+        self._partial_bytes = 0
         self._skipping = False  # inside a line over the cap, already reported: until its end
         self._early_end: DecodeError | None = None  # the body ended early: why, until reported
         # One reader of the body at a time: a drain may start beside a relay being stopped,
         # and a connection wakes one waiter.
         self._reading = asyncio.Lock()
+        self._loop = asyncio.get_running_loop()
+        self._line_due = self._loop.time() + stall_s  # the next line's end, at the latest
         self.done_read = False  # the done line was read
         self.body_ended = False  # the body has ended (the node has released its lock)
 
@@ -124,10 +129,12 @@ class DecodeStream:
 
     async def _receive(self) -> None:
         try:
-            chunk = await self._reply.receive(self._stall_s)
+            chunk = await self._reply.receive(max(self._line_due - self._loop.time(), 0.0))
         except TimeoutError:
+            # The next line is due a stall timeout later again: a drain can wait for it.
+            self._line_due = self._loop.time() + self._stall_s
             raise DecodeError(
-                f"the decode node sent nothing for {self._stall_s:g} s",
+                f"the decode node sent no line for {self._stall_s:g} s",
                 status=504,
                 code="decode_stalled",
             ) from None
@@ -136,22 +143,27 @@ class DecodeStream:
             return
         if not chunk:
             if self._partial:
-                self._lines.append(self._partial)
+                self._lines.append(b"".join(self._partial))
             self._end("")
             return
         # Lines are split here, on bytes: no text decoding, and one wake-up per network read
         # however many lines it carries.
         if b"\n" not in chunk:
             if not self._skipping:
-                self._partial += chunk
-                if len(self._partial) > self._max_line_bytes:
+                self._partial.append(chunk)
+                self._partial_bytes += len(chunk)
+                if self._partial_bytes > self._max_line_bytes:
                     # Kept no further: the rest of the line is dropped as it comes, so the
                     # stream can still be drained to its end.
-                    self._partial, self._skipping = b"", True
+                    self._partial, self._partial_bytes, self._skipping = [], 0, True
                     raise self._oversized()
             return
-        lines = (self._partial + chunk if self._partial else chunk).split(b"\n")
-        self._partial = lines.pop()
+        self._line_due = self._loop.time() + self._stall_s
+        if self._partial:
+            chunk = b"".join((*self._partial, chunk))
+        lines = chunk.split(b"\n")
+        rest = lines.pop()
+        self._partial, self._partial_bytes = ([rest], len(rest)) if rest else ([], 0)
         if self._skipping:
             lines[0], self._skipping = b"", False
         self._lines.extend(line for line in lines if line and line != b"\r")

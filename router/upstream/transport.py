@@ -62,6 +62,8 @@ class Limits:
     """An idle connection is closed after this long (below the server's own idle timeout)."""
     max_header_bytes: int
     """An answer's status line and headers, interim answers included."""
+    max_header_count: int
+    """An answer's header fields, interim answers' included."""
     max_body_bytes: int
     """A body read whole (`Reply.read`); a streamed body is read as it comes, unbounded."""
 
@@ -76,7 +78,9 @@ class Waits:
     write_s: float | None
     """For the request to leave, while the socket is full."""
     read_s: float | None
-    """For each of the answer's bytes: the head's, then each wait for more body."""
+    """For the answer's whole head, then for each wait for more body."""
+    deadline: float | None = None
+    """The event loop's time by which the whole answer must have arrived, if it must."""
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}

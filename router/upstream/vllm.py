@@ -197,8 +197,9 @@ MAX_METRICS_BYTES = 4 * 1024 * 1024
 async def metrics_text(upstreams: Upstreams, url: str) -> str | None:
     """The server's `/metrics` page; None if it has none or one over `MAX_METRICS_BYTES`
     (not kept while it grows). Raises UpstreamError if it does not answer."""
+    connect_s = upstreams.timeouts.connect_s
     reply = await upstreams.open(
-        METRICS, "GET", url, "/metrics", read_s=upstreams.timeouts.connect_s
+        METRICS, "GET", url, "/metrics", read_s=connect_s, total_s=connect_s
     )
     try:
         if reply.status != 200:

@@ -352,7 +352,7 @@ def test_node_busy_429_is_503_and_the_node_is_cleaned_up_before_reuse(
     [
         ({"die_after": 4}, "ended without its last line"),
         ({"error_after": 4}, "decode stalled"),
-        ({"stall_after": 4}, "sent nothing for 2 s"),
+        ({"stall_after": 4}, "sent no line for 2 s"),
     ],
 )
 def test_node_failure_mid_stream(

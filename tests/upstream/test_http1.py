@@ -42,7 +42,7 @@ def connection() -> tuple[_Connection, Exchange, Transport]:
     conn = _Connection(pool)
     transport = Transport()
     conn.connection_made(transport)
-    exchange = Exchange(pool, conn, LIMITS.max_header_bytes)
+    exchange = Exchange(pool, conn, LIMITS)
     conn.start(exchange, b"GET / HTTP/1.1\r\nhost: node\r\n\r\n")
     return conn, exchange, transport
 

@@ -210,7 +210,7 @@ async def test_a_line_over_the_cap_is_refused_and_not_kept_while_it_grows() -> N
     with pytest.raises(DecodeError, match="over 256 bytes") as bad:
         await stream.next_line()
     assert bad.value.code == "decode_bad_line"
-    assert stream._partial == b""
+    assert stream._partial == []
     assert await stream.next_line() == node_api.DoneLine(3, "stop")  # the rest of it dropped
     assert await stream.next_line() is None
 
