@@ -159,7 +159,7 @@ class NodeSession:
         try:
             done, _ = await asyncio.wait([opening], timeout=deps.timeouts.kv_admission_s)
         except BaseException:
-            self._unadmitted = opening
+            opening.cancel()  # as if awaited directly: the session's close finishes the rest
             raise
         if not done:
             self._unadmitted = opening
