@@ -500,6 +500,7 @@ class TimeoutsConfig(StrictModel):
     connect_s: Annotated[float, Field(gt=0)] = 5.0
     prefill_s: Annotated[float, Field(gt=0)] = 600.0
     kv_transfer_s: Annotated[float, Field(gt=0)] = 120.0
+    kv_admission_s: Annotated[float, Field(gt=0)] = 10.0
     decode_stall_s: Annotated[float, Field(gt=0)] = 30.0
     cancel_s: Annotated[float, Field(gt=0)] = 5.0
 

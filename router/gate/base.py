@@ -98,6 +98,11 @@ class PoolAdmin(Protocol):
         readmit it (so no replica's late flush can reach a node already back in service)."""
         ...
 
+    async def release_probe_claim(self, node_id: str) -> None:
+        """The caller's claim ends before its lifetime: its flush could not run yet (the node
+        was busy or not ready), and the next probe, by any replica, may try again."""
+        ...
+
     async def readmit(self, node_id: str) -> None:
         """A probed node is healthy and idle: back in service (unless another replica has
         claimed it meanwhile)."""
@@ -105,6 +110,12 @@ class PoolAdmin(Protocol):
 
     async def take_out(self, node_id: str, reason: str) -> None:
         """Out of service now (a free node only), until probed ready."""
+        ...
+
+    async def retire(self, node_id: str, reason: str) -> None:
+        """Out of service for a finding about the node itself (another release): a free node
+        at once; a held one stays with its holder and is not granted again after its
+        release. A node already out is out for `reason` from now on."""
         ...
 
     async def drain(self, node_id: str) -> bool:

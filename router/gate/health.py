@@ -40,6 +40,12 @@ FLUSH_ONLY = frozenset({"lease_expired", "state_lost"})
 transfer (an expired lease), or serve a lease the pool's store forgot (a lost state), so it
 is flushed once idle before it serves again, as soon as a prober can."""
 
+EXPECTED_BACK = FLUSH_ONLY | {"decode_unfinished"}
+"""Out-of-service reasons that end as soon as a probe sees the node idle and flushes it: a
+pool whose nodes are all out for these is expected back shortly, so its waiters keep
+waiting (within their budget). Any other reason (unreachable, refusing, failing, another
+release, an operator's drain) may last: with every node out for one, waiting is pointless."""
+
 
 def failure_for(code: str | None) -> NodeFailure | None:
     if code in HARD:
@@ -91,6 +97,15 @@ class NodeHealth:
             state.reason = failure.reason
             return True
         return False
+
+    def take_out(self, node_id: str, reason: str) -> None:
+        """Out of service now, for `reason`; a node already out is out for it from now on
+        (the latest finding is the one that keeps it out)."""
+        state = self._states[node_id]
+        state.failures += 1
+        if state.out_since is None:
+            state.out_since = self._clock()
+        state.reason = reason
 
     def usable(self, node_id: str) -> bool:
         """In service: neither out for failures nor drained."""
@@ -146,3 +161,12 @@ class NodeHealth:
     @property
     def in_service(self) -> int:
         return sum(1 for s in self._states.values() if s.out_since is None and not s.drained)
+
+    @property
+    def expected(self) -> int:
+        """Nodes in service, or out only until a probe flushes them (`EXPECTED_BACK`)."""
+        return sum(
+            1
+            for s in self._states.values()
+            if not s.drained and (s.out_since is None or s.reason in EXPECTED_BACK)
+        )

@@ -91,7 +91,7 @@ class MemoryGate:
     async def acquire(self, *, priority: int, wait_s: float, holder: str) -> MemoryLease:
         if self._free and self._waiting == 0:
             return self._grant(self._free.popleft(), holder)
-        if self._health.in_service == 0:
+        if self._health.expected == 0:
             raise GateRejected("no_node", self._retry_after_s())
         if self._waiting >= self._max_queue:
             raise GateRejected("queue_full", self._retry_after_s())
@@ -152,9 +152,22 @@ class MemoryGate:
         self._free = deque(n for n in self._free if n.id != node_id)
         self._fail_waiters_if_no_node()
 
+    async def retire(self, node_id: str, reason: str) -> None:
+        if node_id not in self._holders:
+            return
+        # Out now even if held: its holder finishes, and the node is not passed on after.
+        self._health.take_out(node_id, reason)
+        self._free = deque(n for n in self._free if n.id != node_id)
+        self._fail_waiters_if_no_node()
+
     async def claim_for_probe(self, node_id: str, *, for_s: float) -> bool:
         # One prober per pool in this process: nobody else flushes or readmits.
+        if self._holders.get(node_id, "gone") is not None:
+            return False  # held (a node retired during its request), or not in the pool
         return self._health.out().get(node_id, "drained") != "drained"
+
+    async def release_probe_claim(self, node_id: str) -> None:
+        pass  # nobody else could have claimed it meanwhile
 
     async def readmit(self, node_id: str) -> None:
         if node_id in self._holders and self._health.readmit(node_id):
@@ -266,8 +279,9 @@ class MemoryGate:
             self._fail_waiters_if_no_node()
 
     def _fail_waiters_if_no_node(self) -> None:
-        """With every node out of service, waiting is pointless: reject the queue now."""
-        if self._health.in_service:
+        """With every node out of service for a reason that may last, waiting is pointless:
+        reject the queue now."""
+        if self._health.expected:
             return
         for waiter in self._waiters:
             if waiter.active:

@@ -67,6 +67,8 @@ class NodeSession:
         self._rid = ""
         self._prefilled: Prefilled | None = None
         self._stream: DecodeStream | None = None
+        self._unadmitted: asyncio.Task[DecodeStream] | None = None
+        """A decode still waiting for a transfer the node did not receive in time."""
         self._start_task: asyncio.Task[Prefilled] | None = None
         self._closing: asyncio.Task[None] | None = None
         self._abandoned = False
@@ -134,16 +136,40 @@ class NodeSession:
         if not await self._lease.renew():  # never start a decode on a node no longer ours
             raise _lease_lost()
         try:
-            self._stream = await tilert.open_decode(deps.upstreams, node, body, stall_s=stall_s)
+            self._stream = await self._open_decode(body, stall_s)
         except DecodeError as exc:
             # The node we hold may answer its previous response's last bytes a moment before
             # it frees its lock: a 429 then is a race, not a node taken by someone else.
-            if exc.code != "node_busy" or self._abandoned:
+            if exc.code != "node_busy" or self._abandoned or self._unadmitted is not None:
                 raise
             if not await tilert.wait_idle(deps.upstreams, node, limit_s=BUSY_GRACE_S):
                 raise
-            self._stream = await tilert.open_decode(deps.upstreams, node, body, stall_s=stall_s)
+            self._stream = await self._open_decode(body, stall_s)
         return prefilled
+
+    async def _open_decode(self, body: dict[str, Any], stall_s: float) -> DecodeStream:
+        """The node's decode stream, once its transfer has arrived. A node that has not
+        received it within `kv_admission_s` refused its admission (its receive slot is
+        taken; neither release says so to the gateway): `node_busy` now, and the waiting
+        decode is finished when the session closes."""
+        deps = self._deps
+        opening = asyncio.ensure_future(
+            tilert.open_decode(deps.upstreams, self._lease.node, body, stall_s=stall_s)
+        )
+        try:
+            done, _ = await asyncio.wait([opening], timeout=deps.timeouts.kv_admission_s)
+        except BaseException:
+            opening.cancel()  # as if awaited directly: the session's close finishes the rest
+            raise
+        if not done:
+            self._unadmitted = opening
+            raise DecodeError(
+                "the TileRT decode node did not receive the KV transfer within "
+                f"{deps.timeouts.kv_admission_s:g} s: its receive slot is taken",
+                status=503,
+                code="node_busy",
+            )
+        return opening.result()
 
     async def next_line(self) -> NodeLine | None:
         """The node's next line; None once its response has ended. Raises DecodeError."""
@@ -174,7 +200,11 @@ class NodeSession:
             if self._start_task is not None and not self._start_task.done():
                 await asyncio.wait([self._start_task])
             error = self._start_error()
-            if isinstance(error, NodeRefused):
+            if self._unadmitted is not None:
+                # Out until probed idle and flushed: a transfer may still land (an orphan).
+                reports_health, failure = True, NodeFailure("node_busy", hard=True)
+                await self._settle_unadmitted(self._unadmitted)
+            elif isinstance(error, NodeRefused):
                 # An answer about the request; a 0.1.6 node drained the request's own transfer
                 # before giving it. Only a node that then stays busy is judged.
                 self._learn_from(error)
@@ -214,6 +244,18 @@ class NodeSession:
             self._on_released(self)
             if self._stream is not None:
                 await self._stream.aclose()
+
+    async def _settle_unadmitted(self, opening: asyncio.Task[DecodeStream]) -> None:
+        """End a decode still waiting for its transfer: cancelled (0.1.6 answers 499; 0.1.5
+        waits on to its 504), and read to its end should the transfer have arrived late."""
+        if not opening.done():
+            await self._cancel()
+            await asyncio.wait([opening])
+        if opening.cancelled() or opening.exception() is not None:
+            return
+        self._stream = opening.result()
+        self._cancel_reason = "node_error"
+        await self._end_stream(self._stream)
 
     async def _end_stream(self, stream: DecodeStream) -> bool:
         """Cancel the decode unless it has finished, and read its response to the end."""

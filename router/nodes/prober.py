@@ -12,13 +12,19 @@ import time
 from router.gate.base import PoolAdmin
 from router.node import Node
 from router.nodes.facts import NodeFactsBook
+from router.nodes.repeats import RepeatedLines
 from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams, tilert
 
 log = logging.getLogger("pd_gateway.health")
 
 FLUSH_CLAIM_S = 60.0
-"""How long a prober keeps a node to itself to flush it: more than a flush can take."""
+"""How long a prober keeps a node to itself to flush it: more than a flush can take. The
+claim is given back early when the flush could not run."""
+
+MISMATCH_LINES = RepeatedLines(every_s=300.0)
+"""A node of the wrong release is found at every probe: logged once, then every 5 minutes
+with the count, or at once when what it runs changes."""
 
 
 async def probe_forever(
@@ -57,9 +63,14 @@ async def learn(pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, nod
     if node.tilert is not None and found.version != node.tilert:
         facts.forget(node.id)
         reason = f"tilert_version_mismatch: node runs {found.version}, pool is {node.tilert}"
-        log.error("node %s: %s; out of service", node.id, reason)
-        await pool.take_out(node.id, reason)
+        repeats = MISMATCH_LINES.due(node.id, reason)
+        if repeats == 0:
+            log.error("node %s: %s; out of service once free", node.id, reason)
+        elif repeats is not None:
+            log.error("node %s: still %s (%d probes since last said)", node.id, reason, repeats)
+        await pool.retire(node.id, reason)
         return False
+    MISMATCH_LINES.clear(node.id)
     facts.learn(node.id, found)
     return True
 
@@ -71,18 +82,25 @@ async def _probe_out_node(
         return
     if not await pool.claim_for_probe(node.id, for_s=FLUSH_CLAIM_S):
         return
-    if await flushed_and_ready(upstreams, metrics, node):
+    outcome = await flushed_and_ready(upstreams, metrics, node)
+    if outcome == "clean":
         log.info("node %s is back in service", node.id)
         await pool.readmit(node.id)
+    elif outcome == "not_run":
+        # Nothing of this flush can reach the node any more: the next probe round (of any
+        # replica) tries again, rather than after the claim's whole lifetime.
+        await pool.release_probe_claim(node.id)
 
 
-async def flushed_and_ready(upstreams: Upstreams, metrics: Metrics, node: Node) -> bool:
-    """Healthy, flushed of any orphaned transfer, and idle."""
+async def flushed_and_ready(
+    upstreams: Upstreams, metrics: Metrics, node: Node
+) -> tilert.FlushOutcome:
+    """Healthy, flushed of any orphaned transfer, and idle (`clean`)."""
     if not await tilert.is_ready(upstreams, node):
-        return False
-    clean = await tilert.flush(upstreams, node, idle_within_s=upstreams.timeouts.connect_s)
-    metrics.flushed(node.id, clean=clean)
-    return clean
+        return "not_run"
+    outcome = await tilert.flush(upstreams, node, idle_within_s=upstreams.timeouts.connect_s)
+    metrics.flushed(node.id, clean=outcome == "clean")
+    return outcome
 
 
 async def admit_ready_nodes(
@@ -104,7 +122,7 @@ async def admit_ready_nodes(
         if not await learn(pool, upstreams, facts, node):
             return
         if sole_user:
-            ready = await flushed_and_ready(upstreams, metrics, node)
+            ready = await flushed_and_ready(upstreams, metrics, node) == "clean"
         else:
             ready = await tilert.is_ready(upstreams, node)
         if not ready:

@@ -15,7 +15,7 @@ import logging
 import secrets
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -356,9 +356,15 @@ FLUSH_WAIT_S = 1.0
 """How long a flush's decode waits for a transfer that is not coming."""
 
 
-async def flush(upstreams: Upstreams, node: Node, *, idle_within_s: float) -> bool:
+FlushOutcome = Literal["clean", "not_run", "in_doubt"]
+"""`clean`: flushed and idle. `not_run`: the node was busy, unreachable or not idle
+afterwards, and nothing of the flush is left running on it. `in_doubt`: the flush's decode
+may still reach the node or run on it."""
+
+
+async def flush(upstreams: Upstreams, node: Node, *, idle_within_s: float) -> FlushOutcome:
     """Clear any transfer the node holds that no request will consume (an orphan: a gateway
-    that died between prefill and decode, a consume that never arrived), then True once
+    that died between prefill and decode, a consume that never arrived), then `clean` once
     the node is idle. Only while nobody may use the node (it is held or out of service).
 
     One decode for a rid that has no transfer does it on both releases: it drops every
@@ -375,10 +381,10 @@ async def flush(upstreams: Upstreams, node: Node, *, idle_within_s: float) -> bo
         )
     except UpstreamError as exc:
         log.info("flushing node %s failed: %s", node.id, exc.message)
-        return False
+        return "in_doubt" if exc.in_doubt else "not_run"
     if reply.status == 429:  # a decode is running: not ours to disturb
-        return False
-    return await wait_idle(upstreams, node, limit_s=idle_within_s)
+        return "not_run"
+    return "clean" if await wait_idle(upstreams, node, limit_s=idle_within_s) else "not_run"
 
 
 @dataclass(frozen=True, slots=True)

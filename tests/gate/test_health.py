@@ -175,3 +175,86 @@ async def test_only_an_out_node_can_be_claimed_for_a_flush(gate_of: MakeGate) ->
     assert await gate.claim_for_probe(free.id, for_s=30) is False  # an operator's drain
     await gate.readmit(held.node.id)
     assert (await gate.snapshot()).out == {free.id: "drained"}
+
+
+MISMATCH = "tilert_version_mismatch: node runs 0.1.5, pool is 0.1.6"
+UNFINISHED = NodeFailure("decode_unfinished", hard=True)
+
+
+async def test_a_node_retired_while_held_serves_only_its_holder_then_goes_out(
+    gate_of: MakeGate,
+) -> None:
+    gate = gate_of(nodes(2), max_queue=4)
+    retired = await gate.acquire(priority=0, wait_s=1, holder="a")
+    other = await gate.acquire(priority=0, wait_s=1, holder="b")
+    await gate.retire(retired.node.id, MISMATCH)
+    snapshot = await gate.snapshot()
+    assert snapshot.out == {retired.node.id: MISMATCH}
+    assert snapshot.busy[retired.node.id] == "a"
+    assert await retired.renew(), "its holder finishes its request"
+    assert await gate.claim_for_probe(retired.node.id, for_s=30) is False  # held: no flush
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="c"))
+    await waiting(gate, 1)
+    await retired.release()
+    snapshot = await gate.snapshot()
+    assert not waiter.done() and snapshot.waiting == 1, "the retired node went to no one"
+    assert snapshot.out == {retired.node.id: MISMATCH}
+    await other.release()
+    assert (await asyncio.wait_for(waiter, 5)).node == other.node
+    assert await gate.claim_for_probe(retired.node.id, for_s=30) is True
+
+
+async def test_retiring_a_node_already_out_replaces_its_reason(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(2), max_queue=4)
+    lease = await gate.acquire(priority=0, wait_s=1, holder="a")
+    await lease.release(UNFINISHED)
+    assert (await gate.snapshot()).out == {lease.node.id: "decode_unfinished"}
+    await gate.retire(lease.node.id, MISMATCH)
+    assert (await gate.snapshot()).out == {lease.node.id: MISMATCH}
+
+
+async def test_waiters_wait_while_every_node_is_out_only_to_be_flushed(
+    gate_of: MakeGate,
+) -> None:
+    gate = gate_of(nodes(1), max_queue=4, cooldown_s=0)
+    lease = await gate.acquire(priority=0, wait_s=1, holder="a")
+    queued = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
+    await waiting(gate, 1)
+    await lease.release(UNFINISHED)
+    fresh = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="c"))
+    await waiting(gate, 2)
+    assert not queued.done() and not fresh.done()
+    assert await gate.claim_for_probe(lease.node.id, for_s=30)
+    await gate.readmit(lease.node.id)  # flushed and idle
+    first = await asyncio.wait_for(queued, 5)
+    assert first.node == lease.node
+    await first.release()
+    await (await asyncio.wait_for(fresh, 5)).release()
+
+
+async def test_a_lasting_reason_ends_the_wait_for_a_node_out_to_be_flushed(
+    gate_of: MakeGate,
+) -> None:
+    gate = gate_of(nodes(1), max_queue=4, cooldown_s=0)
+    lease = await gate.acquire(priority=0, wait_s=1, holder="a")
+    await lease.release(UNFINISHED)
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="b"))
+    await waiting(gate, 1)
+    await gate.retire(lease.node.id, MISMATCH)
+    with pytest.raises(GateRejected) as shed:
+        await asyncio.wait_for(waiter, 5)
+    assert shed.value.reason == "no_node"
+    with pytest.raises(GateRejected) as fresh:
+        await gate.acquire(priority=0, wait_s=60, holder="c")
+    assert fresh.value.reason == "no_node"
+
+
+async def test_a_probe_claim_given_back_can_be_taken_again(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=4, cooldown_s=0)
+    lease = await gate.acquire(priority=0, wait_s=1, holder="a")
+    await lease.release(UNFINISHED)
+    assert await gate.claim_for_probe(lease.node.id, for_s=60) is True
+    await gate.release_probe_claim(lease.node.id)
+    assert await gate.claim_for_probe(lease.node.id, for_s=60) is True
+    await gate.readmit(lease.node.id)
+    assert (await gate.snapshot()).out == {}

@@ -368,6 +368,21 @@ async def test_one_replica_at_a_time_flushes_an_out_node_and_only_it_readmits(
     assert await b.claim_for_probe(pool[0].id, for_s=30) is False  # in service: nothing to do
 
 
+async def test_a_probe_claim_given_back_lets_another_replica_flush_at_once(
+    replica: Replica,
+) -> None:
+    pool = nodes(1)
+    a, b = replica(pool), replica(pool)
+    await a.take_out(pool[0].id, "lease_expired")
+    assert await a.claim_for_probe(pool[0].id, for_s=60) is True
+    await b.release_probe_claim(pool[0].id)  # not b's to give back
+    assert await b.claim_for_probe(pool[0].id, for_s=60) is False
+    await a.release_probe_claim(pool[0].id)  # a's flush could not run yet
+    assert await b.claim_for_probe(pool[0].id, for_s=60) is True
+    await a.readmit(pool[0].id)  # refused: b's claim stands
+    assert (await a.snapshot()).out == {pool[0].id: "lease_expired"}
+
+
 async def test_a_state_lost_while_a_node_is_held_is_noticed_by_every_replica(
     key_prefix: str, own_server: Callable[..., RedisServer]
 ) -> None:

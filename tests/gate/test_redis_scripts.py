@@ -11,6 +11,7 @@ import pytest
 from redis.crc import key_slot
 
 from router.config import RedisGateConfig
+from router.gate.health import EXPECTED_BACK
 from router.gate.metrics import GateMetrics
 from router.gate.redis.client import connect
 from router.gate.redis.keys import KeyLayout
@@ -26,7 +27,14 @@ def test_every_script_is_shipped_and_names_its_arguments() -> None:
     assert sources["acquire"][1] == ("owner", "holder", "priority", "wait_ms", "max_queue")
     assert sources["state"][1] == ()
     for source, _ in sources.values():
-        assert source.startswith("-- Prepended to every script")
+        constants, common = source.split("\n", 1)
+        assert constants.startswith("local EXPECTED_BACK = {")
+        assert common.startswith("-- Prepended to every script")
+
+
+def test_the_scripts_wait_for_the_same_reasons_as_the_python_side() -> None:
+    constants = load_sources()["claim"][0].split("\n", 1)[0]
+    assert set(re.findall(r'\["([a-z_]+)"\] = true', constants)) == EXPECTED_BACK
 
 
 def test_no_script_builds_a_key_name() -> None:

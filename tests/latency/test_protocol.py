@@ -159,7 +159,7 @@ class Run:
         return value or 0.0
 
 
-def run(node: Node) -> Run:
+def run(node: Node, timeouts: TimeoutsConfig = TIMEOUTS) -> Run:
     tasks: list[asyncio.Task[None]] = []
 
     def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -168,12 +168,12 @@ def run(node: Node) -> Run:
         return task
 
     upstreams = Upstreams(
-        UpstreamsConfig(), TIMEOUTS, transport=HttpxTransport(httpx.MockTransport(node))
+        UpstreamsConfig(), timeouts, transport=HttpxTransport(httpx.MockTransport(node))
     )
     metrics = Metrics()
     deps = LatencyDeps(
         upstreams=upstreams,
-        timeouts=TIMEOUTS,
+        timeouts=timeouts,
         spawn=spawn,
         metrics=metrics,
         facts=NodeFactsBook(),
@@ -513,3 +513,38 @@ async def test_a_transfer_timeout_on_a_0_1_5_node_takes_it_out_to_be_flushed(
     with pytest.raises(DecodeError):
         await r.start(request(), max_seq_len=100)
     assert await r.finished() == (NodeFailure("kv_transfer_timeout", hard=hard), True)
+
+
+def waiting_for_a_transfer(node: Node, *, cancel_ends_it: bool) -> Handler:
+    """A decode whose transfer never arrives: it ends when cancelled (0.1.6: 499), or at its
+    own `timeout_s` (0.1.5, which answers a cancel during the KV wait with 404)."""
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        timeout_s = orjson.loads(await request.aread())["timeout_s"]
+        if cancel_ends_it:
+            await node.cancelled.wait()
+            return httpx.Response(499, content=b'{"error": "request_cancelled"}')
+        await asyncio.sleep(timeout_s)
+        return httpx.Response(504, content=b'{"error": "kv_transfer_timeout"}')
+
+    return handle
+
+
+@pytest.mark.parametrize(("version", "cancel_status"), [("0.1.6", 200), ("0.1.5", 404)])
+async def test_a_transfer_the_node_never_admits_is_node_busy_within_the_admission_wait(
+    version: str, cancel_status: int
+) -> None:
+    node = Node(cancel=json_reply({}, cancel_status))
+    node.decode = waiting_for_a_transfer(node, cancel_ends_it=version == "0.1.6")
+    timeouts = TIMEOUTS.model_copy(update={"kv_transfer_s": 1.5, "kv_admission_s": 0.2})
+    r = run(node, timeouts)
+    r.lease.node = dataclasses.replace(NODE, tilert=version)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(DecodeError) as refused:
+        await r.start(request(), max_seq_len=100)
+    assert refused.value.code == "node_busy" and refused.value.status == 503
+    assert asyncio.get_running_loop().time() - started < 1.0, "answered before kv_transfer_s"
+    assert not r.lease.released, "the node is kept until its decode has ended"
+    assert await r.finished() == (NodeFailure("node_busy", hard=True), True)
+    assert "/pd/cancel" in node.paths()
+    assert "consume" not in node.paths(), "nothing to consume: the transfer never landed"

@@ -1,58 +1,19 @@
 """The prober against scripted nodes: facts learned, a node of the wrong release taken out,
-an out node flushed before it is readmitted, and nothing flushed that is not claimed."""
+an out node flushed before it is readmitted, and nothing flushed that is not claimed (on
+every gate backend: tests/gate/test_probing.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import httpx
-import orjson
-
-from router.config import GateConfig, TimeoutsConfig, UpstreamsConfig
+from router.config import GateConfig
 from router.gate import make_gate
 from router.node import Node
 from router.nodes.facts import NodeFactsBook
 from router.nodes.prober import _probe_out_node, admit_ready_nodes
 from router.telemetry.metrics import Metrics
-from router.upstream import Upstreams
-from router.upstream.httpx_transport import HttpxTransport
+from tests.support.scripted_node import ScriptedNode, upstreams
 
 NODE = Node(host="node", http_port=5557, tilert="0.1.6")
 METRICS = Metrics()
-CAPABILITIES = {"profile": "glm5", "engine": "Stub", "capabilities": {"logprobs": True}}
-
-
-class ScriptedNode:
-    """A node's probe endpoints; records the paths asked and the decodes sent."""
-
-    def __init__(self, *, capabilities: tuple[int, Any] = (200, CAPABILITIES)) -> None:
-        self.capabilities = capabilities
-        self.status = "idle"
-        self.calls: list[str] = []
-        self.decodes: list[dict[str, Any]] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        self.calls.append(path)
-        if path == "/capabilities":
-            status, body = self.capabilities
-            return httpx.Response(status, content=orjson.dumps(body))
-        if path == "/health":
-            return httpx.Response(200, content=b'{"status": "ok"}')
-        if path == "/decode_status":
-            return httpx.Response(200, content=orjson.dumps({"status": self.status}))
-        if path == "/pd/decode":
-            self.decodes.append(orjson.loads(request.content))
-            return httpx.Response(504, content=b'{"error": "kv_transfer_timeout"}')
-        return httpx.Response(404)
-
-
-def upstreams(node: ScriptedNode) -> Upstreams:
-    return Upstreams(
-        UpstreamsConfig(),
-        TimeoutsConfig(connect_s=1),
-        transport=HttpxTransport(httpx.MockTransport(node)),
-    )
 
 
 async def test_start_up_learns_the_facts_and_flushes_each_node_it_owns() -> None:

@@ -87,11 +87,17 @@ class RedisPoolAdmin:
             )
             return False
 
+    async def release_probe_claim(self, node_id: str) -> None:
+        await self._change(node_id, "unclaim", strict=False)  # unreleased, it expires
+
     async def readmit(self, node_id: str) -> None:
         await self._change(node_id, "readmit", strict=False)
 
     async def take_out(self, node_id: str, reason: str) -> None:
         await self._change(node_id, "take_out", reason, strict=False)
+
+    async def retire(self, node_id: str, reason: str) -> None:
+        await self._change(node_id, "retire", reason, strict=False)
 
     async def drain(self, node_id: str) -> bool:
         return await self._change(node_id, "drain", strict=True)

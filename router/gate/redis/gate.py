@@ -159,11 +159,17 @@ class RedisGate:
     async def claim_for_probe(self, node_id: str, *, for_s: float) -> bool:
         return await self.admin.claim_for_probe(node_id, for_s=for_s)
 
+    async def release_probe_claim(self, node_id: str) -> None:
+        await self.admin.release_probe_claim(node_id)
+
     async def readmit(self, node_id: str) -> None:
         await self.admin.readmit(node_id)
 
     async def take_out(self, node_id: str, reason: str) -> None:
         await self.admin.take_out(node_id, reason)
+
+    async def retire(self, node_id: str, reason: str) -> None:
+        await self.admin.retire(node_id, reason)
 
     async def drain(self, node_id: str) -> bool:
         return await self.admin.drain(node_id)

@@ -32,6 +32,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
+from router.gate.health import EXPECTED_BACK
 from router.gate.metrics import GateMetrics
 from router.gate.redis.client import GateRedis
 from router.gate.redis.keys import KeyLayout, PoolKeys
@@ -45,7 +46,7 @@ ArgValue = str | int
 def load_sources() -> dict[str, tuple[str, tuple[str, ...]]]:
     """Each script's full source (common part first) and the names of its own arguments."""
     folder = resources.files(__package__).joinpath("lua")
-    common = folder.joinpath("common.lua").read_text(encoding="utf-8")
+    common = _constants() + folder.joinpath("common.lua").read_text(encoding="utf-8")
     sources = {}
     for name in NAMES:
         body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
@@ -57,6 +58,12 @@ def load_sources() -> dict[str, tuple[str, tuple[str, ...]]]:
             raise RuntimeError(f"lua/{name}.lua: arguments are names, or `-` for none")
         sources[name] = (common + body, names)
     return sources
+
+
+def _constants() -> str:
+    """Lua definitions of what the scripts share with the Python side of the gate."""
+    reasons = ", ".join(f'["{r}"] = true' for r in sorted(EXPECTED_BACK))
+    return f"local EXPECTED_BACK = {{{reasons}}}\n"
 
 
 def __getattr__(name: str) -> Any:

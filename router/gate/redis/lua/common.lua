@@ -78,14 +78,13 @@ local function usable(id)
   return not state[1] and not state[2]
 end
 
--- Nodes that serve, or will once flushed (an expired lease, a lost state): waiters keep
--- waiting for them.
+-- Nodes that serve, or will once a probe has flushed them (EXPECTED_BACK, prepended from
+-- router/gate/health.py): waiters keep waiting for them.
 local function in_service()
   local n = 0
   for _, id in ipairs(NODES) do
     local state = redis.call("HMGET", node_key(id), "out_ms", "drained", "reason")
-    local flush_only = state[3] == "lease_expired" or state[3] == "state_lost"
-    if not state[2] and (not state[1] or flush_only) then n = n + 1 end
+    if not state[2] and (not state[1] or EXPECTED_BACK[state[3]]) then n = n + 1 end
   end
   return n
 end
