@@ -6,6 +6,7 @@ file into a `GatewayConfig` and names the offending field when one is wrong.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote
@@ -578,20 +579,28 @@ class LoggingConfig(StrictModel):
     """One line per API request: id, model, path, rule, node, waits, tokens, status."""
 
 
+EMPTY_KEY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
 class ApiKeyConfig(StrictModel):
     """One client API key, known by `name` (what rules match as `api_key_name`): the key's
     SHA-256 in hex, or the key itself from an environment variable or a file."""
 
     name: Annotated[str, Field(min_length=1)]
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
-    key_env: str | None = None
-    key_file: str | None = None
+    key_env: Annotated[str, Field(min_length=1)] | None = None
+    key_file: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ApiKeyConfig:
         _exactly_one(
             f"key {self.name!r}", sha256=self.sha256, key_env=self.key_env, key_file=self.key_file
         )
+        if self.sha256 == EMPTY_KEY_SHA256:
+            raise ValueError(
+                f"key {self.name!r}: sha256 is the digest of an empty key, which would let"
+                " anyone in"
+            )
         return self
 
 
@@ -610,8 +619,18 @@ class AdminConfig(StrictModel):
     is given as `api_key`, or better through `api_key_env` or `api_key_file`."""
 
     api_key: str | None = None
-    api_key_env: str | None = None
-    api_key_file: str | None = None
+    api_key_env: Annotated[str, Field(min_length=1)] | None = None
+    api_key_file: Annotated[str, Field(min_length=1)] | None = None
+
+    @field_validator("api_key")
+    @classmethod
+    def _not_empty(cls, key: str | None) -> str | None:
+        if key is not None and not key.strip():
+            raise ValueError(
+                "an empty key would let anyone in: give a key, or leave api_key out (then"
+                " /admin/* is open, and only on a loopback host)"
+            )
+        return key
 
 
 class GatewayConfig(StrictModel):
