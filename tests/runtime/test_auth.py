@@ -143,7 +143,7 @@ def test_an_empty_key_is_never_a_key(tmp_path: Path, monkeypatch: pytest.MonkeyP
     (tmp_path / "blank.key").write_text("\n")
     monkeypatch.setenv("PDGW_TEST_EMPTY_KEY", "")
     for source in [{"key_file": "blank.key"}, {"key_env": "PDGW_TEST_EMPTY_KEY"}]:
-        with pytest.raises(ConfigError, match="auth.api_keys.0"):
+        with pytest.raises(ConfigError, match=r"auth\.api_keys\.0"):
             ClientAuth(config(tmp_path, auth={"api_keys": [{"name": "a", **source}]}))
     auth = ClientAuth(config(tmp_path, auth={"api_keys": [{"name": "a", "sha256": digest("k")}]}))
     for empty in ["Bearer ", "Bearer   ", "bearer"]:
