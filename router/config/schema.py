@@ -544,6 +544,17 @@ class ServerConfig(StrictModel):
     keep_alive_s: Annotated[int, Field(ge=1)] = 75
     """How long an idle client connection stays open: longer than the idle timeout of the
     load balancer in front (60 s for most), or it may reuse a connection just closed."""
+    first_request_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """How long a new client connection may stay silent before its first request."""
+    head_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """From a request's first byte to its last header; later, 408 and the connection closed."""
+    body_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    """From a request's headers to the last byte of its body; later, 408 and closed. Only
+    reading the request is timed: an answer (a long stream) is never cut."""
+    max_connections: Annotated[int, Field(ge=1)] = 4096
+    """Open client connections per process. Beyond it, a new connection is answered 503
+    (`/health`, `/ready` and `/metrics` still answered) and closed; lowered to fit the
+    open-file limit (raised to its hard limit at start)."""
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     """Gateway processes on the one listening socket, an event loop (a core) each. More
     than one needs `gate.backend: redis`, where the pool's state is shared."""
