@@ -548,7 +548,7 @@ class ServerConfig(StrictModel):
     """How long a new client connection may stay silent before its first request."""
     head_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     """From a request's first byte to its last header; later, 408 and the connection closed."""
-    body_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    body_timeout_s: Annotated[float, Field(gt=0)] = 300.0
     """From a request's headers to the last byte of its body; later, 408 and closed. Only
     reading the request is timed: an answer (a long stream) is never cut."""
     max_connections: Annotated[int, Field(ge=1)] = 4096

@@ -86,7 +86,8 @@ class FrontDoorProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
-        self._head_bytes: int | None = None  # while a head is being read
+        self._in_head = True  # what comes next belongs to a request's head
+        self._head_bytes = 0  # of the head being read, as far as it came
         self._overflow = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -105,24 +106,23 @@ class FrontDoorProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._head_bytes is not None:
+        was_in_head = self._in_head
+        super().data_received(data)
+        # Counted once parsed, and only a chunk that was all head: one that ended a head
+        # or a body may hold more than a head.
+        if was_in_head and self._in_head and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
-                self._too_much(
-                    431,
-                    "request_too_large",
-                    f"the request's line and headers exceed {MAX_HEAD_BYTES} bytes",
-                )
-                return
-        super().data_received(data)
+                message = f"the request's line and headers exceed {MAX_HEAD_BYTES} bytes"
+                self._too_much(431, "headers_too_large", message)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._head_bytes = 0
         self._arm(self.limits.head_timeout_s, self._head_too_slow)
 
     def on_headers_complete(self) -> None:
-        self._head_bytes = None
+        self._in_head = False
+        self._head_bytes = 0
         self._disarm()
         super().on_headers_complete()
         if self._overflow:
@@ -133,6 +133,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._in_head = True
         super().on_message_complete()
 
     def _head_too_slow(self) -> None:
@@ -171,7 +172,6 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, code: str, message: str) -> None:
         self._disarm()
-        self._head_bytes = None
         if not self.transport.is_closing():
             error = InvalidRequest(message, status=status, code=code)
             self.transport.write(_raw_response(status, error))
