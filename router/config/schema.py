@@ -6,6 +6,7 @@ file into a `GatewayConfig` and names the offending field when one is wrong.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote
@@ -546,6 +547,17 @@ class ServerConfig(StrictModel):
     keep_alive_s: Annotated[int, Field(ge=1)] = 75
     """How long an idle client connection stays open: longer than the idle timeout of the
     load balancer in front (60 s for most), or it may reuse a connection just closed."""
+    first_request_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """How long a new client connection may stay silent before its first request."""
+    head_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """From a request's first byte to its last header; later, 408 and the connection closed."""
+    body_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    """From a request's headers to the last byte of its body; later, 408 and closed. Only
+    reading the request is timed: an answer (a long stream) is never cut."""
+    max_connections: Annotated[int, Field(ge=1)] = 4096
+    """Open client connections per process. Beyond it, a new connection is answered 503
+    (`/health`, `/ready` and `/metrics` still answered) and closed; lowered to fit the
+    open-file limit (raised to its hard limit at start)."""
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     """Gateway processes on the one listening socket, an event loop (a core) each. More
     than one needs `gate.backend: redis`, where the pool's state is shared."""
@@ -581,20 +593,28 @@ class LoggingConfig(StrictModel):
     """One line per API request: id, model, path, rule, node, waits, tokens, status."""
 
 
+EMPTY_KEY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
 class ApiKeyConfig(StrictModel):
     """One client API key, known by `name` (what rules match as `api_key_name`): the key's
     SHA-256 in hex, or the key itself from an environment variable or a file."""
 
     name: Annotated[str, Field(min_length=1)]
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
-    key_env: str | None = None
-    key_file: str | None = None
+    key_env: Annotated[str, Field(min_length=1)] | None = None
+    key_file: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ApiKeyConfig:
         _exactly_one(
             f"key {self.name!r}", sha256=self.sha256, key_env=self.key_env, key_file=self.key_file
         )
+        if self.sha256 == EMPTY_KEY_SHA256:
+            raise ValueError(
+                f"key {self.name!r}: sha256 is the digest of an empty key, which would let"
+                " anyone in"
+            )
         return self
 
 
@@ -613,8 +633,18 @@ class AdminConfig(StrictModel):
     is given as `api_key`, or better through `api_key_env` or `api_key_file`."""
 
     api_key: str | None = None
-    api_key_env: str | None = None
-    api_key_file: str | None = None
+    api_key_env: Annotated[str, Field(min_length=1)] | None = None
+    api_key_file: Annotated[str, Field(min_length=1)] | None = None
+
+    @field_validator("api_key")
+    @classmethod
+    def _not_empty(cls, key: str | None) -> str | None:
+        if key is not None and not key.strip():
+            raise ValueError(
+                "an empty key would let anyone in: give a key, or leave api_key out (then"
+                " /admin/* is open, and only on a loopback host)"
+            )
+        return key
 
 
 class GatewayConfig(StrictModel):

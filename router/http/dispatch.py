@@ -95,14 +95,27 @@ def _check_content_type(value: str | None) -> None:
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        # Refused unread; the connection closes rather than read the rest.
+        raise _too_large(limit, f"declares {int(declared)} bytes (Content-Length)")
     chunks = []
     size = 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise InvalidRequest(f"the request body exceeds {limit} bytes", status=413)
+                raise _too_large(limit, f"exceeds {limit} bytes")
             chunks.append(chunk)
     except ClientDisconnect:
         raise ClientGone("the client left before sending its whole request") from None
     return b"".join(chunks)
+
+
+def _too_large(limit: int, what: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"the request body {what}; at most {limit} bytes are accepted (server.max_body_bytes)",
+        status=413,
+        code="request_too_large",
+        headers={"connection": "close"},
+    )

@@ -16,6 +16,12 @@ from fastapi import FastAPI
 
 from router.config import ConfigError, GatewayConfig
 from router.http.app import create_app
+from router.process.front_door import (
+    FrontDoorLimits,
+    connection_limit,
+    protocol_class,
+    raise_fd_limit,
+)
 from router.process.workers import supervise
 from router.runtime.state import AppState, freeze_heap
 from router.serving.live import LiveResponses
@@ -104,11 +110,10 @@ class _AnnouncingServer(uvicorn.Server):
 
 
 async def _reload(state: AppState) -> None:
-    """SIGHUP: read the configuration file again; a bad one is logged and ignored."""
-    try:
+    """SIGHUP: read the configuration file again; a bad one is ignored (the reload logs
+    why)."""
+    with contextlib.suppress(ConfigError):
         await state.reload()
-    except ConfigError as exc:
-        log.error("SIGHUP: the configuration was not reloaded: %s", exc)
 
 
 def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:
@@ -142,10 +147,17 @@ def _serve_on(
 ) -> int:
     """One gateway process on `sock` until it is stopped; its exit status."""
     app = create_app(config)
+    server_config = config.server
+    limits = FrontDoorLimits(
+        first_request_timeout_s=server_config.first_request_timeout_s,
+        head_timeout_s=server_config.head_timeout_s,
+        body_timeout_s=server_config.body_timeout_s,
+        max_connections=connection_limit(server_config.max_connections, raise_fd_limit()),
+    )
     uv_config = uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        http=protocol_class(limits),
         log_level=log_level,
         log_config=None,  # uvicorn's records go through our handler and format
         access_log=False,  # ours is richer: RequestContext

@@ -45,8 +45,14 @@ class ClientAuth:
     def __init__(self, config: GatewayConfig) -> None:
         self._names: dict[str, str] = {}  # sha256 hex of a key -> its name
         for i, entry in enumerate(config.auth.api_keys):
-            key = _secret(config, f"auth.api_keys.{i}", env=entry.key_env, file=entry.key_file)
-            self._names[entry.sha256 or digest(key or "")] = entry.name
+            if entry.sha256 is not None:
+                self._names[entry.sha256] = entry.name
+                continue
+            where = f"auth.api_keys.{i}"
+            key = _secret(config, where, env=entry.key_env, file=entry.key_file)
+            if not key:  # never a key: an empty bearer token is no token
+                raise ConfigError(f"{config.source}: {where}: the key is empty")
+            self._names[digest(key)] = entry.name
         trusted = config.auth.trust_key_name_header or is_loopback(config.server.host)
         self._name_header = config.classification.api_key_name_header.lower() if trusted else None
 
@@ -85,6 +91,8 @@ class AdminAuth:
         self._key = _secret(
             config, "admin", value=admin.api_key, env=admin.api_key_env, file=admin.api_key_file
         )
+        if not self._key:
+            self._key = None  # an empty key is no key
         if self._key is None and not is_loopback(config.server.host):
             raise ConfigError(
                 f"{config.source}: admin: /admin/* would be open to anyone who can reach "

@@ -133,7 +133,20 @@ async def _tokenizer(
     same, else loaded off the event loop (about a second each)."""
     if before is not None and before.config.tokenizer == model.tokenizer:
         return before.tokenizer, before.counter
-    tokenizer = await asyncio.to_thread(load_tokenizer, model.tokenizer, base_dir=config.base_dir)
-    path = tokenizer_path(model.tokenizer, base_dir=config.base_dir)
-    counter = await asyncio.to_thread(PromptCounter, tokenizer, path)
+    try:
+        tokenizer = await asyncio.to_thread(
+            load_tokenizer, model.tokenizer, base_dir=config.base_dir
+        )
+        path = tokenizer_path(model.tokenizer, base_dir=config.base_dir)
+        counter = await asyncio.to_thread(PromptCounter, tokenizer, path)
+    except Exception as exc:  # the tokenizers library raises its own untyped errors
+        raise ConfigError(
+            f"{config.source}: models[{model.name}].tokenizer: cannot load"
+            f" {model.tokenizer!r}: {_first_line(exc)}"
+        ) from None
     return tokenizer, counter
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

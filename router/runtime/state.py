@@ -14,7 +14,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from router.config import GatewayConfig, LatencyConfig, load_config
+from router.config import ConfigError, GatewayConfig, LatencyConfig, load_config
 from router.gate import Gate, GateSnapshot
 from router.latency.protocol import LatencyDeps
 from router.node import Node, configured_nodes
@@ -22,7 +22,7 @@ from router.nodes.discovery import Discovery
 from router.nodes.facts import NodeFactsBook
 from router.nodes.prober import admit_ready_nodes, probe_forever
 from router.runtime.auth import Keys, upstream_credentials
-from router.runtime.epoch import ConfigEpoch, build_epoch
+from router.runtime.epoch import Changes, ConfigEpoch, build_epoch
 from router.selection import KvEventsHub
 from router.serving.live import LiveResponses
 from router.telemetry import logs
@@ -84,17 +84,17 @@ class AppState:
         ConfigError, leaving everything as it was, if it cannot be used; else returns what
         changed per model."""
         async with self._reloading:
-            if config is None:
-                config = await asyncio.to_thread(load_config, self.config.source)
             current = self.epoch
-            for section in RESTART_ONLY:
-                if getattr(config, section) != getattr(current.config, section):
-                    log.warning("reload: '%s' changes only on a restart; kept as it was", section)
-            kept = {section: getattr(current.config, section) for section in RESTART_ONLY}
-            config = config.model_copy(update=kept)
-            epoch, changes = await build_epoch(
-                config, self.deps, current, found=self._found, kv_events=self.kv_events
-            )
+            try:
+                config, epoch, changes = await self._next_epoch(config, current)
+            except ConfigError as exc:
+                log.error("the configuration was not reloaded: %s", _one_line(exc))
+                raise
+            except Exception as exc:
+                # Whatever the new configuration broke, the running one serves on.
+                message = f"{self.config.source}: {type(exc).__name__}: {_one_line(exc)}"
+                log.error("the configuration was not reloaded: %s", message)
+                raise ConfigError(message) from None
             self.epoch = epoch
             await self._discover()
             if config.logging != current.config.logging:
@@ -108,6 +108,22 @@ class AppState:
             log.info("configuration reloaded from %s: %s", config.source, changes.models or "same")
             freeze_heap()  # the new models' objects too, and the old ones collected
             return changes.models
+
+    async def _next_epoch(
+        self, config: GatewayConfig | None, current: ConfigEpoch
+    ) -> tuple[GatewayConfig, ConfigEpoch, Changes]:
+        """The epoch a reload would swap in; nothing running is touched yet."""
+        if config is None:
+            config = await asyncio.to_thread(load_config, self.config.source)
+        for section in RESTART_ONLY:
+            if getattr(config, section) != getattr(current.config, section):
+                log.warning("reload: '%s' changes only on a restart; kept as it was", section)
+        kept = {section: getattr(current.config, section) for section in RESTART_ONLY}
+        config = config.model_copy(update=kept)
+        epoch, changes = await build_epoch(
+            config, self.deps, current, found=self._found, kv_events=self.kv_events
+        )
+        return config, epoch, changes
 
     def _found(self, model: str) -> list[Node]:
         """The nodes DNS gave the model's pools (none without discovery)."""
@@ -227,3 +243,7 @@ def freeze_heap() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())

@@ -373,7 +373,7 @@ class ReceiveSlot:
             "generation": current.generation if current else None,
             "writers": current.writers if current else 0,
             "queued": [t.rid for t in self.queue],
-            "tombstones": sorted(r for r in self._tombstones if self._tombstoned(r)),
+            "tombstones": sorted(r for r in list(self._tombstones) if self._tombstoned(r)),
         }
 
     def reset(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from router.cli import main
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
 GOOD_CONFIG = """
 models:
   - name: m
@@ -46,6 +48,26 @@ CONFIG_CASES = [
         "node of another release than its pool",
         GOOD_CONFIG.replace("http_port: 9}", "http_port: 9, tilert: '0.1.5'}"),
         "node 127.0.0.1:9 says TileRT 0.1.5 in a pool of TileRT 0.1.6",
+    ),
+    (
+        "empty admin key",
+        GOOD_CONFIG + 'admin: {api_key: ""}\n',
+        "admin.api_key: Value error, an empty key would let anyone in",
+    ),
+    (
+        "admin key of blanks",
+        GOOD_CONFIG + "admin: {api_key: '  '}\n",
+        "an empty key would let anyone in",
+    ),
+    (
+        "client key digest of the empty key",
+        GOOD_CONFIG + f"auth: {{api_keys: [{{name: k, sha256: {EMPTY_DIGEST}}}]}}\n",
+        "key 'k': sha256 is the digest of an empty key",
+    ),
+    (
+        "client key from an environment variable without a name",
+        GOOD_CONFIG + "auth: {api_keys: [{name: k, key_env: ''}]}\n",
+        "key_env",
     ),
     (
         "missing rules file",

@@ -57,6 +57,7 @@ def test_settings_at_any_depth_typed_as_yaml(config_file: Path, tmp_path: Path) 
         ({"PDGW_SERVRE__PORT": "1"}, "did you mean 'server'"),
         ({"PDGW_MODELS__3__NAME": "x"}, "PDGW_MODELS__3__NAME: no entry 3"),
         ({"PDGW_ADMIN__API_KEY_FILE": "/nonexistent/key"}, "PDGW_ADMIN__API_KEY_FILE: cannot read"),
+        ({"PDGW_ADMIN__API_KEY": '""'}, "admin.api_key: .*an empty key would let anyone in"),
     ],
 )
 def test_bad_overrides_are_named(config_file: Path, environ: dict[str, str], message: str) -> None:

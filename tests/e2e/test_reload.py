@@ -162,3 +162,45 @@ def test_sighup_reloads(gateway: GatewayProcess, stack: SimStack) -> None:
     while chat(gateway, "ok", **{"x-workload": "batch"}).headers["x-pd-rule"] != "batch":
         assert time.monotonic() < deadline, "SIGHUP did not reload the configuration"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("tokenizer", ["missing", "corrupt", "not a tokenizer", "unknown name"])
+def test_an_unusable_tokenizer_is_refused_as_invalid_configuration(
+    gateway: GatewayProcess, stack: SimStack, tokenizer: str
+) -> None:
+    workdir = gateway.config_path.parent
+    (workdir / "corrupt.json").write_bytes(b'{"version": "1.0", "model": {"type": "BP')
+    (workdir / "other.json").write_text('{"name": "not a tokenizer"}', encoding="utf-8")
+    spec = {
+        "missing": str(workdir / "nowhere" / "tokenizer.json"),
+        "corrupt": str(workdir / "corrupt.json"),
+        "not a tokenizer": str(workdir / "other.json"),
+        "unknown name": "no-such-tokenizer",
+    }[tokenizer]
+    broken = config(stack, node=0, rules=BATCH_RULE)
+    broken["models"][0]["tokenizer"] = spec
+    rewrite(gateway, broken)
+    logged = len(gateway.log_path.read_text().splitlines())
+
+    refused = plain().post(gateway.url + "/admin/reload", headers=ADMIN, timeout=30)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "config_invalid"
+    assert "models[ds].tokenizer" in error["message"] and spec in error["message"]
+    gateway.signal(signal.SIGHUP)
+    new_lines = wait_for_lines(gateway, logged, 2)
+    assert all("the configuration was not reloaded" in line for line in new_lines), new_lines
+    assert chat(gateway, "ok", **{"x-workload": "batch"}).headers["x-pd-rule"] == "default"
+    log = "\n".join(gateway.log_path.read_text().splitlines()[logged:])
+    assert "Traceback" not in log and "never retrieved" not in log, log
+
+
+def wait_for_lines(gateway: GatewayProcess, after: int, count: int) -> list[str]:
+    """The log's lines past the first `after`, once there are `count` of them."""
+    deadline = time.monotonic() + 20
+    while True:
+        lines = gateway.log_path.read_text().splitlines()[after:]
+        if len(lines) >= count:
+            return lines
+        assert time.monotonic() < deadline, f"expected {count} log lines, got {lines}"
+        time.sleep(0.05)

@@ -132,3 +132,20 @@ def test_an_unreadable_backend_key_is_named(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"upstreams\.credentials\.0: cannot read"):
         upstream_credentials(c)
+
+
+def test_an_empty_key_is_never_a_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for admin in [{"api_key": ""}, {"api_key": " "}]:
+        with pytest.raises(ConfigError, match="an empty key would let anyone in"):
+            config(tmp_path, server={"host": "0.0.0.0"}, admin=admin)
+    with pytest.raises(ConfigError, match="digest of an empty key"):
+        config(tmp_path, auth={"api_keys": [{"name": "a", "sha256": digest("")}]})
+    (tmp_path / "blank.key").write_text("\n")
+    monkeypatch.setenv("PDGW_TEST_EMPTY_KEY", "")
+    for source in [{"key_file": "blank.key"}, {"key_env": "PDGW_TEST_EMPTY_KEY"}]:
+        with pytest.raises(ConfigError, match=r"auth\.api_keys\.0"):
+            ClientAuth(config(tmp_path, auth={"api_keys": [{"name": "a", **source}]}))
+    auth = ClientAuth(config(tmp_path, auth={"api_keys": [{"name": "a", "sha256": digest("k")}]}))
+    for empty in ["Bearer ", "Bearer   ", "bearer"]:
+        with pytest.raises(AuthenticationFailed):
+            auth.key_name({"authorization": empty})

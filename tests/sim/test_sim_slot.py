@@ -151,3 +151,19 @@ async def test_the_completed_queue_wakes_waiters_and_cancel_ends_the_wait() -> N
     cancelled.set()
     assert await slot.next_completed(30, cancelled) is CANCELLED
     assert await slot.next_completed(0, None) is None
+
+
+def test_records_can_be_read_once_tombstones_expire() -> None:
+    clock = Clock()
+    slot = _slot("0.1.6", clock=clock)
+    for rid in ("a", "b"):
+        slot.release(rid)
+    assert slot.snapshot()["tombstones"] == ["a", "b"]
+    clock.now += 60
+    slot.release("c")
+    # A retried admission of "a" with a longer window keeps its tombstone longer.
+    assert isinstance(slot.admit(_request("a", admission_window_s=300)), Refusal)
+    clock.now += 61  # "b"'s tombstone is over, "c"'s and "a"'s are not
+    assert slot.snapshot()["tombstones"] == ["a", "c"]
+    clock.now += 1000
+    assert slot.snapshot()["tombstones"] == []
