@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -21,7 +21,7 @@ from router.http.dispatch import Dispatcher
 from router.http.json_response import error_response, json_response
 from router.http.model_cards import ModelCards
 from router.http.request_context import RequestContext
-from router.openai.endpoints import ENDPOINTS
+from router.openai.endpoints import ENDPOINTS, EndpointSpec
 from router.runtime.state import AppState
 from router.selection import (
     KvEventsHub,
@@ -92,7 +92,22 @@ def create_app(config: GatewayConfig) -> FastAPI:
             raise ModelNotFound(f"the model '{model_id[:100]}' does not exist", param="model")
         return json_response(await cards.card(configured))
 
-    @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    for endpoint in ENDPOINTS.values():
+        # Served by `GatewayApp.generation` ahead of routing; routed here too, so that the
+        # OpenAPI description lists them and a mounted app (a root path) still serves them.
+        app.add_api_route(
+            endpoint.path,
+            _served_by_dispatcher(endpoint),
+            methods=["POST"],
+            name=endpoint.name,
+            summary=f"OpenAI {endpoint.name} ({endpoint.request.__name__})",
+        )
+
+    @app.api_route(
+        "/v1/{rest:path}",
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+        include_in_schema=False,
+    )
     async def unsupported(request: Request, rest: str) -> Response:
         """An OpenAI endpoint the gateway does not serve: said so, and counted."""
         endpoint = rest.split("/", 1)[0]
@@ -102,21 +117,21 @@ def create_app(config: GatewayConfig) -> FastAPI:
             code="unsupported_endpoint",
         )
 
-    @app.get("/version")
+    @app.api_route("/version", methods=["GET", "HEAD"])
     async def version() -> Response:
         return json_response({"name": "pd-gateway", "version": __version__})
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         return json_response({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics(request: Request) -> Response:
         state: AppState = request.app.state.gateway
         rendered = state.metrics.render(await state.pool_snapshots(), server_sets(state))
         return Response(rendered + state.kv_events.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/ready")
+    @app.api_route("/ready", methods=["GET", "HEAD"])
     async def ready(request: Request) -> Response:
         state: AppState = request.app.state.gateway
         if state.draining:
@@ -164,6 +179,14 @@ def create_app(config: GatewayConfig) -> FastAPI:
     for kind in (GatewayError, StarletteHTTPException, Exception):
         app.add_exception_handler(kind, _exception_handler)
     return app
+
+
+def _served_by_dispatcher(endpoint: EndpointSpec) -> Callable[[Request], Awaitable[Response]]:
+    async def generate(request: Request) -> Response:
+        dispatcher: Dispatcher = request.app.state.dispatcher
+        return await dispatcher.handle(request, endpoint)
+
+    return generate
 
 
 def server_sets(state: AppState) -> dict[str, list[ServerSet]]:

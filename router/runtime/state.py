@@ -70,14 +70,20 @@ class AppState:
         return self.epoch.gates
 
     async def start(self) -> None:
-        """Load tokenizers (off the event loop), build each model's paths, find and probe
-        the nodes."""
+        """Everything `prepare` does, then find and probe the nodes."""
+        new_gates = await self.prepare()
+        await self._discover()
+        await self._watch(new_gates)
+
+    async def prepare(self) -> list[Gate]:
+        """Read everything the configuration names (tokenizers and chat templates, off the
+        event loop; generation configs) and build each model's paths, contacting no
+        backend: `pd-gateway check` runs this and stops. Returns the new pools."""
         self.epoch, changes = await build_epoch(
             self._config, self.deps, keys=self._keys, kv_events=self.kv_events
         )
         self._keys = None  # a reload loads its own
-        await self._discover()
-        await self._watch(changes.new_gates.values())
+        return list(changes.new_gates.values())
 
     async def reload(self, config: GatewayConfig | None = None) -> dict[str, str]:
         """Swap in `config` (by default the configuration file read again). Raises
@@ -200,6 +206,11 @@ class AppState:
     @property
     def background_tasks(self) -> int:
         return len(self._tasks)
+
+    async def discard(self) -> None:
+        """After `prepare` alone (nothing started): let go of what it built, contacting no
+        backend (a Redis pool is left to expire as a dead replica's would, holding nothing)."""
+        await self.upstreams.aclose()
 
     async def aclose(self) -> None:
         for prober in self._probers.values():
