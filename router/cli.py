@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -39,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of stdout left (`... | head -1`): stop quietly, as a command killed by
+    SIGPIPE does. What is left in stdout's buffer goes nowhere, rather than fail again
+    when the interpreter flushes it on exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -293,14 +306,14 @@ def _port(text: str) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from router.process.server import serve
-    from router.runtime.epoch import check_tokenizer_files
+    from router.runtime.state import check_quickly
 
     config = load_config(args.config)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
         server = config.server.model_copy(update=overrides)
         config = config.model_copy(update={"server": server})
-    check_tokenizer_files(config)  # the rest is read by the app's start-up (`_prepared`)
+    check_quickly(config)  # before listening; the rest is read by the app's start-up
     try:
         serve(config, log_level=args.log_level)
     except OSError as exc:  # binding the listener
@@ -355,7 +368,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _classify(args: argparse.Namespace) -> int:
     """Print `Decision.explain()` and the response headers the decision implies."""
-    from router.errors import GatewayError
+    from router.errors import GatewayError, ModelNotFound
     from router.openai.endpoints import ENDPOINTS
     from router.openai.requests import parse_body
     from router.runtime.intake import decide, take_in
@@ -375,6 +388,10 @@ def _classify(args: argparse.Namespace) -> int:
     async def explain(epoch: ConfigEpoch) -> Decision:
         try:
             intake = take_in(epoch, raw, ENDPOINTS[endpoint])
+        except ModelNotFound:
+            known = ", ".join(epoch.models)
+            model = parse_body(raw).get("model")
+            raise UsageError(f"{args.request}: unknown model {model!r} (known: {known})") from None
         except GatewayError as exc:
             where = f" ({exc.param})" if exc.param else ""
             message = f"not a valid {endpoint} request{where}: {exc.message}"

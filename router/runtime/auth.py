@@ -45,7 +45,8 @@ class ClientAuth:
     def __init__(self, config: GatewayConfig) -> None:
         self._names: dict[str, str] = {}  # sha256 hex of a key -> its name
         for i, entry in enumerate(config.auth.api_keys):
-            key = _secret(config, f"auth.api_keys.{i}", env=entry.key_env, file=entry.key_file)
+            where = f"auth.api_keys[{i}] ({entry.name})"
+            key = _secret(config, where, env=entry.key_env, file=entry.key_file)
             self._names[entry.sha256 or digest(key or "")] = entry.name
         trusted = config.auth.trust_key_name_header or is_loopback(config.server.host)
         self._name_header = config.classification.api_key_name_header.lower() if trusted else None
@@ -72,7 +73,7 @@ def upstream_credentials(config: GatewayConfig) -> dict[str, str]:
     """Base URL -> the API key that backend expects; ConfigError if one cannot be read."""
     keys = {}
     for i, entry in enumerate(config.upstreams.credentials):
-        where = f"upstreams.credentials.{i}"
+        where = f"upstreams.credentials[{i}]"
         key = _secret(config, where, env=entry.api_key_env, file=entry.api_key_file)
         if key is not None:
             keys[entry.url] = key

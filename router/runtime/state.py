@@ -22,7 +22,7 @@ from router.nodes.discovery import Discovery
 from router.nodes.facts import NodeFactsBook
 from router.nodes.prober import admit_ready_nodes, probe_forever
 from router.runtime.auth import Keys, upstream_credentials
-from router.runtime.epoch import ConfigEpoch, build_epoch
+from router.runtime.epoch import ConfigEpoch, build_epoch, check_tokenizer_files
 from router.selection import KvEventsHub
 from router.serving.live import LiveResponses
 from router.telemetry import logs
@@ -33,6 +33,14 @@ log = logging.getLogger("pd_gateway")
 
 # Sections read once at start-up: a reload that changes them says so and leaves them.
 RESTART_ONLY = ("server", "timeouts", "upstreams")
+
+
+def check_quickly(config: GatewayConfig) -> None:
+    """The start-up reads that take no time (every secret, each tokenizer file's presence),
+    for `serve` to refuse a configuration before it listens; ConfigError names the field."""
+    Keys.load(config)
+    upstream_credentials(config)
+    check_tokenizer_files(config)
 
 
 class AppState:

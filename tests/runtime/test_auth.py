@@ -70,7 +70,8 @@ def test_without_keys_the_header_is_trusted_only_where_no_stranger_can_send_it(
 
 def test_an_unreadable_key_names_its_entry(tmp_path: Path) -> None:
     c = config(tmp_path, auth={"api_keys": [{"name": "a", "key_env": "PDGW_TEST_UNSET_KEY"}]})
-    with pytest.raises(ConfigError, match=r"gw.yaml: auth.api_keys.0: .*PDGW_TEST_UNSET_KEY"):
+    named = r"gw.yaml: auth\.api_keys\[0\] \(a\): .*PDGW_TEST_UNSET_KEY"
+    with pytest.raises(ConfigError, match=named):
         ClientAuth(c)
 
 
