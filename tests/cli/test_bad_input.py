@@ -185,7 +185,8 @@ def test_a_missing_tokenizer_names_its_file_and_field(
     assert main([command, "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert err == (
-        f"error: {config}: models[0] (m).tokenizer: no tokenizer.json at /nonexistent/tokenizer.json\n"
+        f"error: {config}: models[0] (m).tokenizer: "
+        "no tokenizer.json at /nonexistent/tokenizer.json\n"
     )
 
 

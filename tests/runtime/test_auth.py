@@ -131,5 +131,5 @@ def test_an_unreadable_backend_key_is_named(tmp_path: Path) -> None:
         tmp_path,
         upstreams={"credentials": [{"url": "http://p:1", "api_key_file": "missing.key"}]},
     )
-    with pytest.raises(ConfigError, match=r"upstreams\.credentials\.0: cannot read"):
+    with pytest.raises(ConfigError, match=r"upstreams\.credentials\[0\]: cannot read"):
         upstream_credentials(c)
