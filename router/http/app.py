@@ -117,26 +117,29 @@ def create_app(config: GatewayConfig) -> FastAPI:
             code="unsupported_endpoint",
         )
 
-    @app.api_route("/version", methods=["GET", "HEAD"])
+    @app.get("/version")
     async def version() -> Response:
         return json_response({"name": "pd-gateway", "version": __version__})
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.get("/health")
     async def health() -> Response:
         return json_response({"status": "ok"})
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"])
+    @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         state: AppState = request.app.state.gateway
         rendered = state.metrics.render(await state.pool_snapshots(), server_sets(state))
         return Response(rendered + state.kv_events.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.api_route("/ready", methods=["GET", "HEAD"])
+    @app.get("/ready")
     async def ready(request: Request) -> Response:
         state: AppState = request.app.state.gateway
         if state.draining:
             return json_response({"status": "draining"}, status=503)
         return json_response({"status": "ready"})
+
+    for route in (version, health, metrics, ready):  # HEAD, as probes send it: no body
+        app.add_api_route(f"/{route.__name__}", route, methods=["HEAD"], include_in_schema=False)
 
     @app.get("/admin/pool")
     async def pool(request: Request) -> Response:
