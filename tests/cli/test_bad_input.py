@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -289,3 +291,31 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.startswith("pd-gateway ")
+
+
+@pytest.mark.e2e  # runs the CLI as a process
+@pytest.mark.parametrize("command", ["schema", "check", "classify"])
+def test_a_reader_that_leaves_early_ends_no_command_in_a_traceback(
+    tmp_path: Path, command: str
+) -> None:
+    """As `pd-gateway ... | head -1`: the pipe's read end is closed before the output comes."""
+    argv = [command]
+    if command != "schema":
+        argv += ["--config", str(write(tmp_path, "router.yaml", SERVABLE_CONFIG))]
+    if command == "classify":
+        argv += ["--request", str(write(tmp_path, "body.json", GOOD_REQUEST))]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "router.cli", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=PROJECT_ROOT,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 128 + signal.SIGPIPE
