@@ -5,21 +5,19 @@ and rule (the gateway's `x-pd-route` and `x-pd-rule` headers, classify's output)
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from router.cli import main
 from sim.stack import SimStack
 from tests.support.classify_fixtures import MODEL, ROUTE, RULE, proxy_throughput
 from tests.support.deployment import latency_model
 from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.http import plain
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RULES = {
     "default": {"name": "short", "path": "latency"},
     "rules": [
@@ -76,20 +74,18 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield gateway
 
 
-def classify(gateway: GatewayProcess, body: dict[str, Any], tmp_path: Path) -> dict[str, str]:
+def classify(
+    gateway: GatewayProcess,
+    body: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> dict[str, str]:
     """The response headers `classify` prints, the endpoint detected from the body."""
     request = tmp_path / "body.json"
     request.write_text(json.dumps(body), encoding="utf-8")
     argv = ["classify", "--config", str(gateway.config_path), "--request", str(request)]
-    result = subprocess.run(
-        [sys.executable, "-m", "router.cli", *argv],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT_ROOT,
-        timeout=120,
-        check=True,
-    )
-    headers = result.stdout.split("response headers:\n", 1)[1]
+    assert main(argv) == 0
+    headers = capsys.readouterr().out.split("response headers:\n", 1)[1]
     return dict(line.strip().split(": ", 1) for line in headers.splitlines())
 
 
@@ -97,6 +93,7 @@ def classify(gateway: GatewayProcess, body: dict[str, Any], tmp_path: Path) -> d
 def test_classify_decides_as_the_gateway(
     gateway: GatewayProcess,
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     case: str,
     endpoint: str,
     fields: dict[str, Any],
@@ -107,4 +104,4 @@ def test_classify_decides_as_the_gateway(
     assert answer.status_code == 200, answer.text
     live = {ROUTE: answer.headers[ROUTE], RULE: answer.headers[RULE]}
     assert live[RULE] == rule
-    assert classify(gateway, body, tmp_path) == live
+    assert classify(gateway, body, tmp_path, capsys) == live
