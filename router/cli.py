@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from policies.types import ENDPOINTS as POLICY_ENDPOINTS
 from policies.types import Endpoint
 from router import __version__
-from router.config import ConfigError, GatewayConfig, compile_rules, load_config
+from router.config import ConfigError, GatewayConfig, load_config
 from router.telemetry.logs import LEVELS
 
 if TYPE_CHECKING:
-    from router.tokens.prompt_tokens import PromptCounter
+    from policies import Decision
+    from router.runtime.epoch import ConfigEpoch
+
+T = TypeVar("T")
 
 
 class UsageError(Exception):
@@ -36,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of stdout left (`... | head -1`): stop quietly, as a command killed by
+    SIGPIPE does. What is left in stdout's buffer goes nowhere, rather than fail again
+    when the interpreter flushes it on exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,7 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument(
         "--endpoint",
         choices=list(POLICY_ENDPOINTS),
-        help="default: chat, or completions for a prompt body",
+        help="default: from the body: chat for `messages`, responses for `input`,"
+        " completions for `prompt`",
     )
     explain.add_argument(
         "--header",
@@ -289,13 +306,14 @@ def _port(text: str) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from router.process.server import serve
+    from router.runtime.state import check_quickly
 
     config = load_config(args.config)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
         server = config.server.model_copy(update=overrides)
         config = config.model_copy(update={"server": server})
-    _check_tokenizer_files(config)
+    check_quickly(config)  # before listening; the rest is read by the app's start-up
     try:
         serve(config, log_level=args.log_level)
     except OSError as exc:  # binding the listener
@@ -304,53 +322,32 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_tokenizer_files(config: GatewayConfig) -> None:
-    from router.tokens.tokenizer import tokenizer_path
-
-    for i, model in enumerate(config.models):
-        try:
-            path = tokenizer_path(model.tokenizer, base_dir=config.base_dir)
-        except (ImportError, FileNotFoundError) as exc:
-            raise ConfigError(f"{config.source}: models.{i}.tokenizer: {exc}") from None
-        if not path.is_file():
-            raise ConfigError(f"{config.source}: models.{i}.tokenizer: no tokenizer.json at {path}")
-
-
-def _load_tokenizers(config: GatewayConfig) -> None:
-    """Load every tokenizer and chat template, as `serve` will."""
-    from router.tokens.prompt_tokens import PromptCounter
-    from router.tokens.tokenizer import load_tokenizer, tokenizer_path
-
-    _check_tokenizer_files(config)
-    for i, model in enumerate(config.models):
-        try:
-            tokenizer = load_tokenizer(model.tokenizer, base_dir=config.base_dir)
-            path = tokenizer_path(model.tokenizer, base_dir=config.base_dir)
-            counter = PromptCounter(tokenizer, path)
-        except Exception as exc:  # any failure of a third-party loader is the file's fault
-            raise ConfigError(
-                f"{config.source}: models.{i}.tokenizer: cannot load it: {exc}"
-            ) from None
-        latency = model.latency
-        if latency is not None and latency.prefill_input == "token_ids":
-            if not counter.has_chat_template:
-                raise ConfigError(
-                    f"{config.source}: models.{i}.latency.prefill_input: token_ids needs the "
-                    f"model's own chat template, and {path.parent / 'tokenizer_config.json'} "
-                    "has no chat_template: the gateway's rendering would only approximate "
-                    "vLLM's (set `tokenizer` to the model's folder, or use text)"
-                )
-
-
 def _check(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    _load_tokenizers(config)
-    print(f"{args.config}: ok ({len(config.models)} model(s), tokenizers loaded)")
+    asyncio.run(_prepared(config, _nothing))
+    print(f"{args.config}: ok ({len(config.models)} model(s); keys, tokenizers and templates read)")
     if args.probe:
         from router.probe import probe
 
         return probe(config)
     return 0
+
+
+async def _nothing(epoch: ConfigEpoch) -> None:
+    return None
+
+
+async def _prepared(config: GatewayConfig, use: Callable[[ConfigEpoch], Awaitable[T]]) -> T:
+    """`use` the configuration's objects as `serve` builds them at start-up (every file it
+    names read: secrets, tokenizers, chat templates), with nothing started or contacted."""
+    from router.runtime.state import AppState
+
+    state = AppState(config)
+    try:
+        await state.prepare()
+        return await use(state.epoch)
+    finally:
+        await state.discard()
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -371,35 +368,37 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _classify(args: argparse.Namespace) -> int:
     """Print `Decision.explain()` and the response headers the decision implies."""
-    from router.classify import Classifier
-    from router.errors import InvalidRequest
+    from router.errors import GatewayError, ModelNotFound
     from router.openai.endpoints import ENDPOINTS
-    from router.openai.requests import parse_body, validate
+    from router.openai.requests import parse_body
+    from router.runtime.intake import decide, take_in
 
     config = load_config(args.config)
     try:
-        body = parse_body(args.request.read_bytes())
+        raw = args.request.read_bytes()
+        endpoint: Endpoint = args.endpoint or _endpoint_of(parse_body(raw))
     except OSError as exc:
         raise UsageError(f"{args.request}: cannot read: {exc.strerror}") from None
-    except InvalidRequest as exc:
+    except GatewayError as exc:
         raise UsageError(f"{args.request}: {exc.message}") from None
-    endpoint: Endpoint = args.endpoint or _endpoint_of(body)
-    try:
-        validate(ENDPOINTS[endpoint].request, body)
-    except InvalidRequest as exc:
-        where = f" ({exc.param})" if exc.param else ""
-        message = f"not a valid {endpoint} request{where}: {exc.message}"
-        raise UsageError(f"{args.request}: {message}") from None
-    if config.model(body["model"]) is None:
-        known = ", ".join(m.name for m in config.models)
-        raise UsageError(f"{args.request}: unknown model {body['model']!r} (known: {known})")
-    classifier = Classifier(config, compile_rules(config), _Counters(config))
     headers = dict(args.header)
     # Offline, the key-name header stands for the name of a verified client key.
     key_name = headers.get(config.classification.api_key_name_header.lower())
-    decision = asyncio.run(
-        classifier.decide(body, endpoint=endpoint, headers=headers, api_key_name=key_name)
-    )
+
+    async def explain(epoch: ConfigEpoch) -> Decision:
+        try:
+            intake = take_in(epoch, raw, ENDPOINTS[endpoint])
+        except ModelNotFound:
+            known = ", ".join(epoch.models)
+            model = parse_body(raw).get("model")
+            raise UsageError(f"{args.request}: unknown model {model!r} (known: {known})") from None
+        except GatewayError as exc:
+            where = f" ({exc.param})" if exc.param else ""
+            message = f"not a valid {endpoint} request{where}: {exc.message}"
+            raise UsageError(f"{args.request}: {message}") from None
+        return await decide(epoch, intake, headers=headers, api_key_name=key_name)
+
+    decision = asyncio.run(_prepared(config, explain))
     print(decision.explain())
     print("response headers:")
     for name, value in decision.response_headers().items():
@@ -408,34 +407,14 @@ def _classify(args: argparse.Namespace) -> int:
 
 
 def _endpoint_of(body: dict[str, Any]) -> Endpoint:
-    return "completions" if "prompt" in body and "messages" not in body else "chat"
-
-
-class _Counters(Mapping[str, "PromptCounter"]):
-    """Prompt counters built on first use: the tokenizer loads only if a rule needs a count."""
-
-    def __init__(self, config: GatewayConfig) -> None:
-        self._config = config
-
-    def __getitem__(self, name: str) -> PromptCounter:
-        from router.tokens.prompt_tokens import PromptCounter
-        from router.tokens.tokenizer import load_tokenizer, tokenizer_path
-
-        model = self._config.model(name)
-        if model is None:
-            raise KeyError(name)
-        base_dir = self._config.base_dir
-        try:
-            tokenizer = load_tokenizer(model.tokenizer, base_dir=base_dir)
-        except (OSError, ValueError, ImportError) as exc:
-            raise UsageError(f"model {name}: cannot load its tokenizer: {exc}") from None
-        return PromptCounter(tokenizer, tokenizer_path(model.tokenizer, base_dir=base_dir))
-
-    def __iter__(self) -> Iterator[str]:
-        return (m.name for m in self._config.models)
-
-    def __len__(self) -> int:
-        return len(self._config.models)
+    """The endpoint a body is written for, by the field that holds its prompt."""
+    if "messages" in body:
+        return "chat"
+    if "input" in body:
+        return "responses"
+    if "prompt" in body:
+        return "completions"
+    return "chat"
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ A prompt containing ``[[sim-output]]TEXT[[/sim-output]]`` (or the same with base
 UTF-8 text between ``[[sim-output-b64]]`` and ``[[/sim-output-b64]]``) makes the model
 generate exactly TEXT, added tokens such as ``<think>`` recognised as single tokens, then
 EOS. Any other prompt yields ``default_output_tokens`` tokens of filler words (some with
-multi-byte characters) chosen by a hash of the prompt, then EOS. The plan is fixed at
-prefill time, so prefill → decode continues exactly what plain serving would produce.
+multi-byte characters) chosen by a hash of the prompt, then EOS; for a model that thinks
+(its answer starts inside reasoning), a short reasoning filler, ``</think>``, then the
+answer's. The plan is fixed at prefill time, so prefill → decode continues exactly what
+plain serving would produce.
 """
 
 from __future__ import annotations
@@ -111,16 +113,38 @@ def plan_chat(
     default_output_tokens: int,
     tools: Sequence[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    *,
+    thinks: bool = False,
 ) -> Plan:
     """Plan a chat request: the prompt rendered by the model's chat template (with the
     tools and the generation prompt) if the tokenizer has one, else by
-    :func:`render_chat`; the output by directive."""
-    output, scripted = plan_output(vocab, chat_prompt_text(messages), default_output_tokens)
+    :func:`render_chat`; the output by directive. `thinks`: the answer starts inside
+    reasoning, so a filler ends its reasoning before it answers."""
+    text = chat_prompt_text(messages)
+    output, scripted = plan_output(vocab, text, default_output_tokens)
     if vocab.chat_template is not None:
         prompt = vocab.chat_template.render(messages, tools, extra=template_kwargs)
     else:
         prompt = render_chat(messages)
+    if thinks and not scripted:
+        output = [*reasoned_filler_ids(vocab, text, default_output_tokens), vocab.eos_ids[0]]
     return Plan(vocab.encode(prompt), output, scripted)
+
+
+THINK_CLOSE = "</think>"
+
+
+def reasoned_filler_ids(vocab: Vocab, seed: str, count: int) -> list[int]:
+    """Filler for a model whose answer starts inside reasoning (GLM-4.7/5 thinking): a
+    quarter reasoning, ``</think>``, then the answer; about ``count`` ids in all."""
+    close = vocab.encode(THINK_CLOSE)
+    thinking = max(1, count // 4)
+    answer = max(1, count - thinking - len(close))
+    return [
+        *filler_ids(vocab, "reasoning:" + seed, thinking),
+        *close,
+        *filler_ids(vocab, seed, answer),
+    ]
 
 
 def extend_output(vocab: Vocab, plan: Plan, count: int) -> Plan:

@@ -16,10 +16,11 @@ class ConfigError(Exception):
     """router.yaml could not be loaded; the message names the field and value."""
 
 
-def describe(exc: ValidationError, source: str) -> str:
+def describe(exc: ValidationError, source: str, data: Any = None) -> str:
+    """`data`: the document validated, to name fields as its reader sees them."""
     lines = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        where = field_path(err["loc"], data) or "(top level)"
         value = err.get("input")
         shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
         hint = ""
@@ -49,3 +50,23 @@ def _nested(annotation: Any) -> list[type[BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, StrictModel):
         return [annotation]
     return [m for arg in get_args(annotation) for m in _nested(arg)]
+
+
+def field_path(loc: tuple[int | str, ...], data: Any) -> str:
+    """`('models', 0, 'latency', 'prefill', 1)` as `models[0] (ds).latency.prefill[1]`: list
+    items by index, an item with a name by its name too. Steps that name no field of the
+    document (a union's branch) are left out."""
+    out = ""
+    for i, step in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(step, int) and isinstance(data, list) and 0 <= step < len(data):
+            data = data[step]
+            name = data.get("name") if isinstance(data, dict) else None
+            out += f"[{step}]" + (f" ({name})" if isinstance(name, str) else "")
+        elif isinstance(data, dict) and step in data:
+            data = data[step]
+            out += f".{step}" if out else str(step)
+        elif last or not isinstance(data, dict):
+            out += f".{step}" if out else str(step)
+            data = None
+    return out

@@ -27,7 +27,7 @@ def parse_config(
     try:
         config = GatewayConfig.model_validate({**data, "base_dir": base_dir, "source": source})
     except ValidationError as exc:
-        raise ConfigError(describe(exc, source)) from None
+        raise ConfigError(describe(exc, source, data)) from None
     compile_rules(config)
     return config
 
@@ -55,7 +55,16 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> G
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: {yaml_problem(exc)}") from None
     if isinstance(data, dict):
         data = apply_environment(data, os.environ if environ is None else environ)
     return parse_config(data, base_dir=path.resolve().parent, source=str(path))
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML syntax error on one line, at its line and column in the file."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        problem = exc.problem or exc.context or "not valid YAML"
+        return f"line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}"
+    return f"not valid YAML: {' '.join(str(exc).split())}"

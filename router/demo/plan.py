@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 DEFAULT_MAX_SEQ_LEN = 131072
 
 # A model's `output_parser` -> the vLLM flags that make the throughput path's servers answer
-# with the same message shape as the latency path (docs/output-formats.md).
+# with the same message shape as the latency path (docs/output-formats.md); they also tell
+# the simulated model whether it thinks.
 VLLM_PARSER_FLAGS: dict[str, list[str]] = {
     "none": [],
     "glm47": ["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"],
@@ -107,8 +108,9 @@ class ModelPlan:
         parsing = parser_flags(self.model.output_parser)
         for i, server in enumerate(self.prefill_kind):
             own = ["--role", "both", "--engine-id", f"proxy-{i}"] if server.role == "both" else []
-            if server.throughput:
-                own += parsing
+            # Every server, latency prefill included: whether the model thinks decides the
+            # answer it plans, which a TileRT node continues.
+            own += parsing
             if server.engine_id is not None:
                 own += ["--engine-id", server.engine_id]
             if server.tilert is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -21,7 +21,7 @@ from router.http.dispatch import Dispatcher
 from router.http.json_response import error_response, json_response
 from router.http.model_cards import ModelCards
 from router.http.request_context import RequestContext
-from router.openai.endpoints import ENDPOINTS
+from router.openai.endpoints import ENDPOINTS, EndpointSpec
 from router.runtime.state import AppState
 from router.selection import (
     KvEventsHub,
@@ -92,7 +92,22 @@ def create_app(config: GatewayConfig) -> FastAPI:
             raise ModelNotFound(f"the model '{model_id[:100]}' does not exist", param="model")
         return json_response(await cards.card(configured))
 
-    @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    for endpoint in ENDPOINTS.values():
+        # Served by `GatewayApp.generation` ahead of routing; routed here too, so that the
+        # OpenAPI description lists them and a mounted app (a root path) still serves them.
+        app.add_api_route(
+            endpoint.path,
+            _served_by_dispatcher(endpoint),
+            methods=["POST"],
+            name=endpoint.name,
+            summary=f"OpenAI {endpoint.name} ({endpoint.request.__name__})",
+        )
+
+    @app.api_route(
+        "/v1/{rest:path}",
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+        include_in_schema=False,
+    )
     async def unsupported(request: Request, rest: str) -> Response:
         """An OpenAI endpoint the gateway does not serve: said so, and counted."""
         endpoint = rest.split("/", 1)[0]
@@ -122,6 +137,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
         if state.draining:
             return json_response({"status": "draining"}, status=503)
         return json_response({"status": "ready"})
+
+    for route in (version, health, metrics, ready):  # HEAD, as probes send it: no body
+        app.add_api_route(f"/{route.__name__}", route, methods=["HEAD"], include_in_schema=False)
 
     @app.get("/admin/pool")
     async def pool(request: Request) -> Response:
@@ -164,6 +182,14 @@ def create_app(config: GatewayConfig) -> FastAPI:
     for kind in (GatewayError, StarletteHTTPException, Exception):
         app.add_exception_handler(kind, _exception_handler)
     return app
+
+
+def _served_by_dispatcher(endpoint: EndpointSpec) -> Callable[[Request], Awaitable[Response]]:
+    async def generate(request: Request) -> Response:
+        dispatcher: Dispatcher = request.app.state.dispatcher
+        return await dispatcher.handle(request, endpoint)
+
+    return generate
 
 
 def server_sets(state: AppState) -> dict[str, list[ServerSet]]:

@@ -11,11 +11,9 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from policies import Decision
-from router.errors import ClientGone, GatewayError, InvalidRequest, ModelNotFound
+from router.errors import ClientGone, GatewayError, InvalidRequest
 from router.openai.endpoints import EndpointSpec
-from router.openai.limits import check_limits, check_token_ids, strip_transfer_params
-from router.openai.requests import ChatRequest, ResponsesRequest, parse_body, validate
-from router.openai.responses_input import chat_body
+from router.runtime.intake import decide, take_in
 from router.runtime.state import AppState
 from router.serving import PathResponse, RoutedRequest, new_request_id
 from router.telemetry.access import AccessRecord
@@ -31,24 +29,11 @@ class Dispatcher:
         key_name = current.keys.client.key_name(request.headers)
         _check_content_type(request.headers.get("content-type"))
         raw = await _read_body(request, current.config.server.max_body_bytes)
-        body = parse_body(raw)
-        check_limits(body, current.config.limits)
-        strip_transfer_params(body)
-        parsed = validate(endpoint.request, body)
-        client_body = None
-        if isinstance(parsed, ResponsesRequest):
-            client_body, body = body, chat_body(parsed, body)
-            parsed = validate(ChatRequest, body)
-        model = current.models.get(parsed.model)
-        if model is None:
-            shown = parsed.model if len(parsed.model) <= 100 else parsed.model[:100] + "…"
-            raise ModelNotFound(f"the model '{shown}' does not exist", param="model")
-        check_token_ids(body, model.vocab_size)
+        intake = take_in(current, raw, endpoint)
+        parsed, model = intake.parsed, intake.model
         access: AccessRecord = request.state.access
         access.model = parsed.model
-        decision = await current.classifier.decide(
-            body, endpoint=endpoint.name, headers=request.headers, api_key_name=key_name
-        )
+        decision = await decide(current, intake, headers=request.headers, api_key_name=key_name)
         headers = decision.response_headers()
         if decision.reroute_reason is not None:
             state.metrics.reroute(parsed.model, decision.reroute_reason.value)
@@ -61,12 +46,12 @@ class Dispatcher:
         routed = RoutedRequest(
             endpoint,
             parsed,
-            body,
+            intake.body,
             decision,
             access.upstream_request_id,
             headers,
             access,
-            client_body,
+            intake.client_body,
             request.headers,
         )
         return PathResponse(path, routed, state.live)

@@ -48,7 +48,7 @@ class ClientAuth:
             if entry.sha256 is not None:
                 self._names[entry.sha256] = entry.name
                 continue
-            where = f"auth.api_keys.{i}"
+            where = f"auth.api_keys[{i}] ({entry.name})"
             key = _secret(config, where, env=entry.key_env, file=entry.key_file)
             if not key:  # never a key: an empty bearer token is no token
                 raise ConfigError(f"{config.source}: {where}: the key is empty")
@@ -78,7 +78,7 @@ def upstream_credentials(config: GatewayConfig) -> dict[str, str]:
     """Base URL -> the API key that backend expects; ConfigError if one cannot be read."""
     keys = {}
     for i, entry in enumerate(config.upstreams.credentials):
-        where = f"upstreams.credentials.{i}"
+        where = f"upstreams.credentials[{i}]"
         key = _secret(config, where, env=entry.api_key_env, file=entry.api_key_file)
         if key is not None:
             keys[entry.url] = key

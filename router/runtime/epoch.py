@@ -123,27 +123,65 @@ def _sampling_defaults(model: ModelConfig, config: GatewayConfig) -> SamplingDef
             path if path.is_absolute() else config.base_dir / path
         )
     except ValueError as exc:
-        raise ConfigError(f"models[{model.name}].generation_config: {exc}") from None
+        where = model_field(config.models.index(model), model, "generation_config")
+        raise ConfigError(f"{config.source}: {where}: {exc}") from None
+
+
+def check_tokenizer_files(config: GatewayConfig) -> None:
+    """Every model's tokenizer file exists (a quick look, before anything loads);
+    ConfigError names the file and field."""
+    for i, model in enumerate(config.models):
+        _tokenizer_file(config, i, model)
+
+
+def _tokenizer_file(config: GatewayConfig, index: int, model: ModelConfig) -> Path:
+    field = model_field(index, model, "tokenizer")
+    try:
+        path = tokenizer_path(model.tokenizer, base_dir=config.base_dir)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{config.source}: {field}: {exc}") from None
+    if not path.is_file():
+        raise ConfigError(f"{config.source}: {field}: no tokenizer.json at {path}")
+    return path
+
+
+def model_field(index: int, model: ModelConfig, field: str) -> str:
+    """A model's field as the file's reader finds it: `models[0] (ds).tokenizer`."""
+    return f"models[{index}] ({model.name}).{field}"
 
 
 async def _tokenizer(
     model: ModelConfig, config: GatewayConfig, before: ModelRuntime | None
 ) -> tuple[LoadedTokenizer, PromptCounter]:
     """The model's tokenizer and prompt counter: the running ones if the tokenizer is the
-    same, else loaded off the event loop (about a second each)."""
+    same, else loaded off the event loop (about a second each). ConfigError names the file
+    and field when the tokenizer or the chat template a setting needs cannot be used."""
     if before is not None and before.config.tokenizer == model.tokenizer:
         return before.tokenizer, before.counter
+    index = config.models.index(model)
+    path = _tokenizer_file(config, index, model)
     try:
         tokenizer = await asyncio.to_thread(
             load_tokenizer, model.tokenizer, base_dir=config.base_dir
         )
-        path = tokenizer_path(model.tokenizer, base_dir=config.base_dir)
         counter = await asyncio.to_thread(PromptCounter, tokenizer, path)
-    except Exception as exc:  # the tokenizers library raises its own untyped errors
+    except Exception as exc:  # any failure of a third-party loader is the file's fault
+        where = model_field(index, model, "tokenizer")
         raise ConfigError(
-            f"{config.source}: models[{model.name}].tokenizer: cannot load"
-            f" {model.tokenizer!r}: {_first_line(exc)}"
+            f"{config.source}: {where}: cannot load {model.tokenizer!r}: {_first_line(exc)}"
         ) from None
+    latency = model.latency
+    if (
+        latency is not None
+        and latency.prefill_input == "token_ids"
+        and not counter.has_chat_template
+    ):
+        raise ConfigError(
+            f"{config.source}: {model_field(index, model, 'latency.prefill_input')}: token_ids"
+            f" needs the model's own chat template, and {path.parent / 'tokenizer_config.json'}"
+            " has no chat_template: the gateway's rendering would only approximate vLLM's"
+            " (set `tokenizer` to the model's folder, or use text)"
+        )
     return tokenizer, counter
 
 

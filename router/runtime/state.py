@@ -22,7 +22,7 @@ from router.nodes.discovery import Discovery
 from router.nodes.facts import NodeFactsBook
 from router.nodes.prober import admit_ready_nodes, probe_forever
 from router.runtime.auth import Keys, upstream_credentials
-from router.runtime.epoch import Changes, ConfigEpoch, build_epoch
+from router.runtime.epoch import Changes, ConfigEpoch, build_epoch, check_tokenizer_files
 from router.selection import KvEventsHub
 from router.serving.live import LiveResponses
 from router.telemetry import logs
@@ -33,6 +33,14 @@ log = logging.getLogger("pd_gateway")
 
 # Sections read once at start-up: a reload that changes them says so and leaves them.
 RESTART_ONLY = ("server", "timeouts", "upstreams")
+
+
+def check_quickly(config: GatewayConfig) -> None:
+    """The start-up reads that take no time (every secret, each tokenizer file's presence),
+    for `serve` to refuse a configuration before it listens; ConfigError names the field."""
+    Keys.load(config)
+    upstream_credentials(config)
+    check_tokenizer_files(config)
 
 
 class AppState:
@@ -70,14 +78,20 @@ class AppState:
         return self.epoch.gates
 
     async def start(self) -> None:
-        """Load tokenizers (off the event loop), build each model's paths, find and probe
-        the nodes."""
+        """Everything `prepare` does, then find and probe the nodes."""
+        new_gates = await self.prepare()
+        await self._discover()
+        await self._watch(new_gates)
+
+    async def prepare(self) -> list[Gate]:
+        """Read everything the configuration names (tokenizers and chat templates, off the
+        event loop; generation configs) and build each model's paths, contacting no
+        backend: `pd-gateway check` runs this and stops. Returns the new pools."""
         self.epoch, changes = await build_epoch(
             self._config, self.deps, keys=self._keys, kv_events=self.kv_events
         )
         self._keys = None  # a reload loads its own
-        await self._discover()
-        await self._watch(changes.new_gates.values())
+        return list(changes.new_gates.values())
 
     async def reload(self, config: GatewayConfig | None = None) -> dict[str, str]:
         """Swap in `config` (by default the configuration file read again). Raises
@@ -216,6 +230,11 @@ class AppState:
     @property
     def background_tasks(self) -> int:
         return len(self._tasks)
+
+    async def discard(self) -> None:
+        """After `prepare` alone (nothing started): let go of what it built, contacting no
+        backend (a Redis pool is left to expire as a dead replica's would, holding nothing)."""
+        await self.upstreams.aclose()
 
     async def aclose(self) -> None:
         for prober in self._probers.values():

@@ -77,6 +77,11 @@ class Parsed:
     calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON)
 
 
+def thinks(config: ParserConfig, kwargs: Mapping[str, Any] | None) -> bool:
+    """Whether the model's answer starts inside reasoning (the server splits reasoning off)."""
+    return config.reasoning_parser is not None and _thinking(config.reasoning_parser, kwargs)
+
+
 def _thinking(parser: str, kwargs: Mapping[str, Any] | None) -> bool:
     for key in ("enable_thinking", "thinking"):
         value = (kwargs or {}).get(key)

@@ -31,7 +31,7 @@ from sim.vllm.formats import Echo, Formatter, system_fingerprint, usage
 from sim.vllm.kv_events import KvEventPublisher, admission_events, all_cleared
 from sim.vllm.load import EngineLoad, Ticket
 from sim.vllm.metrics import ServerCounters
-from sim.vllm.parsers import NativeParser
+from sim.vllm.parsers import NativeParser, thinks
 from sim.vllm.prefix_cache import PrefixCache
 from sim.vllm.records import RequestRecord, ServerRecords, TransferRecord
 from sim.vllm.responses import ResponsesFormatter
@@ -456,6 +456,7 @@ class VllmServer:
                     default,
                     request.tool_dicts,
                     request.chat_template_kwargs,
+                    thinks=thinks(self.config.parsers, request.chat_template_kwargs),
                 )
             except ChatTemplateError as exc:
                 raise ApiError(400, str(exc)) from exc

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,14 +23,20 @@ models:
       prefill: [http://127.0.0.1:9]
       nodes: [{host: 127.0.0.1, ctrl_port: 9, http_port: 9}]
 """
+# What `serve` would start with (classify, like serve, loads the model's tokenizer).
+SERVABLE_CONFIG = GOOD_CONFIG.replace("/nonexistent/tokenizer.json", "deepseek")
 GOOD_REQUEST = '{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
 
 CONFIG_CASES = [
     ("missing", None, "cannot read"),
-    ("not yaml", "models: [\n", "not valid YAML"),
+    ("not yaml", "models: [\n", "router.yaml: line 2, column 1: not valid YAML: expected"),
     ("not a mapping", "- 1\n", "the top level must be a mapping"),
     ("unknown field", GOOD_CONFIG + "colour: blue\n", "colour: Extra inputs are not permitted"),
-    ("bad port", GOOD_CONFIG.replace("ctrl_port: 9", "ctrl_port: 0"), "ctrl_port"),
+    (
+        "bad port",
+        GOOD_CONFIG.replace("ctrl_port: 9", "ctrl_port: 0"),
+        "models[0] (m).latency.nodes[0].ctrl_port: ",
+    ),
     (
         "bad rule",
         GOOD_CONFIG + "classification: {rules: [{name: r, path: sideways}]}\n",
@@ -125,7 +133,7 @@ def test_bad_config(
 def test_bad_request(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, text: str | None, message: str
 ) -> None:
-    config = write(tmp_path, "router.yaml", GOOD_CONFIG)
+    config = write(tmp_path, "router.yaml", SERVABLE_CONFIG)
     request = write(tmp_path, "body.json", text)
     assert main(["classify", "--config", str(config), "--request", str(request)]) == 2
     captured = capsys.readouterr()
@@ -138,7 +146,7 @@ def test_values_are_classified_as_vllm_reads_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Numbers and booleans sent as text are what the rules see, converted."""
-    config = write(tmp_path, "router.yaml", GOOD_CONFIG)
+    config = write(tmp_path, "router.yaml", SERVABLE_CONFIG)
     text = GOOD_REQUEST[:-1] + ', "stream": "true", "max_tokens": "5.0"}'
     request = write(tmp_path, "body.json", text.replace('"user"', '"critic"'))
     assert main(["classify", "--config", str(config), "--request", str(request)]) == 0
@@ -189,7 +197,8 @@ def test_no_traceback_from_the_real_command(tmp_path: Path) -> None:
 
 def test_check_accepts_the_default_configuration(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--config", str(PROJECT_ROOT / "router.yaml")]) == 0
-    assert capsys.readouterr().out.endswith(": ok (2 model(s), tokenizers loaded)\n")
+    out = capsys.readouterr().out
+    assert out.endswith(": ok (2 model(s); keys, tokenizers and templates read)\n")
 
 
 @pytest.mark.parametrize("command", ["check", "serve"])
@@ -200,7 +209,8 @@ def test_a_missing_tokenizer_names_its_file_and_field(
     assert main([command, "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert err == (
-        f"error: {config}: models.0.tokenizer: no tokenizer.json at /nonexistent/tokenizer.json\n"
+        f"error: {config}: models[0] (m).tokenizer: "
+        "no tokenizer.json at /nonexistent/tokenizer.json\n"
     )
 
 
@@ -212,6 +222,59 @@ def test_errors_name_the_file_given_and_suggest_the_closest_field(
     err = capsys.readouterr().err
     assert err.startswith(f"error: {config} is invalid:")
     assert "timeout: Extra inputs are not permitted; did you mean 'timeouts'?" in err
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write(tmp_path, "prod.yaml", GOOD_CONFIG.replace("    latency:", "   latency: :"))
+    assert main(["check", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {config}: line 5, column 4: not valid YAML: "
+        "expected <block end>, but found '<block mapping start>'\n"
+    )
+
+
+def test_fields_are_named_as_the_file_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = SERVABLE_CONFIG.replace("name: m", "name: ds").replace(
+        "nodes: [{host: 127.0.0.1, ctrl_port: 9, http_port: 9}]",
+        "nodes: [{host: 127.0.0.1, ctrl_port: 9, http_port: 9}, {host: h, ctrl_port: 0}]",
+    )
+    assert main(["check", "--config", str(write(tmp_path, "router.yaml", text))]) == 2
+    err = capsys.readouterr().err
+    assert "\n  models[0] (ds).latency.nodes[1].ctrl_port: " in err
+    assert "models.0" not in err
+
+
+KEY_FILE_CONFIG = SERVABLE_CONFIG + "auth: {api_keys: [{name: team, key_file: missing-key}]}\n"
+
+
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_check_refuses_what_serve_refuses_in_the_same_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    config = write(tmp_path, "router.yaml", KEY_FILE_CONFIG)
+    assert main([command, "--config", str(config), *(["--port", "0"] * (command == "serve"))]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"error: {config}: auth.api_keys[0] (team): cannot read {tmp_path / 'missing-key'}: "
+        "No such file or directory\n"
+    )
+    assert captured.out == ""
+
+
+def test_check_refuses_the_kustomize_base_without_its_secrets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The base's key files are mounted from Secrets, absent here: `serve` could not start."""
+    config = PROJECT_ROOT / "deploy" / "kustomize" / "base" / "router.yaml"
+    assert main(["check", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {config}: auth.api_keys[0] (default): cannot read "
+        "/run/secrets/pd-gateway/client-key: No such file or directory\n"
+    )
 
 
 def test_serve_on_a_taken_port_is_an_error_not_a_traceback(
@@ -250,3 +313,31 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.startswith("pd-gateway ")
+
+
+@pytest.mark.e2e  # runs the CLI as a process
+@pytest.mark.parametrize("command", ["schema", "check", "classify"])
+def test_a_reader_that_leaves_early_ends_no_command_in_a_traceback(
+    tmp_path: Path, command: str
+) -> None:
+    """As `pd-gateway ... | head -1`: the pipe's read end is closed before the output comes."""
+    argv = [command]
+    if command != "schema":
+        argv += ["--config", str(write(tmp_path, "router.yaml", SERVABLE_CONFIG))]
+    if command == "classify":
+        argv += ["--request", str(write(tmp_path, "body.json", GOOD_REQUEST))]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "router.cli", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=PROJECT_ROOT,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 128 + signal.SIGPIPE

@@ -94,7 +94,7 @@ def test_a_reachable_redis_passes_and_every_script_loads(
     path = config_file(tmp_path, redis_gate(redis.url))
     assert main(["check", "--config", str(path), "--probe"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == f"{path}: ok (1 model(s), tokenizers loaded)"
+    assert out.splitlines()[0] == f"{path}: ok (1 model(s); keys, tokenizers and templates read)"
     assert gate_line(out).startswith(f"gate: redis at {redis.url} answers (")
     assert gate_line(out).endswith(f"{len(SCRIPTS)} gate scripts loaded")
 

@@ -113,9 +113,9 @@ def test_each_example_rule(
 def test_over_context_rule_from_token_ids(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # A completions prompt given as token ids has an exact length without any tokenizer.
+    # A completions prompt given as token ids has an exact length, counted as given.
     body = {"model": "m", "prompt": [7] * 131072, "max_tokens": 1}
-    config = write_config(tmp_path, "latency-first.yaml", tokenizer="/nonexistent/tokenizer.json")
+    config = write_config(tmp_path, "latency-first.yaml")
     code = run_classify(tmp_path, config, body, {})
     out = capsys.readouterr().out.splitlines()
     assert code == 0
@@ -157,17 +157,31 @@ def test_client_route_requests(
     assert f"  x-pd-route: {path}" in out
 
 
-def test_counts_prompt_tokens_only_when_a_rule_needs_them(
+def test_a_tokenizer_serve_cannot_load_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # With an unloadable tokenizer, a short prompt still classifies (the byte bounds decide)...
+    # classify takes the request in as the gateway does, with the model's tokenizer.
     config = write_config(tmp_path, "interactive.yaml", tokenizer="/nonexistent/tokenizer.json")
-    assert run_classify(tmp_path, config, chat(), {}) == 0
-    assert "result: throughput" in capsys.readouterr().out.splitlines()
-    # ...while a prompt near the long-prompts threshold needs the count, hence the tokenizer.
-    long_body = chat(messages=[{"role": "user", "content": "word " * 70000}])
-    assert run_classify(tmp_path, config, long_body, {}) == 2
-    assert "cannot load its tokenizer" in capsys.readouterr().err
+    assert run_classify(tmp_path, config, chat(), {}) == 2
+    assert capsys.readouterr().err == (
+        f"error: {config}: models[0] (m).tokenizer: "
+        "no tokenizer.json at /nonexistent/tokenizer.json\n"
+    )
+
+
+def test_a_responses_body_is_taken_in_as_the_gateway_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Detected by its `input`; `max_output_tokens` is its budget; its prompt is counted."""
+    config = write_config(tmp_path, "interactive.yaml")
+    body = {"model": "m", "input": "word " * 70000, "max_output_tokens": 300}
+    assert run_classify(tmp_path, config, body, {}) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("request: model 'm', responses, no stream, ")
+    assert out[0].endswith(", max_tokens 300")
+    count = int(out[0].split(", ")[3].removesuffix(" prompt tokens"))
+    assert 65536 <= count <= 80000
+    assert "rule 'long-prompts' matched:" in out
 
 
 def test_counts_with_the_models_tokenizer(
@@ -184,6 +198,23 @@ def test_counts_with_the_models_tokenizer(
     assert 65536 <= count <= 80000
     assert "rule 'long-prompts' matched:" in out
     assert f"  prompt_tokens = {count}, wanted >= 65536" in out
+
+
+@pytest.mark.parametrize(
+    ("fields", "endpoint"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "chat"),
+        ({"prompt": "hi"}, "completions"),
+        ({"input": "hi"}, "responses"),
+        ({"input": [{"role": "user", "content": "hi"}], "instructions": "be brief"}, "responses"),
+    ],
+)
+def test_the_endpoint_is_detected_from_the_body(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fields: dict[str, Any], endpoint: str
+) -> None:
+    config = write_config(tmp_path, "interactive.yaml")
+    assert run_classify(tmp_path, config, {"model": "m", **fields}, {}) == 0
+    assert f", {endpoint}, " in capsys.readouterr().out.splitlines()[0]
 
 
 def test_endpoint_flag_overrides_the_guess(

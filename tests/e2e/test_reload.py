@@ -186,7 +186,7 @@ def test_an_unusable_tokenizer_is_refused_as_invalid_configuration(
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert error["code"] == "config_invalid"
-    assert "models[ds].tokenizer" in error["message"] and spec in error["message"]
+    assert "models[0] (ds).tokenizer" in error["message"] and spec in error["message"]
     gateway.signal(signal.SIGHUP)
     new_lines = wait_for_lines(gateway, logged, 2)
     assert all("the configuration was not reloaded" in line for line in new_lines), new_lines

@@ -85,3 +85,13 @@ async def test_another_method_on_a_generation_path_is_named_and_never_dispatched
     options = await client.options("/v1/completions")
     assert options.status_code == 405 and "error" in options.json()
     assert dispatcher.requests == []
+
+
+async def test_the_openapi_description_lists_the_endpoints_served(
+    client: httpx.AsyncClient,
+) -> None:
+    paths = (await client.get("/openapi.json")).json()["paths"]
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        assert list(paths[path]) == ["post"]
+    assert "/v1/{rest}" not in paths
+    assert list(paths["/health"]) == ["get"]

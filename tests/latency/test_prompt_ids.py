@@ -205,5 +205,6 @@ models:
     assert main(["check", "--config", str(router_yaml)]) == (0 if template else 2)
     err = capsys.readouterr().err
     if not template:
-        assert err.startswith(f"error: {router_yaml}: models.0.latency.prefill_input: token_ids ")
+        field = "models[0] (m).latency.prefill_input"
+        assert err.startswith(f"error: {router_yaml}: {field}: token_ids ")
         assert "has no chat_template" in err

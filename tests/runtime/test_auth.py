@@ -70,7 +70,8 @@ def test_without_keys_the_header_is_trusted_only_where_no_stranger_can_send_it(
 
 def test_an_unreadable_key_names_its_entry(tmp_path: Path) -> None:
     c = config(tmp_path, auth={"api_keys": [{"name": "a", "key_env": "PDGW_TEST_UNSET_KEY"}]})
-    with pytest.raises(ConfigError, match=r"gw.yaml: auth.api_keys.0: .*PDGW_TEST_UNSET_KEY"):
+    named = r"gw.yaml: auth\.api_keys\[0\] \(a\): .*PDGW_TEST_UNSET_KEY"
+    with pytest.raises(ConfigError, match=named):
         ClientAuth(c)
 
 
@@ -130,7 +131,7 @@ def test_an_unreadable_backend_key_is_named(tmp_path: Path) -> None:
         tmp_path,
         upstreams={"credentials": [{"url": "http://p:1", "api_key_file": "missing.key"}]},
     )
-    with pytest.raises(ConfigError, match=r"upstreams\.credentials\.0: cannot read"):
+    with pytest.raises(ConfigError, match=r"upstreams\.credentials\[0\]: cannot read"):
         upstream_credentials(c)
 
 
@@ -143,7 +144,7 @@ def test_an_empty_key_is_never_a_key(tmp_path: Path, monkeypatch: pytest.MonkeyP
     (tmp_path / "blank.key").write_text("\n")
     monkeypatch.setenv("PDGW_TEST_EMPTY_KEY", "")
     for source in [{"key_file": "blank.key"}, {"key_env": "PDGW_TEST_EMPTY_KEY"}]:
-        with pytest.raises(ConfigError, match=r"auth\.api_keys\.0"):
+        with pytest.raises(ConfigError, match=r"auth\.api_keys\[0\] \(a\)"):
             ClientAuth(config(tmp_path, auth={"api_keys": [{"name": "a", **source}]}))
     auth = ClientAuth(config(tmp_path, auth={"api_keys": [{"name": "a", "sha256": digest("k")}]}))
     for empty in ["Bearer ", "Bearer   ", "bearer"]:
