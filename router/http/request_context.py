@@ -4,7 +4,8 @@ The id is the client's `X-Request-Id` when it is a reasonable one (printable, at
 characters), else a fresh one; it is returned on every response, errors included, and
 named by every log line written for the request. The access record is one structured
 log line per request, filled in along the way (`AccessRecord`) and written when the
-response ends, however it ends. Every API answer is counted by model, path, rule and
+response ends, however it ends; a routed request's duration and tokens are read off it
+into the metrics then. Every API answer is counted by model, path, rule and
 status as it starts, read off the decision headers, so errors rendered anywhere and lazily
 relayed answers are counted alike.
 """
@@ -21,7 +22,7 @@ from router.openai.endpoints import ENDPOINTS
 from router.serving.base import new_request_id
 from router.telemetry.access import AccessRecord
 from router.telemetry.logs import request_id
-from router.telemetry.metrics import Metrics
+from router.telemetry.metrics import Metrics, key_label
 
 log = logging.getLogger("pd_gateway.access")
 
@@ -43,7 +44,7 @@ class RequestContext:
         api = scope["path"] in API_PATHS
         rid = _client_id(scope) or new_request_id()
         token = request_id.set(rid)
-        record = AccessRecord(rid)
+        record = AccessRecord(rid, client=_client_address(scope))
         scope.setdefault("state", {})["access"] = record
         started = time.monotonic()
         completed = False
@@ -66,6 +67,8 @@ class RequestContext:
         finally:
             record.client_gone = not completed or record.status == 499
             record.duration_ms = round((time.monotonic() - started) * 1e3, 3)
+            if api and record.path:
+                _measure(scope, record)
             if self._access_log and api:
                 log.info(
                     "%s %s %s",
@@ -82,6 +85,18 @@ def _client_id(scope: Scope) -> str | None:
         if name == b"x-request-id":
             return value.decode("ascii") if _VALID_ID.fullmatch(value) else None
     return None
+
+
+def _client_address(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return client[0] if client else None
+
+
+def _measure(scope: Scope, record: AccessRecord) -> None:
+    state = getattr(scope["app"].state, "gateway", None)
+    if state is not None:
+        key = key_label(record.key_name, state.epoch.keys.client.names)
+        state.metrics.answered(record, key)
 
 
 def _count(scope: Scope, record: AccessRecord) -> None:
