@@ -5,9 +5,9 @@ characters), else a fresh one; it is returned on every response, errors included
 named by every log line written for the request. The access record is one structured
 log line per request, filled in along the way (`AccessRecord`) and written when the
 response ends, however it ends; a routed request's duration and tokens are read off it
-into the metrics then. Every API answer is counted by model, path, rule and
-status as it starts, read off the decision headers, so errors rendered anywhere and lazily
-relayed answers are counted alike.
+into the metrics as its last bytes are sent (or when it ends without them). Every API
+answer is counted by model, path, rule and status as it starts, read off the decision
+headers, so errors rendered anywhere and lazily relayed answers are counted alike.
 """
 
 from __future__ import annotations
@@ -50,6 +50,11 @@ class RequestContext:
         completed = False
         header = (b"x-request-id", rid.encode())
 
+        def ended() -> None:
+            record.duration_ms = round((time.monotonic() - started) * 1e3, 3)
+            if api and record.path:
+                _measure(scope, record)
+
         async def send_with_id(message: Message) -> None:
             nonlocal completed
             if message["type"] == "http.response.start":
@@ -59,16 +64,18 @@ class RequestContext:
                     _count(scope, record)
                 message = {**message, "headers": [*message.get("headers", ()), header]}
             elif message["type"] == "http.response.body" and not message.get("more_body"):
+                # Measured before the last bytes leave, so that a client that has them
+                # finds the request in the metrics.
                 completed = True
+                ended()
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
             record.client_gone = not completed or record.status == 499
-            record.duration_ms = round((time.monotonic() - started) * 1e3, 3)
-            if api and record.path:
-                _measure(scope, record)
+            if not completed:
+                ended()
             if self._access_log and api:
                 log.info(
                     "%s %s %s",

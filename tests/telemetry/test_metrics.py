@@ -4,6 +4,7 @@ bounded key label, the reroute kinds, the in-flight gauge and the process collec
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,15 @@ def test_every_worker_s_process_series_are_labelled_with_its_pid() -> None:
     pids = {sample.labels["pid"] for sample in families["process_cpu_seconds"].samples}
     assert str(os.getpid()) in pids
     assert all(sample.value >= 0 for sample in families["process_cpu_seconds"].samples)
+
+
+def test_every_gateway_metric_is_in_the_operations_guide(metrics: Metrics) -> None:
+    guide = (Path(__file__).parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
+    exposition(metrics)
+    names = {
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in metrics.registry.collect()
+        if family.name.startswith("pd_gateway_")
+    }
+    assert names, "no gateway metric found"
+    assert {name for name in names if f"`{name}" not in guide and f" {name}" not in guide} == set()
