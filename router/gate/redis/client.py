@@ -70,6 +70,7 @@ class GateRedis:
             result = await command(client)
         except ResponseError:
             self._reached(True)
+            self._ready = not isinstance(self._client, RedisCluster)
             raise
         except _TRANSPORT_ERRORS as exc:
             self._reached(False)
