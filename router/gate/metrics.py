@@ -62,8 +62,9 @@ class GateMetrics:
         self._redis_up = Gauge(
             "pd_gateway_gate_redis_up",
             "1 while the gate's last call to Redis got an answer, 0 while it could not reach"
-            " Redis (every gate call counts: acquires, the renewer's heartbeat, the pool"
-            " snapshot each scrape reads); absent without a Redis gate.",
+            " Redis (every gate call counts: acquires, the node prober's periodic read of the"
+            " pool, the renewer's heartbeat, the pool snapshot each scrape reads); absent"
+            " without a Redis gate.",
             ["deployment"],
             registry=r,
             multiprocess_mode="livemin",
