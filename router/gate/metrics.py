@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 ROUND_TRIP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 
@@ -59,6 +59,16 @@ class GateMetrics:
             registry=r,
         )
         self._round_trip_children: dict[str, Any] = {}
+        self._redis_up = Gauge(
+            "pd_gateway_gate_redis_up",
+            "1 while the gate's last call to Redis got an answer, 0 while it could not reach"
+            " Redis (every gate call counts: acquires, the node prober's periodic read of the"
+            " pool, the renewer's heartbeat, the pool snapshot each scrape reads); absent"
+            " without a Redis gate.",
+            ["deployment"],
+            registry=r,
+            multiprocess_mode="livemin",
+        )
 
     def granted(self, backend: str) -> None:
         self._grants.labels(backend).inc()
@@ -80,6 +90,10 @@ class GateMetrics:
     def unreadable_record(self, reason: str) -> None:
         """`reason`: `version` or `malformed`."""
         self._unreadable.labels(reason).inc()
+
+    def redis_reached(self, deployment: str, reached: bool) -> None:
+        """`deployment`: the gate's Redis deployment (single, cluster, sentinel)."""
+        self._redis_up.labels(deployment).set(1 if reached else 0)
 
     def round_trip(self, script: str, seconds: float) -> None:
         """`script` is one of the gate's fixed script names."""

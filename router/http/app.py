@@ -338,13 +338,19 @@ async def _generate_naming_upstream(scope: Scope, receive: Receive, send: Send) 
 
 
 async def _exception_handler(request: Request, exc: Exception) -> Response:
-    """Every error as an OpenAI-style answer; one the gateway did not expect is logged."""
+    """Every error as an OpenAI-style answer, noted in the access record; one the gateway
+    did not expect is logged."""
     if isinstance(exc, GatewayError):
-        return error_response(exc)
-    if isinstance(exc, StarletteHTTPException):
-        return error_response(InvalidRequest(str(exc.detail), status=exc.status_code))
-    log.exception("unexpected error serving %s", request.url.path)
-    return error_response(GatewayError("internal error in the gateway"))
+        error = exc
+    elif isinstance(exc, StarletteHTTPException):
+        error = InvalidRequest(str(exc.detail), status=exc.status_code)
+    else:
+        log.exception("unexpected error serving %s", request.url.path)
+        error = GatewayError("internal error in the gateway")
+    access = request.scope.get("state", {}).get("access")
+    if isinstance(access, AccessRecord):
+        access.ended_with(error)
+    return error_response(error)
 
 
 async def _set_drained(

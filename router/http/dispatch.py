@@ -27,16 +27,17 @@ class Dispatcher:
         state = self._state
         current = state.epoch  # one configuration for the whole request
         key_name = current.keys.client.key_name(request.headers)
+        access: AccessRecord = request.state.access
+        access.key_name = key_name
         _check_content_type(request.headers.get("content-type"))
         raw = await _read_body(request, current.config.server.max_body_bytes)
         intake = take_in(current, raw, endpoint)
         parsed, model = intake.parsed, intake.model
-        access: AccessRecord = request.state.access
-        access.model = parsed.model
+        access.model, access.stream = parsed.model, parsed.stream
         decision = await decide(current, intake, headers=request.headers, api_key_name=key_name)
         headers = decision.response_headers()
         if decision.reroute_reason is not None:
-            state.metrics.reroute(parsed.model, decision.reroute_reason.value)
+            state.metrics.reroute(parsed.model, decision.reroute_reason.value, spill=False)
         path = model.paths.get(decision.path)
         if decision.unavailable is not None or path is None:
             error = _unavailable(decision)
@@ -54,7 +55,7 @@ class Dispatcher:
             intake.client_body,
             request.headers,
         )
-        return PathResponse(path, routed, state.live)
+        return PathResponse(path, routed, state.live, state.metrics.in_flight(decision.path))
 
 
 def _unavailable(decision: Decision) -> GatewayError:

@@ -4,9 +4,10 @@ The id is the client's `X-Request-Id` when it is a reasonable one (printable, at
 characters), else a fresh one; it is returned on every response, errors included, and
 named by every log line written for the request. The access record is one structured
 log line per request, filled in along the way (`AccessRecord`) and written when the
-response ends, however it ends. Every API answer is counted by model, path, rule and
-status as it starts, read off the decision headers, so errors rendered anywhere and lazily
-relayed answers are counted alike.
+response ends, however it ends; a routed request's duration and tokens are read off it
+into the metrics as its last bytes are sent (or when it ends without them). Every API
+answer is counted by model, path, rule and status as it starts, read off the decision
+headers, so errors rendered anywhere and lazily relayed answers are counted alike.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from router.openai.endpoints import ENDPOINTS
 from router.serving.base import new_request_id
 from router.telemetry.access import AccessRecord
 from router.telemetry.logs import request_id
-from router.telemetry.metrics import Metrics
+from router.telemetry.metrics import Metrics, key_label
 
 log = logging.getLogger("pd_gateway.access")
 
@@ -43,11 +44,16 @@ class RequestContext:
         api = scope["path"] in API_PATHS
         rid = _client_id(scope) or new_request_id()
         token = request_id.set(rid)
-        record = AccessRecord(rid)
+        record = AccessRecord(rid, client=_client_address(scope))
         scope.setdefault("state", {})["access"] = record
         started = time.monotonic()
         completed = False
         header = (b"x-request-id", rid.encode())
+
+        def ended() -> None:
+            record.duration_ms = round((time.monotonic() - started) * 1e3, 3)
+            if api and record.path:
+                _measure(scope, record)
 
         async def send_with_id(message: Message) -> None:
             nonlocal completed
@@ -58,14 +64,18 @@ class RequestContext:
                     _count(scope, record)
                 message = {**message, "headers": [*message.get("headers", ()), header]}
             elif message["type"] == "http.response.body" and not message.get("more_body"):
+                # Measured before the last bytes leave, so that a client that has them
+                # finds the request in the metrics.
                 completed = True
+                ended()
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
             record.client_gone = not completed or record.status == 499
-            record.duration_ms = round((time.monotonic() - started) * 1e3, 3)
+            if not completed:
+                ended()
             if self._access_log and api:
                 log.info(
                     "%s %s %s",
@@ -82,6 +92,18 @@ def _client_id(scope: Scope) -> str | None:
         if name == b"x-request-id":
             return value.decode("ascii") if _VALID_ID.fullmatch(value) else None
     return None
+
+
+def _client_address(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return client[0] if client else None
+
+
+def _measure(scope: Scope, record: AccessRecord) -> None:
+    state = getattr(scope["app"].state, "gateway", None)
+    if state is not None:
+        key = key_label(record.key_name, state.epoch.keys.client.names)
+        state.metrics.answered(record, key)
 
 
 def _count(scope: Scope, record: AccessRecord) -> None:

@@ -29,6 +29,7 @@ from router.selection import (
     outcome_of,
 )
 from router.serving import Answer, RoutedRequest, json_answer
+from router.telemetry.access import AccessRecord
 from router.tokens.tokenizer import LoadedTokenizer
 from router.upstream.vllm import Prefilled
 
@@ -137,6 +138,7 @@ class LatencyPath:
             prefilled = await self._prefill(
                 session, servers, choice, request, options, affinity, self._ids_for(choice, ids)
             )
+        request.access.prompt_tokens = prefilled.prompt_tokens
         relay = DecodeRelay(
             request,
             prefilled,
@@ -158,7 +160,13 @@ class LatencyPath:
         if request.parsed.stream:
             parsed = request.parsed
             chunks = self._stream(
-                session, relay, renderer, prefilled, parsed.include_usage, parsed.continuous_usage
+                request.access,
+                session,
+                relay,
+                renderer,
+                prefilled,
+                parsed.include_usage,
+                parsed.continuous_usage,
             )
             return Answer(200, list(SSE_HEADERS), chunks)
         end = RelayEnd("stop", 0)
@@ -291,6 +299,7 @@ class LatencyPath:
 
     async def _stream(
         self,
+        access: AccessRecord,
         session: NodeSession,
         relay: DecodeRelay,
         renderer: Renderer,
@@ -322,10 +331,13 @@ class LatencyPath:
                     yield chunk
         except GatewayError as exc:
             self._deps.metrics.upstream_error(self._model, str(exc.code))
+            access.ended_with(exc)
             yield renderer.error(exc)
         except Exception:  # a bug: the client still gets an error event and a clean end
             log.exception("relaying a latency stream failed")
-            yield renderer.error(GatewayError("internal error in the gateway"))
+            error = GatewayError("internal error in the gateway")
+            access.ended_with(error)
+            yield renderer.error(error)
         if end := renderer.end():
             yield end
 

@@ -2,7 +2,9 @@
 
 Ids go through the text pipeline (`router.text`: stop ids, detokenizer, stop strings, then
 the family's reasoning and tool-call parser); the relay counts completion tokens as vLLM
-does, decides `finish_reason`, and records the latency metrics (TTFT, time per token, duration).
+does, decides `finish_reason`, records TTFT and the time per token, and fills in the access
+record (TTFT, tokens, finish reason), from which the request's duration and token counts
+are read at its end.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class DecodeRelay:
                     line = TokenLine([self._first_token_id])
                 tokens_seen = True
                 now = time.monotonic()
-                metrics.token_gap(model, now - last_line, len(line.ids))
+                metrics.token_gap(model, "latency", now - last_line, len(line.ids))
                 last_line = now
                 counted = pipeline.completion_tokens
                 if self._eos_first:
@@ -99,7 +101,7 @@ class DecodeRelay:
                     step.delta.tool_calls = self._kept(step.delta.tool_calls)
                 if step.delta:
                     if first_output:
-                        metrics.first_token(model, now - self._started)
+                        metrics.first_token(model, "latency", now - self._started)
                         self._request.access.ttft_ms = round((now - self._started) * 1e3, 3)
                         first_output = False
                     yield step.delta
@@ -122,7 +124,6 @@ class DecodeRelay:
             ended_by_length=not pipeline.stopped and node_finish == "length",
             tool_choice=self._request.parsed.requested_tool_choice,
         )
-        metrics.finished(model, time.monotonic() - self._started, finish)
         end = RelayEnd(finish, max(pipeline.completion_tokens, 1), pipeline.stop_reason)
         access = self._request.access
         access.finish_reason, access.completion_tokens = end.finish_reason, end.completion_tokens

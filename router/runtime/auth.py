@@ -60,6 +60,11 @@ class ClientAuth:
     def required(self) -> bool:
         return bool(self._names)
 
+    @property
+    def names(self) -> frozenset[str]:
+        """The configured keys' names (a name sent in a header need not be one)."""
+        return frozenset(self._names.values())
+
     def key_name(self, headers: Mapping[str, str]) -> str | None:
         """The caller's key name; raises AuthenticationFailed when keys are required and the
         request has no valid one."""

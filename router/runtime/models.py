@@ -60,6 +60,7 @@ def build_model(
             config.throughput,
             upstreams=deps.upstreams,
             selection=path_selection(config.selection_of("throughput"), counter, kv_events),
+            metrics=deps.metrics,
         )
     latency = None
     sampling_defaults = sampling_defaults or SamplingDefaults()

@@ -4,6 +4,7 @@ chunks); `PathResponse` sends it, so no path deals with the client connection.""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack
@@ -38,6 +39,8 @@ class RoutedRequest:
     """The client's body, when `body` is a translation of it."""
     client_headers: Mapping[str, str] = field(default_factory=dict)
     """The client's request headers (a session key may be among them)."""
+    arrived: float = field(default_factory=time.monotonic)
+    """When the request was routed (monotonic), for the time to its first bytes."""
 
     @property
     def model(self) -> str:

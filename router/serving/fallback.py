@@ -23,8 +23,9 @@ class Fallback:
         except GatewayError as exc:
             if request.decision.on_saturation != "spill" or not spillable(exc):
                 raise
-            reason = NODE_CAPABILITY if isinstance(exc, NodeRefused) else str(exc.code)
-        self._metrics.reroute(request.model, reason)
+            capability = isinstance(exc, NodeRefused)
+            reason = NODE_CAPABILITY if capability else str(exc.code)
+        self._metrics.reroute(request.model, reason, spill=not capability)
         request.headers.update({ROUTE_HEADER: "throughput", REROUTE_HEADER: reason})
         # The failed attempt's id may still be running upstream (a prefill that timed out).
         request.request_id = request.access.upstream_request_id = new_request_id()

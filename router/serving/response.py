@@ -15,6 +15,7 @@ import logging
 from contextlib import AsyncExitStack, aclosing
 
 import anyio
+from prometheus_client import Gauge
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -35,8 +36,13 @@ class PathResponse(Response):
     """Sends what `path` answers for `request`, with `request.headers` added."""
 
     def __init__(
-        self, path: ServePath, request: RoutedRequest, live: LiveResponses | None = None
+        self,
+        path: ServePath,
+        request: RoutedRequest,
+        live: LiveResponses | None = None,
+        in_flight: Gauge | None = None,
     ) -> None:
+        """`in_flight`: a gauge that counts this answer while it is being served."""
         # Status and content type are only known once the path has answered.
         self.status_code = 200
         self.background = None
@@ -45,6 +51,7 @@ class PathResponse(Response):
         self._path = path
         self._request = request
         self._live = live
+        self._in_flight = in_flight
         self._started = False
         self._streaming = False  # an event stream has started
         self._tail = EVENT_END  # the end of the last chunk sent
@@ -60,9 +67,13 @@ class PathResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._live is not None:
             self._live.add(self)
+        if self._in_flight is not None:
+            self._in_flight.inc()
         try:
             await self._serve(receive, send, scope.get(SERVER_SEND, send))
         finally:
+            if self._in_flight is not None:
+                self._in_flight.dec()
             if self._live is not None:
                 self._live.discard(self)
 
@@ -102,6 +113,7 @@ class PathResponse(Response):
         try:
             answer = await self._path.open(self._request, stack)
         except GatewayError as error:
+            self._request.access.ended_with(error)
             answer = error_answer(error)
         await self._start(send, answer)
         async with aclosing(answer.chunks) as chunks:
@@ -116,6 +128,7 @@ class PathResponse(Response):
     async def _end_cut(self, send: Send) -> None:
         """The gateway is shutting down and this answer could not finish in time."""
         error = Unavailable("the gateway is shutting down; retry", code="shutting_down")
+        self._request.access.ended_with(error)
         if not self._started:
             answer = error_answer(error)
             await self._start(send, answer)

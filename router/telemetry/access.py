@@ -7,12 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from router.errors import GatewayError
+
 
 @dataclass(slots=True)
 class AccessRecord:
     """What one request's access line says; the paths fill in what they know."""
 
     request_id: str
+    client: str | None = None
+    """The client's address (the peer's, or what a trusted proxy in front reported)."""
+    key_name: str | None = None
+    """The API key's name, when the request had one."""
+    stream: bool | None = None
     upstream_request_id: str | None = None
     """The X-Request-Id the backends saw (dash-free, as vLLM and TileRT need it)."""
     model: str | None = None
@@ -28,11 +35,21 @@ class AccessRecord:
     """Why that server was chosen (`load`, `only_healthy`, `rotation`, `retry_...`)."""
     queue_wait_ms: float | None = None
     ttft_ms: float | None = None
+    prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
     status: int | None = None
+    """The HTTP status; for an answer that ended with an error after it started (a stream's
+    error event, an answer cut at shutdown), that error's status."""
+    error_code: str | None = None
+    """The code of the error the answer carried, if any (`shutting_down` for a cut)."""
     duration_ms: float | None = None
     client_gone: bool = False
+
+    def ended_with(self, error: GatewayError) -> None:
+        """The answer ended with `error`: before it started, or as its last event."""
+        self.status = error.status
+        self.error_code = error.code or error.error_type
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name, for the log line (flat values: no deep copy needed)."""

@@ -15,19 +15,24 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import (
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from router.gate import GateSnapshot
 from router.gate.metrics import GateMetrics
 from router.selection import ServerSet, load_snapshot
+from router.telemetry.access import AccessRecord
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """Where worker processes keep their shared counters (prometheus_client's multiprocess
@@ -57,8 +62,10 @@ class Metrics:
         )
         self._reroutes = Counter(
             "pd_gateway_reroutes",
-            "Requests moved to the throughput path, by reason.",
-            ["model", "reason"],
+            "Requests moved to the throughput path, by kind and reason: `guard` for what the"
+            " latency path cannot honour (a request field, a feature the node lacks), `spill`"
+            " for a latency path that could not serve in time (saturated, failing).",
+            ["model", "kind", "reason"],
             registry=r,
         )
         self._flushes = Counter(
@@ -76,25 +83,49 @@ class Metrics:
             registry=r,
         )
         self._ttft = Histogram(
-            "pd_gateway_latency_ttft_seconds",
-            "Latency path: from the request to its first output text.",
-            ["model"],
+            "pd_gateway_ttft_seconds",
+            "From the request to its first output (latency path: the first text; throughput"
+            " path: the upstream's first body bytes), by path.",
+            ["model", "path"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self._token_gap = Histogram(
-            "pd_gateway_latency_inter_token_seconds",
-            "Latency path: time per output token between the node's stream lines.",
-            ["model"],
+            "pd_gateway_inter_token_seconds",
+            "Time per output token between stream lines (latency path: the node's token"
+            " lines; throughput path: the upstream's stream events), by path.",
+            ["model", "path"],
             buckets=TOKEN_GAP_BUCKETS,
             registry=r,
         )
         self._duration = Histogram(
-            "pd_gateway_latency_request_seconds",
-            "Latency path: from the request to the end of its output, by finish reason.",
-            ["model", "finish_reason"],
+            "pd_gateway_request_seconds",
+            "From the request to the end of its answer, by path and finish reason (empty"
+            " when the gateway did not read one: an error, a cut, a native answer without it).",
+            ["model", "path", "finish_reason"],
             buckets=DURATION_BUCKETS,
             registry=r,
+        )
+        self._prompt_tokens = Counter(
+            "pd_gateway_prompt_tokens",
+            "Prompt tokens of answered requests, as their usage reports them, by path and API"
+            " key name (a configured key's name, else `unknown`).",
+            ["model", "path", "key"],
+            registry=r,
+        )
+        self._completion_tokens = Counter(
+            "pd_gateway_completion_tokens",
+            "Completion tokens of answered requests, as their usage reports them, by path and"
+            " API key name (a configured key's name, else `unknown`).",
+            ["model", "path", "key"],
+            registry=r,
+        )
+        self._in_flight = Gauge(
+            "pd_gateway_requests_in_flight",
+            "Requests being served, by the path decided for them.",
+            ["path"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self._upstream_errors = Counter(
             "pd_gateway_upstream_errors",
@@ -121,7 +152,7 @@ class Metrics:
             ["model", "server", "verdict"],
             registry=r,
         )
-        self._token_gap_children: dict[str, Any] = {}
+        self._token_gap_children: dict[tuple[str, str], Any] = {}
         self._pools = _PoolCollector()
         r.register(self._pools)
         self._upstreams = _UpstreamCollector()
@@ -135,6 +166,12 @@ class Metrics:
             MultiProcessCollector(self._exposed, path=shared_dir)  # type: ignore[no-untyped-call]
             self._exposed.register(self._pools)
             self._exposed.register(self._upstreams)
+            # Whichever worker answers a scrape, the series are every worker's, by pid: one
+            # worker's own would jump from process to process between scrapes.
+            self._exposed.register(WorkerProcesses())
+        else:
+            self._exposed.register(PROCESS_COLLECTOR)
+        self._exposed.register(PLATFORM_COLLECTOR)
         self.gate = GateMetrics(r)
 
     def request(self, model: str, path: str, rule: str, status: int) -> None:
@@ -152,25 +189,38 @@ class Metrics:
     def flushed(self, node: str, *, clean: bool) -> None:
         self._flushes.labels(node, "clean" if clean else "not_clean").inc()
 
-    def reroute(self, model: str, reason: str) -> None:
-        self._reroutes.labels(model, reason).inc()
+    def reroute(self, model: str, reason: str, *, spill: bool) -> None:
+        self._reroutes.labels(model, "spill" if spill else "guard", reason).inc()
 
     def queue_wait(self, model: str, seconds: float, *, granted: bool) -> None:
         self._queue_wait.labels(model, "granted" if granted else "rejected").observe(seconds)
 
-    def first_token(self, model: str, seconds: float) -> None:
-        self._ttft.labels(model).observe(seconds)
+    def first_token(self, model: str, path: str, seconds: float) -> None:
+        self._ttft.labels(model, path).observe(seconds)
 
-    def token_gap(self, model: str, seconds: float, tokens: int) -> None:
-        """Per node line: the labelled child is looked up once per model, not per line."""
+    def token_gap(self, model: str, path: str, seconds: float, tokens: int) -> None:
+        """Per stream line: the labelled child is looked up once per model and path."""
         if tokens > 0:
-            child = self._token_gap_children.get(model)
+            child = self._token_gap_children.get((model, path))
             if child is None:
-                child = self._token_gap_children[model] = self._token_gap.labels(model)
+                child = self._token_gap_children[model, path] = self._token_gap.labels(model, path)
             child.observe(seconds / tokens)
 
-    def finished(self, model: str, seconds: float, finish_reason: str) -> None:
-        self._duration.labels(model, finish_reason).observe(seconds)
+    def answered(self, record: AccessRecord, key: str) -> None:
+        """A routed request's duration and tokens once its answer has ended, read off its
+        access record; `key` is a bounded label (`key_label`)."""
+        model, path = record.model or "", record.path or ""
+        if record.duration_ms is not None:
+            finish = record.finish_reason or ""
+            self._duration.labels(model, path, finish).observe(record.duration_ms / 1e3)
+        if record.prompt_tokens:
+            self._prompt_tokens.labels(model, path, key).inc(record.prompt_tokens)
+        if record.completion_tokens:
+            self._completion_tokens.labels(model, path, key).inc(record.completion_tokens)
+
+    def in_flight(self, path: str) -> Gauge:
+        """The gauge of the requests in flight on `path`, for the response to raise and lower."""
+        return self._in_flight.labels(path)
 
     def upstream_error(self, model: str, code: str) -> None:
         self._upstream_errors.labels(model, code).inc()
@@ -188,6 +238,42 @@ class Metrics:
         self._pools.snapshots = pools
         self._upstreams.sets = upstreams or {}
         return generate_latest(self._exposed)
+
+
+UNKNOWN_KEY = "unknown"
+"""The key label of a request whose key name is not a configured key's."""
+
+
+def key_label(name: str | None, configured: frozenset[str]) -> str:
+    """A bounded label for an API key name: client-sent names are not."""
+    return name if name is not None and name in configured else UNKNOWN_KEY
+
+
+class WorkerProcesses(Collector):
+    """prometheus-client's `process_*` series of every gateway worker (the supervisor's
+    children), each labelled with its pid."""
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for pid in _sibling_pids():
+            for family in ProcessCollector(pid=lambda: pid, registry=None).collect():  # noqa: B023
+                merged = families.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type)
+                )
+                for sample in family.samples:
+                    merged.add_sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value)
+        yield from families.values()
+
+
+def _sibling_pids() -> list[int]:
+    """This process and the other children of its parent (Linux; only this one elsewhere)."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/task/{parent}/children", encoding="ascii") as listing:
+            pids = [int(pid) for pid in listing.read().split()]
+    except OSError:
+        pids = []
+    return pids or [os.getpid()]
 
 
 class _PoolCollector(Collector):

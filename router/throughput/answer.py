@@ -8,12 +8,14 @@ arrives, and a failure mid-way becomes an SSE error event on an event boundary.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
-from router.errors import GatewayError, UpstreamError
+from router.errors import UpstreamError
 from router.openai.sse import EVENT_END
-from router.serving import Answer, whole_answer
+from router.serving import Answer, RoutedRequest, whole_answer
+from router.telemetry.metrics import Metrics
+from router.throughput.meter import AnswerMeter
 from router.upstream import Reply
 
 log = logging.getLogger("pd_gateway.throughput")
@@ -36,30 +38,36 @@ async def read_unless_streamed(reply: Reply) -> Reply:
 
 def relay(
     reply: Reply,
-    failure: Callable[[GatewayError], bytes],
+    request: RoutedRequest,
+    metrics: Metrics | None,
     *,
     rewrite: ChunkFilter | None = None,
     body: bytes | None = None,
 ) -> Answer:
-    """The client's view of `reply`: its status and end-to-end headers, then its body.
+    """The client's view of `reply`: its status and end-to-end headers, then its body,
+    measured on the way (`AnswerMeter`).
 
     A body read whole is sent as `body` if given (a rewritten copy), else as it came; an
-    event stream goes through `rewrite` chunk by chunk, and ends with `failure(error)` if
-    the upstream fails mid-way (the endpoint's `stream_failure`).
+    event stream goes through `rewrite` chunk by chunk, and ends with the endpoint's
+    `stream_failure` event if the upstream fails mid-way.
     """
     headers = reply.forwarded_headers()
+    meter = AnswerMeter(request, metrics)
     if reply.content is not None:
-        return whole_answer(reply.status, headers, reply.content if body is None else body)
-    return Answer(reply.status, headers, _stream(reply, failure, rewrite))
+        content = reply.content if body is None else body
+        meter.body(content)
+        return whole_answer(reply.status, headers, content)
+    return Answer(reply.status, headers, _stream(reply, request, meter, rewrite))
 
 
 async def _stream(
-    reply: Reply, failure: Callable[[GatewayError], bytes], rewrite: ChunkFilter | None
+    reply: Reply, request: RoutedRequest, meter: AnswerMeter, rewrite: ChunkFilter | None
 ) -> AsyncGenerator[bytes, None]:
     # After the first byte the status is spent: a failure becomes an SSE error event.
     last = EVENT_END
     try:
         async for raw in reply.chunks(by_lines=True):
+            meter.chunk(raw)
             chunk = raw if rewrite is None else rewrite.feed(raw)
             if chunk:
                 last = chunk
@@ -69,5 +77,6 @@ async def _stream(
     except UpstreamError as exc:
         log.warning("%s (mid-stream): %s", reply.target.label, exc.message)
         error = reply.target.failure("failed", f"failed mid-stream: {exc.message}", status=502)
+        request.access.ended_with(error)
         gap = b"" if last.endswith(EVENT_END) else b"\n" if last.endswith(b"\n") else EVENT_END
-        yield gap + failure(error)
+        yield gap + request.endpoint.stream_failure(error)

@@ -8,6 +8,7 @@ from typing import Any
 
 from router.selection import Choice
 from router.serving import Answer, RoutedRequest
+from router.telemetry.metrics import Metrics
 from router.throughput.answer import read_unless_streamed, relay
 from router.throughput.usage import CachedTokensRewriter
 from router.upstream import Reply, Upstreams, vllm
@@ -56,17 +57,23 @@ async def send_decode(
 
 
 async def whole_on_decode(
-    upstreams: Upstreams, stack: AsyncExitStack, url: str, request: RoutedRequest
+    upstreams: Upstreams,
+    stack: AsyncExitStack,
+    url: str,
+    request: RoutedRequest,
+    metrics: Metrics | None,
 ) -> Answer:
     """A request not split into legs (`RoutedRequest.splits`): the decode instance at
     `url` serves the client's body whole, prefill included."""
     reply = await send_decode(upstreams, stack, url, request, request.native_body)
-    return relay(reply, request.endpoint.stream_failure)
+    return relay(reply, request, metrics)
 
 
-def decode_answer(reply: Reply, prefill: NixlPrefilled, request: RoutedRequest) -> Answer:
+def decode_answer(
+    reply: Reply, prefill: NixlPrefilled, request: RoutedRequest, metrics: Metrics | None
+) -> Answer:
     """The decode leg's answer as the client sees it: unchanged but for `cached_tokens`."""
     rewriter = CachedTokensRewriter(prefill.cached_tokens)
     if reply.content is not None:
-        return relay(reply, request.endpoint.stream_failure, body=rewriter.body(reply.content))
-    return relay(reply, request.endpoint.stream_failure, rewrite=rewriter)
+        return relay(reply, request, metrics, body=rewriter.body(reply.content))
+    return relay(reply, request, metrics, rewrite=rewriter)

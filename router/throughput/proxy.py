@@ -11,6 +11,7 @@ from contextlib import AsyncExitStack
 from router.config import ProxyConfig
 from router.selection import Choice, PathSelection, ServerSet, call_on, status_outcome
 from router.serving import Answer, RoutedRequest
+from router.telemetry.metrics import Metrics
 from router.throughput.answer import read_unless_streamed, relay
 from router.throughput.legs import chosen
 from router.upstream import Reply, Upstreams
@@ -21,9 +22,15 @@ class ProxyPath:
     """Forwards to a healthy proxy URL, the least busy first."""
 
     def __init__(
-        self, config: ProxyConfig, *, upstreams: Upstreams, selection: PathSelection | None = None
+        self,
+        config: ProxyConfig,
+        *,
+        upstreams: Upstreams,
+        selection: PathSelection | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._upstreams = upstreams
+        self._metrics = metrics
         selection = selection or PathSelection()
         self._proxy = selection.server_set(config.urls, "proxy", request_aware=False)
 
@@ -53,4 +60,4 @@ class ProxyPath:
         reply = await call_on(
             self._proxy, forward, hold_on=stack, judge=lambda r: status_outcome(r.status)
         )
-        return relay(reply, request.endpoint.stream_failure)
+        return relay(reply, request, self._metrics)

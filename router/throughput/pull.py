@@ -12,6 +12,7 @@ from contextlib import AsyncExitStack
 from router.config import PullConfig
 from router.selection import Affinity, Choice, PathSelection, ServerSet, call_on
 from router.serving import Answer, RoutedRequest
+from router.telemetry.metrics import Metrics
 from router.throughput.legs import (
     chosen,
     decode_answer,
@@ -27,9 +28,15 @@ class PullPath:
     """Each leg on a healthy server of its own set, the least busy first."""
 
     def __init__(
-        self, config: PullConfig, *, upstreams: Upstreams, selection: PathSelection | None = None
+        self,
+        config: PullConfig,
+        *,
+        upstreams: Upstreams,
+        selection: PathSelection | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._upstreams = upstreams
+        self._metrics = metrics
         self._selection = selection = selection or PathSelection()
         self._prefill = selection.server_set(config.prefill, "pull:prefill")
         self._decode = selection.server_set(config.decode, "pull:decode")
@@ -44,7 +51,7 @@ class PullPath:
 
             async def whole(choice: Choice) -> Answer:
                 chosen(request, choice)
-                return await whole_on_decode(upstreams, stack, choice.url, request)
+                return await whole_on_decode(upstreams, stack, choice.url, request, self._metrics)
 
             return await call_on(self._decode, whole, hold_on=stack, request=affinity)
 
@@ -60,7 +67,7 @@ class PullPath:
             return await send_decode(upstreams, stack, choice.url, request, body)
 
         reply = await call_on(self._decode, decode_leg, hold_on=stack, request=affinity)
-        return decode_answer(reply, prefill, request)
+        return decode_answer(reply, prefill, request, self._metrics)
 
     async def _affinity(self, request: RoutedRequest) -> Affinity | None:
         return await self._selection.affinity(

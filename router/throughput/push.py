@@ -27,6 +27,7 @@ from router.selection import (
     outcome_of,
 )
 from router.serving import Answer, RoutedRequest
+from router.telemetry.metrics import Metrics
 from router.throughput.legs import chosen, decode_answer, run_prefill, send_decode, whole_on_decode
 from router.upstream import Reply, Upstreams
 from router.upstream.vllm import NixlPrefilled, push_decode_body
@@ -36,9 +37,15 @@ class PushPath:
     """A healthy decode instance, then a healthy prefill engine, the least busy first."""
 
     def __init__(
-        self, config: PushConfig, *, upstreams: Upstreams, selection: PathSelection | None = None
+        self,
+        config: PushConfig,
+        *,
+        upstreams: Upstreams,
+        selection: PathSelection | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._upstreams = upstreams
+        self._metrics = metrics
         self._selection = selection = selection or PathSelection()
         self._engines = {engine.url: engine for engine in config.prefill}
         self._prefill = selection.server_set(list(self._engines), "push:prefill")
@@ -53,7 +60,9 @@ class PushPath:
 
             async def whole(choice: Choice) -> Answer:
                 chosen(request, choice)
-                return await whole_on_decode(self._upstreams, stack, choice.url, request)
+                return await whole_on_decode(
+                    self._upstreams, stack, choice.url, request, self._metrics
+                )
 
             return await call_on(self._decode, whole, hold_on=stack, request=affinity)
         decode_choice = self._decode.pick(request=affinity)
@@ -79,7 +88,7 @@ class PushPath:
             return await _judged(self._decode, decode_choice, leg)
 
         answer, reply = await both_or_cancel(prefill(), decode())
-        return decode_answer(reply, answer, request)
+        return decode_answer(reply, answer, request, self._metrics)
 
     async def _affinity(self, request: RoutedRequest) -> Affinity | None:
         return await self._selection.affinity(

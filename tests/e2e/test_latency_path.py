@@ -514,7 +514,7 @@ def test_metrics_count_requests_latencies_errors_and_cancellations(
     ok = {"model": "ds", "path": "latency", "rule": "default", "status": "200"}
     before = {
         "ok": metric(gateway, "pd_gateway_requests_total", **ok),
-        "ttft": metric(gateway, "pd_gateway_latency_ttft_seconds_count", model="ds"),
+        "ttft": metric(gateway, "pd_gateway_ttft_seconds_count", model="ds", path="latency"),
         "bad": metric(gateway, "pd_gateway_requests_total", model="solo", status="502"),
         "errors": metric(gateway, "pd_gateway_upstream_errors_total", code="decode_failed"),
         "stops": metric(gateway, "pd_gateway_cancellations_total", reason="stop_sequence"),
@@ -529,7 +529,8 @@ def test_metrics_count_requests_latencies_errors_and_cancellations(
     gateway.wait_all_free()
     assert metric(gateway, "pd_gateway_requests_total", **ok) == before["ok"] + 3
     assert (
-        metric(gateway, "pd_gateway_latency_ttft_seconds_count", model="ds") == before["ttft"] + 3
+        metric(gateway, "pd_gateway_ttft_seconds_count", model="ds", path="latency")
+        == before["ttft"] + 3
     )
     assert (
         metric(gateway, "pd_gateway_requests_total", model="solo", status="502")
@@ -545,7 +546,7 @@ def test_metrics_count_requests_latencies_errors_and_cancellations(
     )
     assert metric(gateway, "pd_gateway_pool_slot_busy", model="ds") == 0
     assert metric(gateway, "pd_gateway_pool_node_in_service", model="ds") == 2
-    assert metric(gateway, "pd_gateway_latency_inter_token_seconds_count", model="ds") > 0
+    assert metric(gateway, "pd_gateway_inter_token_seconds_count", model="ds", path="latency") > 0
 
 
 def send_raw(gateway: GatewayProcess, body: dict) -> socket.socket:

@@ -40,7 +40,15 @@ def gateway(
     stack: SimStack, tmp: pytest.TempPathFactory, **server: Any
 ) -> AbstractContextManager[GatewayProcess]:
     models = [latency_model(stack, "ds")]
-    return start_gateway(tmp, models, server=server, timeouts={"decode_stall_s": 60})
+    return start_gateway(
+        tmp, models, log_level="info", server=server, timeouts={"decode_stall_s": 60}
+    )
+
+
+def access_line(gw: GatewayProcess) -> dict[str, str]:
+    """The one access line in the gateway's log, as its `key=value` fields."""
+    (line,) = [line for line in gw.log_path.read_text().splitlines() if "pd_gateway.access" in line]
+    return dict(field.split("=", 1) for field in line.split() if "=" in field)
 
 
 def wait_for_draining(gw: GatewayProcess) -> httpx.Response:
@@ -82,8 +90,12 @@ def test_in_flight_stream_finishes_after_sigterm(
         assert lines[-1] == "data: [DONE]"
         assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
         assert "Traceback" not in gw.log_path.read_text()
+        access = access_line(gw)
     (decode,) = request_decodes(sim_get(stack.nodes[0].url, "/sim/records")["decodes"])
     assert decode["finish_reason"] == "stop"
+    assert (access["status"], access["finish_reason"], access["stream"]) == ("200", "stop", "True")
+    assert access["client"] == "127.0.0.1" and "error_code" not in access
+    assert int(access["prompt_tokens"]) > 0 and int(access["completion_tokens"]) >= 60
     assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"
 
 
@@ -99,6 +111,10 @@ def test_stream_past_the_grace_period_is_cut_and_the_node_cancelled(
         assert (error["code"], error["type"]) == ("shutting_down", "service_unavailable")
         assert gw.wait_exit() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
         assert "Traceback" not in gw.log_path.read_text()
+        # Logged as it ended, not as a complete answer.
+        access = access_line(gw)
+        assert (access["status"], access["error_code"]) == ("503", "shutting_down")
+        assert "finish_reason" not in access
     (decode,) = request_decodes(sim_get(stack.nodes[0].url, "/sim/records")["decodes"])
     assert decode["finish_reason"] == "cancelled"
     assert sim_get(stack.nodes[0].url, "/decode_status")["status"] == "idle"

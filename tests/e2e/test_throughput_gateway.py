@@ -295,3 +295,42 @@ async def test_a_responses_stream_failing_mid_way_ends_with_a_responses_error_ev
     assert events[-1].type == "error"
     assert events[-1].code == "proxy_failed"
     assert "failed mid-stream" in events[-1].message
+
+
+async def scraped(http: httpx.AsyncClient, gateway: GatewayProcess) -> dict[str, float]:
+    """The gateway's throughput figures for MODEL, summed over their other labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {
+        "pd_gateway_prompt_tokens_total",
+        "pd_gateway_completion_tokens_total",
+        "pd_gateway_ttft_seconds_count",
+        "pd_gateway_inter_token_seconds_count",
+        "pd_gateway_request_seconds_count",
+    }
+    text = (await http.get(gateway.url + "/metrics")).text
+    figures = dict.fromkeys(wanted, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name in wanted and labels.get("model") == MODEL:
+                assert labels["path"] == "throughput"
+                assert labels.get("key", "unknown") == "unknown", "no configured keys"
+                figures[sample.name] += sample.value
+    return figures
+
+
+async def test_a_native_stream_is_measured_from_its_own_usage(
+    sims: Sims, aclient: openai.AsyncOpenAI, gateway: GatewayProcess
+) -> None:
+    before = await scraped(sims.http, gateway)
+    _, content = await call(aclient, "chat", {**CHAT, **STREAM})
+    last = [e for e in content.split(b"\n\n") if e.startswith(b"data: {")][-1]
+    usage = orjson.loads(last[len(b"data: ") :])["usage"]
+    after = await scraped(sims.http, gateway)
+    grown = {name: after[name] - before[name] for name in after}
+    assert grown["pd_gateway_prompt_tokens_total"] == usage["prompt_tokens"] > 0
+    assert grown["pd_gateway_completion_tokens_total"] == usage["completion_tokens"] > 0
+    assert grown["pd_gateway_ttft_seconds_count"] == 1
+    assert grown["pd_gateway_inter_token_seconds_count"] > 0
+    assert grown["pd_gateway_request_seconds_count"] == 1

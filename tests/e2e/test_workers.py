@@ -157,7 +157,19 @@ def test_both_workers_serve_and_every_scrape_counts_all_of_them(gateway: Gateway
     assert sum(per_worker.values()) == 40
     # A scrape lands on either worker (a new connection each time): every one counts 40.
     assert {answered(gateway) for _ in range(6)} == {40.0}
+    # ... and shows every worker's process series, whichever worker answers it.
+    assert all(process_pids(gateway) == pids for _ in range(4))
     gateway.wait_all_free()
+
+
+def process_pids(gateway: GatewayProcess) -> list[int]:
+    text = plain().get(gateway.url + "/metrics", timeout=10).text
+    return sorted(
+        int(sample.labels["pid"])
+        for family in text_string_to_metric_families(text)
+        if family.name == "process_cpu_seconds"
+        for sample in family.samples
+    )
 
 
 def test_a_killed_worker_is_replaced_and_its_counts_remain(gateway: GatewayProcess) -> None:

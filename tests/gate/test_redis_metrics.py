@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from router.config import GateConfig, RedisGateConfig
 from router.gate import make_gate
@@ -129,3 +130,30 @@ async def test_a_renewal_that_cannot_reach_redis_is_counted(
     assert sample("pd_gateway_gate_lease_renewal_failures_total") == failures + 1
     assert sample("pd_gateway_gate_lease_renewals_total") == renewals
     await lease.release()  # unreachable: it frees itself when its lease expires
+
+
+async def test_the_health_gauge_follows_redis_with_no_lease_held(
+    gate: RedisGate, own_server: RedisServer, sample: Sample
+) -> None:
+    """A plain outage with nothing held (nothing to renew): the pool snapshot each scrape
+    reads is a call to Redis too, and says so."""
+    up = {"deployment": "single"}
+    assert sample("pd_gateway_gate_redis_up", **up) == 0, "no call yet: no series"
+    await gate.snapshot()
+    assert sample("pd_gateway_gate_redis_up", **up) == 1
+
+    own_server.stop()
+    snapshot = await gate.snapshot()
+    assert set(snapshot.out.values()) == {"gate_unavailable"}
+    assert sample("pd_gateway_gate_redis_up", **up) == 0
+
+    own_server.start()
+    await gate.snapshot()
+    assert sample("pd_gateway_gate_redis_up", **up) == 1
+
+
+async def test_an_error_reply_is_an_answer(gate: RedisGate, sample: Sample) -> None:
+    await gate.snapshot()
+    with pytest.raises(ResponseError):
+        await gate.scripts._redis.run(lambda client: client.execute_command("NO-SUCH-COMMAND"))
+    assert sample("pd_gateway_gate_redis_up", deployment="single") == 1

@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from router.config import parse_config
-from router.errors import Overloaded
+from router.errors import InvalidRequest, Overloaded
 from router.http.app import create_app
 
 MODELS = [
@@ -95,3 +95,16 @@ async def test_the_openapi_description_lists_the_endpoints_served(
         assert list(paths[path]) == ["post"]
     assert "/v1/{rest}" not in paths
     assert list(paths["/health"]) == ["get"]
+
+
+async def test_an_error_before_any_path_is_in_the_access_line_with_its_code(
+    app: FastAPI, client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    app.state.dispatcher = Raising(InvalidRequest("the body is not JSON", code="invalid_json"))
+    with caplog.at_level(logging.INFO, "pd_gateway.access"):
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 400
+    (line,) = [r for r in caplog.records if r.name == "pd_gateway.access"]
+    access = line.access  # type: ignore[attr-defined]
+    assert (access["status"], access["error_code"]) == (400, "invalid_json")
+    assert access["client"] == "127.0.0.1"

@@ -86,3 +86,10 @@ async def test_no_access_line_for_operational_endpoints(caplog: pytest.LogCaptur
     sent = await call(scope(path="/health"))
     assert returned_id(sent)
     assert not [r for r in caplog.records if r.name == "pd_gateway.access"]
+
+
+async def test_the_access_line_names_the_client_address(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    await call({**scope(), "client": ("10.1.2.3", 50123)})
+    (access,) = [r for r in caplog.records if r.name == "pd_gateway.access"]
+    assert access.access["client"] == "10.1.2.3"  # type: ignore[attr-defined]

@@ -81,7 +81,7 @@ async def test_spill_moves_failures_before_the_first_byte(error: GatewayError) -
     }
     assert request_id != first_id, "the failed attempt's id may still be running upstream"
     counted = metrics.registry.get_sample_value(
-        "pd_gateway_reroutes_total", {"model": "m", "reason": str(error.code)}
+        "pd_gateway_reroutes_total", {"model": "m", "kind": "spill", "reason": str(error.code)}
     )
     assert counted == 1
 

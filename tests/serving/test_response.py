@@ -13,6 +13,7 @@ from router.errors import Overloaded, UpstreamError
 from router.serving import Answer, PathResponse, RoutedRequest, single_chunk
 from router.serving.live import LiveResponses
 from router.serving.response import SERVER_SEND
+from router.telemetry.metrics import Metrics
 from tests.throughput.support import routed
 
 OpenFn = Callable[[RoutedRequest, AsyncExitStack], Awaitable[Answer]]
@@ -183,6 +184,8 @@ async def test_a_cut_stream_ends_with_an_error_event_and_done() -> None:
     assert events[2:] == [b"data: [DONE]", b""]
     assert client.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
     assert len(live) == 0
+    # Logged with its true ending, not as a complete 200 answer.
+    assert (request.access.status, request.access.error_code) == (503, "shutting_down")
 
 
 async def test_a_request_cut_before_its_answer_gets_a_503() -> None:
@@ -204,3 +207,38 @@ async def test_a_request_cut_before_its_answer_gets_a_503() -> None:
     await asyncio.wait_for(served, timeout=5)
     assert client.status == 503
     assert orjson.loads(client.body)["error"]["code"] == "shutting_down"
+    assert (request.access.status, request.access.error_code) == (503, "shutting_down")
+
+
+async def test_an_answer_is_counted_in_flight_while_it_is_served() -> None:
+    gauge = Metrics().in_flight("latency")
+    streaming = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def open_upstream(request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        async def chunks() -> AsyncGenerator[bytes, None]:
+            yield b"data: {}\n\n"
+            streaming.set()
+            await finish.wait()
+
+        return Answer(200, [(b"content-type", b"text/event-stream")], chunks())
+
+    client = Client()
+    request = routed({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    response = PathResponse(FnPath(open_upstream), request, None, gauge)
+    served = asyncio.ensure_future(response(SCOPE, client.receive, client.send))
+    await streaming.wait()
+    assert gauge._value.get() == 1
+    finish.set()
+    await asyncio.wait_for(served, timeout=5)
+    assert gauge._value.get() == 0
+
+
+async def test_an_error_before_the_answer_is_recorded_with_its_code() -> None:
+    async def open_upstream(request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        raise Overloaded("no slot", retry_after_s=1, code="queue_full")
+
+    client = Client()
+    request = routed({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    await PathResponse(FnPath(open_upstream), request)(SCOPE, client.receive, client.send)
+    assert (request.access.status, request.access.error_code) == (client.status, "queue_full")

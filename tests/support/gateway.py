@@ -140,15 +140,19 @@ def _pump(stream: Any, out: queue.Queue[str]) -> None:
 
 @contextmanager
 def running_gateways(
-    tmp_path_factory: pytest.TempPathFactory, configs: Mapping[str, dict[str, Any]]
+    tmp_path_factory: pytest.TempPathFactory,
+    configs: Mapping[str, dict[str, Any]],
+    *,
+    log_level: str = "warning",
 ) -> Iterator[dict[str, GatewayProcess]]:
-    """Start one gateway per config in parallel (each takes ~2 s to load its tokenizers)."""
+    """Start one gateway per config in parallel (each takes ~2 s to load its tokenizers);
+    `log_level` "info" writes the access lines to each one's log."""
     root = tmp_path_factory.mktemp("gateways")
     gateways: dict[str, GatewayProcess] = {}
     for name, config in configs.items():
         workdir = root / name
         workdir.mkdir()
-        gateways[name] = GatewayProcess(config, workdir)
+        gateways[name] = GatewayProcess(config, workdir, log_level=log_level)
     try:
         with ThreadPoolExecutor(max_workers=len(gateways)) as pool:
             for started in [pool.submit(g.start) for g in gateways.values()]:
@@ -161,8 +165,13 @@ def running_gateways(
 
 @contextmanager
 def start_gateway(
-    tmp_path_factory: pytest.TempPathFactory, models: list[dict[str, Any]], **options: Any
+    tmp_path_factory: pytest.TempPathFactory,
+    models: list[dict[str, Any]],
+    *,
+    log_level: str = "warning",
+    **options: Any,
 ) -> Iterator[GatewayProcess]:
     """One gateway serving `models`; `options` as `gateway_config` takes them."""
-    with running_gateways(tmp_path_factory, {"gateway": gateway_config(models, **options)}) as one:
+    config = gateway_config(models, **options)
+    with running_gateways(tmp_path_factory, {"gateway": config}, log_level=log_level) as one:
         yield one["gateway"]

@@ -20,7 +20,7 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError, RedisClusterException, RedisError
+from redis.exceptions import ConnectionError, RedisClusterException, RedisError, ResponseError
 
 from router.config import RedisAddress, RedisGateConfig
 
@@ -41,9 +41,17 @@ class GateRedis:
     """The client and what must be closed with it. Commands go through `run`, which is where
     the client's failures become one of UNAVAILABLE."""
 
-    def __init__(self, client: RedisClient, sentinel: Sentinel | None = None) -> None:
+    def __init__(
+        self,
+        client: RedisClient,
+        sentinel: Sentinel | None = None,
+        reached: Callable[[bool], None] = lambda _: None,
+    ) -> None:
+        """`reached`: told after each command whether Redis answered (an error reply is an
+        answer), for the health gauge."""
         self._client = client
         self._sentinel = sentinel
+        self._reached = reached
         self._ready = not isinstance(client, RedisCluster)
         self._learning = asyncio.Lock()
 
@@ -57,15 +65,23 @@ class GateRedis:
         commands by many callers at once (or sent its very first commands that way), breaks
         connections under them.
         """
-        client = await self.settled()
         try:
-            return await command(client)
+            client = await self.settled()
+            result = await command(client)
+        except ResponseError:
+            self._reached(True)
+            self._ready = not isinstance(self._client, RedisCluster)
+            raise
         except _TRANSPORT_ERRORS as exc:
-            self._ready = not isinstance(client, RedisCluster)
+            self._reached(False)
+            self._ready = not isinstance(self._client, RedisCluster)
             raise ConnectionError(f"connection lost: {exc!r}") from exc
         except UNAVAILABLE:
-            self._ready = not isinstance(client, RedisCluster)
+            self._reached(False)
+            self._ready = not isinstance(self._client, RedisCluster)
             raise
+        self._reached(True)
+        return result
 
     @property
     def client(self) -> RedisClient:
@@ -93,8 +109,15 @@ class GateRedis:
         return self._client
 
 
-def connect(config: RedisGateConfig, password: str | None, *, max_connections: int) -> GateRedis:
-    """`password`: from `password_file` or `password` (None to use the URL's, if any)."""
+def connect(
+    config: RedisGateConfig,
+    password: str | None,
+    *,
+    max_connections: int,
+    reached: Callable[[bool], None] = lambda _: None,
+) -> GateRedis:
+    """`password`: from `password_file` or `password` (None to use the URL's, if any);
+    `reached`: see `GateRedis`."""
     address = config.address
     timeout_s = config.socket_timeout_s
     if address.deployment == "cluster":
@@ -109,10 +132,11 @@ def connect(config: RedisGateConfig, password: str | None, *, max_connections: i
                 socket_connect_timeout=timeout_s,
                 retry=Retry(NoBackoff(), 0),
                 decode_responses=True,
-            )
+            ),
+            reached=reached,
         )
     if address.deployment == "sentinel":
-        return _sentinel_master(address, password or address.password, timeout_s)
+        return _sentinel_master(address, password or address.password, timeout_s, reached)
     # A bounded pool that makes a call wait for a connection (at most a socket timeout)
     # rather than fail: redis-py's default pool refuses past its limit.
     pool = BlockingConnectionPool.from_url(
@@ -125,10 +149,15 @@ def connect(config: RedisGateConfig, password: str | None, *, max_connections: i
         retry=Retry(NoBackoff(), 0),
         decode_responses=True,
     )
-    return GateRedis(Redis.from_pool(pool))
+    return GateRedis(Redis.from_pool(pool), reached=reached)
 
 
-def _sentinel_master(address: RedisAddress, password: str | None, timeout_s: float) -> GateRedis:
+def _sentinel_master(
+    address: RedisAddress,
+    password: str | None,
+    timeout_s: float,
+    reached: Callable[[bool], None],
+) -> GateRedis:
     """The master the sentinels name, asked again whenever a connection to it is made, so
     that a failover moves the gate to the new master."""
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
@@ -151,4 +180,4 @@ def _sentinel_master(address: RedisAddress, password: str | None, timeout_s: flo
         socket_connect_timeout=timeout_s,
         ssl=address.tls,
     )
-    return GateRedis(master, sentinel)
+    return GateRedis(master, sentinel, reached)

@@ -19,6 +19,7 @@ import secrets
 import socket
 import time
 from collections.abc import Coroutine
+from functools import partial
 from typing import Any
 
 from router.config import RedisGateConfig
@@ -68,7 +69,12 @@ class RedisGate:
         address = config.address
         self.keys = KeyLayout(config.key_prefix, cluster=address.deployment == "cluster")
         self.pool_keys = self.keys.pool(pool_id, [n.id for n in nodes])
-        self._redis = connect(config, password, max_connections=_MAX_CONNECTIONS)
+        self._redis = connect(
+            config,
+            password,
+            max_connections=_MAX_CONNECTIONS,
+            reached=partial(metrics.redis_reached, address.deployment),
+        )
         self._registry = NodeRegistry(self._redis, self.keys.nodes, metrics)
         self.scripts = Scripts(
             self._redis,

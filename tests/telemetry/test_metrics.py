@@ -1,0 +1,118 @@
+"""The metrics the gateway declares: what a request's access record puts in them, the
+bounded key label, the reroute kinds, the in-flight gauge and the process collectors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from router.gate import GateSnapshot
+from router.telemetry.access import AccessRecord
+from router.telemetry.metrics import UNKNOWN_KEY, Metrics, WorkerProcesses, key_label
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics()
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def exposition(metrics: Metrics) -> str:
+    snapshot = GateSnapshot(nodes=1, busy={"n": None}, out={}, waiting=0, retry_after_s=1)
+    return metrics.render({"m": snapshot}).decode()
+
+
+def test_an_answered_request_counts_its_tokens_and_duration_by_path_and_key(
+    metrics: Metrics,
+) -> None:
+    record = AccessRecord("r", model="m", path="throughput", prompt_tokens=12)
+    record.completion_tokens, record.finish_reason, record.duration_ms = 5, "stop", 250.0
+    metrics.answered(record, "team-a")
+    metrics.answered(record, "team-a")
+
+    tokens = {"model": "m", "path": "throughput", "key": "team-a"}
+    assert sample(metrics, "pd_gateway_prompt_tokens_total", **tokens) == 24
+    assert sample(metrics, "pd_gateway_completion_tokens_total", **tokens) == 10
+    duration = {"model": "m", "path": "throughput", "finish_reason": "stop"}
+    assert sample(metrics, "pd_gateway_request_seconds_count", **duration) == 2
+    assert sample(metrics, "pd_gateway_request_seconds_sum", **duration) == pytest.approx(0.5)
+    assert sample(metrics, "pd_gateway_prompt_tokens_total", model="m", path="latency") == 0
+
+
+def test_a_cut_answer_is_timed_without_a_finish_reason_and_counts_no_tokens(
+    metrics: Metrics,
+) -> None:
+    record = AccessRecord("r", model="m", path="latency", duration_ms=1000.0)
+    metrics.answered(record, UNKNOWN_KEY)
+    timed = {"model": "m", "path": "latency", "finish_reason": ""}
+    assert sample(metrics, "pd_gateway_request_seconds_count", **timed) == 1
+    assert "pd_gateway_prompt_tokens_total{" not in exposition(metrics)
+
+
+def test_key_labels_are_configured_names_only() -> None:
+    configured = frozenset({"team-a", "team-b"})
+    assert key_label("team-a", configured) == "team-a"
+    assert key_label("sent-in-a-header-7f3a", configured) == UNKNOWN_KEY
+    assert key_label(None, configured) == UNKNOWN_KEY
+    assert key_label("team-a", frozenset()) == UNKNOWN_KEY
+
+
+def test_first_tokens_and_token_gaps_are_per_path(metrics: Metrics) -> None:
+    metrics.first_token("m", "latency", 0.2)
+    metrics.first_token("m", "throughput", 0.4)
+    metrics.token_gap("m", "throughput", 0.03, 3)
+    metrics.token_gap("m", "throughput", 0.03, 0)  # a line without tokens: not a gap
+    assert sample(metrics, "pd_gateway_ttft_seconds_count", model="m", path="latency") == 1
+    assert sample(metrics, "pd_gateway_ttft_seconds_sum", model="m", path="throughput") == 0.4
+    gap = {"model": "m", "path": "throughput"}
+    assert sample(metrics, "pd_gateway_inter_token_seconds_count", **gap) == 1
+    assert sample(metrics, "pd_gateway_inter_token_seconds_sum", **gap) == pytest.approx(0.01)
+
+
+def test_guard_reroutes_and_spills_are_told_apart(metrics: Metrics) -> None:
+    metrics.reroute("m", "logit_bias", spill=False)
+    metrics.reroute("m", "queue_full", spill=True)
+    metrics.reroute("m", "queue_full", spill=True)
+    reroutes = "pd_gateway_reroutes_total"
+    assert sample(metrics, reroutes, model="m", kind="guard", reason="logit_bias") == 1
+    assert sample(metrics, reroutes, model="m", kind="spill", reason="queue_full") == 2
+
+
+def test_the_in_flight_gauge_rises_and_falls(metrics: Metrics) -> None:
+    gauge = metrics.in_flight("latency")
+    gauge.inc()
+    gauge.inc()
+    assert sample(metrics, "pd_gateway_requests_in_flight", path="latency") == 2
+    gauge.dec()
+    assert sample(metrics, "pd_gateway_requests_in_flight", path="latency") == 1
+
+
+def test_the_process_and_platform_series_are_exposed(metrics: Metrics) -> None:
+    text = exposition(metrics)
+    assert "\nprocess_cpu_seconds_total " in text
+    assert "\nprocess_resident_memory_bytes " in text
+    assert "python_info{" in text
+
+
+def test_every_worker_s_process_series_are_labelled_with_its_pid() -> None:
+    families = {family.name: family for family in WorkerProcesses().collect()}
+    pids = {sample.labels["pid"] for sample in families["process_cpu_seconds"].samples}
+    assert str(os.getpid()) in pids
+    assert all(sample.value >= 0 for sample in families["process_cpu_seconds"].samples)
+
+
+def test_every_gateway_metric_is_in_the_operations_guide(metrics: Metrics) -> None:
+    guide = (Path(__file__).parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
+    exposition(metrics)
+    names = {
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in metrics.registry.collect()
+        if family.name.startswith("pd_gateway_")
+    }
+    assert names, "no gateway metric found"
+    assert {name for name in names if f"`{name}" not in guide and f" {name}" not in guide} == set()
