@@ -1,6 +1,7 @@
 """Installs `promtool` (Prometheus's rule checker) into `.promtool/` beside the project, for
 the tests that evaluate the alert rules (`promtool test rules`). It comes from Debian's
-`prometheus` package, unpacked where it is, so no root is needed:
+`prometheus` package, unpacked where it is, so no root is needed (except to read the
+package lists with `apt-get update` on a machine that has none):
 
     python -m tests.deploy.promtool
 
@@ -39,9 +40,11 @@ def install() -> None:
         print(f"promtool is ready: {tool}")
         return
     with tempfile.TemporaryDirectory() as download:
-        fetched = subprocess.run(
-            ["apt-get", "download", PACKAGE], cwd=download, capture_output=True, text=True
-        )
+        fetched = _download(download)
+        if fetched.returncode != 0 and os.geteuid() == 0:
+            # A fresh machine may have empty package lists: read them, then try again.
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
+            fetched = _download(download)
         debs = list(Path(download).glob(f"{PACKAGE}_*.deb"))
         if fetched.returncode != 0 or not debs:
             sys.exit(f"apt-get download {PACKAGE} failed: {fetched.stderr.strip()}")
@@ -57,6 +60,12 @@ def install() -> None:
     if not runs(tool):
         sys.exit(f"promtool did not install in {CACHE}")
     print(f"promtool is ready: {tool}")
+
+
+def _download(folder: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["apt-get", "download", PACKAGE], cwd=folder, capture_output=True, text=True
+    )
 
 
 if __name__ == "__main__":
