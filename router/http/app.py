@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -36,6 +37,7 @@ from router.selection import (
     sets_of,
 )
 from router.serving.response import SERVER_SEND
+from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
 from router.upstream import vllm
 
@@ -49,6 +51,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        traces = tracing.from_environment(os.environ)
+        if traces is not None:
+            traces.start()
         await state.start()
         app.state.gateway = state
         app.state.dispatcher = Dispatcher(state)
@@ -69,6 +74,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
             if watchers:
                 await asyncio.wait(watchers)
             await state.aclose()
+            if traces is not None:
+                traces.shutdown()
 
     app = GatewayApp(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(RequestContext, access_log=config.logging.access_log)

@@ -16,6 +16,7 @@ from router.openai.endpoints import EndpointSpec
 from router.runtime.intake import decide, take_in
 from router.runtime.state import AppState
 from router.serving import PathResponse, RoutedRequest, new_request_id
+from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
 
 
@@ -31,10 +32,13 @@ class Dispatcher:
         access.key_name = key_name
         _check_content_type(request.headers.get("content-type"))
         raw = await _read_body(request, current.config.server.max_body_bytes)
-        intake = take_in(current, raw, endpoint)
+        with tracing.stage(tracing.VALIDATION, endpoint=endpoint.name):
+            intake = take_in(current, raw, endpoint)
         parsed, model = intake.parsed, intake.model
         access.model, access.stream = parsed.model, parsed.stream
-        decision = await decide(current, intake, headers=request.headers, api_key_name=key_name)
+        with tracing.stage(tracing.CLASSIFICATION, model=parsed.model):
+            decision = await decide(current, intake, headers=request.headers, api_key_name=key_name)
+            tracing.annotate(path=decision.path, rule=decision.rule)
         headers = decision.response_headers()
         if decision.reroute_reason is not None:
             state.metrics.reroute(parsed.model, decision.reroute_reason.value, spill=False)

@@ -23,6 +23,7 @@ from router.serving.base import new_request_id
 from router.telemetry.access import AccessRecord
 from router.telemetry.logs import request_id
 from router.telemetry.metrics import Metrics, key_label
+from router.telemetry.tracing import finish_request, request_span
 
 log = logging.getLogger("pd_gateway.access")
 
@@ -70,8 +71,16 @@ class RequestContext:
                 ended()
             await send(message)
 
+        traced = request_span(scope["method"], scope["path"], scope["headers"]) if api else None
         try:
-            await self.app(scope, receive, send_with_id)
+            if traced is None:
+                await self.app(scope, receive, send_with_id)
+            else:
+                with traced as span:
+                    try:
+                        await self.app(scope, receive, send_with_id)
+                    finally:
+                        finish_request(span, record)
         finally:
             record.client_gone = not completed or record.status == 499
             if not completed:

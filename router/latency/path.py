@@ -29,6 +29,7 @@ from router.selection import (
     outcome_of,
 )
 from router.serving import Answer, RoutedRequest, json_answer
+from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
 from router.tokens.tokenizer import LoadedTokenizer
 from router.upstream.vllm import Prefilled
@@ -170,9 +171,10 @@ class LatencyPath:
             )
             return Answer(200, list(SSE_HEADERS), chunks)
         end = RelayEnd("stop", 0)
-        async for event in relay.events(session):
-            if isinstance(event, RelayEnd):
-                end = event
+        with tracing.stage(tracing.DECODE, node=request.access.node):
+            async for event in relay.events(session):
+                if isinstance(event, RelayEnd):
+                    end = event
         body = renderer.response(
             relay.message(),
             end.finish_reason,
@@ -284,9 +286,11 @@ class LatencyPath:
             wait_s = (self._default_wait_ms if wait_ms is None else wait_ms) / 1000
         metrics = self._deps.metrics
         try:
-            lease = await self.gate.acquire(
-                priority=decision.priority, wait_s=wait_s, holder=request.request_id
-            )
+            with tracing.stage(tracing.QUEUE_WAIT, priority=decision.priority):
+                lease = await self.gate.acquire(
+                    priority=decision.priority, wait_s=wait_s, holder=request.request_id
+                )
+                tracing.annotate(node=lease.node.id)
         except GateRejected as exc:
             metrics.queue_wait(self._model, time.monotonic() - started, granted=False)
             raise Overloaded(

@@ -23,6 +23,7 @@ from router.gate import Lease, NodeFailure, failure_for
 from router.latency.sampling import DecodeOptions
 from router.nodes.facts import NodeFactsBook
 from router.serving import RoutedRequest
+from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams, tilert, vllm
 from router.upstream.tilert import DecodeStream, NodeLine
@@ -112,13 +113,14 @@ class NodeSession:
             sampling=options.sampling.for_prefill(),
             prompt_token_ids=prompt_token_ids,
         )
-        data = await vllm.prefill(
-            deps.upstreams,
-            self._prefill_url,
-            request.endpoint.wire_path,
-            body,
-            request_id=self._rid,
-        )
+        with tracing.stage(tracing.PREFILL, upstream=self._prefill_url, node=node.id):
+            data = await vllm.prefill(
+                deps.upstreams,
+                self._prefill_url,
+                request.endpoint.wire_path,
+                body,
+                request_id=self._rid,
+            )
         # Parsed only after the 200: an unusable answer still claimed the transfer.
         prefilled = self._prefilled = vllm.parse_prefilled(data, request.endpoint.wire)
         if self._abandoned:
@@ -135,17 +137,22 @@ class NodeSession:
         stall_s = deps.timeouts.decode_stall_s
         if not await self._lease.renew():  # never start a decode on a node no longer ours
             raise _lease_lost()
+        with tracing.stage(tracing.KV_TRANSFER, node=node.id, upstream=node.url):
+            self._stream = await self._open_decode_retrying(body, stall_s)
+        return prefilled
+
+    async def _open_decode_retrying(self, body: dict[str, Any], stall_s: float) -> DecodeStream:
         try:
-            self._stream = await self._open_decode(body, stall_s)
+            return await self._open_decode(body, stall_s)
         except DecodeError as exc:
             # The node we hold may answer its previous response's last bytes a moment before
             # it frees its lock: a 429 then is a race, not a node taken by someone else.
             if exc.code != "node_busy" or self._abandoned or self._unadmitted is not None:
                 raise
-            if not await tilert.wait_idle(deps.upstreams, node, limit_s=BUSY_GRACE_S):
+            node = self._lease.node
+            if not await tilert.wait_idle(self._deps.upstreams, node, limit_s=BUSY_GRACE_S):
                 raise
-            self._stream = await self._open_decode(body, stall_s)
-        return prefilled
+            return await self._open_decode(body, stall_s)
 
     async def _open_decode(self, body: dict[str, Any], stall_s: float) -> DecodeStream:
         """The node's decode stream, once its transfer has arrived. A node that has not

@@ -23,6 +23,7 @@ from router.errors import ClientGone, GatewayError, Unavailable
 from router.openai.sse import EVENT_END
 from router.serving.base import Answer, RoutedRequest, ServePath, error_answer, raw_headers
 from router.serving.live import LiveResponses
+from router.telemetry import tracing
 
 log = logging.getLogger("pd_gateway")
 
@@ -115,15 +116,16 @@ class PathResponse(Response):
         except GatewayError as error:
             self._request.access.ended_with(error)
             answer = error_answer(error)
-        await self._start(send, answer)
-        async with aclosing(answer.chunks) as chunks:
-            async for chunk in chunks:
-                if chunk:
-                    await server_send(
-                        {"type": "http.response.body", "body": chunk, "more_body": True}
-                    )
-                    self._tail = chunk[-2:]
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        with tracing.stage(tracing.RELAY, status=answer.status):
+            await self._start(send, answer)
+            async with aclosing(answer.chunks) as chunks:
+                async for chunk in chunks:
+                    if chunk:
+                        await server_send(
+                            {"type": "http.response.body", "body": chunk, "more_body": True}
+                        )
+                        self._tail = chunk[-2:]
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _end_cut(self, send: Send) -> None:
         """The gateway is shutting down and this answer could not finish in time."""

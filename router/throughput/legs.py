@@ -8,6 +8,7 @@ from typing import Any
 
 from router.selection import Choice
 from router.serving import Answer, RoutedRequest
+from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
 from router.throughput.answer import read_unless_streamed, relay
 from router.throughput.usage import CachedTokensRewriter
@@ -23,9 +24,10 @@ def chosen(request: RoutedRequest, choice: Choice) -> None:
 async def run_prefill(upstreams: Upstreams, url: str, request: RoutedRequest) -> NixlPrefilled:
     """Send the prefill leg for the client's request and read what the decode leg needs."""
     body = vllm.prefill_body(request.body, vllm.nixl_prefill_params())
-    data = await vllm.prefill(
-        upstreams, url, request.endpoint.path, body, request_id=request.request_id
-    )
+    with tracing.stage(tracing.PREFILL, upstream=url):
+        data = await vllm.prefill(
+            upstreams, url, request.endpoint.path, body, request_id=request.request_id
+        )
     return vllm.parse_nixl_prefilled(data, url=url, request_id=request.request_id)
 
 
@@ -39,20 +41,21 @@ async def send_decode(
     """Send the decode leg; an error status raises before anything is relayed."""
     # A non-stream answer only arrives when generation ends: it is bounded as a whole.
     prefill_s = upstreams.timeouts.prefill_s
-    reply = await upstreams.open(
-        vllm.DECODE,
-        "POST",
-        url,
-        request.endpoint.path,
-        body=body,
-        read_s=prefill_s,
-        total_s=None if request.parsed.stream else prefill_s,
-        request_id=request.request_id,
-        stack=stack,
-    )
-    await read_unless_streamed(reply)
-    if reply.status != 200:
-        raise await reply.failure()
+    with tracing.stage(tracing.DECODE, upstream=url):
+        reply = await upstreams.open(
+            vllm.DECODE,
+            "POST",
+            url,
+            request.endpoint.path,
+            body=body,
+            read_s=prefill_s,
+            total_s=None if request.parsed.stream else prefill_s,
+            request_id=request.request_id,
+            stack=stack,
+        )
+        await read_unless_streamed(reply)
+        if reply.status != 200:
+            raise await reply.failure()
     return reply
 
 

@@ -11,6 +11,7 @@ from contextlib import AsyncExitStack
 from router.config import ProxyConfig
 from router.selection import Choice, PathSelection, ServerSet, call_on, status_outcome
 from router.serving import Answer, RoutedRequest
+from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
 from router.throughput.answer import read_unless_streamed, relay
 from router.throughput.legs import chosen
@@ -44,18 +45,20 @@ class ProxyPath:
 
         async def forward(choice: Choice) -> Reply:
             chosen(request, choice)
-            reply = await self._upstreams.open(
-                PROXY,
-                "POST",
-                choice.url,
-                request.endpoint.path,
-                body=request.native_body,
-                read_s=prefill_s,
-                total_s=total_s,
-                request_id=request.request_id,
-                stack=stack,
-            )
-            return await read_unless_streamed(reply)
+            with tracing.stage(tracing.PROXY, upstream=choice.url):
+                reply = await self._upstreams.open(
+                    PROXY,
+                    "POST",
+                    choice.url,
+                    request.endpoint.path,
+                    body=request.native_body,
+                    read_s=prefill_s,
+                    total_s=total_s,
+                    request_id=request.request_id,
+                    stack=stack,
+                )
+                tracing.annotate(upstream_status=reply.status)
+                return await read_unless_streamed(reply)
 
         reply = await call_on(
             self._proxy, forward, hold_on=stack, judge=lambda r: status_outcome(r.status)

@@ -23,6 +23,7 @@ from router.config import TimeoutsConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.upstream.failures import Target, status_failure, transport_failure
 from router.upstream.http1 import Http1Transport
+from router.upstream.trace_context import add_trace_context
 from router.upstream.transport import (
     BaseURL,
     Broken,
@@ -327,6 +328,7 @@ class Upstreams:
             headers.append((b"x-request-id", request_id.encode("latin-1")))
         if content is not None:
             headers.append((b"content-type", b"application/json"))
+        add_trace_context(headers)
         t = self.timeouts
         write_s = t.prefill_s if read_s is None else read_s
         deadline = None if total_s is None else asyncio.get_running_loop().time() + total_s
