@@ -130,6 +130,16 @@ def annotate(**attributes: str | int | float | bool | None) -> None:
             span.set_attribute(f"pd.{key}", value)
 
 
+def upstream_answered(status: int) -> None:
+    """The upstream's status, on the current stage: a 5xx makes it an error."""
+    if _tracer is None:
+        return
+    span = trace.get_current_span()
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_status(Status(StatusCode.ERROR, f"the upstream answered {status}"))
+
+
 def finish_request(span: Span, record: AccessRecord) -> None:
     """What the request's access record says, on its span: the model, the path, the node
     and servers it went to, its status; a 5xx or an error ending the answer is an error."""

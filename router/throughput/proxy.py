@@ -57,7 +57,7 @@ class ProxyPath:
                     request_id=request.request_id,
                     stack=stack,
                 )
-                tracing.annotate(upstream_status=reply.status)
+                tracing.upstream_answered(reply.status)
                 return await read_unless_streamed(reply)
 
         reply = await call_on(
