@@ -142,7 +142,8 @@ def upstream_answered(status: int) -> None:
 
 def finish_request(span: Span, record: AccessRecord) -> None:
     """What the request's access record says, on its span: the model, the path, the node
-    and servers it went to, its status; a 5xx or an error ending the answer is an error."""
+    and servers it went to, its status (a stream's is its error event's, as in the access
+    line); a 5xx is an error."""
     for key in ("model", "path", "rule", "node", "prefill", "upstream", "error_code"):
         if (value := getattr(record, key)) is not None:
             span.set_attribute(f"pd.{key}", value)
@@ -152,8 +153,6 @@ def finish_request(span: Span, record: AccessRecord) -> None:
     if record.status is not None:
         span.set_attribute("http.response.status_code", record.status)
     if record.status is not None and record.status >= 500:
-        span.set_status(Status(StatusCode.ERROR, record.error_code))
-    elif record.error_code is not None and record.status == 200:
         span.set_status(Status(StatusCode.ERROR, record.error_code))
 
 
