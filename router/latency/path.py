@@ -336,11 +336,13 @@ class LatencyPath:
         except GatewayError as exc:
             self._deps.metrics.upstream_error(self._model, str(exc.code))
             access.ended_with(exc)
+            tracing.failed(exc)
             yield renderer.error(exc)
-        except Exception:  # a bug: the client still gets an error event and a clean end
+        except Exception as exc:  # a bug: the client still gets an error event and a clean end
             log.exception("relaying a latency stream failed")
             error = GatewayError("internal error in the gateway")
             access.ended_with(error)
+            tracing.failed(exc)
             yield renderer.error(error)
         if end := renderer.end():
             yield end

@@ -140,6 +140,16 @@ def upstream_answered(status: int) -> None:
         span.set_status(Status(StatusCode.ERROR, f"the upstream answered {status}"))
 
 
+def failed(error: BaseException) -> None:
+    """An error the current stage answers rather than raises (a stream's last event): the
+    stage ends as an error, with the exception recorded."""
+    if _tracer is None:
+        return
+    span = trace.get_current_span()
+    span.record_exception(error)
+    span.set_status(Status(StatusCode.ERROR, str(error)))
+
+
 def finish_request(span: Span, record: AccessRecord) -> None:
     """What the request's access record says, on its span: the model, the path, the node
     and servers it went to, its status (a stream's is its error event's, as in the access

@@ -14,6 +14,7 @@ from typing import Protocol
 from router.errors import UpstreamError
 from router.openai.sse import EVENT_END
 from router.serving import Answer, RoutedRequest, whole_answer
+from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
 from router.throughput.meter import AnswerMeter
 from router.upstream import Reply
@@ -78,5 +79,6 @@ async def _stream(
         log.warning("%s (mid-stream): %s", reply.target.label, exc.message)
         error = reply.target.failure("failed", f"failed mid-stream: {exc.message}", status=502)
         request.access.ended_with(error)
+        tracing.failed(error)
         gap = b"" if last.endswith(EVENT_END) else b"\n" if last.endswith(b"\n") else EVENT_END
         yield gap + request.endpoint.stream_failure(error)

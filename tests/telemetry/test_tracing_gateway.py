@@ -209,6 +209,23 @@ async def test_a_failing_upstream_marks_its_stage_and_the_request_as_errors(
     assert stages[tracing.PROXY].status.status_code is StatusCode.ERROR
 
 
+async def test_a_stream_the_node_breaks_ends_its_relay_and_the_request_as_errors(
+    gateway: httpx.AsyncClient, stack: SimStack, spans: InMemorySpanExporter
+) -> None:
+    sim_post(stack.nodes[0].url, "/sim/faults", {"error_after": 2, "count": 1})
+    body = chat(MODEL, stream=True)
+    response = await gateway.post("/v1/chat/completions", json=body, headers=FAST)
+    assert response.status_code == 200
+    assert b'"error"' in response.content
+    root, stages = tree(spans)
+    assert stages[tracing.KV_TRANSFER].status.status_code is StatusCode.UNSET
+    relay = stages[tracing.RELAY]
+    assert relay.status.status_code is StatusCode.ERROR
+    assert [event.name for event in relay.events] == ["exception"]
+    assert root.status.status_code is StatusCode.ERROR
+    assert "pd.error_code" in attributes(root)
+
+
 async def test_a_client_error_ends_validation_with_an_error_and_the_request_is_a_4xx(
     gateway: httpx.AsyncClient, spans: InMemorySpanExporter
 ) -> None:
