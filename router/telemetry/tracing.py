@@ -6,8 +6,9 @@ exporter's endpoint, headers and protocol (`OTEL_EXPORTER_OTLP_*`), the service 
 resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), the sampler
 (`OTEL_TRACES_SAMPLER`), the batching (`OTEL_BSP_*`), the propagators (`OTEL_PROPAGATORS`).
 
-While tracing is off, `request_span` and `stage` hand out one shared do-nothing context
-manager: no span object is made for a request.
+While tracing is off, `request_span` answers None and `stage` one shared do-nothing
+context manager: no span object is made for a request. A stage the client's departure
+cancels is not an error.
 """
 
 from __future__ import annotations
