@@ -35,6 +35,7 @@ pytestmark = pytest.mark.e2e
 
 MODEL = "sim-pull"
 PROXIED = "sim-proxied"
+PUSHED = "sim-push"
 VERSION = "0.1.6"
 RULES = {
     "default": {"name": "native", "path": "throughput"},
@@ -53,7 +54,7 @@ def stack(sim_stacks: StackPool) -> SimStack:
         prefills=1,
         decodes=1,
         proxy=True,
-        model=[MODEL, PROXIED],
+        model=[MODEL, PROXIED, PUSHED],
         node_args=["--step-ms", "1", *version["node_args"]],
         prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0", *version["prefill_args"]],
         decode_args=["--itl-ms", "0", "--prefill-ms-per-token", "0"],
@@ -88,6 +89,14 @@ async def gateway(stack: SimStack, tmp_path: Path) -> AsyncIterator[httpx.AsyncC
             "throughput": {"mode": "proxy", "urls": [stack.proxy.url]},
         },
     ]
+    engine = {
+        "url": prefill.url,
+        "engine_id": prefill.engine_id,
+        "side_channel_host": prefill.side_channel_host,
+        "side_channel_port": prefill.side_channel_port,
+    }
+    push = {"mode": "push", "prefill": [engine], "decode": [decode.url]}
+    models.append({"name": PUSHED, "tokenizer": "deepseek", "throughput": push})
     document = gateway_config(models, classification={"rules": RULES})
     app = create_app(parse_config(document, base_dir=tmp_path))
     async with app.router.lifespan_context(app):
@@ -194,6 +203,18 @@ async def test_pull_legs_are_stages_and_vllm_gets_each_legs_context(
     prefilled = last_request(stack.prefills[0].url)
     decoded = last_request(stack.decodes[0].url)
     assert prefilled["headers"]["traceparent"].startswith(traceparent_of(stages[tracing.PREFILL]))
+    assert decoded["headers"]["traceparent"].startswith(traceparent_of(stages[tracing.DECODE]))
+
+
+async def test_push_legs_run_side_by_side_under_the_request(
+    gateway: httpx.AsyncClient, stack: SimStack, spans: InMemorySpanExporter
+) -> None:
+    response = await gateway.post("/v1/chat/completions", json=chat(PUSHED, stream=True))
+    assert response.status_code == 200
+    root, stages = tree(spans)
+    assert {tracing.PREFILL, tracing.DECODE, tracing.RELAY} <= set(stages)
+    assert all(parent_of(s) == root.context.span_id for s in stages.values())
+    decoded = last_request(stack.decodes[0].url)
     assert decoded["headers"]["traceparent"].startswith(traceparent_of(stages[tracing.DECODE]))
 
 
