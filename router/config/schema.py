@@ -383,6 +383,13 @@ class RedisGateConfig(StrictModel):
         return RedisAddress.parse(self.url)
 
     @property
+    def claim_window_s(self) -> float:
+        """How long a queued waiter has to claim a node granted to it: time to miss the
+        wake-up, poll and be answered, with a poll to spare; at most a lease's TTL. A grant
+        left unclaimed that long goes to the next waiter (docs/redis.md)."""
+        return min(self.lease_ttl_s, 2 * self.poll_s + self.socket_timeout_s)
+
+    @property
     def url_has_password(self) -> bool:
         return self.address.password is not None
 

@@ -257,6 +257,43 @@ async def test_a_dead_replicas_waiters_stop_blocking_others(
     assert await redis_client.zcard(dead.pool_keys.queue) == 0
 
 
+async def test_a_dead_replicas_grants_go_to_the_next_waiters_before_its_heartbeat_ends(
+    replica: Replica, redis_client: RedisClient
+) -> None:
+    pool = nodes(2)
+    # The dead replica's heartbeat outlives the test; its grants' claim window does not.
+    settings = {**FAST, "lease_ttl_s": 8.0, "renew_every_s": 2.0}
+    holder, dead, other = (replica(pool, **settings) for _ in range(3))
+    held = [await holder.acquire(priority=0, wait_s=1, holder=f"held{i}") for i in range(2)]
+    ahead = [
+        asyncio.create_task(dead.acquire(priority=9, wait_s=30, holder=f"dead{i}"))
+        for i in range(4)
+    ]
+    await waiting(holder, 4)
+    behind = [
+        asyncio.create_task(other.acquire(priority=0, wait_s=30, holder=f"behind{i}"))
+        for i in range(2)
+    ]
+    await waiting(holder, 6)
+    kill(dead)
+    for task in ahead:  # the process is gone: its waiters never withdraw
+        task.cancel()
+    await asyncio.gather(*ahead, return_exceptions=True)
+    killed_at = time.monotonic()
+    for lease in held:
+        await lease.release()  # each node goes to one of the dead replica's waiters first
+    leases = await asyncio.wait_for(asyncio.gather(*behind), 4)
+    assert time.monotonic() - killed_at < settings["lease_ttl_s"]  # its heartbeat still ran
+    assert {lease.node for lease in leases} == set(pool)
+    snapshot = await holder.snapshot()
+    assert snapshot.out == {}, "a node granted and never claimed was never used: no flush"
+    assert snapshot.waiting == 0
+    assert await redis_client.hlen(dead.pool_keys.grants) == 0
+    assert await redis_client.zscore(dead.keys.alive, dead.replica) is None
+    for lease in leases:
+        await lease.release()
+
+
 async def test_closing_a_replica_withdraws_its_waiters(replica: Replica) -> None:
     pool = nodes(1)
     a, b = replica(pool), replica(pool)
