@@ -353,6 +353,49 @@ async def test_redis_down_means_gate_unavailable_and_the_gate_recovers(
             await gate.close()
 
 
+async def test_no_request_fails_once_a_restarted_redis_is_back(
+    key_prefix: str, own_server: Callable[..., RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every pooled connection was opened to the server before its restart: none of them
+    may cost a request its turn once the new server answers."""
+    server = own_server()
+    built: list[RedisGate] = []
+    try:
+        pool = nodes(4)
+        gate = replicas_on(server.url, key_prefix, built)(pool, **FAST)
+        warm = await asyncio.gather(
+            *(gate.acquire(priority=0, wait_s=1, holder=f"warm{i}") for i in range(4))
+        )
+        for lease in warm:
+            await lease.release()
+        # In threads: the replica's event loop runs on while Redis restarts, as it would.
+        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(server.start)  # same port, empty
+        caplog.clear()
+
+        waiters = [
+            asyncio.create_task(gate.acquire(priority=0, wait_s=10, holder=f"after{i}"))
+            for i in range(6)
+        ]
+        await waiting(gate, 6)  # nodes out as state_lost: the requests wait for them
+        for node in pool:  # as the prober does, once it has flushed each node
+            assert node.id in {n.id for n in await gate.due_for_probe()}
+            assert await gate.claim_for_probe(node.id, for_s=30)
+            await gate.readmit(node.id)
+
+        async def served(waiter: asyncio.Task[RedisLease]) -> Node:
+            lease = await waiter
+            await lease.release()
+            return lease.node
+
+        served_by = await asyncio.wait_for(asyncio.gather(*map(served, waiters)), 10)
+        assert set(served_by) == set(pool)
+        assert not [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
+    finally:
+        for gate in built:
+            await gate.close()
+
+
 async def test_a_password_protected_server_is_reached_with_the_secret(
     tmp_path: Path, key_prefix: str, own_server: Callable[..., RedisServer]
 ) -> None:
