@@ -385,9 +385,10 @@ class RedisGateConfig(StrictModel):
     @property
     def claim_window_s(self) -> float:
         """How long a queued waiter has to claim a node granted to it: time to miss the
-        wake-up, poll and be answered, with a poll to spare; at most a lease's TTL. A grant
+        wake-up, poll and be answered, with a poll to spare. At most half a lease's TTL, so
+        that the grant's lease is still there to free when the window has passed. A grant
         left unclaimed that long goes to the next waiter (docs/redis.md)."""
-        return min(self.lease_ttl_s, 2 * self.poll_s + self.socket_timeout_s)
+        return min(self.lease_ttl_s / 2, 2 * self.poll_s + self.socket_timeout_s)
 
     @property
     def url_has_password(self) -> bool:

@@ -294,6 +294,29 @@ async def test_a_dead_replicas_grants_go_to_the_next_waiters_before_its_heartbea
         await lease.release()
 
 
+async def test_a_waiter_that_missed_its_claim_window_is_served_later_in_turn(
+    replica: Replica,
+) -> None:
+    pool = nodes(1)
+    holder, other = replica(pool, **FAST), replica(pool, **FAST)
+    # Its wake-ups are lost and it polls rarely: a grant's window passes before it looks.
+    slow = replica(pool, **{**FAST, "poll_s": 2.0, "lease_ttl_s": 8.0, "renew_every_s": 2.0})
+    slow._waiters.wake = lambda owners: None  # type: ignore[method-assign]
+    held = await holder.acquire(priority=0, wait_s=1, holder="held")
+    late = asyncio.create_task(slow.acquire(priority=5, wait_s=30, holder="slow"))
+    await waiting(holder, 1)
+    await held.release()  # granted to the slow waiter, which does not claim it in time
+    lease = await asyncio.wait_for(other.acquire(priority=0, wait_s=5, holder="other"), 5)
+    assert lease.node == held.node
+    assert (await holder.snapshot()).out == {}
+    assert not late.done()
+    await lease.release()
+    served = await asyncio.wait_for(late, 10)  # back in the queue at its next claim
+    assert served.node == held.node
+    assert (await holder.snapshot()).busy == {held.node.id: "slow"}
+    await served.release()
+
+
 async def test_closing_a_replica_withdraws_its_waiters(replica: Replica) -> None:
     pool = nodes(1)
     a, b = replica(pool), replica(pool)
