@@ -383,6 +383,14 @@ class RedisGateConfig(StrictModel):
         return RedisAddress.parse(self.url)
 
     @property
+    def claim_window_s(self) -> float:
+        """How long a queued waiter has to claim a node granted to it: time to miss the
+        wake-up, poll and be answered, with a poll to spare. At most half a lease's TTL, so
+        that the grant's lease is still there to free when the window has passed. A grant
+        left unclaimed that long goes to the next waiter (docs/redis.md)."""
+        return min(self.lease_ttl_s / 2, 2 * self.poll_s + self.socket_timeout_s)
+
+    @property
     def url_has_password(self) -> bool:
         return self.address.password is not None
 

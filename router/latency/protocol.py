@@ -184,7 +184,14 @@ class NodeSession:
         try:
             if not self._lease.valid():
                 raise _lease_lost()
-            return await self._stream.next_line()
+            try:
+                return await self._stream.next_line()
+            except DecodeError as exc:
+                # A replica paused past its lease (stopped, starved) finds the stall timer
+                # run out when it resumes: the node did nothing wrong, the lease is gone.
+                if not self._lease.valid():
+                    raise _lease_lost() from exc
+                raise
         except DecodeError as exc:
             self._node_error = exc.code
             self._cancel_reason = "node_error"

@@ -257,6 +257,66 @@ async def test_a_dead_replicas_waiters_stop_blocking_others(
     assert await redis_client.zcard(dead.pool_keys.queue) == 0
 
 
+async def test_a_dead_replicas_grants_go_to_the_next_waiters_before_its_heartbeat_ends(
+    replica: Replica, redis_client: RedisClient
+) -> None:
+    pool = nodes(2)
+    # The dead replica's heartbeat outlives the test; its grants' claim window does not.
+    settings = {**FAST, "lease_ttl_s": 8.0, "renew_every_s": 2.0}
+    holder, dead, other = (replica(pool, **settings) for _ in range(3))
+    held = [await holder.acquire(priority=0, wait_s=1, holder=f"held{i}") for i in range(2)]
+    ahead = [
+        asyncio.create_task(dead.acquire(priority=9, wait_s=30, holder=f"dead{i}"))
+        for i in range(4)
+    ]
+    await waiting(holder, 4)
+    behind = [
+        asyncio.create_task(other.acquire(priority=0, wait_s=30, holder=f"behind{i}"))
+        for i in range(2)
+    ]
+    await waiting(holder, 6)
+    kill(dead)
+    for task in ahead:  # the process is gone: its waiters never withdraw
+        task.cancel()
+    await asyncio.gather(*ahead, return_exceptions=True)
+    killed_at = time.monotonic()
+    for lease in held:
+        await lease.release()  # each node goes to one of the dead replica's waiters first
+    leases = await asyncio.wait_for(asyncio.gather(*behind), 4)
+    assert time.monotonic() - killed_at < settings["lease_ttl_s"]  # its heartbeat still ran
+    assert {lease.node for lease in leases} == set(pool)
+    snapshot = await holder.snapshot()
+    assert snapshot.out == {}, "a node granted and never claimed was never used: no flush"
+    assert snapshot.waiting == 0
+    assert await redis_client.hlen(dead.pool_keys.grants) == 0
+    assert await redis_client.zscore(dead.keys.alive, dead.replica) is None
+    for lease in leases:
+        await lease.release()
+
+
+async def test_a_waiter_that_missed_its_claim_window_is_served_later_in_turn(
+    replica: Replica,
+) -> None:
+    pool = nodes(1)
+    holder, other = replica(pool, **FAST), replica(pool, **FAST)
+    # Its wake-ups are lost and it polls rarely: a grant's window passes before it looks.
+    slow = replica(pool, **{**FAST, "poll_s": 2.0, "lease_ttl_s": 8.0, "renew_every_s": 2.0})
+    slow._waiters.wake = lambda owners: None  # type: ignore[method-assign]
+    held = await holder.acquire(priority=0, wait_s=1, holder="held")
+    late = asyncio.create_task(slow.acquire(priority=5, wait_s=30, holder="slow"))
+    await waiting(holder, 1)
+    await held.release()  # granted to the slow waiter, which does not claim it in time
+    lease = await asyncio.wait_for(other.acquire(priority=0, wait_s=5, holder="other"), 5)
+    assert lease.node == held.node
+    assert (await holder.snapshot()).out == {}
+    assert not late.done()
+    await lease.release()
+    served = await asyncio.wait_for(late, 10)  # back in the queue at its next claim
+    assert served.node == held.node
+    assert (await holder.snapshot()).busy == {held.node.id: "slow"}
+    await served.release()
+
+
 async def test_closing_a_replica_withdraws_its_waiters(replica: Replica) -> None:
     pool = nodes(1)
     a, b = replica(pool), replica(pool)
@@ -311,6 +371,49 @@ async def test_redis_down_means_gate_unavailable_and_the_gate_recovers(
         assert lease.node == held.node
         assert (await gate.snapshot()).busy == {held.node.id: "after"}
         await lease.release()
+    finally:
+        for gate in built:
+            await gate.close()
+
+
+async def test_no_request_fails_once_a_restarted_redis_is_back(
+    key_prefix: str, own_server: Callable[..., RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every pooled connection was opened to the server before its restart: none of them
+    may cost a request its turn once the new server answers."""
+    server = own_server()
+    built: list[RedisGate] = []
+    try:
+        pool = nodes(4)
+        gate = replicas_on(server.url, key_prefix, built)(pool, **FAST)
+        warm = await asyncio.gather(
+            *(gate.acquire(priority=0, wait_s=1, holder=f"warm{i}") for i in range(4))
+        )
+        for lease in warm:
+            await lease.release()
+        # In threads: the replica's event loop runs on while Redis restarts, as it would.
+        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(server.start)  # same port, empty
+        caplog.clear()
+
+        waiters = [
+            asyncio.create_task(gate.acquire(priority=0, wait_s=10, holder=f"after{i}"))
+            for i in range(6)
+        ]
+        await waiting(gate, 6)  # nodes out as state_lost: the requests wait for them
+        for node in pool:  # as the prober does, once it has flushed each node
+            assert node.id in {n.id for n in await gate.due_for_probe()}
+            assert await gate.claim_for_probe(node.id, for_s=30)
+            await gate.readmit(node.id)
+
+        async def served(waiter: asyncio.Task[RedisLease]) -> Node:
+            lease = await waiter
+            await lease.release()
+            return lease.node
+
+        served_by = await asyncio.wait_for(asyncio.gather(*map(served, waiters)), 10)
+        assert set(served_by) == set(pool)
+        assert not [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
     finally:
         for gate in built:
             await gate.close()

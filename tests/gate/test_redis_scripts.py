@@ -54,6 +54,7 @@ async def test_a_call_must_give_exactly_the_scripts_arguments() -> None:
         pool=layout.pool("m", ["n"]),
         replica="r",
         lease_ttl_s=1,
+        claim_window_s=1,
         failure_threshold=1,
         node_ids=["n"],
         metrics=GateMetrics(),

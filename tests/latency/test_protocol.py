@@ -159,7 +159,9 @@ class Run:
         return value or 0.0
 
 
-def run(node: Node, timeouts: TimeoutsConfig = TIMEOUTS) -> Run:
+def run(
+    node: Node, timeouts: TimeoutsConfig = TIMEOUTS, lease: RecordingLease | None = None
+) -> Run:
     tasks: list[asyncio.Task[None]] = []
 
     def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -178,7 +180,7 @@ def run(node: Node, timeouts: TimeoutsConfig = TIMEOUTS) -> Run:
         metrics=metrics,
         facts=NodeFactsBook(),
     )
-    lease = RecordingLease()
+    lease = lease or RecordingLease()
     session = NodeSession(
         deps, lease, model="m", prefill_url=PREFILL_URL, on_released=lambda _: None
     )
@@ -548,3 +550,41 @@ async def test_a_transfer_the_node_never_admits_is_node_busy_within_the_admissio
     assert await r.finished() == (NodeFailure("node_busy", hard=True), True)
     assert "/pd/cancel" in node.paths()
     assert "consume" not in node.paths(), "nothing to consume: the transfer never landed"
+
+
+class LeaseLostWhilePaused(RecordingLease):
+    """A lease that the replica loses while it waits for the node's next line, as when its
+    process is paused (SIGSTOP, a starved host) past the lease: after `pause_soon`, valid
+    for one more check (the read's start), lost from then on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._checks_left: int | None = None
+
+    def pause_soon(self) -> None:
+        self._checks_left = 1
+
+    def valid(self) -> bool:
+        if self._checks_left is not None:
+            if self._checks_left == 0:
+                return False
+            self._checks_left -= 1
+        return super().valid()
+
+
+async def test_a_replica_resumed_past_its_lease_reports_lease_lost_not_a_stall() -> None:
+    hold = asyncio.Event()
+    node = Node(decode=streaming({"t": [1]}, hold=hold))
+    node.cancel = release_on_cancel(hold)
+    lease = LeaseLostWhilePaused()
+    r = run(node, lease=lease)
+    await r.start(request(), max_seq_len=100)
+    assert await r.session.next_line() == TokenLine([1])
+    lease.pause_soon()
+    with pytest.raises(DecodeError) as failed:
+        await r.session.next_line()  # the stall timer (0.5 s) runs out during the pause
+    assert failed.value.code == "lease_lost"
+    r.session.close()
+    failure, _ = await r.finished()
+    assert failure is None, "the node is not blamed for the replica's pause"
+    assert node.paths()[-1] == "/pd/cancel"

@@ -4,6 +4,10 @@ commands, scripts and pub/sub.
 
 No client retries a command on its own: a script that may have run is never sent twice
 blindly (a Cluster's redirections, which say the command did not run, are still followed).
+Instead a pooled connection is checked before each use: one the server has closed (it
+restarted, or failed over) is opened again before anything is sent on it. redis-py skips
+that check when it handles the server's maintenance notifications, which its newer
+releases do by default; the gate turns them off (it never asks for them).
 On a Cluster, wake-ups use classic PUBLISH, which every node forwards to the whole cluster,
 so one subscription on any node hears them (Redis 6.2 has no sharded pub/sub to prefer).
 """
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.client import PubSub
@@ -109,6 +113,16 @@ class GateRedis:
         return self._client
 
 
+def _checked_connections() -> dict[str, Any]:
+    """The client settings under which a pooled connection the server closed is opened again
+    before it is used (see the module's docstring); redis-py before 7 always checks."""
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:
+        return {}
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
 def connect(
     config: RedisGateConfig,
     password: str | None,
@@ -132,6 +146,7 @@ def connect(
                 socket_connect_timeout=timeout_s,
                 retry=Retry(NoBackoff(), 0),
                 decode_responses=True,
+                **_checked_connections(),
             ),
             reached=reached,
         )
@@ -148,6 +163,7 @@ def connect(
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),
         decode_responses=True,
+        **_checked_connections(),
     )
     return GateRedis(Redis.from_pool(pool), reached=reached)
 
@@ -179,5 +195,6 @@ def _sentinel_master(
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         ssl=address.tls,
+        **_checked_connections(),
     )
     return GateRedis(master, sentinel, reached)

@@ -82,6 +82,7 @@ class RedisGate:
             pool=self.pool_keys,
             replica=self.replica,
             lease_ttl_s=config.lease_ttl_s,
+            claim_window_s=config.claim_window_s,
             failure_threshold=failure_threshold,
             node_ids=[n.id for n in nodes],
             metrics=metrics,

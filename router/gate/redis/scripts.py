@@ -86,6 +86,7 @@ class Scripts:
         pool: PoolKeys,
         replica: str,
         lease_ttl_s: float,
+        claim_window_s: float,
         failure_threshold: int,
         node_ids: Sequence[str],
         metrics: GateMetrics,
@@ -104,6 +105,7 @@ class Scripts:
         self._redis = redis
         self._channel = layout.channel
         self._ttl_ms = math.ceil(lease_ttl_s * 1000)
+        self._claim_ms = math.ceil(claim_window_s * 1000)
         self._threshold = failure_threshold
         self._replica = replica
         self._epoch = ""  # learnt from the first call's EPOCH answer
@@ -154,6 +156,7 @@ class Scripts:
                     epoch,
                     "\n".join(self.node_ids),
                     "\n".join(others),
+                    self._claim_ms,
                     *named,
                 ]
                 async with self._calls:

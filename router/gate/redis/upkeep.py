@@ -79,7 +79,7 @@ class Upkeep:
         """Renew `leases` and this replica's heartbeat; a failure leaves each lease valid until
         its TTL would run out."""
         # A renewal may run twice: a failed one is sent again at once, on another connection
-        # (a pooled connection to a server that restarted fails its first command).
+        # (one the server closed just as it was handed out fails its command).
         for attempt in (1, 2):
             sent_at = time.monotonic()
             try:

@@ -6,8 +6,9 @@
 -- ARGV[7], in that order. No other key is touched.
 -- ARGV: the wake-up channel, the lease TTL (ms), the failure threshold, the caller's
 -- replica, the pool's epoch as the caller knows it ("" at first), the pool's node ids in
--- grant order and the other node ids this call touches (one a line), then the script's own
--- arguments as name, value pairs (its header's `ARGV:` line names them).
+-- grant order and the other node ids this call touches (one a line), the time (ms) a queued
+-- waiter has to claim a node granted to it, then the script's own arguments as name, value
+-- pairs (its header's `ARGV:` line names them).
 
 local QUEUE, WAIT, SEQ, HELD, EPOCH_KEY, GRANTS, GONE, ALIVE = unpack(KEYS, 1, 8)
 local CHANNEL, TTL, THRESHOLD = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -20,8 +21,9 @@ local function lines(text)
 end
 
 local NODES, OTHERS = lines(ARGV[6]), lines(ARGV[7])
+local CLAIM_MS = tonumber(ARGV[8])
 local ARG = {}
-for i = 8, #ARGV, 2 do ARG[ARGV[i]] = ARGV[i + 1] end
+for i = 9, #ARGV, 2 do ARG[ARGV[i]] = ARGV[i + 1] end
 
 local DECLARED = {}
 do
@@ -116,18 +118,6 @@ local function stale(member)
   return not alive(replica_of(member))
 end
 
-local function prune()
-  for _, member in ipairs(redis.call("ZRANGE", QUEUE, 0, -1)) do
-    if stale(member) then drop(member) end
-  end
-  local grants = redis.call("HGETALL", GRANTS)
-  for i = 1, #grants, 2 do
-    if tonumber(string.match(grants[i + 1], "^%d+")) < NOW then
-      redis.call("HDEL", GRANTS, grants[i])
-    end
-  end
-end
-
 local function head()
   while true do
     local member = redis.call("ZRANGE", QUEUE, 0, 0)[1]
@@ -150,14 +140,64 @@ local function unlease(id)
   redis.call("HDEL", node_key(id), "held")
 end
 
+-- A grant not claimed: its node was never used (a waiter learns of its node only by
+-- claiming it), so it is free again at once. A node the caller did not declare keeps its
+-- lease, which expires (the node is then flushed before it serves again).
+local function ungrant(member, id)
+  redis.call("HDEL", GRANTS, member)
+  if DECLARED[id] and redis.call("HGET", lease_key(id), "owner") == member then
+    unlease(id)
+  end
+end
+
+-- A replica that looks dead: its heartbeat ran out, or it let a grant's claim window pass
+-- (it neither heard the wake-up nor polled). Its waiters and unclaimed grants go, so that
+-- they capture no more nodes; a replica that was only slow puts its waiters back at their
+-- old places at its next claim. The caller itself is alive.
+local function evict(replica)
+  if replica ~= REPLICA then
+    redis.call("ZREM", ALIVE, replica)
+    for _, member in ipairs(redis.call("ZRANGE", QUEUE, 0, -1)) do
+      if replica_of(member) == replica then drop(member) end
+    end
+  end
+  local grants = redis.call("HGETALL", GRANTS)
+  for i = 1, #grants, 2 do
+    if replica_of(grants[i]) == replica then
+      ungrant(grants[i], string.match(grants[i + 1], "|(.*)$"))
+    end
+  end
+end
+
+local function expire_grants()
+  local grants = redis.call("HGETALL", GRANTS)
+  for i = 1, #grants, 2 do
+    local member = grants[i]
+    if redis.call("HEXISTS", GRANTS, member) == 1 then  -- not gone with an evicted replica
+      local replica = replica_of(member)
+      if tonumber(string.match(grants[i + 1], "^%d+")) < NOW or not alive(replica) then
+        evict(replica)
+      end
+    end
+  end
+end
+
+local function prune()
+  for _, member in ipairs(redis.call("ZRANGE", QUEUE, 0, -1)) do
+    if stale(member) then drop(member) end
+  end
+  expire_grants()
+end
+
 local function fill()
+  expire_grants()
   local id = free_node()
   while id do
     local member = head()
     if not member then return end
     lease(id, member, string.match(redis.call("HGET", WAIT, member), "|(.*)$"))
     drop(member)
-    redis.call("HSET", GRANTS, member, string.format("%d|%s", NOW + TTL, id))
+    redis.call("HSET", GRANTS, member, string.format("%d|%s", NOW + CLAIM_MS, id))
     granted[#granted + 1] = member
     id = free_node()
   end
