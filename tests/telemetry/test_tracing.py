@@ -3,12 +3,9 @@ client's traceparent as parent, and the request's context on the calls made upst
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -20,16 +17,6 @@ from router.upstream.httpx_transport import HttpxTransport
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_PARENT = "00f067aa0ba902b7"
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    traces = tracing.Tracing(SimpleSpanProcessor(exporter)).start()
-    try:
-        yield exporter
-    finally:
-        traces.shutdown()
 
 
 def by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:

@@ -63,16 +63,6 @@ def stack(sim_stacks: StackPool) -> SimStack:
 
 
 @pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    traces = tracing.Tracing(SimpleSpanProcessor(exporter)).start()
-    try:
-        yield exporter
-    finally:
-        traces.shutdown()
-
-
-@pytest.fixture
 async def gateway(stack: SimStack, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     assert stack.proxy is not None
     prefill, decode = stack.prefills[0], stack.decodes[0]
