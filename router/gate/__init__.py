@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from router.config import GateConfig
-from router.gate.base import Gate, GateRejected, GateSnapshot, Lease, PoolAdmin, SlotGate
+from router.gate.base import (
+    Gate,
+    GateRejected,
+    GateSnapshot,
+    Lease,
+    PoolAdmin,
+    ProbeClaim,
+    SlotGate,
+)
 from router.gate.health import NodeFailure, failure_for
 from router.gate.memory import MemoryGate
 from router.gate.metrics import GateMetrics
@@ -17,6 +25,7 @@ __all__ = [
     "Lease",
     "NodeFailure",
     "PoolAdmin",
+    "ProbeClaim",
     "SlotGate",
     "failure_for",
     "make_gate",

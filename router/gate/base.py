@@ -53,8 +53,22 @@ class Lease(Protocol):
 
     def valid(self) -> bool:
         """Held for sure, as far as this process knows without asking anyone: cheap enough
-        to check for every line of a decode."""
+        to check for every line of a decode, and checked before every call to the node."""
         ...
+
+    def transfer_landed(self) -> None:
+        """The request's KV transfer has reached the node: should the lease be lost from now
+        on, nothing of this request is still on its way to the node."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeClaim:
+    """The prober alone may flush an out-of-service node now."""
+
+    stale_rid: str | None = None
+    """The request whose lease expired on the node unreleased: the flush names it, so that
+    a TileRT 0.1.6 node refuses its transfer should it still arrive."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +107,14 @@ class PoolAdmin(Protocol):
         """Nodes out of service long enough to be probed."""
         ...
 
-    async def claim_for_probe(self, node_id: str, *, for_s: float) -> bool:
+    async def claim_for_probe(
+        self, node_id: str, *, for_s: float, quiet_s: float = 0.0
+    ) -> ProbeClaim | None:
         """The node is out of service and, for `for_s`, only the caller may flush it and
-        readmit it (so no replica's late flush can reach a node already back in service)."""
+        readmit it (so no replica's late flush can reach a node already back in service).
+        None while the node may not be flushed: in service, held, claimed by another, or
+        within `quiet_s` of a lease that expired while its request's transfer was still on
+        its way (a flush cannot stop a TileRT 0.1.5 node from taking it later)."""
         ...
 
     async def release_probe_claim(self, node_id: str) -> None:

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from router.gate.base import GateRejected, GateSnapshot
+from router.gate.base import GateRejected, GateSnapshot, ProbeClaim
 from router.gate.health import NodeFailure, NodeHealth
 from router.gate.hold_times import HoldTimeEstimator
 from router.gate.metrics import GateMetrics
@@ -60,6 +60,9 @@ class MemoryLease:
 
     async def renew(self) -> bool:
         return not self._released  # one process: a held slot cannot be lost
+
+    def transfer_landed(self) -> None:
+        pass  # never lost while the process runs
 
 
 class MemoryGate:
@@ -160,11 +163,14 @@ class MemoryGate:
         self._free = deque(n for n in self._free if n.id != node_id)
         self._fail_waiters_if_no_node()
 
-    async def claim_for_probe(self, node_id: str, *, for_s: float) -> bool:
-        # One prober per pool in this process: nobody else flushes or readmits.
+    async def claim_for_probe(
+        self, node_id: str, *, for_s: float, quiet_s: float = 0.0
+    ) -> ProbeClaim | None:
+        # One prober per pool in this process: nobody else flushes or readmits, and a lease
+        # ends only by its release (never unreleased: no request's transfer is left stale).
         if self._holders.get(node_id, "gone") is not None:
-            return False  # held (a node retired during its request), or not in the pool
-        return self._health.out().get(node_id, "drained") != "drained"
+            return None  # held (a node retired during its request), or not in the pool
+        return ProbeClaim() if self._health.out().get(node_id, "drained") != "drained" else None
 
     async def release_probe_claim(self, node_id: str) -> None:
         pass  # nobody else could have claimed it meanwhile

@@ -105,6 +105,8 @@ class NodeSession:
         prompt_token_ids: list[int] | None,
     ) -> Prefilled:
         deps, node = self._deps, self._lease.node
+        if not self._lease.valid():  # the prefill names the node: only while it is ours
+            raise _lease_lost()
         body = vllm.prefill_body(
             request.body,
             vllm.tilert_params(node),
@@ -139,6 +141,7 @@ class NodeSession:
             raise _lease_lost()
         with tracing.stage(tracing.KV_TRANSFER, node=node.id, upstream=node.url):
             self._stream = await self._open_decode_retrying(body, stall_s)
+        self._lease.transfer_landed()  # the node answered only once the transfer was in
         return prefilled
 
     async def _open_decode_retrying(self, body: dict[str, Any], stall_s: float) -> DecodeStream:
@@ -152,6 +155,8 @@ class NodeSession:
             node = self._lease.node
             if not await tilert.wait_idle(self._deps.upstreams, node, limit_s=BUSY_GRACE_S):
                 raise
+            if not self._lease.valid():
+                raise _lease_lost() from exc
             return await self._open_decode(body, stall_s)
 
     async def _open_decode(self, body: dict[str, Any], stall_s: float) -> DecodeStream:
@@ -231,7 +236,7 @@ class NodeSession:
                     # The node may still hold its lock: out of service until probed idle.
                     failure = NodeFailure("decode_unfinished", hard=True)
             elif isinstance(error, DecodeError):
-                reports_health = True
+                reports_health = error.code != "lease_lost"  # the replica's fault, not the node's
                 failure = failure_for(error.code)
                 if error.code == "decode_timeout" and not await self._cancel():
                     # The /pd/decode may be running unseen and the node did not confirm a
@@ -290,6 +295,8 @@ class NodeSession:
         )
 
     async def _cancel(self) -> bool:
+        # Even with the lease lost: the node matches a cancel by rid, so it stops only this
+        # request's own decode, never another's.
         return await tilert.cancel(self._deps.upstreams, self._lease.node, self._rid)
 
     async def _consume(self) -> bool:
@@ -297,6 +304,10 @@ class NodeSession:
         again (it frees its lock a moment after its answer, so that is waited for too)."""
         prefilled = self._prefilled
         deps, node = self._deps, self._lease.node
+        if not self._lease.valid():
+            # A decode takes the node's lock, and the node may be another request's by now:
+            # once the lease has expired the node is flushed in this request's name instead.
+            return False
         await tilert.consume_transfer(
             deps.upstreams,
             node,

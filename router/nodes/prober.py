@@ -80,9 +80,12 @@ async def _probe_out_node(
 ) -> None:
     if not await learn(pool, upstreams, facts, node):
         return
-    if not await pool.claim_for_probe(node.id, for_s=FLUSH_CLAIM_S):
+    claim = await pool.claim_for_probe(
+        node.id, for_s=FLUSH_CLAIM_S, quiet_s=_stale_transfer_quiet_s(upstreams, facts, node)
+    )
+    if claim is None:
         return
-    outcome = await flushed_and_ready(upstreams, metrics, node)
+    outcome = await flushed_and_ready(upstreams, metrics, node, rid=claim.stale_rid)
     if outcome == "clean":
         log.info("node %s is back in service", node.id)
         await pool.readmit(node.id)
@@ -92,13 +95,24 @@ async def _probe_out_node(
         await pool.release_probe_claim(node.id)
 
 
+def _stale_transfer_quiet_s(upstreams: Upstreams, facts: NodeFactsBook, node: Node) -> float:
+    """How long after a lease expired with its request's transfer still on its way the node
+    stays out. A 0.1.6 node refuses that request's transfer once flushed in its name; a 0.1.5
+    node takes any transfer that arrives, so it waits out the prefill's deadline."""
+    known = facts.get(node.id)
+    release = known.version if known is not None else node.tilert
+    return 0.0 if release == "0.1.6" else upstreams.timeouts.prefill_s
+
+
 async def flushed_and_ready(
-    upstreams: Upstreams, metrics: Metrics, node: Node
+    upstreams: Upstreams, metrics: Metrics, node: Node, *, rid: str | None = None
 ) -> tilert.FlushOutcome:
-    """Healthy, flushed of any orphaned transfer, and idle (`clean`)."""
+    """Healthy, flushed of any orphaned transfer (`rid`'s, if named), and idle (`clean`)."""
     if not await tilert.is_ready(upstreams, node):
         return "not_run"
-    outcome = await tilert.flush(upstreams, node, idle_within_s=upstreams.timeouts.connect_s)
+    outcome = await tilert.flush(
+        upstreams, node, idle_within_s=upstreams.timeouts.connect_s, rid=rid
+    )
     metrics.flushed(node.id, clean=outcome == "clean")
     return outcome
 

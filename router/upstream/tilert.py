@@ -362,7 +362,9 @@ afterwards, and nothing of the flush is left running on it. `in_doubt`: the flus
 may still reach the node or run on it."""
 
 
-async def flush(upstreams: Upstreams, node: Node, *, idle_within_s: float) -> FlushOutcome:
+async def flush(
+    upstreams: Upstreams, node: Node, *, idle_within_s: float, rid: str | None = None
+) -> FlushOutcome:
     """Clear any transfer the node holds that no request will consume (an orphan: a gateway
     that died between prefill and decode, a consume that never arrived), then `clean` once
     the node is idle. Only while nobody may use the node (it is held or out of service).
@@ -370,12 +372,15 @@ async def flush(upstreams: Upstreams, node: Node, *, idle_within_s: float) -> Fl
     One decode for a rid that has no transfer does it on both releases: it drops every
     completed transfer of another rid, and when it ends (504 after `FLUSH_WAIT_S`) a 0.1.5
     node also frees its receive slot of whatever it holds (docs/protocols.md §1.5, §1.6).
+    `rid`: the request whose lease expired on the node, if known: the decode consumes its
+    transfer if it has landed, and a 0.1.6 node then refuses that rid's transfer for its
+    request timeout, should it still arrive (a 0.1.5 node would take it).
     """
     try:
         reply = await _one_token(
             upstreams,
             node,
-            rid=f"pdgwflush{secrets.token_hex(8)}",
+            rid=rid or f"pdgwflush{secrets.token_hex(8)}",
             first_token_id=0,
             timeout_s=FLUSH_WAIT_S,
         )

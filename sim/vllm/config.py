@@ -25,6 +25,7 @@ FAULTS: dict[str, type] = {
     "pull_fail": bool,
     "health_503": bool,
     "slow_ms": float,
+    "queued_ms": float,
 }
 
 
@@ -173,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--pull-fail", action="store_true", help="NIXL side channel fails")
     faults.add_argument("--health-503", action="store_true", help="/health and /v1/ answer 503")
     faults.add_argument("--slow-ms", type=float, help="delay every answer by MS")
+    faults.add_argument(
+        "--queued-ms", type=float, help="hold a completion MS after recording its arrival"
+    )
     return parser
 
 

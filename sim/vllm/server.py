@@ -150,6 +150,9 @@ class VllmServer:
             bad_json = None
         record = RequestRecord(path, headers, body, self.config.role, self.config.engine_id)
         self.records.requests.append(record)
+        queued_ms = self.faults.take("queued_ms")  # waiting for the engine, as vLLM queues
+        if queued_ms:
+            await asyncio.sleep(queued_ms / 1000)
         run = Run(self.counters)
         try:
             media = headers.get("content-type", "application/json").split(";")[0].strip()

@@ -167,12 +167,12 @@ async def test_only_an_out_node_can_be_claimed_for_a_flush(gate_of: MakeGate) ->
     gate = gate_of(nodes(2), max_queue=4, failure_threshold=1, cooldown_s=0)
     held = await gate.acquire(priority=0, wait_s=1, holder="a")
     free = next(n for n in nodes(2) if n != held.node)
-    assert await gate.claim_for_probe(free.id, for_s=30) is False  # in service
-    assert await gate.claim_for_probe(held.node.id, for_s=30) is False  # held
+    assert await gate.claim_for_probe(free.id, for_s=30) is None  # in service
+    assert await gate.claim_for_probe(held.node.id, for_s=30) is None  # held
     await held.release(HARD)
-    assert await gate.claim_for_probe(held.node.id, for_s=30) is True
+    assert await gate.claim_for_probe(held.node.id, for_s=30) is not None
     await gate.drain(free.id)
-    assert await gate.claim_for_probe(free.id, for_s=30) is False  # an operator's drain
+    assert await gate.claim_for_probe(free.id, for_s=30) is None  # an operator's drain
     await gate.readmit(held.node.id)
     assert (await gate.snapshot()).out == {free.id: "drained"}
 
@@ -192,7 +192,7 @@ async def test_a_node_retired_while_held_serves_only_its_holder_then_goes_out(
     assert snapshot.out == {retired.node.id: MISMATCH}
     assert snapshot.busy[retired.node.id] == "a"
     assert await retired.renew(), "its holder finishes its request"
-    assert await gate.claim_for_probe(retired.node.id, for_s=30) is False  # held: no flush
+    assert await gate.claim_for_probe(retired.node.id, for_s=30) is None  # held: no flush
     waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="c"))
     await waiting(gate, 1)
     await retired.release()
@@ -201,7 +201,7 @@ async def test_a_node_retired_while_held_serves_only_its_holder_then_goes_out(
     assert snapshot.out == {retired.node.id: MISMATCH}
     await other.release()
     assert (await asyncio.wait_for(waiter, 5)).node == other.node
-    assert await gate.claim_for_probe(retired.node.id, for_s=30) is True
+    assert await gate.claim_for_probe(retired.node.id, for_s=30) is not None
 
 
 async def test_retiring_a_node_already_out_replaces_its_reason(gate_of: MakeGate) -> None:
@@ -253,8 +253,8 @@ async def test_a_probe_claim_given_back_can_be_taken_again(gate_of: MakeGate) ->
     gate = gate_of(nodes(1), max_queue=4, cooldown_s=0)
     lease = await gate.acquire(priority=0, wait_s=1, holder="a")
     await lease.release(UNFINISHED)
-    assert await gate.claim_for_probe(lease.node.id, for_s=60) is True
+    assert await gate.claim_for_probe(lease.node.id, for_s=60) is not None
     await gate.release_probe_claim(lease.node.id)
-    assert await gate.claim_for_probe(lease.node.id, for_s=60) is True
+    assert await gate.claim_for_probe(lease.node.id, for_s=60) is not None
     await gate.readmit(lease.node.id)
     assert (await gate.snapshot()).out == {}

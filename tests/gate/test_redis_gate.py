@@ -17,7 +17,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from router.config import GateConfig, RedisGateConfig
-from router.gate import GateRejected, make_gate
+from router.gate import GateRejected, NodeFailure, ProbeClaim, make_gate
 from router.gate.redis import GateUnavailable, RedisGate, RedisLease
 from router.gate.redis.client import RedisClient, connect
 from router.node import Node
@@ -164,6 +164,41 @@ async def test_service_order_is_global_priority_then_arrival(replica: Replica) -
     assert order == ["high1", "high2", "mid", "low1", "low2"]
 
 
+async def test_an_expired_lease_names_its_request_and_whether_its_transfer_may_still_land(
+    replica: Replica,
+) -> None:
+    """A lease that expires during its prefill leaves the node out until the prober's quiet
+    time has passed (the transfer may still arrive); one whose transfer had landed, as told
+    with a renewal, is flushed at once. Either way the flush names the stale request."""
+    pool = nodes(2)
+    dead, alive = replica(pool, **FAST), replica(pool, **FAST)
+    prefilling = await dead.acquire(priority=0, wait_s=1, holder="rid-prefilling")
+    decoding = await dead.acquire(priority=0, wait_s=1, holder="rid-decoding")
+    decoding.transfer_landed()
+    assert await decoding.renew() is True  # the renewal tells the pool
+    kill(dead)
+
+    async def both_expired() -> bool:
+        out = (await alive.snapshot()).out
+        return out == dict.fromkeys((prefilling.node.id, decoding.node.id), "lease_expired")
+
+    await eventually(both_expired)
+    assert await alive.claim_for_probe(prefilling.node.id, for_s=30, quiet_s=60) is None
+    assert await alive.claim_for_probe(decoding.node.id, for_s=30, quiet_s=60) == ProbeClaim(
+        stale_rid="rid-decoding"
+    )
+    assert await alive.claim_for_probe(prefilling.node.id, for_s=30, quiet_s=0) == ProbeClaim(
+        stale_rid="rid-prefilling"
+    )
+    for lease in (prefilling, decoding):
+        await alive.readmit(lease.node.id)
+    assert (await alive.snapshot()).out == {}
+    # Readmitted and released cleanly: nothing stale is named any more.
+    again = await alive.acquire(priority=0, wait_s=1, holder="rid-next")
+    await again.release(NodeFailure("node_busy", hard=True))
+    assert await alive.claim_for_probe(again.node.id, for_s=30, quiet_s=60) == ProbeClaim()
+
+
 async def test_an_unrenewed_lease_expires_and_a_stale_release_is_refused(
     replica: Replica,
 ) -> None:
@@ -180,7 +215,7 @@ async def test_an_unrenewed_lease_expires_and_a_stale_release_is_refused(
     await eventually(suspect)
     with pytest.raises(GateRejected):
         await alive.acquire(priority=0, wait_s=0, holder="too-soon")
-    assert await alive.claim_for_probe(lost.node.id, for_s=30) is True  # flushed: back
+    assert await alive.claim_for_probe(lost.node.id, for_s=30) is not None  # flushed: back
     await alive.readmit(lost.node.id)
     taken = await alive.acquire(priority=0, wait_s=5, holder="alive")
     assert isinstance(taken, RedisLease)
@@ -462,13 +497,13 @@ async def test_one_replica_at_a_time_flushes_an_out_node_and_only_it_readmits(
     pool = nodes(1)
     a, b = replica(pool), replica(pool)
     await a.take_out(pool[0].id, "decode_unfinished")
-    assert await a.claim_for_probe(pool[0].id, for_s=30) is True
-    assert await b.claim_for_probe(pool[0].id, for_s=30) is False
+    assert await a.claim_for_probe(pool[0].id, for_s=30) is not None
+    assert await b.claim_for_probe(pool[0].id, for_s=30) is None
     await b.readmit(pool[0].id)  # refused: a's claim stands
     assert (await b.snapshot()).out == {pool[0].id: "decode_unfinished"}
     await a.readmit(pool[0].id)
     assert (await b.snapshot()).out == {}
-    assert await b.claim_for_probe(pool[0].id, for_s=30) is False  # in service: nothing to do
+    assert await b.claim_for_probe(pool[0].id, for_s=30) is None  # in service: nothing to do
 
 
 async def test_a_probe_claim_given_back_lets_another_replica_flush_at_once(
@@ -477,11 +512,11 @@ async def test_a_probe_claim_given_back_lets_another_replica_flush_at_once(
     pool = nodes(1)
     a, b = replica(pool), replica(pool)
     await a.take_out(pool[0].id, "lease_expired")
-    assert await a.claim_for_probe(pool[0].id, for_s=60) is True
+    assert await a.claim_for_probe(pool[0].id, for_s=60) is not None
     await b.release_probe_claim(pool[0].id)  # not b's to give back
-    assert await b.claim_for_probe(pool[0].id, for_s=60) is False
+    assert await b.claim_for_probe(pool[0].id, for_s=60) is None
     await a.release_probe_claim(pool[0].id)  # a's flush could not run yet
-    assert await b.claim_for_probe(pool[0].id, for_s=60) is True
+    assert await b.claim_for_probe(pool[0].id, for_s=60) is not None
     await a.readmit(pool[0].id)  # refused: b's claim stands
     assert (await a.snapshot()).out == {pool[0].id: "lease_expired"}
 

@@ -118,6 +118,7 @@ class RecordingLease:
     def __init__(self) -> None:
         self.released = False
         self.lost = False  # the gate's state was unreachable past the lease's TTL
+        self.landed = False
         self.outcomes: list[tuple[NodeFailure | None, bool]] = []
 
     async def release(
@@ -131,6 +132,9 @@ class RecordingLease:
 
     def valid(self) -> bool:
         return not self.released and not self.lost
+
+    def transfer_landed(self) -> None:
+        self.landed = True
 
 
 @dataclass
@@ -403,18 +407,50 @@ def release_on_cancel(hold: asyncio.Event) -> Handler:
     return handle
 
 
-async def test_a_lease_lost_before_the_decode_starts_no_work_on_the_node() -> None:
+async def test_a_lease_lost_before_the_prefill_sends_nothing_naming_the_node() -> None:
     node = Node()
     r = run(node)
     r.lease.lost = True
     with pytest.raises(DecodeError) as failed:
         await r.start(request(), max_seq_len=100)
     assert failed.value.code == "lease_lost"
+    assert await r.finished() == (None, False)
+    assert node.paths() == [], "no prefill pushing to a node no longer ours"
+
+
+async def test_a_lease_lost_during_the_prefill_leaves_the_node_alone() -> None:
+    """The replica's prefill was under way when its lease ran out (a pause, a partition): it
+    neither decodes nor consumes the transfer it claimed, since the node may be another
+    request's by now; the node's flush deals with whatever lands."""
+    node = Node()
+    r = run(node)
+    answer = node.prefill
+
+    async def prefill_outliving_the_lease(request: httpx.Request) -> httpx.Response:
+        r.lease.lost = True
+        return await answer(request)
+
+    node.prefill = prefill_outliving_the_lease
+    with pytest.raises(DecodeError) as failed:
+        await r.start(request(), max_seq_len=100)
+    assert failed.value.code == "lease_lost"
     await r.finished()
-    assert node.paths() == ["/v1/chat/completions"], "no decode on a node no longer ours"
+    assert node.paths() == ["/v1/chat/completions"], "neither a decode nor a consume"
+    assert r.lease.landed is False
 
 
-async def test_a_lease_lost_mid_stream_stops_and_cancels_the_decode() -> None:
+async def test_the_lease_learns_when_the_transfer_has_landed() -> None:
+    node = Node()
+    r = run(node)
+    await r.start(request(), max_seq_len=100)
+    assert r.lease.landed is True, "the node's first line proves the transfer arrived"
+    await read_all(r.session)
+    r.session.close()
+    await r.finished()
+
+
+async def test_a_lease_lost_mid_stream_stops_and_cancels_its_own_decode() -> None:
+    """A cancel names the request: the node stops this decode, and would stop no other."""
     hold = asyncio.Event()
     node = Node(decode=streaming({"t": [1]}, hold=hold))
     node.cancel = release_on_cancel(hold)
@@ -427,7 +463,7 @@ async def test_a_lease_lost_mid_stream_stops_and_cancels_the_decode() -> None:
     assert failed.value.code == "lease_lost"
     r.session.close()
     await r.finished()
-    assert node.paths()[-1] == "/pd/cancel"
+    assert node.paths() == ["/v1/chat/completions", "/pd/decode", "/pd/cancel"], "no consume"
 
 
 @pytest.mark.parametrize(

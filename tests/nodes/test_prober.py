@@ -4,8 +4,13 @@ every gate backend: tests/gate/test_probing.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import pytest
+
 from router.config import GateConfig
-from router.gate import make_gate
+from router.config.schema import TileRTVersion
+from router.gate import ProbeClaim, make_gate
 from router.node import Node
 from router.nodes.facts import NodeFactsBook
 from router.nodes.prober import _probe_out_node, admit_ready_nodes
@@ -66,3 +71,50 @@ async def test_a_node_in_service_is_never_flushed_by_the_prober() -> None:
     gate = make_gate(GateConfig(), [NODE])
     await _probe_out_node(gate, upstreams(node), NodeFactsBook(), METRICS, NODE)
     assert node.decodes == []
+
+
+@dataclass
+class StalePool:
+    """A pool whose one node is out after a lease expired on it unreleased (the parts of
+    `PoolAdmin` the prober uses for an out node)."""
+
+    stale_rid: str
+    quiet_s: list[float] = field(default_factory=list)
+    readmitted: list[str] = field(default_factory=list)
+
+    async def claim_for_probe(
+        self, node_id: str, *, for_s: float, quiet_s: float = 0.0
+    ) -> ProbeClaim | None:
+        self.quiet_s.append(quiet_s)
+        return ProbeClaim(stale_rid=self.stale_rid)
+
+    async def readmit(self, node_id: str) -> None:
+        self.readmitted.append(node_id)
+
+    async def release_probe_claim(self, node_id: str) -> None:
+        raise AssertionError("an idle node's flush runs")
+
+    async def retire(self, node_id: str, reason: str) -> None:
+        raise AssertionError(f"the node is of its pool's release ({reason})")
+
+
+@pytest.mark.parametrize(
+    ("release", "capabilities", "quiet_s"),
+    [
+        ("0.1.6", None, 0.0),  # flushed in the stale request's name: its transfer is refused
+        ("0.1.5", (404, {"detail": "Not Found"}), 600.0),  # takes any: the prefill's deadline
+    ],
+)
+async def test_a_node_whose_lease_expired_is_flushed_in_the_stale_requests_name(
+    release: TileRTVersion, capabilities: tuple[int, dict[str, str]] | None, quiet_s: float
+) -> None:
+    node = ScriptedNode() if capabilities is None else ScriptedNode(capabilities=capabilities)
+    pool, pinned = (
+        StalePool(stale_rid="stalerid"),
+        Node(host="node", http_port=5557, tilert=release),
+    )
+    scripted = upstreams(node)
+    await _probe_out_node(pool, scripted, NodeFactsBook(), METRICS, pinned)  # type: ignore[arg-type]
+    assert pool.quiet_s == [quiet_s]
+    assert [d["rid"] for d in node.decodes] == ["stalerid"]
+    assert pool.readmitted == [pinned.id]

@@ -115,6 +115,15 @@ class GatewayProcess:
         os.killpg(self._proc.pid, signal.SIGKILL)
         self._proc.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP the gateway's process group: it stops where it is, as on a frozen host."""
+        assert self._proc is not None
+        os.killpg(self._proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._proc is not None
+        os.killpg(self._proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         if self._proc is None or self._proc.poll() is not None:
             return

@@ -10,7 +10,7 @@ from typing import Any
 
 from router.config import RedisGateConfig
 from router.errors import GatewayError
-from router.gate.base import GateSnapshot
+from router.gate.base import GateSnapshot, ProbeClaim
 from router.gate.redis.client import UNAVAILABLE
 from router.gate.redis.pool_state import PoolState
 from router.gate.redis.registry import NodeRegistry
@@ -76,16 +76,23 @@ class RedisPoolAdmin:
             return []
         return [self._nodes[node_id] for node_id in state.health.due_for_probe()]
 
-    async def claim_for_probe(self, node_id: str, *, for_s: float) -> bool:
+    async def claim_for_probe(
+        self, node_id: str, *, for_s: float, quiet_s: float = 0.0
+    ) -> ProbeClaim | None:
         if node_id not in self._nodes:
-            return False
+            return None
         try:
-            return bool(await self._admin("claim", node_id, str(round(for_s * 1000))))
+            reply = await self._admin(
+                "claim", node_id, str(round(for_s * 1000)), quiet=round(quiet_s * 1000)
+            )
         except UNAVAILABLE as exc:
             log.warning(
                 "could not claim node %s for a probe: gate state unreachable: %s", node_id, exc
             )
-            return False
+            return None
+        if not reply:
+            return None
+        return ProbeClaim(stale_rid=reply[1] or None)
 
     async def release_probe_claim(self, node_id: str) -> None:
         await self._change(node_id, "unclaim", strict=False)  # unreleased, it expires
@@ -144,10 +151,12 @@ class RedisPoolAdmin:
     def unavailable_retry_after_s(self) -> int:
         return max(1, math.ceil(self._config.lease_ttl_s))
 
-    async def _admin(self, action: str, node_id: str = "", reason: str = "") -> Any:
+    async def _admin(
+        self, action: str, node_id: str = "", reason: str = "", *, quiet: int = 0
+    ) -> Any:
         touching = [node_id] if node_id else []
         return await self._scripts.run(
-            "admin", touching=touching, action=action, node=node_id, reason=reason
+            "admin", touching=touching, action=action, node=node_id, reason=reason, quiet=quiet
         )
 
     async def _change(self, node_id: str, action: str, reason: str = "", *, strict: bool) -> bool:

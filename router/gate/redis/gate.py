@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from router.config import RedisGateConfig
-from router.gate.base import GateRejected, GateSnapshot, RejectReason
+from router.gate.base import GateRejected, GateSnapshot, ProbeClaim, RejectReason
 from router.gate.metrics import GateMetrics
 from router.gate.redis.admin import RedisPoolAdmin
 from router.gate.redis.client import UNAVAILABLE, connect
@@ -163,8 +163,10 @@ class RedisGate:
     async def due_for_probe(self) -> list[Node]:
         return await self.admin.due_for_probe()
 
-    async def claim_for_probe(self, node_id: str, *, for_s: float) -> bool:
-        return await self.admin.claim_for_probe(node_id, for_s=for_s)
+    async def claim_for_probe(
+        self, node_id: str, *, for_s: float, quiet_s: float = 0.0
+    ) -> ProbeClaim | None:
+        return await self.admin.claim_for_probe(node_id, for_s=for_s, quiet_s=quiet_s)
 
     async def release_probe_claim(self, node_id: str) -> None:
         await self.admin.release_probe_claim(node_id)

@@ -22,7 +22,7 @@ class Grant:
 class RedisLease:
     """`renew` asks the server; `release` runs at most once. Both go through the gate."""
 
-    __slots__ = ("_lost", "_release", "_released", "_renew", "_valid_until", "grant")
+    __slots__ = ("_lost", "_release", "_released", "_renew", "_valid_until", "grant", "landed")
 
     def __init__(
         self,
@@ -38,6 +38,7 @@ class RedisLease:
         self._release = release
         self._released = False
         self._lost = False
+        self.landed = False  # told to the pool's state with the next renewal
 
     @property
     def node(self) -> Node:
@@ -68,6 +69,9 @@ class RedisLease:
         if not self._released:
             self._released = True
             await self._release(self, failure, reports_health)
+
+    def transfer_landed(self) -> None:
+        self.landed = True
 
     async def renew(self) -> bool:
         if self._released or self._lost:

@@ -88,6 +88,7 @@ class Upkeep:
                     touching=[lease.node.id for lease in leases],
                     owners="\n".join(lease.grant.owner for lease in leases),
                     tokens="\n".join(str(lease.grant.token) for lease in leases),
+                    landed="\n".join("1" if lease.landed else "0" for lease in leases),
                 )
                 break
             except UNAVAILABLE as exc:

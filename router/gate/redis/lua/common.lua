@@ -91,12 +91,32 @@ local function in_service()
   return n
 end
 
+-- A lease that ran out unreleased: its holder (dead, paused, cut off) may have left a
+-- transfer on the node, or may still have one on its way. Out until a probe has flushed it
+-- (`stale_rid` names the request to flush), and, when the holder's prefill had not ended by
+-- its last renewal (`landed` is the token of the last lease whose transfer had), with the
+-- time from which that transfer may still arrive (`stale_ms`).
+local function lease_expired(id)
+  local key = node_key(id)
+  local held = redis.call("HMGET", key, "held", "token", "landed")
+  redis.call("HSET", key, "stale_rid", held[1])
+  if held[3] ~= held[2] then redis.call("HSET", key, "stale_ms", NOW) end
+  redis.call("HDEL", key, "held")
+  if redis.call("HEXISTS", key, "out_ms") == 0 then
+    redis.call("HSET", key, "out_ms", NOW, "reason", "lease_expired")
+  end
+end
+
+local function expired_unnoticed(id)
+  return redis.call("EXISTS", lease_key(id)) == 0
+    and redis.call("HEXISTS", node_key(id), "held") == 1
+end
+
 local function free_node()
   for _, id in ipairs(NODES) do
     if usable(id) and redis.call("EXISTS", lease_key(id)) == 0 then
       if redis.call("HEXISTS", node_key(id), "held") == 0 then return id end
-      redis.call("HSET", node_key(id), "out_ms", NOW, "reason", "lease_expired")
-      redis.call("HDEL", node_key(id), "held")
+      lease_expired(id)
     end
   end
   return nil
