@@ -17,6 +17,7 @@ FAULTS: dict[str, type] = {
     "error_after": int,
     "decode_500": bool,
     "slow_start_ms": float,
+    "poses_as_015": bool,
 }
 
 # What GET /capabilities reports (0.1.6), as the production engines do; "grammar" is ours.
@@ -123,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--error-after", type=int, help='send {"error": "decode stalled"} after N')
     faults.add_argument("--decode-500", action="store_true", help="answer /pd/decode with 500")
     faults.add_argument("--slow-start-ms", type=float, help="delay before the first token")
+    faults.add_argument(
+        "--poses-as-015",
+        action="store_true",
+        help="answer /capabilities 404, as a node restarted on TileRT 0.1.5 would",
+    )
     return parser
 
 
