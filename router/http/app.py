@@ -78,6 +78,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 traces.shutdown()
 
     app = GatewayApp(title="pd-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.metrics = state.metrics  # for the server's front door, before the app starts
     app.add_middleware(RequestContext, access_log=config.logging.access_log)
     generate = _generate_naming_upstream if config.server.expose_upstream else _generate
     app.generation = RequestContext(generate, access_log=config.logging.access_log)

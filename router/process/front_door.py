@@ -14,6 +14,9 @@ never finishes its request holds its connection, and a file descriptor, for ever
 Only reading a request is timed: an answer being sent (a long stream) is never cut. A
 request that misses its deadline is answered 408 when no answer has started, and its
 connection closed.
+
+Each connection refused or closed this way is told to the protocol's `on_refused`, with its
+reason (`RefusalReason`), for the metrics.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -38,6 +42,18 @@ FD_HEADROOM = 512
 """Descriptors kept for everything else: the upstream pools, Redis, tokenizer files."""
 MAX_HEAD_BYTES = 64 * 1024
 """A request line and headers longer than this are refused (431)."""
+
+
+RefusalReason = Literal[
+    "max_connections",
+    "overflow_reserve",
+    "first_request_timeout",
+    "head_timeout",
+    "body_timeout",
+    "headers_too_large",
+]
+"""Why a connection was refused or closed: over `max_connections` (answered 503), over the
+reserve above it too (closed unanswered), or a request too slow or its head too large."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +91,18 @@ def connection_limit(configured: int, fd_limit: int) -> int:
     return usable
 
 
-def protocol_class(limits: FrontDoorLimits) -> type[FrontDoorProtocol]:
-    """The protocol class for uvicorn's `http` option, bound to `limits`."""
-    return type("BoundFrontDoorProtocol", (FrontDoorProtocol,), {"limits": limits})
+def protocol_class(
+    limits: FrontDoorLimits, on_refused: Callable[[RefusalReason], None] = lambda _: None
+) -> type[FrontDoorProtocol]:
+    """The protocol class for uvicorn's `http` option, bound to `limits` and told of each
+    refusal through `on_refused`."""
+    attributes = {"limits": limits, "on_refused": staticmethod(on_refused)}
+    return type("BoundFrontDoorProtocol", (FrontDoorProtocol,), attributes)
 
 
 class FrontDoorProtocol(HttpToolsProtocol):
     limits: FrontDoorLimits
+    on_refused: Callable[[RefusalReason], None]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -94,12 +115,13 @@ class FrontDoorProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         open_now = len(self.connections)
         if open_now > self.limits.max_connections + OVERFLOW_RESERVE:
+            self.on_refused("overflow_reserve")
             transport.close()
             return
         if open_now > self.limits.max_connections:
             self._overflow = True
-            self.app = _operator_only(self.app)
-        self._arm(self.limits.first_request_timeout_s, self.transport.close)
+            self.app = _operator_only(self.app, self.on_refused)
+        self._arm(self.limits.first_request_timeout_s, self._first_request_too_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -114,6 +136,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 message = f"the request's line and headers exceed {MAX_HEAD_BYTES} bytes"
+                self.on_refused("headers_too_large")
                 self._too_much(431, "headers_too_large", message)
 
     def on_message_begin(self) -> None:
@@ -136,7 +159,12 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._in_head = True
         super().on_message_complete()
 
+    def _first_request_too_slow(self) -> None:
+        self.on_refused("first_request_timeout")
+        self.transport.close()
+
     def _head_too_slow(self) -> None:
+        self.on_refused("head_timeout")
         seconds = self.limits.head_timeout_s
         self._too_much(408, "request_timeout", f"the request's headers took over {seconds} s")
 
@@ -149,6 +177,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
             self._refuse(status, code, message)
 
     def _body_too_slow(self) -> None:
+        self.on_refused("body_timeout")
         cycle = self.cycle
         if self._answering():
             self._close_after_answer()
@@ -200,7 +229,7 @@ def _raw_response(status: int, error: GatewayError) -> bytes:
     )
 
 
-def _operator_only(app: Any) -> Any:
+def _operator_only(app: Any, on_refused: Callable[[RefusalReason], None]) -> Any:
     """`app` for the operator's paths; a 503 for anything else."""
     busy = orjson.dumps(
         Unavailable("the gateway has too many open connections", code="too_many_connections").body()
@@ -210,6 +239,7 @@ def _operator_only(app: Any) -> Any:
         if scope["type"] != "http" or scope["path"] in OPERATOR_PATHS:
             await app(scope, receive, send)
             return
+        on_refused("max_connections")
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(busy)).encode()),

@@ -157,7 +157,7 @@ def _serve_on(
     uv_config = uvicorn.Config(
         app,
         loop="uvloop",
-        http=protocol_class(limits),
+        http=protocol_class(limits, app.state.metrics.connection_refused),
         log_level=log_level,
         log_config=None,  # uvicorn's records go through our handler and format
         access_log=False,  # ours is richer: RequestContext

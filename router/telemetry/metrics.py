@@ -139,6 +139,14 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self._connections_refused = Counter(
+            "pd_gateway_connections_refused",
+            "Client connections refused or closed by the front door, by reason: max_connections"
+            " (answered 503), overflow_reserve (closed unanswered), first_request_timeout,"
+            " head_timeout, body_timeout (answered 408 or closed), headers_too_large (431).",
+            ["reason"],
+            registry=r,
+        )
         self._prefill_inputs = Counter(
             "pd_gateway_prefill_inputs",
             "Latency prefills by how the prompt was sent (text, token_ids).",
@@ -221,6 +229,9 @@ class Metrics:
     def in_flight(self, path: str) -> Gauge:
         """The gauge of the requests in flight on `path`, for the response to raise and lower."""
         return self._in_flight.labels(path)
+
+    def connection_refused(self, reason: str) -> None:
+        self._connections_refused.labels(reason).inc()
 
     def upstream_error(self, model: str, code: str) -> None:
         self._upstream_errors.labels(model, code).inc()

@@ -5,6 +5,13 @@ upstream base URL, sized by the `Limits`), or one given transport for every upst
 An httpx `Request` and `Response` per call and h11's parsing in Python make this the slower
 transport; it is the reference the gateway's own pool is tested against. httpx's
 exceptions end here, as `transport`'s failures.
+
+Nothing after an answer's end is read as part of it, as in the gateway's own pool: httpcore
+would keep bytes that came in the same read as the answer's end in h11's buffer and read
+them as the answer to the connection's next request, so a connection holding any is closed
+before it goes back to httpx's pool (which drops a closed connection, as it does one the
+server closed). Bytes arriving later make the idle connection readable, which httpx's pool
+already takes for a closed one.
 """
 
 from __future__ import annotations
@@ -148,6 +155,18 @@ class HttpxPool:
             await self._transport.aclose()
 
 
+def _unread_after_end(stream: object) -> bytes | None:
+    """What h11 holds past the answer's end on the connection behind `stream` (httpx's
+    stream over httpcore's pool over its HTTP/1.1 connection); None when that connection
+    cannot be found (another httpcore's layout)."""
+    try:
+        connection = stream._httpcore_stream._stream._connection  # type: ignore[attr-defined]
+        unread, _ = connection._h11_state.trailing_data
+    except AttributeError:
+        return None
+    return bytes(unread)
+
+
 class HttpxReply:
     """An httpx response's body read by a task into a buffer, so that a timed-out or
     cancelled `receive` never interrupts the read itself."""
@@ -156,6 +175,8 @@ class HttpxReply:
         self.status = response.status_code
         self.headers: RawHeaders = response.headers.raw
         self._stream = cast(httpx.AsyncByteStream, response.stream)
+        # The connection's socket, when there is one (not with a scripted transport).
+        self._network_stream = response.extensions.get("network_stream")
         self._buffer: deque[bytes | BaseException] = deque()
         self._arrived = asyncio.Event()
         self._reader: asyncio.Future[None] | None = None
@@ -165,6 +186,11 @@ class HttpxReply:
             async for chunk in self._stream:
                 self._buffer.append(chunk)
                 self._arrived.set()
+            if self._network_stream is not None and _unread_after_end(self._stream) != b"":
+                # Bytes after the answer's end, or no telling: never reused. The answer is
+                # whole whatever closing the socket raises.
+                with contextlib.suppress(Exception):
+                    await self._network_stream.aclose()
             await self._stream.aclose()  # read to its end: its connection serves again
             self._buffer.append(EOFError())
         except httpx.HTTPError as exc:

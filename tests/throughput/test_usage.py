@@ -80,3 +80,36 @@ def test_unterminated_tail_is_flushed_at_the_end() -> None:
     tail = sse({"usage": usage(2, 2)}).rstrip(b"\n")
     assert rewriter.feed(tail) == b""
     assert orjson.loads(rewriter.flush()[len(b"data: ") :]) == {"usage": usage(2, 1)}
+
+
+def test_an_event_past_the_bound_is_passed_on_untouched_as_it_comes() -> None:
+    rewriter = CachedTokensRewriter(4, max_pending=100)
+    piece = b"data: " + b"x" * 24  # 30 bytes, never an event's end
+    assert [rewriter.feed(piece) for _ in range(3)] == [b"", b"", b""]
+    assert rewriter.feed(piece) == piece * 4  # past the bound: what was held, then the rest
+    assert rewriter.feed(piece) is piece
+    assert rewriter.flush() == b""
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_rewriting_goes_on_after_an_oversized_event_ends(split: bool) -> None:
+    """`split`: the oversized event's end in a chunk of its own, or with what follows."""
+    rewriter = CachedTokensRewriter(4, max_pending=100)
+    oversized = b"data: " + b"x" * 200 + b"\n"
+    after = b"".join(stream(usage(9, 9)))
+    chunks = [oversized[:150], oversized[150:]]
+    chunks += [b"\n", after[:50]] if split else [b"\n" + after[:50]]
+    out = b"".join(rewriter.feed(chunk) for chunk in [*chunks, after[50:]]) + rewriter.flush()
+    assert out == oversized + b"\n" + b"".join(stream(usage(9, 4)))
+
+
+def test_a_long_event_in_tiny_chunks_costs_each_chunk_its_own_size() -> None:
+    """Held bytes are joined once, at the event's end: were each chunk joined to all held
+    before it, these 200,000 chunks would copy some 100 GB and never finish."""
+    rewriter = CachedTokensRewriter(4)
+    event = sse({"choices": [], "usage": usage(9, 9), "pad": "p" * 999_800})
+    assert len(event) < rewriter.max_pending
+    out = [rewriter.feed(event[i : i + 5]) for i in range(0, len(event), 5)]
+    assert b"".join(out) + rewriter.flush() == sse(
+        {"choices": [], "usage": usage(9, 4), "pad": "p" * 999_800}
+    )

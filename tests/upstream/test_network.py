@@ -24,7 +24,6 @@ from router.upstream import Upstreams
 from router.upstream import tilert as node_api
 from router.upstream.failures import Target
 from router.upstream.http1 import Http1Transport
-from router.upstream.httpx_transport import HttpxTransport
 from router.upstream.transport import Transport
 from tests.upstream.raw_server import (
     Handler,
@@ -36,11 +35,6 @@ from tests.upstream.raw_server import (
 )
 
 TARGET = Target("probe", "the probed server")
-
-
-@pytest.fixture(params=["own", "httpx"])
-def transport(request: pytest.FixtureRequest) -> Transport:
-    return Http1Transport() if request.param == "own" else HttpxTransport()
 
 
 async def test_requests_share_one_connection(transport: Transport) -> None:

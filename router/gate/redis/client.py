@@ -39,6 +39,31 @@ CONNECTION_LOST = (*UNAVAILABLE, *_TRANSPORT_ERRORS)
 """What a redis-py call may raise when its connection was closed under it: besides
 UNAVAILABLE, AttributeError or TypeError from the transport (`run` turns those into a
 ConnectionError; the wake-up listener, which reads its connection itself, catches them)."""
+_SENDING = frozenset({"send_packed_command", "_send_packed_command"})
+"""redis-py's connection methods that write a command (after connecting and checking the
+connection's health): a command whose write failed in them left nothing for Redis to run."""
+
+
+class _ConnectionLost(ConnectionError):
+    """One of _TRANSPORT_ERRORS, as the ConnectionError it means."""
+
+    def __init__(self, transport_error: AttributeError | TypeError) -> None:
+        super().__init__(f"connection lost: {transport_error!r}")
+        self.transport_error = transport_error
+
+
+def _failed_before_sending(exc: BaseException) -> bool:
+    """Whether `exc` (one of _TRANSPORT_ERRORS) was raised while redis-py was writing a
+    command: the closed transport under the write took no byte of it. Raised anywhere else
+    (reading the answer, say), the command may have run."""
+    frame = exc.__traceback__
+    while frame is not None:
+        code = frame.tb_frame.f_code
+        module = frame.tb_frame.f_globals.get("__name__", "")
+        if code.co_name in _SENDING and module.startswith("redis."):
+            return True
+        frame = frame.tb_next
+    return False
 
 
 class GateRedis:
@@ -60,15 +85,27 @@ class GateRedis:
         self._learning = asyncio.Lock()
 
     async def run(self, command: Callable[[RedisClient], Awaitable[T]]) -> T:
-        """`command` on the client; one of UNAVAILABLE if Redis cannot be reached.
+        """`command` (one command: a script's call that loads the script first counts as
+        one) on the client; one of UNAVAILABLE if Redis cannot be reached.
 
         redis-py writing on a connection closed under it raises AttributeError or TypeError
         from the transport (not a ConnectionError); that is a lost connection too. After a
         failure, a Cluster client learns the slot map again before the next command, once
         for all callers: redis-py's Cluster client, closed after an error and then sent
         commands by many callers at once (or sent its very first commands that way), breaks
-        connections under them.
+        connections under them. A command whose connection was found closed while it was
+        being written did not run: it is sent once more, after settling again. No other
+        failure is retried: the command may have run, and the scripts are not all
+        idempotent.
         """
+        try:
+            return await self._run_once(command)
+        except _ConnectionLost as exc:
+            if not _failed_before_sending(exc.transport_error):
+                raise
+        return await self._run_once(command)
+
+    async def _run_once(self, command: Callable[[RedisClient], Awaitable[T]]) -> T:
         try:
             client = await self.settled()
             result = await command(client)
@@ -79,7 +116,7 @@ class GateRedis:
         except _TRANSPORT_ERRORS as exc:
             self._reached(False)
             self._ready = not isinstance(self._client, RedisCluster)
-            raise ConnectionError(f"connection lost: {exc!r}") from exc
+            raise _ConnectionLost(exc) from exc
         except UNAVAILABLE:
             self._reached(False)
             self._ready = not isinstance(self._client, RedisCluster)
