@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from router.config import PrefillEngineConfig, ProxyConfig, PullConfig, PushConfig, UpstreamsConfig
-from router.serving import ServePath
+from router.serving import RoutedRequest, ServePath
 from router.throughput import make_throughput_path
 from router.upstream import Upstreams
 from sim.stack import SimStack
@@ -141,6 +141,19 @@ async def test_proxy_passes_an_upstream_4xx_through_byte_for_byte(
         answer = await gateway.post("/v1/chat/completions", json=body)
     assert answer.status_code == expected.status_code == 404
     assert answer.content == expected.content
+
+
+async def test_a_proxied_error_names_its_type_in_the_access_record(
+    stack: SimStack, upstreams: Upstreams
+) -> None:
+    served: list[RoutedRequest] = []
+    body = {**CHAT, "model": "no-such-model"}
+    async with asgi_client(paths(stack, upstreams)["proxy"], served=served) as gateway:
+        answer = await gateway.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 404
+    assert answer.json()["error"]["type"] == "NotFoundError"
+    [request] = served
+    assert request.access.error_code == "NotFoundError"
 
 
 async def test_pull_legs_as_the_protocol_requires(
