@@ -61,8 +61,8 @@ class AnswerMeter:
         if not _worth_parsing(complete):
             return
         for event in complete.split(_EVENT_END):
-            if _worth_parsing(event) and (data := _event_data(event)) is not None:
-                self._read_payload(data)
+            if _worth_parsing(event) and (payload := _event_data(event)) is not None:
+                self._read_payload(payload)
 
     def _read_payload(self, raw: bytes) -> None:
         try:
@@ -86,7 +86,6 @@ class AnswerMeter:
             finish = choices[0].get("finish_reason")
             if isinstance(finish, str):
                 self._access.finish_reason = finish
-
 
     def _read_error(self, payload: dict[str, Any]) -> None:
         """vLLM's error body or stream event, `{"error": {"type", "code", ...}}`, or a
