@@ -1,7 +1,8 @@
 """`pd-gateway`: serve, check a configuration, explain a classification, run the demo.
 
 Configuration and input problems print one `error: ...` line (or a few, naming the
-fields) on stderr and exit with status 2, never a traceback.
+fields) on stderr and exit with status 2, never a traceback; so does a `serve` that cannot
+start, with status 1 when the machine or the network is to blame (a port in use).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from policies.types import ENDPOINTS as POLICY_ENDPOINTS
 from policies.types import Endpoint
 from router import __version__
 from router.config import ConfigError, GatewayConfig, load_config
+from router.process.startup import StartupFailure
 from router.telemetry.logs import LEVELS
 
 if TYPE_CHECKING:
@@ -40,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except StartupFailure as failure:
+        print(f"error: {failure}", file=sys.stderr)
+        return failure.status
     except BrokenPipeError:
         return _reader_gone()
 
@@ -314,11 +319,7 @@ def _serve(args: argparse.Namespace) -> int:
         server = config.server.model_copy(update=overrides)
         config = config.model_copy(update={"server": server})
     check_quickly(config)  # before listening; the rest is read by the app's start-up
-    try:
-        serve(config, log_level=args.log_level)
-    except OSError as exc:  # binding the listener
-        where = f"{config.server.host}:{config.server.port}"
-        raise UsageError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+    serve(config, log_level=args.log_level)
     return 0
 
 

@@ -51,10 +51,15 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        traces = tracing.from_environment(os.environ)
-        if traces is not None:
-            traces.start()
-        await state.start()
+        try:
+            traces = tracing.from_environment(os.environ)
+            if traces is not None:
+                traces.start()
+            await state.start()
+        except Exception as exc:
+            # For whoever runs the app to report in its own words (router/process/server.py).
+            app.state.startup_failure = exc
+            raise
         app.state.gateway = state
         app.state.dispatcher = Dispatcher(state)
         watchers = [

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import signal
 import socket
+import sys
 from collections.abc import Callable
 from types import FrameType
 
@@ -21,6 +22,13 @@ from router.process.front_door import (
     connection_limit,
     protocol_class,
     raise_fd_limit,
+)
+from router.process.startup import (
+    QuietLifespan,
+    StartupFailure,
+    cannot_listen,
+    failure_of,
+    quiet_startup_log,
 )
 from router.process.workers import supervise
 from router.runtime.state import AppState, freeze_heap
@@ -118,10 +126,15 @@ async def _reload(state: AppState) -> None:
 
 def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:
     """Serve until SIGTERM/SIGINT; `log_level` overrides `logging.level`. With
-    `server.workers` > 1, that many processes share the socket (`router.process.workers`)."""
-    sock = bind(config.server.host, config.server.port)  # OSError before anything else
+    `server.workers` > 1, that many processes share the socket (`router.process.workers`).
+    Raises StartupFailure when the port cannot be had or the app cannot start."""
+    try:
+        sock = bind(config.server.host, config.server.port)
+    except OSError as exc:
+        raise cannot_listen(f"{config.server.host}:{config.server.port}", exc) from None
     log_level = log_level or config.logging.level
     logs.configure(log_level, config.logging.format)
+    quiet_startup_log()
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/v1"
@@ -135,11 +148,22 @@ def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:
     create_app(config)  # a secret that cannot be read fails here, not in every worker
     status = supervise(
         config.server.workers,
-        lambda ready: _serve_on(sock, config, log_level, ready),
+        lambda ready: _worker(sock, config, log_level, ready),
         announce,
     )
     if status:
         raise SystemExit(status)
+
+
+def _worker(
+    sock: socket.socket, config: GatewayConfig, log_level: str, on_ready: Callable[[], None]
+) -> int:
+    """`_serve_on` in a worker process: a start-up failure is its last words."""
+    try:
+        return _serve_on(sock, config, log_level, on_ready)
+    except StartupFailure as failure:
+        print(f"error: {failure}", file=sys.stderr, flush=True)
+        return failure.status
 
 
 def _serve_on(
@@ -166,6 +190,14 @@ def _serve_on(
         # are connections closing.
         timeout_graceful_shutdown=int(CUT_GRACE_S),
     )
+    uv_config.load()
+    uv_config.lifespan_class = QuietLifespan
     server = _AnnouncingServer(uv_config, on_ready, app, config.server.shutdown_grace_s)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:
+        failure = getattr(app.state, "startup_failure", None)
+        if failure is None:
+            raise
+        raise failure_of(failure) from None
     return 0 if server.started else 1

@@ -37,7 +37,8 @@ it listens, returns the exit status."""
 
 def supervise(count: int, worker: Worker, announce: Callable[[], None]) -> int:
     """Run `count` workers until SIGTERM/SIGINT has stopped them all; `announce` once all
-    of them listen. Returns 0 if every worker stopped cleanly, else 1."""
+    of them listen. Returns 0 if every worker stopped cleanly, the status of a worker that
+    could not start, else 1."""
     metrics_dir = tempfile.mkdtemp(prefix="pd-gateway-metrics-")
     os.environ[METRICS_DIR_ENV] = metrics_dir
     try:
@@ -60,7 +61,7 @@ class _Supervisor:
         self._announce = announce
         self._children: dict[int, float] = {}  # pid -> when it was started
         self._stopping = False
-        self._failed = False
+        self._status = 0
         self._forward: list[int] = []  # signals received, to pass on
         self._announced = False
         self._ready, self._ready_write = os.pipe()
@@ -79,7 +80,7 @@ class _Supervisor:
                 signal.signal(sig, handler)
             os.close(self._ready)
             os.close(self._ready_write)
-        return 1 if self._failed else 0
+        return self._status
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         if sig != signal.SIGHUP:
@@ -149,12 +150,14 @@ class _Supervisor:
             if not self._announced and not self._stopping:
                 # A worker that cannot start: the others would not either; stop them all.
                 log.error("gateway worker %d exited (%s) before listening", pid, code)
-                self._stopping = self._failed = True
+                self._stopping = True
+                self._status = self._status or (code if code > 0 else 1)
                 self._forward.append(signal.SIGTERM)
                 continue
             if self._stopping:
                 # uvicorn ends by raising the signal it stopped for again: a clean stop.
-                self._failed |= code not in (0, -signal.SIGTERM, -signal.SIGINT)
+                if code not in (0, -signal.SIGTERM, -signal.SIGINT):
+                    self._status = self._status or 1
                 continue
             log.warning("gateway worker %d exited (%s); starting another", pid, code)
             pending_restarts.append(time.monotonic() + RESTART_DELAY_S)

@@ -17,6 +17,7 @@ from router.serving import Answer, RoutedRequest, whole_answer
 from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
 from router.throughput.meter import AnswerMeter
+from router.throughput.stream_usage import UsageChunkDropper, asks_for_usage
 from router.upstream import Reply
 
 log = logging.getLogger("pd_gateway.throughput")
@@ -49,11 +50,14 @@ def relay(
     measured on the way (`AnswerMeter`).
 
     A body read whole is sent as `body` if given (a rewritten copy), else as it came; an
-    event stream goes through `rewrite` chunk by chunk, and ends with the endpoint's
-    `stream_failure` event if the upstream fails mid-way.
+    event stream goes through `rewrite` chunk by chunk, then loses the usage chunk the
+    gateway asked for (`stream_usage`), and ends with the endpoint's `stream_failure`
+    event if the upstream fails mid-way.
     """
     headers = reply.forwarded_headers()
     meter = AnswerMeter(request, metrics)
+    if asks_for_usage(request):
+        rewrite = UsageChunkDropper(rewrite)
     if reply.content is not None:
         content = reply.content if body is None else body
         meter.body(content)

@@ -11,6 +11,7 @@ from router.serving import Answer, RoutedRequest
 from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
 from router.throughput.answer import read_unless_streamed, relay
+from router.throughput.stream_usage import asks_for_usage, with_usage
 from router.throughput.usage import CachedTokensRewriter
 from router.upstream import Reply, Upstreams, vllm
 from router.upstream.vllm import NixlPrefilled
@@ -47,7 +48,7 @@ async def send_decode(
             "POST",
             url,
             request.endpoint.path,
-            body=body,
+            body=with_usage(body) if asks_for_usage(request) else body,
             read_s=prefill_s,
             total_s=None if request.parsed.stream else prefill_s,
             request_id=request.request_id,

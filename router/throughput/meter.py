@@ -1,9 +1,12 @@
 """What a native answer tells about itself, read on its way through: its time to first
-bytes, the time between its stream events, and the usage it reports (prompt and
-completion tokens, finish reason), written into the request's access record.
+bytes, the time between its stream events, the usage it reports (prompt and completion
+tokens: chat and completions' `usage`, the Responses API's `usage` of the response or of
+its `response.completed` event), its finish reason and the error it carries (an error
+body or a stream's error event), written into the request's access record.
 
-Only events that carry usage or a finish reason are parsed (vLLM sends usage in a stream
-only when asked, `stream_options.include_usage`); the others are timed and counted.
+Only events that carry usage, a finish reason or an error are parsed (vLLM sends a chat or
+completions stream's usage only when asked, `stream_options.include_usage`); the others
+are timed and counted.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import orjson
 from router.serving import RoutedRequest
 from router.telemetry.metrics import Metrics
 
-_USAGE_MARK = b'"prompt_tokens"'
-_FINISH_MARK = b'"finish_reason":"'
+_MARKS = (b'"prompt_tokens"', b'"input_tokens"', b'"finish_reason":"', b'"error"')
 _DATA = b"data: "
+_DATA_LINE = b"\n" + _DATA
 _EVENT_END = b"\n\n"
 
 
@@ -32,7 +35,7 @@ class AnswerMeter:
 
     def body(self, content: bytes) -> None:
         """A whole (not streamed) answer."""
-        if _USAGE_MARK in content or _FINISH_MARK in content:
+        if _worth_parsing(content):
             self._read_payload(content)
 
     def chunk(self, chunk: bytes) -> None:
@@ -47,17 +50,19 @@ class AnswerMeter:
         elif self._metrics is not None:
             self._metrics.token_gap(self._request.model, "throughput", now - self._last, events)
         self._last = now
-        if not self._pending and not _worth_parsing(chunk):
-            return
-        data = self._pending + chunk
+        # An event may be split anywhere, its mark in a later chunk: the unfinished one
+        # waits (chunks mostly end on an event's end, so little ever does).
+        data = self._pending + chunk if self._pending else chunk
         cut = data.rfind(_EVENT_END)
         if cut < 0:
             self._pending = data
             return
         complete, self._pending = data[:cut], data[cut + len(_EVENT_END) :]
+        if not _worth_parsing(complete):
+            return
         for event in complete.split(_EVENT_END):
-            if event.startswith(_DATA) and _worth_parsing(event):
-                self._read_payload(event[len(_DATA) :])
+            if _worth_parsing(event) and (payload := _event_data(event)) is not None:
+                self._read_payload(payload)
 
     def _read_payload(self, raw: bytes) -> None:
         try:
@@ -66,9 +71,12 @@ class AnswerMeter:
             return
         if not isinstance(payload, dict):
             return
-        usage = payload.get("usage")
+        self._read_error(payload)
+        response = payload.get("response")  # a Responses stream's event
+        usage = (response if isinstance(response, dict) else payload).get("usage")
         if isinstance(usage, dict):
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+            completion = usage.get("completion_tokens", usage.get("output_tokens"))
             if isinstance(prompt, int):
                 self._access.prompt_tokens = prompt
             if isinstance(completion, int):
@@ -79,6 +87,36 @@ class AnswerMeter:
             if isinstance(finish, str):
                 self._access.finish_reason = finish
 
+    def _read_error(self, payload: dict[str, Any]) -> None:
+        """vLLM's error body or stream event, `{"error": {"type", "code", ...}}`, or a
+        Responses stream's `{"type": "error", "code", ...}` event."""
+        error = payload.get("error")
+        if not isinstance(error, dict):
+            if payload.get("type") != "error":
+                return
+            error = payload
+        code, kind = error.get("code"), error.get("type")
+        if isinstance(code, str) and code:
+            self._access.error_code = code
+        elif isinstance(kind, str) and kind and kind != "error":
+            self._access.error_code = kind
+        else:
+            self._access.error_code = "error"
+        if isinstance(code, int) and 400 <= code < 600:
+            self._access.status = code
+
 
 def _worth_parsing(data: bytes) -> bool:
-    return _USAGE_MARK in data or _FINISH_MARK in data
+    return any(mark in data for mark in _MARKS)
+
+
+def _event_data(event: bytes) -> bytes | None:
+    """The data of one event (`event: ...` and comment lines may come first)."""
+    if event.startswith(_DATA):
+        start = len(_DATA)
+    elif (at := event.find(_DATA_LINE)) >= 0:
+        start = at + len(_DATA_LINE)
+    else:
+        return None
+    end = event.find(b"\n", start)
+    return event[start:] if end < 0 else event[start:end]

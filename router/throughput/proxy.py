@@ -15,6 +15,7 @@ from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
 from router.throughput.answer import read_unless_streamed, relay
 from router.throughput.legs import chosen
+from router.throughput.stream_usage import asks_for_usage, with_usage
 from router.upstream import Reply, Upstreams
 from router.upstream.vllm import PROXY
 
@@ -42,6 +43,9 @@ class ProxyPath:
         # A non-stream answer only arrives when generation ends: it is bounded as a whole.
         prefill_s = self._upstreams.timeouts.prefill_s
         total_s = None if request.parsed.stream else prefill_s
+        body = request.native_body
+        if asks_for_usage(request):
+            body = with_usage(body)
 
         async def forward(choice: Choice) -> Reply:
             chosen(request, choice)
@@ -51,7 +55,7 @@ class ProxyPath:
                     "POST",
                     choice.url,
                     request.endpoint.path,
-                    body=request.native_body,
+                    body=body,
                     read_s=prefill_s,
                     total_s=total_s,
                     request_id=request.request_id,

@@ -287,7 +287,7 @@ def test_serve_on_a_taken_port_is_an_error_not_a_traceback(
         taken.listen()
         port = taken.getsockname()[1]
         config = PROJECT_ROOT / "router.yaml"
-        assert main(["serve", "--config", str(config), "--port", str(port)]) == 2
+        assert main(["serve", "--config", str(config), "--port", str(port)]) == 1
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 

@@ -334,3 +334,23 @@ async def test_a_native_stream_is_measured_from_its_own_usage(
     assert grown["pd_gateway_ttft_seconds_count"] == 1
     assert grown["pd_gateway_inter_token_seconds_count"] > 0
     assert grown["pd_gateway_request_seconds_count"] == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_a_native_responses_answer_is_counted_from_its_own_usage(
+    sims: Sims, aclient: openai.AsyncOpenAI, gateway: GatewayProcess, stream: bool
+) -> None:
+    before = await scraped(sims.http, gateway)
+    body = {"model": MODEL, "input": directive(TEXT), "max_output_tokens": 40}
+    if stream:
+        events = [e async for e in await aclient.responses.create(**body, stream=True)]
+        assert events[-1].type == "response.completed"
+        usage = events[-1].response.usage
+    else:
+        usage = (await aclient.responses.create(**body)).usage
+    assert usage is not None
+    after = await scraped(sims.http, gateway)
+    grown = {name: after[name] - before[name] for name in after}
+    assert grown["pd_gateway_prompt_tokens_total"] == usage.input_tokens > 0
+    assert grown["pd_gateway_completion_tokens_total"] == usage.output_tokens > 0
+    assert grown["pd_gateway_request_seconds_count"] == 1

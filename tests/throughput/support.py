@@ -115,13 +115,19 @@ def routed(body: dict[str, Any], *, endpoint: str = "chat", request_id: str = RI
     return RoutedRequest(spec, parsed, body, DECISION, request_id, dict(ROUTE_HEADERS))
 
 
-def app_for(path: ServePath, *, request_id: str = RID) -> Starlette:
-    """The smallest gateway around one throughput path: parse, delegate, return."""
+def app_for(
+    path: ServePath, *, request_id: str = RID, served: list[RoutedRequest] | None = None
+) -> Starlette:
+    """The smallest gateway around one throughput path: parse, delegate, return. Each
+    request goes into `served`, for its access record."""
 
     async def handle(request: Request) -> Response:
         body = await request.json()
         endpoint = "chat" if request.url.path == "/v1/chat/completions" else "completions"
-        return PathResponse(path, routed(body, endpoint=endpoint, request_id=request_id))
+        one = routed(body, endpoint=endpoint, request_id=request_id)
+        if served is not None:
+            served.append(one)
+        return PathResponse(path, one)
 
     return Starlette(
         routes=[
@@ -131,8 +137,10 @@ def app_for(path: ServePath, *, request_id: str = RID) -> Starlette:
     )
 
 
-def asgi_client(path: ServePath, *, request_id: str = RID) -> httpx.AsyncClient:
-    transport = httpx.ASGITransport(app=app_for(path, request_id=request_id))
+def asgi_client(
+    path: ServePath, *, request_id: str = RID, served: list[RoutedRequest] | None = None
+) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app_for(path, request_id=request_id, served=served))
     return httpx.AsyncClient(transport=transport, base_url="http://gw")
 
 

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from router.config import PrefillEngineConfig, ProxyConfig, PullConfig, PushConfig, UpstreamsConfig
-from router.serving import ServePath
+from router.serving import RoutedRequest, ServePath
 from router.throughput import make_throughput_path
 from router.upstream import Upstreams
 from sim.stack import SimStack
@@ -131,6 +131,44 @@ async def test_answer_equals_the_native_servers_own(
     assert answer.headers["x-pd-route"] == "throughput"
 
 
+@pytest.mark.parametrize("mode", ["proxy", "pull", "push"])
+@pytest.mark.parametrize(
+    ("endpoint", "body"),
+    [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)],
+    ids=["chat", "completions"],
+)
+async def test_a_stream_without_usage_is_counted_and_sent_as_asked(
+    stack: SimStack,
+    http: httpx.AsyncClient,
+    upstreams: Upstreams,
+    mode: str,
+    endpoint: str,
+    body: dict,
+) -> None:
+    rid = uuid.uuid4().hex
+    streamed = {**body, "stream": True}
+    expected = await direct(http, stack, endpoint, streamed, rid)
+    with_usage = await direct(http, stack, endpoint, {**streamed, **STREAM}, rid)
+    served: list[RoutedRequest] = []
+    async with asgi_client(paths(stack, upstreams)[mode], request_id=rid, served=served) as gw:
+        answer = await gw.post(endpoint, json=streamed)
+    assert answer.status_code == 200
+    assert b'"usage"' not in answer.content
+    assert masked(answer.content) == masked(expected.content)
+    events = [e for e in with_usage.content.split(b"\n\n") if e.startswith(b"data: {")]
+    usage = orjson.loads(events[-1][len(b"data: ") :])["usage"]
+    [request] = served
+    access = request.access
+    assert (access.prompt_tokens, access.completion_tokens) == (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
+    decode = stack.proxy if mode == "proxy" else stack.decodes[0]
+    assert decode is not None
+    last = (await seen(http, decode.url))[-1]
+    assert last["body"]["stream_options"] == {"include_usage": True}
+
+
 async def test_proxy_passes_an_upstream_4xx_through_byte_for_byte(
     stack: SimStack, http: httpx.AsyncClient, upstreams: Upstreams
 ) -> None:
@@ -141,6 +179,19 @@ async def test_proxy_passes_an_upstream_4xx_through_byte_for_byte(
         answer = await gateway.post("/v1/chat/completions", json=body)
     assert answer.status_code == expected.status_code == 404
     assert answer.content == expected.content
+
+
+async def test_a_proxied_error_names_its_type_in_the_access_record(
+    stack: SimStack, upstreams: Upstreams
+) -> None:
+    served: list[RoutedRequest] = []
+    body = {**CHAT, "model": "no-such-model"}
+    async with asgi_client(paths(stack, upstreams)["proxy"], served=served) as gateway:
+        answer = await gateway.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 404
+    assert answer.json()["error"]["type"] == "NotFoundError"
+    [request] = served
+    assert request.access.error_code == "NotFoundError"
 
 
 async def test_pull_legs_as_the_protocol_requires(

@@ -65,3 +65,49 @@ def test_a_body_that_is_not_json_is_left_alone() -> None:
     request = routed({**BODY, "stream": False})
     AnswerMeter(request, None).body(b'{"prompt_tokens": oops')
     assert request.access.prompt_tokens is None
+
+
+def test_a_whole_error_body_names_its_type_as_the_error_code() -> None:
+    request = routed({**BODY, "stream": False})
+    error = {"message": "no such model", "type": "NotFoundError", "param": None, "code": 404}
+    AnswerMeter(request, None).body(orjson.dumps({"error": error}))
+    assert request.access.error_code == "NotFoundError"
+
+
+def test_a_stream_s_error_event_names_its_code_and_status() -> None:
+    request = routed(BODY)
+    meter = AnswerMeter(request, None)
+    error = {"message": "engine died", "type": "InternalServerError", "param": None, "code": 500}
+    meter.chunk(delta("a") + event({"error": error}) + b"data: [DONE]\n\n")
+    assert (request.access.error_code, request.access.status) == ("InternalServerError", 500)
+
+
+def responses_event(payload: dict[str, object]) -> bytes:
+    return b"event: " + str(payload["type"]).encode() + b"\n" + event(payload)
+
+
+def test_a_responses_stream_s_usage_is_read_from_its_completed_event() -> None:
+    request = routed(BODY)
+    meter = AnswerMeter(request, None)
+    usage = {"input_tokens": 12, "output_tokens": 5, "total_tokens": 17}
+    meter.chunk(responses_event({"type": "response.output_text.delta", "delta": "hi"}))
+    completed = responses_event(
+        {"type": "response.completed", "response": {"status": "completed", "usage": usage}}
+    )
+    meter.chunk(completed[:30])
+    meter.chunk(completed[30:])
+    assert (request.access.prompt_tokens, request.access.completion_tokens) == (12, 5)
+
+
+def test_a_responses_stream_s_error_event_names_its_code() -> None:
+    request = routed(BODY)
+    meter = AnswerMeter(request, None)
+    meter.chunk(responses_event({"type": "error", "code": "server_error", "message": "boom"}))
+    assert request.access.error_code == "server_error"
+
+
+def test_a_whole_response_s_usage_is_read() -> None:
+    request = routed({**BODY, "stream": False})
+    body = {"object": "response", "usage": {"input_tokens": 7, "output_tokens": 3}}
+    AnswerMeter(request, None).body(orjson.dumps(body))
+    assert (request.access.prompt_tokens, request.access.completion_tokens) == (7, 3)

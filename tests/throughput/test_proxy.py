@@ -32,7 +32,9 @@ async def test_request_goes_out_unchanged_with_the_request_id(endpoint: str, bod
     async with asgi_client(proxy(up)) as client:
         await client.post(endpoint, json=body)
     (seen,) = up.seen
-    assert (seen.path, seen.body) == (endpoint, body)
+    # A stream is asked for its usage, for the gateway's counts (router/throughput/stream_usage.py).
+    usage = {"stream_options": {"include_usage": True}} if body.get("stream") else {}
+    assert (seen.path, seen.body) == (endpoint, {**body, **usage})
     assert seen.headers["x-request-id"] == RID
     assert seen.headers["content-type"] == "application/json"
 
@@ -114,7 +116,9 @@ async def test_failure_mid_stream_ends_with_an_error_event_on_an_event_boundary(
     up = Upstreams()
     up.on("px", events(sse({"a": 1}), b'data: {"trunc', then=httpx.ReadError("reset")))
     async with asgi_client(proxy(up)) as client:
-        response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        # Asked for usage by the client: relayed unfiltered, the half event included.
+        streamed = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+        response = await client.post("/v1/chat/completions", json=streamed)
     assert response.status_code == 200
     head, tail = response.content.split(b'data: {"trunc')
     assert head == sse({"a": 1})
