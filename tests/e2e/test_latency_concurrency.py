@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -30,6 +29,7 @@ from tests.support.deployment import (
 from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.http import plain
 from tests.support.stacks import StackPool
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
 
@@ -90,13 +90,6 @@ def received_order(stack: SimStack) -> list[tuple[float, str]]:
     a slot is taken just before the prefill is sent, so this is the order of service."""
     requests = sim_get(stack.prefills[0].url, "/sim/requests")["requests"]
     return sorted((r["received"], r["body"]["messages"][0]["content"]) for r in requests)
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def waiting(gateway: GatewayProcess) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -38,6 +38,7 @@ from tests.support.deployment import (
 from tests.support.gateway import GatewayProcess, running_gateways
 from tests.support.http import plain
 from tests.support.stacks import StackPool
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.serial
 
@@ -87,13 +88,6 @@ def chat(gateway: GatewayProcess, text: str) -> httpx.Response:
         json={"model": "ds", "messages": [{"role": "user", "content": directive(text)}]},
         timeout=60,
     )
-
-
-def wait_until(condition: Callable[[], bool], *, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.02)
 
 
 def out_reason(gateway: GatewayProcess, node: NodeInfo) -> str | None:

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -28,6 +27,7 @@ from tests.support.deployment import (
 from tests.support.gateway import GatewayProcess, running_gateways
 from tests.support.http import plain
 from tests.support.stacks import StackPool
+from tests.support.waiting import wait_until
 
 MISMATCH = "tilert_version_mismatch: node runs 0.1.5, pool is 0.1.6"
 LONG = " ".join(f"w{i % 10}" for i in range(120))  # about 2.5 s of decoding
@@ -48,13 +48,6 @@ def stack(sim_stacks: StackPool) -> SimStack:
         node_args=["--protocol", "0.1.6", "--step-ms", "20", "--stream-interval-ms", "20"],
         prefill_args=["--tilert-protocol", "0.1.6", "--itl-ms", "0"],
     )
-
-
-def wait_until(condition: Callable[[], bool], *, what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.02)
 
 
 def node_id(node: NodeInfo) -> str:

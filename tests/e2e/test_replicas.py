@@ -18,7 +18,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -41,6 +41,7 @@ from tests.support.deployment import (
 from tests.support.gateway import GatewayProcess, running_gateways, start_gateway
 from tests.support.http import plain
 from tests.support.stacks import StackPool
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
 
@@ -131,13 +132,6 @@ def assert_no_overlap(nodes: list[NodeInfo]) -> int:
         for (_, end), (start, _) in itertools.pairwise(intervals):
             assert end is not None and end <= start, f"node {node.url}: decodes overlap"
     return decodes
-
-
-def wait_until(condition: Callable[[], bool], *, what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.02)
 
 
 def idle(node: NodeInfo) -> bool:
