@@ -2,8 +2,11 @@
 
 The stack runs one TileRT node per latency stream at the highest level, a vLLM prefill
 server for them, and a `both`-role vLLM server standing in for a native disaggregation
-proxy. One gateway serves each latency pool size (`BenchOptions.pools`), and one
-serves the native path in proxy mode; each is a model of its own, so the figures of a
+proxy. A second stack runs the TileRT 0.1.6 pool, whose nodes batch their lines (its
+prefills go to the first stack's server). One gateway serves each latency pool size
+(`BenchOptions.pools`, then `batched_pools`), and one serves the native path in proxy
+mode; for the hand-off, gateways on the Redis gate (a local redis-server) share the pool
+with one replica and with several; each is a model of its own, so the figures of a
 gateway are those of one configured model. With a peer (vllm-router) installed, a vLLM
 decode server joins the prefill server for NIXL pull, behind the peer and behind a
 gateway in pull mode. For the capacity curve, a second `both`-role vLLM answers at 20
@@ -40,6 +43,9 @@ class Deployment:
     vllm_router: VllmRouterChild | None = None
     capacity_url: str = ""  # the slow native server, direct
     capacity_gateways: dict[int, GatewayChild] = field(default_factory=dict)  # by workers
+    batched_stack: SimStack | None = None
+    batched_gateways: dict[int, GatewayChild] = field(default_factory=dict)  # by pool size
+    handoff_redis: dict[int, list[GatewayChild]] = field(default_factory=dict)  # by replicas
 
     @property
     def proxy_url(self) -> str:
@@ -48,7 +54,8 @@ class Deployment:
 
 
 def latency_model(stack: SimStack, nodes: list[NodeInfo]) -> dict[str, Any]:
-    """The model served by `stack`'s prefill server and `nodes` (DeepSeek tokenizer)."""
+    """The model served by `stack`'s prefill server and `nodes`, of any stack (DeepSeek
+    tokenizer)."""
     return {
         "name": MODEL,
         "tokenizer": "deepseek",
@@ -87,6 +94,16 @@ def capacity_config(
     return config
 
 
+def redis_gate_config(model: dict[str, Any], redis: LocalRedis, replicas: int) -> dict[str, Any]:
+    """The pool's state on the Redis gate, under keys of this setup's own."""
+    config = gateway_config(model)
+    config["gate"] = {
+        "backend": "redis",
+        "redis": {"url": redis.url, "key_prefix": f"handoff{replicas}"},
+    }
+    return config
+
+
 def gateway_config(model: dict[str, Any]) -> dict[str, Any]:
     """Every request of the model on its configured path, queueing for a node when the
     pool is full (only the hand-off sends more streams than the pool has nodes)."""
@@ -122,6 +139,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
     )
     work = options.out / "logs"  # each router's configuration and log, kept for a look after
     work.mkdir(parents=True, exist_ok=True)
+    redis: LocalRedis | None = None
     with ExitStack() as cleanup:
         cleanup.enter_context(stack)
         pools = options.pools
@@ -129,6 +147,21 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
             f"latency-{size}": gateway_config(latency_model(stack, stack.nodes[:size]))
             for size in pools
         }
+        batched = None
+        if options.batched:
+            batched = cleanup.enter_context(batched_stack(options))
+            for size in options.batched_pools:
+                model = latency_model(stack, batched.nodes[:size])
+                configs[f"batched-{size}"] = gateway_config(model)
+        if options.handoff_clients and options.handoff_redis_replicas:
+            redis = LocalRedis()
+            redis.start()
+            cleanup.callback(redis.close)
+            model = latency_model(stack, stack.nodes[: options.nodes])
+            for replicas in options.handoff_redis_replicas:
+                config = redis_gate_config(model, redis, replicas)
+                for index in range(replicas):
+                    configs[f"handoff-redis-{replicas}x-{index}"] = config
         configs["native"] = gateway_config(native_model(stack))
         if peer:
             configs["pull"] = gateway_config(pull_model(stack))
@@ -150,8 +183,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
             cleanup.enter_context(slow)
             assert slow.proxy is not None
             capacity_url = slow.proxy.url
-            redis = None
-            if max(options.capacity_workers) > 1:
+            if max(options.capacity_workers) > 1 and redis is None:
                 redis = LocalRedis()
                 redis.start()
                 cleanup.callback(redis.close)
@@ -186,4 +218,30 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
             router,
             capacity_url,
             {w: gateways[f"capacity-{w}w"] for w in options.capacity_workers if capacity_url},
+            batched,
+            {size: gateways[f"batched-{size}"] for size in options.batched_pools if batched},
+            {
+                replicas: [gateways[f"handoff-redis-{replicas}x-{i}"] for i in range(replicas)]
+                for replicas in options.handoff_redis_replicas
+                if redis is not None and options.handoff_clients
+            },
         )
+
+
+def batched_stack(options: BenchOptions) -> SimStack:
+    """TileRT 0.1.6 nodes as they ship: the first token on a line of its own, then a line
+    every `batch_interval_ms`; no servers of their own."""
+    size = max(options.batched_pools)
+    node_args = [
+        "--step-ms",
+        str(options.node_step_ms),
+        "--tokens-per-step",
+        str(options.node_tokens_per_step),
+        "--protocol",
+        "0.1.6",
+        "--stream-interval-ms",
+        str(options.batch_interval_ms),
+    ]
+    return SimStack(
+        nodes=size, prefills=0, model=MODEL, node_args=node_args, preexec_fn=die_with_parent()
+    )

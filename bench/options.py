@@ -9,6 +9,8 @@ from pathlib import Path
 NODE_STEP_MS = 5.0
 NODE_TOKENS_PER_STEP = 3.0
 HANDOFF_CLIENTS_PER_NODE = 3
+# TileRT 0.1.6 writes the first token on a line of its own, then a line every 200 ms.
+BATCH_INTERVAL_MS = 200.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +21,10 @@ class BenchOptions:
     out: Path = Path("bench-results")
     nodes: int = 4
     latency_levels: tuple[int, ...] = ()  # default: 1, `nodes` and 16 streams
+    batched_levels: tuple[int, ...] | None = None  # default: 1 and `nodes` streams
+    """The latency path on a pool of TileRT 0.1.6 nodes, which batch their lines every
+    `batch_interval_ms` (the latency levels' nodes write a line per decode step)."""
+    batch_interval_ms: float = BATCH_INTERVAL_MS
     native_levels: tuple[int, ...] = (1, 16, 64)
     tokens: int = 256
     requests: int = 32
@@ -34,6 +40,9 @@ class BenchOptions:
     """Short latency requests (`handoff_tokens`) from `HANDOFF_CLIENTS_PER_NODE` clients
     per node, so that a freed node always has a waiter: how long the hand-off takes."""
     handoff_tokens: int = 16
+    handoff_redis_replicas: tuple[int, ...] = (1, 3)
+    """The hand-off also through the Redis gate, with each of these counts of gateway
+    replicas sharing the pool (clients spread over them in turn)."""
     node_step_ms: float = NODE_STEP_MS
     node_tokens_per_step: float = NODE_TOKENS_PER_STEP
     peers: bool = True
@@ -45,6 +54,15 @@ class BenchOptions:
     @property
     def latency(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.latency_levels or (1, self.nodes, 16))))
+
+    @property
+    def batched(self) -> tuple[int, ...]:
+        levels = (1, self.nodes) if self.batched_levels is None else self.batched_levels
+        return tuple(sorted(set(levels)))
+
+    @property
+    def batched_pools(self) -> list[int]:
+        return sorted({self.pool_size(level) for level in self.batched})
 
     @property
     def stack_nodes(self) -> int:
@@ -69,7 +87,7 @@ class BenchOptions:
 
     @property
     def widest(self) -> int:
-        levels = (*self.latency, *self.native_levels, *self.capacity_levels)
+        levels = (*self.latency, *self.batched, *self.native_levels, *self.capacity_levels)
         return max(*levels, self.handoff_clients)
 
     def per_round(self, concurrency: int, requests: int | None = None) -> int:
@@ -85,6 +103,7 @@ def quick(options: BenchOptions) -> BenchOptions:
         options,
         nodes=2,
         latency_levels=(1, 2),
+        batched_levels=(1, 2),
         native_levels=(1, 4),
         tokens=32,
         requests=4,

@@ -6,10 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.scenarios import DIRECT, GATEWAY, PULL_GATEWAY, VLLM_ROUTER, workers_label
+from bench.scenarios import (
+    DIRECT,
+    GATEWAY,
+    PULL_GATEWAY,
+    VLLM_ROUTER,
+    redis_label,
+    workers_label,
+)
 
-Row = tuple[str, str, str, str, str]
+Row = tuple[str, str, str, str, str, str]  # target, measure, direct, gateway, added, met
 NOT_RUN = "not run"
+MET, NOT_MET, NO_TARGET = "yes", "no", "(no target)"
 REPORT_START = "<!-- pd-gateway bench: start -->"
 REPORT_END = "<!-- pd-gateway bench: end -->"
 
@@ -45,20 +53,28 @@ def markdown(doc: dict[str, Any]) -> str:
         f"`{doc['command']}` (pd-gateway {doc['version']}, {doc['created']};"
         f" {doc['machine']['cpus']} CPUs, load {doc['machine']['load_average'][0]})",
         "",
-        "| target | measure | direct | gateway | added |",
-        "| --- | --- | --- | --- | --- |",
+        "| target | measure | direct | gateway | added | met |",
+        "| --- | --- | --- | --- | --- | --- |",
         *(_row(row) for row in target_rows(doc)),
         "",
         "| path | streams | method | requests | TTFT p50 | TTFT p99 | gap p50 | gap p99 |"
-        " CPU / request | added TTFT p50 / p99 | added gap p50 / p99 |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        " tokens/s p50 | batch relay p50 / p99 | CPU / request | added TTFT p50 / p99 |"
+        " added gap p50 / p99 |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        " ---: |",
         *_level_rows(doc),
         "",
         "ms unless stated. TTFT: from sending the request to the first node line (direct"
         " latency), or SSE event with content; gap: between consecutive chunks of a stream;"
         " hand-off: from the simulators' records, with clients queueing for the pool"
-        " (direct: the clients hand a node to the longest waiter among them)."
-        " CPU and memory are each router process's own, from /proc.",
+        " (direct: the clients hand a node to the longest waiter among them);"
+        " batch relay: from a node handing a line to its server to the client reading the"
+        " chunk that carries it (the node's record, paired by rid);"
+        " tokens/s: one stream's tokens over the time from sending to its last chunk."
+        " Paths: latency, TileRT nodes writing a line per decode step (as 0.1.5 does);"
+        " batched, TileRT 0.1.6 nodes (the first token on a line of its own, then a line"
+        f" every {doc['settings'].get('batch_interval_ms', 200):g} ms)."
+        " CPU and memory are each router process's own (all replicas'), from /proc.",
     ]
     peers = ", ".join(f"{name}: {state}" for name, state in doc["peers"].items())
     if peers:
@@ -68,35 +84,63 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def target_rows(doc: dict[str, Any]) -> list[Row]:
     settings = doc["settings"]
-    latency = {lv["concurrency"]: lv for lv in doc["levels"] if lv["path"] == "latency"}
-    native = {lv["concurrency"]: lv for lv in doc["levels"] if lv["path"] == "native"}
+    latency = _by_streams(doc, "latency")
+    batched = _by_streams(doc, "batched")
+    native = _by_streams(doc, "native")
+    nodes = settings["nodes"]
     rows: list[Row] = []
-    for level in sorted({1, settings["nodes"]}):
-        where = f"latency path, {level} stream(s), {settings['nodes']} nodes"
-        rows.append(_ttft("TTFT added ≤ 1 ms p50, ≤ 3 ms p99", where, latency.get(level)))
+    for name, levels in (("latency path", latency), ("TileRT 0.1.6 pool", batched)):
+        for level in sorted({1, nodes}):
+            where = f"{name}, {level} stream(s), {nodes} nodes"
+            rows.append(_ttft(where, levels.get(level)))
     widest = latency.get(16) or (latency[max(latency)] if latency else None)
     streams = widest["concurrency"] if widest else 16
     where = f"latency path, {streams} streams"
-    rows.append(_one("inter-chunk gap p99 added ≤ 0.5 ms", where, widest, "gap", "p99"))
-    rows.append(_one("TTFT p99 added ≤ 5 ms", where, widest, "ttft", "p99"))
+    rows.append(_one("inter-chunk gap p99 added ≤ 0.5 ms", where, widest, "gap", "p99", 0.5))
+    rows.append(_one("TTFT p99 added ≤ 5 ms", where, widest, "ttft", "p99", 5.0))
+    for level in sorted(batched):
+        rows += _batched(batched[level])
     top = native[max(native)] if native else None
     where = f"native path (proxy), {top['concurrency'] if top else '?'} streams"
     peer = _peer(top, doc["peers"].get(VLLM_ROUTER, NOT_RUN))
-    rows.append(_one(f"TTFT p50 added ≤ vllm-router's ({peer['ttft']})", where, top, "ttft", "p50"))
-    rows.append(_cpu(f"CPU per request ≤ 2× vllm-router's ({peer['cpu']})", where, top))
-    node_level = latency.get(settings["nodes"])
-    rows.append(_cpu("CPU per request (today 10–18 ms)", _at(node_level), node_level))
-    rows.append(_handoff(next((lv for lv in doc["levels"] if lv["path"] == "handoff"), None)))
+    rows.append(
+        _one(
+            f"TTFT p50 added ≤ vllm-router's ({peer['ttft']})",
+            where,
+            top,
+            "ttft",
+            "p50",
+            peer["ttft_limit"],
+        )
+    )
+    cpu_target = f"CPU per request ≤ 2× vllm-router's ({peer['cpu']})"
+    cpu_row = _cpu(cpu_target, where, top, peer["cpu_limit"])
+    rows.append(cpu_row if peer["cpu_limit"] is not None else (*cpu_row[:5], ""))
+    node_level = latency.get(nodes)
+    rows.append(_cpu("CPU per request (today 10–18 ms)", _at(node_level), node_level, None))
+    rows += _handoff(next((lv for lv in doc["levels"] if lv["path"] == "handoff"), None))
     first = latency.get(min(latency)) if latency else None
     idle = _gateway(first, "rss_idle_mb")
-    rows.append(("idle RSS ≤ 150 MB, one model", _at(first), "", _mb(idle), ""))
+    rows.append(("idle RSS ≤ 150 MB, one model", _at(first), "", _mb(idle), "", _met(idle, 150.0)))
     # Growth over the resident size with one stream open, shared out: the more streams,
     # the less one allocator arena more or less weighs in it.
     for level in (widest, top):
         per_stream = _gateway(level, "rss_per_stream_kb")
-        rows.append(("≤ 50 KB per open stream", _at(level), "", _kb(per_stream), ""))
+        rows.append(
+            ("≤ 50 KB per open stream", _at(level), "", _kb(per_stream), "", _met(per_stream, 50.0))
+        )
     rows.append(_capacity(doc))
     return rows
+
+
+def _by_streams(doc: dict[str, Any], path: str) -> dict[int, dict[str, Any]]:
+    return {lv["concurrency"]: lv for lv in doc["levels"] if lv["path"] == path}
+
+
+def _met(value: float | None, limit: float | None) -> str:
+    if value is None or limit is None:
+        return ""
+    return MET if value <= limit else NOT_MET
 
 
 CAPACITY_GAP_MS = 2.0
@@ -110,7 +154,7 @@ def _capacity(doc: dict[str, Any]) -> Row:
         (lv for lv in doc["levels"] if lv["path"] == "capacity"), key=lambda lv: lv["concurrency"]
     )
     if not levels:
-        return (target, "", "", NOT_RUN, "")
+        return (target, "", "", NOT_RUN, "", "")
     found = []
     for workers in doc["settings"]["capacity_workers"]:
         label = workers_label(workers)
@@ -123,14 +167,15 @@ def _capacity(doc: dict[str, Any]) -> Row:
         per_core = f", {max(within) / workers:.0f} per core" if within else ""
         found.append(f"{best} streams with {workers} worker(s){per_core}")
     tried = ", ".join(str(lv["concurrency"]) for lv in levels)
-    return (target, f"native path, {tried} streams tried", "", "; ".join(found), "")
+    return (target, f"native path, {tried} streams tried", "", "; ".join(found), "", NO_TARGET)
 
 
-def _peer(level: dict[str, Any] | None, state: str) -> dict[str, str]:
+def _peer(level: dict[str, Any] | None, state: str) -> dict[str, Any]:
     """vllm-router's figures at `level` beside the gateway's in pull mode (the same two
-    servers behind both), or the peer's state when it did not run."""
+    servers behind both), or the peer's state when it did not run; and the limits they set
+    for the gateway in proxy mode (None when it did not run)."""
     if level is None or VLLM_ROUTER not in level["methods"]:
-        return {"ttft": state, "cpu": state}
+        return {"ttft": state, "cpu": state, "ttft_limit": None, "cpu_limit": None}
     ttft = {label: level["added"][label]["ttft_p50_ms"] for label in (VLLM_ROUTER, PULL_GATEWAY)}
     cpu = {
         label: level["methods"][label]["cpu_ms_per_request"]
@@ -141,54 +186,130 @@ def _peer(level: dict[str, Any] | None, state: str) -> dict[str, str]:
         f" {ttft[PULL_GATEWAY]:+.2f}, same servers",
         "cpu": f"vllm-router {cpu[VLLM_ROUTER]:.2f} ms, gateway in pull mode"
         f" {cpu[PULL_GATEWAY]:.2f} ms",
+        "ttft_limit": ttft[VLLM_ROUTER],
+        "cpu_limit": 2 * cpu[VLLM_ROUTER],
     }
 
 
-def _ttft(target: str, where: str, level: dict[str, Any] | None) -> Row:
+def _ttft(where: str, level: dict[str, Any] | None) -> Row:
+    target = "TTFT added ≤ 1 ms p50, ≤ 3 ms p99"
     if level is None:
-        return (target, where, NOT_RUN, NOT_RUN, "")
+        return (target, where, NOT_RUN, NOT_RUN, "", "")
     d, g = level["methods"][DIRECT]["ttft_ms"], level["methods"][GATEWAY]["ttft_ms"]
     add = level["added"][GATEWAY]
+    met = add["ttft_p50_ms"] <= 1.0 and add["ttft_p99_ms"] <= 3.0
     return (
         target,
         f"{where}: TTFT p50 / p99",
-        f"{d['p50']:.2f} / {d['p99']:.2f}",
-        f"{g['p50']:.2f} / {g['p99']:.2f}",
-        f"{add['ttft_p50_ms']:+.2f} / {add['ttft_p99_ms']:+.2f}",
+        _pair(d["p50"], d["p99"]),
+        _pair(g["p50"], g["p99"]),
+        _pair(add["ttft_p50_ms"], add["ttft_p99_ms"], signed=True),
+        MET if met else NOT_MET,
     )
 
 
-def _handoff(level: dict[str, Any] | None) -> Row:
-    target = "hand-off gap ≤ 1 ms p99"
+def _batched(level: dict[str, Any]) -> list[Row]:
+    """What the gateway adds to a batch's way from its node to the client, and its
+    tokens per second beside direct's, on the TileRT 0.1.6 pool."""
+    where = f"TileRT 0.1.6 pool, {level['concurrency']} stream(s)"
+    d, g = level["methods"][DIRECT], level["methods"][GATEWAY]
+    rows: list[Row] = []
+    if "p50" in d.get("relay_ms", {}) and "p50" in g.get("relay_ms", {}):
+        add = level["added"][GATEWAY]
+        unpaired = g["relay_unpaired"] + d["relay_unpaired"]
+        note = f", {unpaired} request(s) unpaired" if unpaired else ""
+        rows.append(
+            (
+                "batch relay: node line to client event (measured)",
+                f"{where}: p50 / p99, {g['relay_ms']['count']} batches{note}",
+                _pair(d["relay_ms"]["p50"], d["relay_ms"]["p99"]),
+                _pair(g["relay_ms"]["p50"], g["relay_ms"]["p99"]),
+                _pair(add["relay_p50_ms"], add["relay_p99_ms"], signed=True),
+                NO_TARGET,
+            )
+        )
+    dt, gt = d["tokens_per_s"]["p50"], g["tokens_per_s"]["p50"]
+    rows.append(
+        (
+            "tokens/s per stream through the gateway (measured)",
+            f"{where}: p50",
+            f"{dt:.0f}",
+            f"{gt:.0f}",
+            f"{(gt - dt) / dt * 100:+.1f} %" if dt else "",
+            NO_TARGET,
+        )
+    )
+    return rows
+
+
+def _handoff(level: dict[str, Any] | None) -> list[Row]:
+    """The memory gate against direct, and each Redis setup against the memory gate."""
+    target = "hand-off added vs direct ≤ 1 ms p99 (memory gate)"
     if level is None or "handoff_ms" not in level["methods"][GATEWAY]:
-        return (target, "slot hand-off", NOT_RUN, NOT_RUN, "")
+        return [(target, "slot hand-off", NOT_RUN, NOT_RUN, "", "")]
     where = (
-        f"slot hand-off (memory gate), {level['pool_nodes']} nodes, {level['concurrency']} clients:"
+        f"slot hand-off, {level['pool_nodes']} nodes, {level['concurrency']} clients:"
         " a decode's end to its node's next prefill, p50 / p99"
     )
-    d, g = level["methods"][DIRECT]["handoff_ms"], level["methods"][GATEWAY]["handoff_ms"]
+    methods = level["methods"]
+    d, g = methods[DIRECT]["handoff_ms"], methods[GATEWAY]["handoff_ms"]
     add = level["added"][GATEWAY]
-    return (
-        target,
-        where,
-        f"{d['p50']:.2f} / {d['p99']:.2f}",
-        f"{g['p50']:.2f} / {g['p99']:.2f}",
-        f"{add['handoff_p50_ms']:+.2f} / {add['handoff_p99_ms']:+.2f}",
-    )
+    rows: list[Row] = [
+        (
+            target,
+            where,
+            _pair(d["p50"], d["p99"]),
+            _pair(g["p50"], g["p99"]),
+            _pair(add["handoff_p50_ms"], add["handoff_p99_ms"], signed=True),
+            MET if add["handoff_p99_ms"] <= 1.0 else NOT_MET,
+        )
+    ]
+    for label in methods:
+        if not label.startswith(redis_label(1)) or "handoff_ms" not in methods[label]:
+            continue
+        r = methods[label]["handoff_ms"]
+        p50, p99 = r["p50"] - g["p50"], r["p99"] - g["p99"]
+        replicas = label.removeprefix(redis_label(1)).strip("-") or "1x"
+        rows.append(
+            (
+                "Redis gate within 1 ms p50, 2 ms p99 of the memory gate",
+                f"slot hand-off on the Redis gate, {replicas.removesuffix('x')} replica(s):"
+                " p50 / p99 (direct column: the memory gate's; added: Redis minus memory)",
+                _pair(g["p50"], g["p99"]),
+                _pair(r["p50"], r["p99"]),
+                _pair(p50, p99, signed=True),
+                MET if p50 <= 1.0 and p99 <= 2.0 else NOT_MET,
+            )
+        )
+    return rows
 
 
-def _one(target: str, where: str, level: dict[str, Any] | None, measure: str, q: str) -> Row:
+def _pair(p50: float, p99: float, *, signed: bool = False) -> str:
+    return f"{p50:+.2f} / {p99:+.2f}" if signed else f"{p50:.2f} / {p99:.2f}"
+
+
+def _one(
+    target: str,
+    where: str,
+    level: dict[str, Any] | None,
+    measure: str,
+    q: str,
+    limit: float | None,
+) -> Row:
     label = f"{where}: {'TTFT' if measure == 'ttft' else 'gap'} {q}"
     if level is None:
-        return (target, label, NOT_RUN, NOT_RUN, "")
+        return (target, label, NOT_RUN, NOT_RUN, "", "")
     direct = level["methods"][DIRECT][f"{measure}_ms"][q]
     relayed = level["methods"][GATEWAY][f"{measure}_ms"][q]
-    return (target, label, f"{direct:.2f}", f"{relayed:.2f}", f"{relayed - direct:+.2f}")
+    added = relayed - direct
+    return (target, label, f"{direct:.2f}", f"{relayed:.2f}", f"{added:+.2f}", _met(added, limit))
 
 
-def _cpu(target: str, where: str, level: dict[str, Any] | None) -> Row:
+def _cpu(target: str, where: str, level: dict[str, Any] | None, limit: float | None) -> Row:
+    """`limit` None: a figure with no target to meet."""
     cpu = _gateway(level, "cpu_ms_per_request")
-    return (target, where, "", NOT_RUN if cpu is None else f"{cpu:.2f} ms", "")
+    shown = NOT_RUN if cpu is None else f"{cpu:.2f} ms"
+    return (target, where, "", shown, "", NO_TARGET if limit is None else _met(cpu, limit))
 
 
 def _gateway(level: dict[str, Any] | None, key: str) -> float | None:
@@ -226,9 +347,16 @@ def _level_rows(doc: dict[str, Any]) -> list[str]:
                 f"{m['ttft_ms']['p99']:.2f}",
                 f"{m['gap_ms']['p50']:.2f}",
                 f"{m['gap_ms']['p99']:.2f}",
+                f"{m['tokens_per_s']['p50']:.0f}" if "tokens_per_s" in m else "",
+                _relay(m),
                 "" if cpu is None else f"{cpu:.2f}",
                 "" if add is None else f"{add['ttft_p50_ms']:+.2f} / {add['ttft_p99_ms']:+.2f}",
                 "" if add is None else f"{add['gap_p50_ms']:+.2f} / {add['gap_p99_ms']:+.2f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _relay(method: dict[str, Any]) -> str:
+    relay = method.get("relay_ms", {})
+    return _pair(relay["p50"], relay["p99"]) if "p50" in relay else ""

@@ -29,6 +29,10 @@ def method_document(measured: Measured, concurrency: int, relayed: bool) -> dict
     }
     if measured.handoffs_s:
         entry["handoff_ms"] = distribution([g * 1e3 for g in measured.handoffs_s])
+    if measured.relays.latencies_s or measured.relays.unpaired:
+        entry["relay_ms"] = distribution([r * 1e3 for r in measured.relays.latencies_s])
+        entry["relay_unpaired"] = measured.relays.unpaired
+    entry["tokens_per_s"] = distribution([s.tokens_per_s for s in samples])
     if relayed and samples:
         growth = max(measured.rss_peak_mb) - measured.rss_one_stream_mb
         entry["cpu_ms_per_request"] = round(measured.cpu_s / len(samples) * 1e3, 3)
@@ -40,9 +44,11 @@ def method_document(measured: Measured, concurrency: int, relayed: bool) -> dict
 
 def added(routed: dict[str, Any], direct: dict[str, Any]) -> dict[str, float]:
     """What a router adds to direct orchestration, in ms: to the TTFT and the gaps, and to
-    the hand-off where both measured it."""
+    the hand-off and the batch relay where both measured it."""
     measures = [
-        m for m in ("ttft", "gap", "handoff") if f"{m}_ms" in routed and f"{m}_ms" in direct
+        m
+        for m in ("ttft", "gap", "handoff", "relay")
+        if "p50" in routed.get(f"{m}_ms", {}) and "p50" in direct.get(f"{m}_ms", {})
     ]
     return {
         f"{measure}_{q}_ms": round(routed[f"{measure}_ms"][q] - direct[f"{measure}_ms"][q], 4)
@@ -53,9 +59,7 @@ def added(routed: dict[str, Any], direct: dict[str, Any]) -> dict[str, float]:
 
 def level_document(level: Level, measured: dict[str, Measured]) -> dict[str, Any]:
     methods = {
-        method.label: method_document(
-            measured[method.label], level.concurrency, method.pid is not None
-        )
+        method.label: method_document(measured[method.label], level.concurrency, bool(method.pids))
         for method in level.methods
     }
     direct = methods[DIRECT]

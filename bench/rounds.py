@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from bench.processes import cpu_s, reset_peak_rss, rss_mb, running
+from bench.relay import Relays
 from bench.scenarios import Level, Method
 from bench.streams import BenchFailure, Sample
 
@@ -20,6 +21,7 @@ class Measured:
 
     samples: list[Sample] = field(default_factory=list)
     handoffs_s: list[float] = field(default_factory=list)
+    relays: Relays = field(default_factory=Relays)
     cpu_s: float = 0.0
     rss_one_stream_mb: float = 0.0
     rss_before_mb: list[float] = field(default_factory=list)
@@ -54,12 +56,12 @@ async def _warm_up(level: Level, measured: dict[str, Measured]) -> None:
     for method in level.methods:
         await level.settle()
         await run_load(1, 1, method.send)
-        if method.pid is not None:
-            measured[method.label].rss_one_stream_mb = rss_mb(method.pid)
-            reset_peak_rss(method.pid)
+        if method.pids:
+            measured[method.label].rss_one_stream_mb = _rss_mb(method.pids)
+            _reset_peak_rss(method.pids)
         await run_load(level.concurrency, level.concurrency, method.send)
-        if method.pid is not None:
-            measured[method.label].rss_peak_mb.append(rss_mb(method.pid, "VmHWM"))
+        if method.pids:
+            measured[method.label].rss_peak_mb.append(_rss_mb(method.pids, "VmHWM"))
 
 
 async def measure(
@@ -83,14 +85,33 @@ async def measure(
 
 async def _round(method: Method, level: Level, into: Measured, done: Callable[[], None]) -> None:
     requests, concurrency = level.per_round, level.concurrency
-    if method.pid is None:
-        into.samples += await run_load(requests, concurrency, method.send, done)
-        return
-    if not running(method.pid):
-        raise BenchFailure(f"{method.label} (pid {method.pid}) has exited: see its log")
-    into.rss_before_mb.append(rss_mb(method.pid))
-    reset_peak_rss(method.pid)
-    before = cpu_s(method.pid)
-    into.samples += await run_load(requests, concurrency, method.send, done)
-    into.cpu_s += cpu_s(method.pid) - before
-    into.rss_peak_mb.append(rss_mb(method.pid, "VmHWM"))
+    if not method.pids:
+        samples = await run_load(requests, concurrency, method.send, done)
+    else:
+        for pid in method.pids:
+            if not running(pid):
+                raise BenchFailure(f"{method.label} (pid {pid}) has exited: see its log")
+        into.rss_before_mb.append(_rss_mb(method.pids))
+        _reset_peak_rss(method.pids)
+        before = _cpu_s(method.pids)
+        samples = await run_load(requests, concurrency, method.send, done)
+        into.cpu_s += _cpu_s(method.pids) - before
+        into.rss_peak_mb.append(_rss_mb(method.pids, "VmHWM"))
+    into.samples += samples
+    if level.relays is not None:
+        found = await level.relays(samples)
+        into.relays.latencies_s += found.latencies_s
+        into.relays.unpaired += found.unpaired
+
+
+def _cpu_s(pids: tuple[int, ...]) -> float:
+    return sum(cpu_s(pid) for pid in pids)
+
+
+def _rss_mb(pids: tuple[int, ...], field: str = "VmRSS") -> float:
+    return sum(rss_mb(pid, field) for pid in pids)
+
+
+def _reset_peak_rss(pids: tuple[int, ...]) -> None:
+    for pid in pids:
+        reset_peak_rss(pid)

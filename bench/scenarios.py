@@ -10,15 +10,17 @@ from typing import Literal
 
 import httpx
 
-from bench import handoff
+from bench import handoff, relay
 from bench.deployment import MODEL, Deployment
 from bench.handoff import NodeQueue
 from bench.options import BenchOptions
+from bench.processes import GatewayChild
+from bench.relay import Relays
 from bench.script import Script, make_script
 from bench.streams import BenchFailure, Sample, chat_stream, direct_latency
 from sim.stack import NodeInfo
 
-Path = Literal["latency", "handoff", "native", "capacity"]
+Path = Literal["latency", "batched", "handoff", "native", "capacity"]
 DIRECT = "direct"
 GATEWAY = "gateway"
 PULL_GATEWAY = "gateway-pull"
@@ -29,19 +31,20 @@ SETTLE_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    """One way of sending a level's requests: `send(worker)`, and the process that relays
-    them (None when nothing does), whose CPU and memory are measured."""
+    """One way of sending a level's requests: `send(worker)`, and the processes that relay
+    them (none when nothing does), whose CPU and memory are measured together."""
 
     label: str
     send: Callable[[int], Awaitable[Sample]]
-    pid: int | None
+    pids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Level:
     """One path at one concurrency: each method's rounds of `per_round` requests, each
     round once `settle` says the previous one has left nothing behind; for the hand-off,
-    `handoffs` reads the gaps of the round just run."""
+    `handoffs` reads the gaps of the round just run; on a batching pool, `relays` pairs the
+    round's samples with the lines their nodes wrote."""
 
     path: Path
     concurrency: int
@@ -50,6 +53,7 @@ class Level:
     settle: Callable[[], Awaitable[None]]
     per_round: int
     handoffs: Callable[[], Awaitable[list[float]]] | None = None
+    relays: Callable[[list[Sample]], Awaitable[Relays]] | None = None
 
 
 def levels(
@@ -71,33 +75,82 @@ def levels(
         gateway = deployment.latency_gateways[options.pool_size(level)]
         through = _chat(client, gateway.base_url, script, "latency")
         methods: tuple[Method, ...] = (
-            Method(DIRECT, direct, None),
-            Method(GATEWAY, through, gateway.pid),
+            Method(DIRECT, direct),
+            Method(GATEWAY, through, (gateway.pid,)),
         )
         baseline = deployment.baseline_gateways.get(options.pool_size(level))
         if baseline is not None:
             earlier = _chat(client, baseline.base_url, script, "latency")
-            methods += (Method(BASELINE, earlier, baseline.pid),)
+            methods += (Method(BASELINE, earlier, (baseline.pid,)),)
         pool = options.pool_size(level)
         found.append(Level("latency", level, pool, methods, nodes_idle, options.per_round(level)))
+    found += _batched(options, deployment, client, script)
     found += _handoff(options, deployment, client)
     native: tuple[Method, ...] = (
-        Method(DIRECT, _chat(client, deployment.proxy_url + "/v1", script, None), None),
+        Method(DIRECT, _chat(client, deployment.proxy_url + "/v1", script, None)),
         Method(
             GATEWAY,
             _chat(client, deployment.native_gateway.base_url, script, "throughput"),
-            deployment.native_gateway.pid,
+            (deployment.native_gateway.pid,),
         ),
     )
     if deployment.pull_gateway is not None and deployment.vllm_router is not None:
         pull, router = deployment.pull_gateway, deployment.vllm_router
         native += (
-            Method(PULL_GATEWAY, _chat(client, pull.base_url, script, "throughput"), pull.pid),
-            Method(VLLM_ROUTER, _chat(client, router.base_url, script, None), router.pid),
+            Method(PULL_GATEWAY, _chat(client, pull.base_url, script, "throughput"), (pull.pid,)),
+            Method(VLLM_ROUTER, _chat(client, router.base_url, script, None), (router.pid,)),
         )
     for level in options.native_levels:
         found.append(Level("native", level, None, native, _nothing, options.per_round(level)))
     return found + _capacity(options, deployment, client)
+
+
+def _batched(
+    options: BenchOptions, deployment: Deployment, client: httpx.AsyncClient, script: Script
+) -> list[Level]:
+    """The latency path on the TileRT 0.1.6 pool, whose nodes batch their lines: the first
+    token, how long a batch takes from its node to the client, and tokens per second."""
+    stack = deployment.batched_stack
+    if stack is None:
+        return []
+    prefill_urls = [server.url for server in deployment.stack.prefills]
+    nodes = stack.nodes
+
+    async def direct(worker: int) -> Sample:
+        node = nodes[worker]
+        address = (node.host, node.ctrl_port)
+        return await direct_latency(
+            client, prefill_urls[0], node.url, address, MODEL, script, named=True
+        )
+
+    async def settle() -> None:
+        await wait_nodes_idle(client, [node.url for node in nodes])
+        await relay.forget(client, prefill_urls, nodes)
+
+    async def relays(samples: list[Sample]) -> Relays:
+        rids = await relay.node_rids(client, prefill_urls)
+        return relay.paired(samples, rids, await relay.line_writes(client, nodes))
+
+    found = []
+    for level in options.batched:
+        pool = options.pool_size(level)
+        gateway = deployment.batched_gateways[pool]
+        methods = (
+            Method(DIRECT, direct),
+            Method(
+                GATEWAY,
+                _chat(client, gateway.base_url, script, "latency", named=True),
+                (gateway.pid,),
+            ),
+        )
+        per_round = options.per_round(level)
+        found.append(Level("batched", level, pool, methods, settle, per_round, None, relays))
+    return found
+
+
+def redis_label(replicas: int) -> str:
+    """A hand-off method: the gateway on the Redis gate, with this many replicas."""
+    return f"{GATEWAY}-redis" if replicas == 1 else f"{GATEWAY}-redis-{replicas}x"
 
 
 def _handoff(
@@ -131,13 +184,16 @@ def _handoff(
 
     gateway = deployment.latency_gateways[options.nodes]
     methods: tuple[Method, ...] = (
-        Method(DIRECT, direct, None),
-        Method(GATEWAY, _chat(client, gateway.base_url, script, "latency"), gateway.pid),
+        Method(DIRECT, direct),
+        Method(GATEWAY, _chat(client, gateway.base_url, script, "latency"), (gateway.pid,)),
     )
+    for replicas, gateways in sorted(deployment.handoff_redis.items()):
+        send = _spread(client, gateways, script)
+        methods += (Method(redis_label(replicas), send, tuple(g.pid for g in gateways)),)
     baseline = deployment.baseline_gateways.get(options.nodes)
     if baseline is not None:
         earlier = _chat(client, baseline.base_url, script, "latency")
-        methods += (Method(BASELINE, earlier, baseline.pid),)
+        methods += (Method(BASELINE, earlier, (baseline.pid,)),)
     clients = options.handoff_clients
     per_round = options.per_round(clients, options.handoff_requests)
     return [Level("handoff", clients, options.nodes, methods, settle, per_round, handoffs)]
@@ -157,11 +213,11 @@ def _capacity(
         return []
     script = make_script(options.capacity_tokens)
     methods: tuple[Method, ...] = (
-        Method(DIRECT, _chat(client, deployment.capacity_url + "/v1", script, None), None),
+        Method(DIRECT, _chat(client, deployment.capacity_url + "/v1", script, None)),
     )
     for workers, gateway in sorted(deployment.capacity_gateways.items()):
         send = _chat(client, gateway.base_url, script, "throughput")
-        methods += (Method(workers_label(workers), send, gateway.pid),)
+        methods += (Method(workers_label(workers), send, (gateway.pid,)),)
     return [
         Level("capacity", c, None, methods, _nothing, options.per_round(c))
         for c in options.capacity_levels
@@ -169,10 +225,28 @@ def _capacity(
 
 
 def _chat(
-    client: httpx.AsyncClient, base_url: str, script: Script, route: str | None
+    client: httpx.AsyncClient,
+    base_url: str,
+    script: Script,
+    route: str | None,
+    *,
+    named: bool = False,
 ) -> Callable[[int], Awaitable[Sample]]:
     async def send(worker: int) -> Sample:
-        return await chat_stream(client, base_url, MODEL, script, route)
+        return await chat_stream(client, base_url, MODEL, script, route, named=named)
+
+    return send
+
+
+def _spread(
+    client: httpx.AsyncClient, gateways: list[GatewayChild], script: Script
+) -> Callable[[int], Awaitable[Sample]]:
+    """Each worker sends to one replica, the workers spread over them in turn (as a Service
+    spreads its clients)."""
+    sends = [_chat(client, gateway.base_url, script, "latency") for gateway in gateways]
+
+    async def send(worker: int) -> Sample:
+        return await sends[worker % len(sends)](worker)
 
     return send
 

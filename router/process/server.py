@@ -1,5 +1,5 @@
-"""Runs the app under uvicorn (uvloop + httptools) on a socket bound before start-up, so that
-port 0 works and the real address can be announced."""
+"""Runs the app under uvicorn (uvloop + httptools, eager tasks on Python 3.12+) on a socket
+bound before start-up, so that port 0 works and the real address can be announced."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from router.process.startup import (
     failure_of,
     quiet_startup_log,
 )
+from router.process.tasks import install_eager_tasks
 from router.process.workers import supervise
 from router.runtime.state import AppState, freeze_heap
 from router.serving.live import LiveResponses
@@ -77,6 +78,11 @@ class _AnnouncingServer(uvicorn.Server):
         self._on_ready = on_ready
         self._app = app
         self._grace_s = grace_s
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        # Before the app's start-up, so that every task of the process is eager.
+        install_eager_tasks(asyncio.get_running_loop())
+        await super().serve(sockets=sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         state = getattr(self._app.state, "gateway", None)

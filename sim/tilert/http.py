@@ -109,6 +109,7 @@ class NdjsonStream:
                 if ids:
                     body = self._line(ids)
                     await send({"type": "http.response.body", "body": body, "more_body": True})
+                    self._record.line_writes.append(time.time())
                 if final is _MORE:
                     continue
                 if final is DIED:

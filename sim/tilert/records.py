@@ -19,6 +19,8 @@ class DecodeRecord:
     last_write: float | None = None
     """A stream's end handed to the server: no reader can see it earlier. `end` is noted
     after the write, a moment later (or, if the node is preempted, later still)."""
+    line_writes: list[float] = field(default_factory=list)
+    """A stream's token lines, each when it was handed to the server (wall clock)."""
     status: int | None = None
     n: int = 0
     finish_reason: str | None = None

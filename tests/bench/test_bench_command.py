@@ -21,6 +21,8 @@ pytestmark = pytest.mark.e2e
 LEVELS = [
     ("latency", 1),
     ("latency", 2),
+    ("batched", 1),
+    ("batched", 2),
     ("handoff", 6),
     ("native", 1),
     ("native", 4),
@@ -31,9 +33,12 @@ TARGETS = [
     "TTFT added ≤ 1 ms p50, ≤ 3 ms p99",
     "inter-chunk gap p99 added ≤ 0.5 ms",
     "TTFT p99 added ≤ 5 ms",
+    "batch relay: node line to client event",
+    "tokens/s per stream through the gateway",
     "TTFT p50 added ≤ vllm-router's",
     "CPU per request ≤ 2× vllm-router's",
-    "hand-off gap ≤ 1 ms p99",
+    "hand-off added vs direct ≤ 1 ms p99 (memory gate)",
+    "Redis gate within 1 ms p50, 2 ms p99 of the memory gate",
     "idle RSS ≤ 150 MB, one model",
     "≤ 50 KB per open stream",
     "capacity",
@@ -44,7 +49,7 @@ TARGETS = [
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("bench")
     (out / "benchmarks.md").write_text(f"# Figures\n{REPORT_START}\nold\n{REPORT_END}\nAfter.\n")
-    done = bench(out, timeout_s=100)
+    done = bench(out, timeout_s=150)
     assert done.returncode == 0, done.stderr[-3000:]
     return out, done
 
@@ -101,7 +106,8 @@ def test_every_measure_is_there_and_finite(results: dict[str, Any]) -> None:
             assert 20 < method["rss_idle_mb"] <= method["rss_peak_mb"]
             assert math.isfinite(method["rss_per_stream_kb"])
         assert set(level["added"]) == set(level["methods"]) - {"direct"}
-        measures = ["ttft", "gap"] + (["handoff"] if level["path"] == "handoff" else [])
+        extra = {"handoff": ["handoff"], "batched": ["relay"]}.get(level["path"], [])
+        measures = ["ttft", "gap", *extra]
         for added in level["added"].values():
             assert set(added) == {f"{m}_{q}_ms" for m in measures for q in ("p50", "p99")}
             assert all(math.isfinite(value) for value in added.values())
@@ -121,6 +127,29 @@ def test_every_hand_off_of_a_round_is_measured(results: dict[str, Any]) -> None:
             assert not any("handoff_ms" in method for method in level["methods"].values())
 
 
+def test_the_hand_off_runs_on_the_memory_gate_and_on_the_redis_gate(
+    results: dict[str, Any],
+) -> None:
+    (level,) = [lv for lv in results["levels"] if lv["path"] == "handoff"]
+    assert set(level["methods"]) == {"direct", "gateway", "gateway-redis", "gateway-redis-3x"}
+
+
+def test_every_batch_of_the_batching_pool_is_paired_with_its_node_line(
+    results: dict[str, Any],
+) -> None:
+    """On the TileRT 0.1.6 pool, each chunk a client read is paired with the line its node
+    wrote, directly and through the gateway: as many relay figures as chunks."""
+    for level in results["levels"]:
+        for method in level["methods"].values():
+            assert method["tokens_per_s"]["p50"] > 0
+            if level["path"] != "batched":
+                assert "relay_ms" not in method
+                continue
+            assert method["relay_unpaired"] == 0
+            assert method["relay_ms"]["count"] == method["chunks"]
+            assert 0 < method["relay_ms"]["cdf"][0] <= method["relay_ms"]["p99"]
+
+
 def test_the_run_is_described(results: dict[str, Any]) -> None:
     assert results["command"].startswith("pd-gateway bench --quick")
     assert results["settings"]["tokens"] == 32
@@ -136,8 +165,10 @@ def test_markdown_shows_every_target_and_plots_are_drawn_or_explained(
     for target in TARGETS:
         assert target in table
     assert "streams with 1 worker(s)" in table and "streams with 2 worker(s)" in table
-    (handoff,) = [line for line in table.splitlines() if "hand-off gap ≤ 1 ms p99" in line]
+    (handoff,) = [line for line in table.splitlines() if "hand-off added vs direct" in line]
     assert "not run" not in handoff and "2 nodes, 6 clients" in handoff
+    redis = [line for line in table.splitlines() if "Redis gate within" in line]
+    assert len(redis) == 2 and all(line.endswith(("| yes |", "| no |")) for line in redis)
     assert table in done.stdout
     plots = ["ttft_cdf.png", "gap_cdf.png", "overhead.png", "handoff_cdf.png"]
     if importlib.util.find_spec("matplotlib") is not None:
