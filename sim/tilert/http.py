@@ -108,8 +108,9 @@ class NdjsonStream:
             async for ids, final in self._items():
                 if ids:
                     body = self._line(ids)
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                    # Noted before the write: no reader can see the line earlier.
                     self._record.line_writes.append(time.time())
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
                 if final is _MORE:
                     continue
                 if final is DIED:
