@@ -14,17 +14,17 @@ usage chunk: one choice's finish is followed by another's text).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from router.serving import RoutedRequest
+from router.throughput.sse_events import EVENT_END, MAX_PENDING_EVENT_BYTES, EventCutter
 
 if TYPE_CHECKING:
     from router.throughput.answer import ChunkFilter
 
-_EVENT_END = b"\n\n"
 _DATA = b"data: "
 _USAGE_MARK = b'"usage"'
 _FINISH_MARK = b'"finish_reason":"'
@@ -51,54 +51,61 @@ def with_usage(body: dict[str, Any]) -> dict[str, Any]:
 @dataclass(slots=True)
 class UsageChunkDropper:
     """Drops the usage-only chunk from a stream, after `inner` (another filter) if any,
-    and gives its `system_fingerprint` back to the finishing chunk before it. An event
-    split over chunks is held until its end, to be judged whole; the finishing chunk
-    until the next event says whether a usage chunk follows."""
+    and gives its `system_fingerprint` back to the finishing chunk before it. Events are
+    judged whole (`EventCutter`; one too large to hold is no usage chunk, and goes on as
+    it comes); the finishing chunk is held until the next event says whether a usage
+    chunk follows."""
 
     inner: ChunkFilter | None = None
-    _pending: bytes = b""
+    max_pending: int = MAX_PENDING_EVENT_BYTES
+    _events: EventCutter = field(init=False)
     _finishing: bytes | None = None
+
+    def __post_init__(self) -> None:
+        self._events = EventCutter(self.max_pending)
 
     def feed(self, chunk: bytes) -> bytes:
         if self.inner is not None:
             chunk = self.inner.feed(chunk)
-        data = self._pending + chunk if self._pending else chunk
-        cut = data.rfind(_EVENT_END)
-        if cut < 0:
-            self._pending = data
-            return b""
-        cut += len(_EVENT_END)
-        complete, self._pending = data[:cut], data[cut:]
-        if self._finishing is None and _FINISH_MARK not in complete and _USAGE_MARK not in complete:
-            return complete
-        return b"".join(self._events(complete.split(_EVENT_END)[:-1]))
+        return self._filtered(chunk)
 
     def flush(self) -> bytes:
-        tail = self.inner.flush() if self.inner is not None else b""
-        data, self._pending = self._pending + tail, b""
-        *events, rest = data.split(_EVENT_END)
-        out = b"".join(self._events(events))
-        if self._finishing is not None:
-            out, self._finishing = out + self._finishing + _EVENT_END, None
-        return out + rest
+        out = self._filtered(self.inner.flush()) if self.inner is not None else b""
+        return out + self._finished() + self._events.flush()
 
-    def _events(self, events: list[bytes]) -> Iterator[bytes]:
+    def _filtered(self, chunk: bytes) -> bytes:
+        out: list[bytes] = []
+        for whole, data in self._events.feed(chunk):
+            if not whole:
+                out += (self._finished(), data)
+            elif self._finishing is None and _FINISH_MARK not in data and _USAGE_MARK not in data:
+                out.append(data)
+            else:
+                out += self._judged(data.split(EVENT_END)[:-1])
+        return b"".join(out)
+
+    def _finished(self) -> bytes:
+        """The finishing chunk held, now that no usage chunk follows it."""
+        finishing, self._finishing = self._finishing, None
+        return b"" if finishing is None else finishing + EVENT_END
+
+    def _judged(self, events: list[bytes]) -> Iterator[bytes]:
         for event in events:
             payload: Any = None
             if _FINISH_MARK in event or _USAGE_MARK in event:
                 payload = _payload(event)
             if self._finishing is not None:
-                finishing, self._finishing = self._finishing, None
                 if _usage_only(payload):
-                    yield _with_fingerprint(finishing, payload) + _EVENT_END
+                    finishing, self._finishing = self._finishing, None
+                    yield _with_fingerprint(finishing, payload) + EVENT_END
                     continue
-                yield finishing + _EVENT_END
+                yield self._finished()
             if _usage_only(payload):
                 continue
             if _finishing(payload):
                 self._finishing = event
                 continue
-            yield event + _EVENT_END
+            yield event + EVENT_END
 
 
 def _payload(event: bytes) -> Any:

@@ -84,3 +84,25 @@ class Upper:
 def test_the_inner_filter_runs_first() -> None:
     out = stream_through(UsageChunkDropper(Upper()), [delta("a"), event(USAGE), DONE])
     assert out == delta("A") + DONE
+
+
+def test_an_event_past_the_bound_goes_on_as_it_comes_after_the_finishing_chunk() -> None:
+    """An upstream that never ends an event: it is no usage chunk, so the finishing chunk
+    held before it goes out, then its bytes as they arrive, never held past the bound."""
+    dropper = UsageChunkDropper(max_pending=100)
+    piece = b"data: " + b"x" * 24  # 30 bytes, never an event's end
+    assert dropper.feed(delta("a") + event(FINISH)) == delta("a")
+    assert [dropper.feed(piece) for _ in range(3)] == [b"", b"", b""]
+    assert dropper.feed(piece) == event(FINISH) + piece * 4
+    assert dropper.feed(piece) == piece
+    after = delta("b") + event(USAGE) + DONE
+    assert dropper.feed(b"\n\n" + after) == b"\n\n" + delta("b") + DONE
+    assert dropper.flush() == b""
+
+
+def test_a_long_event_in_tiny_chunks_costs_each_chunk_its_own_size() -> None:
+    """Held bytes are joined once, at the event's end (200,000 chunks of 5 bytes)."""
+    usage_chunk = event({**USAGE, "pad": "p" * 999_800})
+    sent = delta("a") + usage_chunk + DONE
+    out = stream_through(UsageChunkDropper(), [sent[i : i + 5] for i in range(0, len(sent), 5)])
+    assert out == delta("a") + DONE
