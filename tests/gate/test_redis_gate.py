@@ -216,6 +216,24 @@ async def test_a_waiter_cancelled_as_its_node_is_handed_over_passes_it_on(
     assert (await gate.snapshot()).busy == {held.node.id: "c"}
 
 
+async def test_a_landed_transfer_reaches_the_pool_long_before_the_next_renewal(
+    replica: Replica, redis_client: RedisClient
+) -> None:
+    """A replica that dies just after its node answered still has it known as landed, so a
+    0.1.5 node is not held out for the prefill's deadline."""
+    gate = replica(nodes(1), lease_ttl_s=10, renew_every_s=5)
+    lease = await gate.acquire(priority=0, wait_s=1, holder="rid")
+    state_key = gate.keys.node(lease.node.id)[0]
+    assert await redis_client.hget(state_key, "landed") is None
+    lease.transfer_landed()
+
+    async def told() -> bool:
+        return await redis_client.hget(state_key, "landed") == str(lease.grant.token)
+
+    await eventually(told, timeout_s=2.0)  # the next regular renewal is 5 s away
+    await lease.release()
+
+
 async def test_an_expired_lease_names_its_request_and_whether_its_transfer_may_still_land(
     replica: Replica,
 ) -> None:

@@ -22,7 +22,16 @@ class Grant:
 class RedisLease:
     """`renew` asks the server; `release` runs at most once. Both go through the gate."""
 
-    __slots__ = ("_lost", "_release", "_released", "_renew", "_valid_until", "grant", "landed")
+    __slots__ = (
+        "_lost",
+        "_on_landed",
+        "_release",
+        "_released",
+        "_renew",
+        "_valid_until",
+        "grant",
+        "landed",
+    )
 
     def __init__(
         self,
@@ -31,6 +40,7 @@ class RedisLease:
         valid_until: float,
         renew: Callable[[list[RedisLease]], Awaitable[None]],
         release: Callable[[RedisLease, NodeFailure | None, bool], Awaitable[None]],
+        on_landed: Callable[[], None] | None = None,
     ) -> None:
         self.grant = grant
         self._valid_until = valid_until  # monotonic: the lease certainly lives until then
@@ -39,6 +49,7 @@ class RedisLease:
         self._released = False
         self._lost = False
         self.landed = False  # told to the pool's state with the next renewal
+        self._on_landed = on_landed  # asks for that renewal soon
 
     @property
     def node(self) -> Node:
@@ -72,6 +83,8 @@ class RedisLease:
 
     def transfer_landed(self) -> None:
         self.landed = True
+        if self._on_landed is not None:
+            self._on_landed()
 
     async def renew(self) -> bool:
         if self._released or self._lost:

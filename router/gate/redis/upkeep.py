@@ -22,6 +22,10 @@ from router.node import Node
 log = logging.getLogger("pd_gateway.gate")
 
 _MAX_ORPHANS = 1024
+LANDED_NEWS_S = 0.2
+"""How soon after a request's transfer has landed the pool's state learns it (one renewal
+for every landing of the moment): until then, a lease lost keeps a TileRT 0.1.5 node out
+for the prefill's deadline, as if the transfer were still on its way."""
 
 
 class Upkeep:
@@ -42,6 +46,7 @@ class Upkeep:
         # known (a bounded number: the rest expire).
         self._orphans: dict[str, str] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._landed_news = asyncio.Event()
 
     def lease(self, node: Node, owner: str, holder: str, token: int) -> RedisLease:
         """A granted node's lease, renewed from now on until released or lost."""
@@ -50,6 +55,7 @@ class Upkeep:
             valid_until=time.monotonic() + self._config.lease_ttl_s - self._config.socket_timeout_s,
             renew=self.renew,
             release=self.release,
+            on_landed=self._landed_news.set,
         )
         self._leases.add(lease)
         self._metrics.granted("redis")
@@ -149,10 +155,27 @@ class Upkeep:
         return True
 
     async def run(self, closing: asyncio.Event) -> None:
-        """Every `renew_every_s` until `closing`: renew, then retry the withdrawals."""
-        while not await _set_within(closing, self._config.renew_every_s):
+        """Every `renew_every_s`, or `LANDED_NEWS_S` after a transfer has landed, until
+        `closing`: renew, then retry the withdrawals."""
+        while not await self._until_due(closing):
             await self.renew(list(self._leases))
             await self.withdraw_orphans()
+
+    async def _until_due(self, closing: asyncio.Event) -> bool:
+        """Until the next renewal is due; whether `closing` is set."""
+        news = self._landed_news
+        waits = [asyncio.ensure_future(closing.wait()), asyncio.ensure_future(news.wait())]
+        try:
+            await asyncio.wait(
+                waits, timeout=self._config.renew_every_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if news.is_set() and not closing.is_set():
+            news.clear()
+            await _set_within(closing, LANDED_NEWS_S)  # the landings of the moment, together
+        return closing.is_set()
 
     async def withdraw_orphans(self) -> None:
         for owner, node_id in list(self._orphans.items()):
