@@ -407,9 +407,19 @@ async def test_a_waiter_that_missed_its_claim_window_is_served_later_in_turn(
     # Its wake-ups are lost and it polls rarely: a grant's window passes before it looks.
     slow = replica(pool, **{**FAST, "poll_s": 2.0, "lease_ttl_s": 8.0, "renew_every_s": 2.0})
     slow._waiters.wake = lambda owners: None  # type: ignore[method-assign]
+    claims = 0
+    run = slow.scripts.run
+
+    async def counted(script: str, **args: Any) -> Any:
+        nonlocal claims
+        reply = await run(script, **args)
+        claims += script == "claim"
+        return reply
+
+    slow.scripts.run = counted  # type: ignore[method-assign]
     held = await holder.acquire(priority=0, wait_s=1, holder="held")
     late = asyncio.create_task(slow.acquire(priority=5, wait_s=30, holder="slow"))
-    await waiting(holder, 1)
+    await eventually(lambda: claims == 1)  # it has looked once, and looks again in 2 s
     await held.release()  # granted to the slow waiter, which does not claim it in time
     lease = await asyncio.wait_for(other.acquire(priority=0, wait_s=5, holder="other"), 5)
     assert lease.node == held.node
