@@ -89,7 +89,7 @@ class RedisGate:
             on_state_lost=self._state_lost,
             max_calls=_MAX_SCRIPT_CALLS,
         )
-        self._upkeep = Upkeep(self.scripts, config, metrics, hand_over=self._hand_over)
+        self._upkeep = Upkeep(self.scripts, config, metrics)
         self._arrivals = itertools.count()
         self._waiters = WakeUps(
             self._redis,
@@ -224,8 +224,6 @@ class RedisGate:
             async with asyncio.timeout_at(_loop_time(deadline)):
                 while not self._closed:
                     event.clear()
-                    if (handed := self._waiters.handed(owner)) is not None:
-                        return await self._granted(owner, holder, ["granted", *handed])
                     reply = await _uncancelled(
                         cancellations,
                         self.scripts.run(
@@ -272,13 +270,6 @@ class RedisGate:
                 raise GateRejected("no_node", await self.retry_after_s())
             self.admin.known[node_id] = node
         return self._upkeep.lease(node, owner, holder, int(reply[2]))
-
-    async def _hand_over(self, owner: str, node_id: str, token: int) -> None:
-        """A node this replica's release granted to one of its own waiters: given to it at
-        once, or, if it has left meanwhile, passed on to the next waiter. A waiter that has
-        left holding it found it with a claim that crossed the release's reply."""
-        if not self._waiters.hand_over(owner, node_id, token) and not self._upkeep.holds(owner):
-            await self._upkeep.withdraw(owner, node_id)
 
     # -- plumbing -----------------------------------------------------------------------
 
