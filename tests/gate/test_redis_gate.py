@@ -164,6 +164,86 @@ async def test_service_order_is_global_priority_then_arrival(replica: Replica) -
     assert order == ["high1", "high2", "mid", "low1", "low2"]
 
 
+async def test_a_release_hands_the_node_to_a_waiter_of_its_own_replica_in_its_reply(
+    replica: Replica,
+) -> None:
+    """No wake-up message and no claim: the release's reply carries the grant. A waiter of
+    another replica is still woken by the channel and claims its node."""
+    pool = nodes(1)
+    a, b = replica(pool), replica(pool)
+    held = await a.acquire(priority=0, wait_s=1, holder="held")
+    local = asyncio.create_task(a.acquire(priority=1, wait_s=10, holder="local"))
+    remote = asyncio.create_task(b.acquire(priority=0, wait_s=10, holder="remote"))
+    await waiting(a, 2)
+    claims = a.scripts.run
+
+    async def counted(script: str, **args: Any) -> Any:
+        assert script != "claim", "the local waiter needs no claim"
+        return await claims(script, **args)
+
+    a.scripts.run = counted  # type: ignore[method-assign]
+    await held.release()
+    lease = await asyncio.wait_for(local, 5)
+    a.scripts.run = claims  # type: ignore[method-assign]
+    assert lease.holder == "local" and lease.node == held.node
+    assert (await b.snapshot()).busy == {held.node.id: "local"}
+    assert await lease.renew() is True
+    await lease.release()
+    assert (await asyncio.wait_for(remote, 5)).holder == "remote"
+
+
+async def test_a_node_handed_over_before_its_waiter_has_seen_its_queued_reply_is_its(
+    replica: Replica,
+) -> None:
+    """The release that grants the node runs between the acquire script queueing the waiter
+    and the waiter beginning to wait: the node is still handed to it, never passed on while
+    the waiter's own claim finds it by its lease (two requests on one node)."""
+    pool = nodes(1)
+    gate = replica(pool)
+    held = await gate.acquire(priority=0, wait_s=1, holder="held")
+    queued, go_on = asyncio.Event(), asyncio.Event()
+    wait = gate._wait
+
+    async def late_to_wait(*args: Any) -> RedisLease:
+        queued.set()
+        await go_on.wait()
+        return await wait(*args)
+
+    gate._wait = late_to_wait  # type: ignore[method-assign]
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=10, holder="late"))
+    await asyncio.wait_for(queued.wait(), 5)
+    await held.release()  # its reply hands the node over, to a waiter not yet waiting
+    go_on.set()
+    lease = await asyncio.wait_for(waiter, 5)
+    assert lease.holder == "late" and lease.node == held.node
+    assert (await gate.snapshot()).busy == {held.node.id: "late"}
+    assert await lease.renew() is True
+
+
+async def test_a_waiter_cancelled_as_its_node_is_handed_over_passes_it_on(
+    replica: Replica,
+) -> None:
+    pool = nodes(1)
+    gate = replica(pool)
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    first = asyncio.create_task(gate.acquire(priority=1, wait_s=60, holder="b"))
+    second = asyncio.create_task(gate.acquire(priority=0, wait_s=60, holder="c"))
+    await waiting(gate, 2)
+    hand_over = gate._waiters.hand_over
+
+    def cancelled_as_handed(owner: str, node_id: str, token: int) -> bool:
+        delivered = hand_over(owner, node_id, token)
+        first.cancel()  # before the waiter could run
+        return delivered
+
+    gate._waiters.hand_over = cancelled_as_handed  # type: ignore[method-assign]
+    await held.release()
+    lease = await asyncio.wait_for(second, 5)
+    assert first.cancelled()
+    assert lease.holder == "c"
+    assert (await gate.snapshot()).busy == {held.node.id: "c"}
+
+
 async def test_a_landed_transfer_reaches_the_pool_long_before_the_next_renewal(
     replica: Replica, redis_client: RedisClient
 ) -> None:

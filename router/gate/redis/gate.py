@@ -89,7 +89,7 @@ class RedisGate:
             on_state_lost=self._state_lost,
             max_calls=_MAX_SCRIPT_CALLS,
         )
-        self._upkeep = Upkeep(self.scripts, config, metrics)
+        self._upkeep = Upkeep(self.scripts, config, metrics, hand_over=self._hand_over)
         self._arrivals = itertools.count()
         self._waiters = WakeUps(
             self._redis,
@@ -114,9 +114,20 @@ class RedisGate:
     async def acquire(self, *, priority: int, wait_s: float, holder: str) -> RedisLease:
         await self._start()
         owner = f"{self.replica}|{next(self._arrivals)}"
+        priority = max(-_MAX_PRIORITY, min(_MAX_PRIORITY, priority))
+        # Registered before it can be queued: a release of this replica's that grants it a
+        # node right after the acquire script hands that node over here, not back.
+        event = self._waiters.register(owner)
+        try:
+            return await self._acquire(owner, holder, priority, wait_s, event)
+        finally:
+            self._waiters.unregister(owner)
+
+    async def _acquire(
+        self, owner: str, holder: str, priority: int, wait_s: float, event: asyncio.Event
+    ) -> RedisLease:
         deadline = time.monotonic() + wait_s
         cancellations = _cancellations()
-        priority = max(-_MAX_PRIORITY, min(_MAX_PRIORITY, priority))
         try:
             reply = await _uncancelled(
                 cancellations,
@@ -143,7 +154,7 @@ class RedisGate:
                 raise
         if reply[0] != "queued":
             raise GateRejected(_reason(reply[0]), await self.retry_after_s())
-        return await self._wait(owner, holder, reply[1], deadline, cancellations)
+        return await self._wait(owner, holder, reply[1], deadline, cancellations, event)
 
     async def retry_after_s(self) -> int:
         try:
@@ -217,13 +228,20 @@ class RedisGate:
     # -- waiting ------------------------------------------------------------------------
 
     async def _wait(
-        self, owner: str, holder: str, score: str, deadline: float, cancellations: int
+        self,
+        owner: str,
+        holder: str,
+        score: str,
+        deadline: float,
+        cancellations: int,
+        event: asyncio.Event,
     ) -> RedisLease:
-        event = self._waiters.register(owner)
         try:
             async with asyncio.timeout_at(_loop_time(deadline)):
                 while not self._closed:
                     event.clear()
+                    if (handed := self._waiters.handed(owner)) is not None:
+                        return await self._granted(owner, holder, ["granted", *handed])
                     reply = await _uncancelled(
                         cancellations,
                         self.scripts.run(
@@ -252,8 +270,6 @@ class RedisGate:
         except BaseException:
             await self._upkeep.abandon(owner)
             raise
-        finally:
-            self._waiters.unregister(owner)
 
     async def _granted(self, owner: str, holder: str, reply: list[Any]) -> RedisLease:
         """The lease of a granted node. Another replica may have granted a node this one has
@@ -270,6 +286,13 @@ class RedisGate:
                 raise GateRejected("no_node", await self.retry_after_s())
             self.admin.known[node_id] = node
         return self._upkeep.lease(node, owner, holder, int(reply[2]))
+
+    async def _hand_over(self, owner: str, node_id: str, token: int) -> None:
+        """A node this replica's release granted to one of its own waiters: given to it at
+        once, or, if it has left meanwhile, passed on to the next waiter. A waiter that has
+        left holding it found it with a claim that crossed the release's reply."""
+        if not self._waiters.hand_over(owner, node_id, token) and not self._upkeep.holds(owner):
+            await self._upkeep.withdraw(owner, node_id)
 
     # -- plumbing -----------------------------------------------------------------------
 

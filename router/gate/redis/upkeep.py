@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from router.config import RedisGateConfig
@@ -29,8 +29,16 @@ for the prefill's deadline, as if the transfer were still on its way."""
 
 
 class Upkeep:
-    def __init__(self, scripts: Scripts, config: RedisGateConfig, metrics: GateMetrics) -> None:
+    def __init__(
+        self,
+        scripts: Scripts,
+        config: RedisGateConfig,
+        metrics: GateMetrics,
+        *,
+        hand_over: Callable[[str, str, int], Awaitable[None]],
+    ) -> None:
         self._scripts = scripts
+        self._hand_over = hand_over  # (owner, node id, token): a node for a waiter of ours
         self._config = config
         self._metrics = metrics
         self._leases: set[RedisLease] = set()
@@ -53,6 +61,9 @@ class Upkeep:
         self._metrics.granted("redis")
         return lease
 
+    def holds(self, owner: str) -> bool:
+        return any(lease.grant.owner == owner for lease in self._leases)
+
     async def release(
         self, lease: RedisLease, failure: NodeFailure | None, reports_health: bool
     ) -> None:
@@ -69,7 +80,7 @@ class Upkeep:
             hard="1" if failure is not None and failure.hard else "0",
         )
         try:
-            released = await asyncio.shield(self.spawn(call))
+            released = await asyncio.shield(self.spawn(self._handing_over(call)))
         except UNAVAILABLE as exc:
             log.warning(
                 "could not release node %s (%s): it frees itself when its lease expires",
@@ -80,6 +91,17 @@ class Upkeep:
         if not released:
             self._metrics.fencing_rejected()
             log.warning("node %s: the lease of %s had been lost", grant.node.id, grant.holder)
+
+    async def _handing_over(self, release: Awaitable[Any]) -> bool:
+        """Run the release; hand the nodes it granted to this replica's own waiters over to
+        them (whether or not the releasing request is still there to see it)."""
+        reply = await release
+        if not reply:
+            return False
+        handed = reply[1:]
+        for i in range(0, len(handed), 3):
+            await self._hand_over(handed[i], handed[i + 1], int(handed[i + 2]))
+        return True
 
     async def renew(self, leases: list[RedisLease]) -> None:
         """Renew `leases` and this replica's heartbeat; a failure leaves each lease valid until

@@ -1,6 +1,8 @@
 """Wake-ups for one replica's waiters: the scripts publish the owners they granted a node
 to (`*`: everyone must look again) on the deployment's channel; the listener sets those
-waiters' events. A lost message only delays a waiter until its own bounded poll."""
+waiters' events. A lost message only delays a waiter until its own bounded poll. A node
+that this replica's own release handed over to one of its waiters comes with the release's
+reply instead, and is given to the waiter here (`hand_over`)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ class WakeUps:
         self._answer_s = answer_s  # how long the server may take to confirm a subscription
         self._idle_s = idle_s  # after this long without a message, ping the connection
         self._events: dict[str, asyncio.Event] = {}  # owner -> set when it should look
+        self._handed: dict[str, tuple[str, int]] = {}  # owner -> (node id, token) it holds
         self._left = asyncio.Event()
         self.subscribed = asyncio.Event()
 
@@ -35,7 +38,22 @@ class WakeUps:
 
     def unregister(self, owner: str) -> None:
         del self._events[owner]
+        self._handed.pop(owner, None)
         self._left.set()
+
+    def hand_over(self, owner: str, node_id: str, token: int) -> bool:
+        """Give a waiter the node its replica's release granted it; False if it no longer
+        waits here (the caller then passes the node on)."""
+        event = self._events.get(owner)
+        if event is None:
+            return False
+        self._handed[owner] = (node_id, token)
+        event.set()
+        return True
+
+    def handed(self, owner: str) -> tuple[str, int] | None:
+        """The node handed over to `owner`, once."""
+        return self._handed.pop(owner, None)
 
     def wake(self, owners: Iterable[str]) -> None:
         owners = list(owners)

@@ -7,9 +7,24 @@ local pending = grant_of(owner)
 if pending and not DECLARED[pending] then return undeclared(pending) end
 beat()
 if is_gone(owner) then return {"gone"} end
+-- A node handed over to this waiter in its replica's release reply has no grant entry: the
+-- claim that crossed that reply finds it by its lease.
+local function handed_over()
+  for _, id in ipairs(NODES) do
+    local held = redis.call("HMGET", lease_key(id), "owner", "token")
+    if held[1] == owner then
+      redis.call("PEXPIRE", lease_key(id), TTL)
+      return {"granted", id, tonumber(held[2])}
+    end
+  end
+  return nil
+end
 local function claim()
   local id = grant_of(owner)
-  if not id then return nil end
+  if not id then
+    if redis.call("ZSCORE", QUEUE, owner) then return nil end  -- still waiting
+    return handed_over()
+  end
   redis.call("HDEL", GRANTS, owner)
   local held = redis.call("HMGET", lease_key(id), "owner", "token")
   if held[1] ~= owner then return nil end

@@ -39,6 +39,11 @@ end
 local clock = redis.call("TIME")
 local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local granted = {}
+-- A script whose caller hands grants over to its own waiters (`release`) sets HAND_OVER:
+-- a node granted to one of the caller's waiters is then claimed at once, and named in the
+-- reply (`handed`: owner, node, token, ...) instead of waiting for that waiter's claim.
+local HAND_OVER = false
+local handed = {}
 
 local function node_key(id) return DECLARED[id][1] end
 local function lease_key(id) return DECLARED[id][2] end
@@ -215,10 +220,16 @@ local function fill()
   while id do
     local member = head()
     if not member then return end
-    lease(id, member, string.match(redis.call("HGET", WAIT, member), "|(.*)$"))
+    local token = lease(id, member, string.match(redis.call("HGET", WAIT, member), "|(.*)$"))
     drop(member)
-    redis.call("HSET", GRANTS, member, string.format("%d|%s", NOW + CLAIM_MS, id))
-    granted[#granted + 1] = member
+    if HAND_OVER and replica_of(member) == REPLICA then
+      handed[#handed + 1] = member
+      handed[#handed + 1] = id
+      handed[#handed + 1] = token
+    else
+      redis.call("HSET", GRANTS, member, string.format("%d|%s", NOW + CLAIM_MS, id))
+      granted[#granted + 1] = member
+    end
     id = free_node()
   end
 end

@@ -3,6 +3,8 @@
 -- and its holder's verdict is not recorded (a second request may have disturbed the node).
 -- `reports_health` is "1" when the request says something of the node's health; `reason` is ""
 -- for a success; `hard` is "1" for a failure that takes the node out at once.
+-- Answers 0 for a lost lease, else {1, then owner, node, token for each node handed over
+-- to one of the caller's own waiters}.
 local id = ARG.node
 local held = redis.call("HMGET", lease_key(id), "owner", "token", "since")
 if held[1] ~= ARG.owner or held[2] ~= ARG.token then return 0 end
@@ -21,4 +23,7 @@ if ARG.reports_health == "1" then
     end
   end
 end
-return finish(1)
+HAND_OVER = true
+local reply = finish({1})
+for _, value in ipairs(handed) do reply[#reply + 1] = value end
+return reply
