@@ -43,14 +43,16 @@ HEAD = (
 
 @pytest.fixture(scope="module")
 def stack(sim_stacks: StackPool) -> SimStack:
-    return sim_stacks.get(nodes=1, prefills=1, model=MODEL, node_args=["--step-ms", "20"])
+    return sim_stacks.get(nodes=2, prefills=1, model=MODEL, node_args=["--step-ms", "20"])
 
 
 @pytest.fixture(scope="module")
 def gateways(
     stack: SimStack, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, GatewayProcess]]:
-    models = [latency_model(stack, MODEL)]
+    # A node for each gateway: two gateways, each with a gate of its own, would both take
+    # (and probe, and flush) a node they shared.
+    first, second = stack.nodes
     deadlines = {
         "first_request_timeout_s": FIRST_REQUEST_S,
         "head_timeout_s": HEAD_S,
@@ -60,8 +62,10 @@ def gateways(
     bounded = {"max_connections": MAX_CONNECTIONS, "first_request_timeout_s": 60}
     configs = {
         # Generous backend timeouts: the flood loads the machine the simulators run on.
-        "deadlines": gateway_config(models, server=deadlines, timeouts=LENIENT),
-        "bounded": gateway_config(models, server=bounded),
+        "deadlines": gateway_config(
+            [latency_model(stack, MODEL, nodes=[first])], server=deadlines, timeouts=LENIENT
+        ),
+        "bounded": gateway_config([latency_model(stack, MODEL, nodes=[second])], server=bounded),
     }
     with running_gateways(tmp_path_factory, configs) as running:
         yield running
