@@ -153,7 +153,8 @@ def _bootstrap_pip(python: Path) -> None:
         )
         wheels = list(Path(download).glob("pip-*.whl"))
         if fetched.returncode != 0 or not wheels:
-            raise Unavailable(f"pip download pip failed: {fetched.stderr.strip()}")
+            reason = (fetched.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise Unavailable(f"pip download pip failed: {reason}")
         wheel = str(wheels[0])
         subprocess.run([str(python), f"{wheel}/pip", "install", "-q", wheel], check=True)
 
