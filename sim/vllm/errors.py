@@ -27,8 +27,22 @@ class ApiError(Exception):
         return error_body(self.status, self.message, self.param, self.kind)
 
 
+# vLLM spells these names out rather than deriving them from the running Python's reason
+# phrases, which move between releases (Python 3.13 calls 422 "Unprocessable Content").
+_VLLM_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    422: "UnprocessableEntityError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
+}
+
+
 def error_type(status: int) -> str:
     """vLLM's error type name for a status, e.g. 400 → ``BadRequestError``."""
+    if status in _VLLM_ERROR_TYPES:
+        return _VLLM_ERROR_TYPES[status]
     try:
         phrase = HTTPStatus(status).phrase
     except ValueError:
