@@ -51,7 +51,7 @@ def use_shared_metrics() -> None:
     """In a worker, before any metric exists: keep values in the multiprocess files."""
     from prometheus_client import values
 
-    values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+    values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call, unused-ignore]
 
 
 class _Supervisor:
@@ -166,4 +166,4 @@ class _Supervisor:
 def _mark_dead(pid: int) -> None:
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+    multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call, unused-ignore]

@@ -45,7 +45,7 @@ DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 class Metrics:
     def __init__(self) -> None:
-        disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` series double the output for no use here
+        disable_created_metrics()  # type: ignore[no-untyped-call, unused-ignore]  # `*_created` series double the output for no use here
         self.registry = CollectorRegistry()
         r = self.registry
         self._requests = Counter(
@@ -171,7 +171,7 @@ class Metrics:
         self._exposed = r
         if shared_dir := os.environ.get(METRICS_DIR_ENV):
             self._exposed = CollectorRegistry()
-            MultiProcessCollector(self._exposed, path=shared_dir)  # type: ignore[no-untyped-call]
+            MultiProcessCollector(self._exposed, path=shared_dir)  # type: ignore[no-untyped-call, unused-ignore]
             self._exposed.register(self._pools)
             self._exposed.register(self._upstreams)
             # Whichever worker answers a scrape, the series are every worker's, by pid: one

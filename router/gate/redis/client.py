@@ -213,7 +213,7 @@ def _sentinel_master(
 ) -> GateRedis:
     """The master the sentinels name, asked again whenever a connection to it is made, so
     that a failover moves the gate to the new master."""
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8
         list(address.hosts),
         sentinel_kwargs={
             "socket_timeout": timeout_s,

@@ -88,7 +88,7 @@ class WakeUps:
                 self.subscribed.clear()
                 if pubsub is not None:
                     with contextlib.suppress(*CONNECTION_LOST):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+                        await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8
             with contextlib.suppress(TimeoutError):  # reconnect backoff; waiters poll
                 async with asyncio.timeout(backoff_s):
                     await closing.wait()
