@@ -42,6 +42,8 @@ ConnectionError; the wake-up listener, which reads its connection itself, catche
 _SENDING = frozenset({"send_packed_command", "_send_packed_command"})
 """redis-py's connection methods that write a command (after connecting and checking the
 connection's health): a command whose write failed in them left nothing for Redis to run."""
+_CHECKS_TRANSPORT = frozenset({"_send_packed_command"})
+"""redis-py 8's method that finds the transport closed, before writing or under the write."""
 
 
 class _ConnectionLost(ConnectionError):
@@ -52,18 +54,36 @@ class _ConnectionLost(ConnectionError):
         self.transport_error = transport_error
 
 
-def _failed_before_sending(exc: BaseException) -> bool:
-    """Whether `exc` (one of _TRANSPORT_ERRORS) was raised while redis-py was writing a
-    command: the closed transport under the write took no byte of it. Raised anywhere else
-    (reading the answer, say), the command may have run."""
-    frame = exc.__traceback__
-    while frame is not None:
-        code = frame.tb_frame.f_code
-        module = frame.tb_frame.f_globals.get("__name__", "")
-        if code.co_name in _SENDING and module.startswith("redis."):
-            return True
-        frame = frame.tb_next
-    return False
+def _unsent(exc: ConnectionError) -> bool:
+    """Whether a call failed on a connection found closed while redis-py was writing its
+    command: the closed transport took no byte of it, so Redis has nothing to run. Before
+    redis-py 8 that is one of _TRANSPORT_ERRORS raised anywhere in its writing methods;
+    redis-py 8 checks the transport itself and raises a ConnectionError of its own from its
+    write, with no cause or a transport error as its cause. Raised anywhere else (reading
+    the answer, a socket error during the write), the command may have run."""
+    if isinstance(exc, _ConnectionLost):
+        return any(_is_sending(frame) for frame in _frames(exc.transport_error))
+    frames = _frames(exc)
+    return (
+        bool(frames)
+        and _is_sending(frames[-1], _CHECKS_TRANSPORT)
+        and (exc.__cause__ is None or isinstance(exc.__cause__, _TRANSPORT_ERRORS))
+    )
+
+
+def _frames(exc: BaseException) -> list[Any]:
+    """The frames `exc` passed through, outermost first."""
+    frames, tb = [], exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def _is_sending(frame: Any, names: frozenset[str] = _SENDING) -> bool:
+    return frame.f_code.co_name in names and frame.f_globals.get("__name__", "").startswith(
+        "redis."
+    )
 
 
 class GateRedis:
@@ -88,8 +108,8 @@ class GateRedis:
         """`command` (one command: a script's call that loads the script first counts as
         one) on the client; one of UNAVAILABLE if Redis cannot be reached.
 
-        redis-py writing on a connection closed under it raises AttributeError or TypeError
-        from the transport (not a ConnectionError); that is a lost connection too. After a
+        redis-py before 8 writing on a connection closed under it raises AttributeError or
+        TypeError from the transport (not a ConnectionError); that is a lost connection too. After a
         failure, a Cluster client learns the slot map again before the next command, once
         for all callers: redis-py's Cluster client, closed after an error and then sent
         commands by many callers at once (or sent its very first commands that way), breaks
@@ -100,8 +120,8 @@ class GateRedis:
         """
         try:
             return await self._run_once(command)
-        except _ConnectionLost as exc:
-            if not _failed_before_sending(exc.transport_error):
+        except ConnectionError as exc:
+            if not _unsent(exc):
                 raise
         return await self._run_once(command)
 
