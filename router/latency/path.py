@@ -28,7 +28,7 @@ from router.selection import (
     ServerSet,
     outcome_of,
 )
-from router.serving import Answer, RoutedRequest, json_answer
+from router.serving import Answer, LastChunk, RoutedRequest, json_answer
 from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
 from router.tokens.tokenizer import LoadedTokenizer
@@ -316,15 +316,16 @@ class LatencyPath:
         first = renderer.start(opening)
         if first:
             yield first
+        tail = b""  # the stream's last events, sent with its end in one write
         try:
             async for event in relay.events(session):
                 if isinstance(event, RelayEnd):
                     running = _usage(prefilled, event) if continuous else None
-                    yield renderer.finish(
+                    tail = renderer.finish(
                         event.finish_reason, event.stop_reason, running, relay.take_logprobs()
                     )
                     if include_usage:
-                        yield renderer.usage(_usage(prefilled, event))
+                        tail += renderer.usage(_usage(prefilled, event))
                     continue
                 running = None
                 if continuous:
@@ -337,15 +338,14 @@ class LatencyPath:
             self._deps.metrics.upstream_error(self._model, str(exc.code))
             access.ended_with(exc)
             tracing.failed(exc)
-            yield renderer.error(exc)
+            tail = renderer.error(exc)
         except Exception as exc:  # a bug: the client still gets an error event and a clean end
             log.exception("relaying a latency stream failed")
             error = GatewayError("internal error in the gateway")
             access.ended_with(error)
             tracing.failed(exc)
-            yield renderer.error(error)
-        if end := renderer.end():
-            yield end
+            tail = renderer.error(error)
+        yield LastChunk(tail + renderer.end())
 
     def close_all(self) -> None:
         """Shutdown: finish the protocol of every session still holding a slot (their

@@ -4,6 +4,7 @@ that runs it and watches the client (`PathResponse`), and spill as a composition
 
 from router.serving.base import (
     Answer,
+    LastChunk,
     RoutedRequest,
     ServePath,
     error_answer,
@@ -18,6 +19,7 @@ from router.serving.response import PathResponse
 __all__ = [
     "Answer",
     "Fallback",
+    "LastChunk",
     "PathResponse",
     "RoutedRequest",
     "ServePath",

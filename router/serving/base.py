@@ -67,6 +67,10 @@ class Answer:
     chunks: AsyncGenerator[bytes, None]
 
 
+class LastChunk(bytes):
+    """A body's last chunk, said so: it goes out with the body's end, in one write."""
+
+
 class ServePath(Protocol):
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         """Start serving `request`: return once its status is known.

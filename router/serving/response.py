@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from contextlib import AsyncExitStack, aclosing
 
 import anyio
@@ -21,7 +22,14 @@ from starlette.types import Receive, Scope, Send
 
 from router.errors import ClientGone, GatewayError, Unavailable
 from router.openai.sse import EVENT_END
-from router.serving.base import Answer, RoutedRequest, ServePath, error_answer, raw_headers
+from router.serving.base import (
+    Answer,
+    LastChunk,
+    RoutedRequest,
+    ServePath,
+    error_answer,
+    raw_headers,
+)
 from router.serving.live import LiveResponses
 from router.telemetry import tracing
 
@@ -31,6 +39,11 @@ SERVER_SEND = "pd_gateway.server_send"
 """A scope key: the ASGI server's own `send`, set by the app before any middleware.
 The chunks of a body in progress go to it directly; the middlewares' `send` wrappers see
 the start and the end of every answer, which is all they look at."""
+
+
+HOLD_HEAD = "pd_gateway.hold_head"
+"""A scope key, where the server offers it: a callable that holds the answer's head back
+until the first bytes of its body, so that both leave in one write."""
 
 
 class PathResponse(Response):
@@ -56,6 +69,7 @@ class PathResponse(Response):
         self._started = False
         self._streaming = False  # an event stream has started
         self._tail = EVENT_END  # the end of the last chunk sent
+        self._hold_head: Callable[[], None] | None = None
         self._exchange_task: asyncio.Future[None] | None = None
         self._cut = False
 
@@ -70,6 +84,7 @@ class PathResponse(Response):
             self._live.add(self)
         if self._in_flight is not None:
             self._in_flight.inc()
+        self._hold_head = scope.get(HOLD_HEAD)
         try:
             await self._serve(receive, send, scope.get(SERVER_SEND, send))
         finally:
@@ -118,14 +133,21 @@ class PathResponse(Response):
             answer = error_answer(error)
         with tracing.stage(tracing.RELAY, status=answer.status):
             await self._start(send, answer)
+            last = b""  # held for the body's end, once the body has said it is its last
             async with aclosing(answer.chunks) as chunks:
                 async for chunk in chunks:
-                    if chunk:
-                        await server_send(
-                            {"type": "http.response.body", "body": chunk, "more_body": True}
-                        )
-                        self._tail = chunk[-2:]
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    if last:  # more came after it: it was not the last after all
+                        await self._send_chunk(server_send, last)
+                        last = b""
+                    if isinstance(chunk, LastChunk):
+                        last = bytes(chunk)
+                    elif chunk:
+                        await self._send_chunk(server_send, chunk)
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+
+    async def _send_chunk(self, server_send: Send, chunk: bytes) -> None:
+        await server_send({"type": "http.response.body", "body": chunk, "more_body": True})
+        self._tail = chunk[-2:]
 
     async def _end_cut(self, send: Send) -> None:
         """The gateway is shutting down and this answer could not finish in time."""
@@ -150,6 +172,8 @@ class PathResponse(Response):
         self._streaming = any(
             k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
         )
+        if self._hold_head is not None:
+            self._hold_head()
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
 
 

@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 
 from router.errors import Overloaded, UpstreamError
-from router.serving import Answer, PathResponse, RoutedRequest, single_chunk
+from router.serving import Answer, LastChunk, PathResponse, RoutedRequest, single_chunk
 from router.serving.live import LiveResponses
-from router.serving.response import SERVER_SEND
+from router.serving.response import HOLD_HEAD, SERVER_SEND
 from router.telemetry.metrics import Metrics
 from tests.throughput.support import routed
 
@@ -103,6 +103,47 @@ async def test_a_bodys_chunks_go_to_the_servers_send_and_its_start_and_end_throu
     assert app.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
     assert [m["body"] for m in server.sent] == [b"data: 1\n\n", b"data: 2\n\n"]
     assert all(m["more_body"] for m in server.sent)
+
+
+def streamed(*body: bytes) -> OpenFn:
+    async def chunks() -> AsyncGenerator[bytes, None]:
+        for chunk in body:
+            yield chunk
+
+    async def open_upstream(request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        return Answer(200, [(b"content-type", b"text/event-stream")], chunks())
+
+    return open_upstream
+
+
+async def test_a_last_chunk_goes_out_with_the_bodys_end() -> None:
+    app, server = Client(), Client()
+    scope = {**SCOPE, SERVER_SEND: server.send}
+    body = streamed(b"data: 1\n\n", LastChunk(b"data: 2\n\ndata: [DONE]\n\n"))
+    await respond(body, {})(scope, app.receive, app.send)
+    assert [m["body"] for m in server.sent] == [b"data: 1\n\n"]
+    assert app.sent[-1] == {
+        "type": "http.response.body",
+        "body": b"data: 2\n\ndata: [DONE]\n\n",
+        "more_body": False,
+    }
+
+
+async def test_a_chunk_after_one_said_to_be_last_is_sent_after_it() -> None:
+    app, server = Client(), Client()
+    scope = {**SCOPE, SERVER_SEND: server.send}
+    await respond(streamed(LastChunk(b"a"), b"b"), {})(scope, app.receive, app.send)
+    assert [m["body"] for m in server.sent] == [b"a", b"b"]
+    assert app.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+async def test_the_head_is_held_for_the_body_where_the_server_offers_it() -> None:
+    app, server = Client(), Client()
+    held: list[int] = []
+    scope = {**SCOPE, SERVER_SEND: server.send, HOLD_HEAD: lambda: held.append(len(app.sent))}
+    await respond(streamed(b"data: 1\n\n"), {})(scope, app.receive, app.send)
+    assert held == [0]  # asked for just before the head was sent
+    assert app.sent[0]["type"] == "http.response.start"
 
 
 async def test_gateway_error_is_rendered_with_its_own_headers() -> None:
