@@ -4,17 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-import uvicorn
 
 from router.process.front_door import OVERFLOW_RESERVE, FrontDoorLimits, protocol_class
 from router.telemetry.metrics import Metrics
-from tests.throughput.support import wait_until
+from tests.process.support import serving
 
 LIMITS = FrontDoorLimits(
     first_request_timeout_s=0.3, head_timeout_s=0.3, body_timeout_s=0.3, max_connections=2
@@ -29,30 +25,6 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
         pass
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b""})
-
-
-@asynccontextmanager
-async def front_door(metrics: Metrics) -> AsyncIterator[int]:
-    """A server behind the front door on a free port; yields the port."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        app,
-        lifespan="off",
-        log_level="warning",
-        http=protocol_class(LIMITS, metrics.connection_refused),
-        loop="none",
-        timeout_graceful_shutdown=1,
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        await wait_until(lambda: server.started, deadline_s=10, what="uvicorn started")
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
 
 
 async def answer_to(port: int, sent: bytes) -> bytes:
@@ -94,7 +66,7 @@ async def test_a_slow_or_oversized_request_is_counted_by_its_reason(
     sent: bytes, status: bytes, reason: str
 ) -> None:
     metrics = Metrics()
-    async with front_door(metrics) as port:
+    async with serving(app, protocol_class(LIMITS, metrics.connection_refused)) as port:
         assert refused(metrics) == {}
         answer = await answer_to(port, sent)
         assert answer.startswith(status) if status else answer == b""
@@ -106,7 +78,7 @@ async def test_a_slow_or_oversized_request_is_counted_by_its_reason(
 
 async def test_connections_over_the_bound_are_counted_answered_or_not() -> None:
     metrics = Metrics()
-    async with front_door(metrics) as port:
+    async with serving(app, protocol_class(LIMITS, metrics.connection_refused)) as port:
         held = [
             await asyncio.open_connection("127.0.0.1", port) for _ in range(LIMITS.max_connections)
         ]

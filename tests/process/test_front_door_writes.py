@@ -5,16 +5,11 @@ same either way, on a real uvicorn server and real sockets."""
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
-
-import uvicorn
 
 from router.process.front_door import FrontDoorLimits, HeadHold, protocol_class
 from router.serving.response import HOLD_HEAD
-from tests.throughput.support import wait_until
+from tests.process.support import serving
 
 LIMITS = FrontDoorLimits(
     first_request_timeout_s=5, head_timeout_s=5, body_timeout_s=5, max_connections=8
@@ -98,26 +93,8 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-@asynccontextmanager
-async def front_door() -> AsyncIterator[int]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", http=protocol_class(LIMITS), loop="none"
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        await wait_until(lambda: server.started, deadline_s=10, what="uvicorn started")
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
-
-
 async def test_held_heads_reach_the_client_whole_and_in_order() -> None:
-    async with front_door() as port:
+    async with serving(app, protocol_class(LIMITS)) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         request = "GET {} HTTP/1.1\r\nhost: x\r\n\r\n"
         writer.write(request.format("/now").encode() + request.format("/later").encode())
