@@ -143,6 +143,10 @@ class PathResponse(Response):
                         last = bytes(chunk)
                     elif chunk:
                         await self._send_chunk(server_send, chunk)
+            # What the answer holds upstream (a server's count of requests in flight, its
+            # stream) is given back before the last bytes leave: a client that has the
+            # whole answer and sends its next request at once finds it given back.
+            await stack.aclose()
             await send({"type": "http.response.body", "body": last, "more_body": False})
 
     async def _send_chunk(self, server_send: Send, chunk: bytes) -> None:

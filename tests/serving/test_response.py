@@ -137,6 +137,26 @@ async def test_a_chunk_after_one_said_to_be_last_is_sent_after_it() -> None:
     assert app.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
 
 
+async def test_what_the_answer_holds_upstream_is_given_back_before_its_last_bytes() -> None:
+    closed: list[str] = []
+    closed_at_end: list[list[str]] = []
+
+    async def open_upstream(request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        stack.callback(closed.append, "upstream")
+        return Answer(200, [(b"content-type", b"application/json")], single_chunk(b"{}"))
+
+    app = Client()
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            closed_at_end.append(list(closed))
+        await app.send(message)
+
+    await respond(open_upstream, {})(SCOPE, app.receive, send)
+    assert closed_at_end == [["upstream"]]
+    assert closed == ["upstream"]  # and only once
+
+
 async def test_the_head_is_held_for_the_body_where_the_server_offers_it() -> None:
     app, server = Client(), Client()
     held: list[int] = []
