@@ -109,8 +109,8 @@ class GateRedis:
         one) on the client; one of UNAVAILABLE if Redis cannot be reached.
 
         redis-py before 8 writing on a connection closed under it raises AttributeError or
-        TypeError from the transport (not a ConnectionError); that is a lost connection too. After a
-        failure, a Cluster client learns the slot map again before the next command, once
+        TypeError from the transport (not a ConnectionError); that is a lost connection too.
+        After a failure, a Cluster client learns the slot map again before the next command, once
         for all callers: redis-py's Cluster client, closed after an error and then sent
         commands by many callers at once (or sent its very first commands that way), breaks
         connections under them. A command whose connection was found closed while it was
