@@ -1,15 +1,18 @@
 """Classifying a very long prompt must not stall the gateway's other streams.
 
 A rule with a `prompt_tokens` range the cheap byte bounds cannot settle makes the gateway
-count a ~200k-token prompt with the model's tokenizer. While it does, a streamed latency
-request is read at the client and the gaps between its chunks are measured: none may
-exceed 250 ms, a bound far above the node's 10 ms step and ordinary scheduling noise.
+count a ~440k-token prompt with the model's tokenizer. The prompt is random words, so no
+cached piece shortens the count: on the event loop, it would hold the loop for over 400 ms.
+While it runs, a streamed latency request is read at the client, its node sending a line
+every 10 ms step, and the gaps between its chunks are measured: none may exceed 250 ms, a
+bound far above the step and ordinary scheduling noise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import time
 from collections.abc import Iterator
 
@@ -33,15 +36,15 @@ from tests.support.stacks import StackPool
 # Gaps between chunks are timings: another worker's test would widen them.
 pytestmark = pytest.mark.serial
 
-LONG_PROMPT_TOKENS = 200_000
+LONG_PROMPT_TOKENS = 400_000  # the rule's lower bound
 MAX_GAP_S = 0.25
-# A byte count (1.2 MB of " hello") would miss this range; only a real count lands in it.
+# The prompt's bytes (720 KB) cannot settle this range; only a real count lands in it.
 RULES = {
     "default": {"name": "interactive", "path": "latency"},
     "rules": [
         {
             "name": "long-context",
-            "match": {"prompt_tokens": {"min": 150_000, "max": 250_000}},
+            "match": {"prompt_tokens": {"min": 400_000, "max": 600_000}},
             "path": "throughput",
         }
     ],
@@ -57,9 +60,9 @@ def stack(sim_stacks: StackPool) -> SimStack:
         nodes=1,
         prefills=1,
         proxy=True,
-        node_args=["--step-ms", "10"],
+        node_args=["--step-ms", "10", "--stream-interval-ms", "10"],
         prefill_args=["--itl-ms", "0"],
-        proxy_args=["--itl-ms", "1", "--prefill-ms-per-token", "0", "--max-model-len", "262144"],
+        proxy_args=["--itl-ms", "1", "--prefill-ms-per-token", "0", "--max-model-len", "1048576"],
     )
 
 
@@ -95,7 +98,7 @@ async def test_counting_a_long_prompt_does_not_stall_a_concurrent_stream(
     await first_chunk.wait()
     long_body = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": " hello" * LONG_PROMPT_TOKENS + directive("ok")}],
+        "messages": [{"role": "user", "content": random_words(80_000) + directive("ok")}],
         "max_tokens": 5,
     }
     long = await client.chat.completions.with_raw_response.create(**long_body)
@@ -109,6 +112,12 @@ async def test_counting_a_long_prompt_does_not_stall_a_concurrent_stream(
     gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
     worst = max(gaps)
     assert worst < MAX_GAP_S, f"a {worst * 1000:.0f} ms gap between chunks"
+
+
+def random_words(count: int) -> str:
+    """`count` random hexadecimal words, about 5.5 tokens each, none cached twice."""
+    rng = random.Random(2026)
+    return " ".join(f"{rng.getrandbits(32):x}" for _ in range(count))
 
 
 def peak_rss_mb(gateway: GatewayProcess) -> float:
