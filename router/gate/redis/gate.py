@@ -217,6 +217,7 @@ class RedisGate:
             await asyncio.wait(self._background, timeout=self._config.poll_s)
         await self._upkeep.finish(self._config.poll_s)
         await self.scripts.settle(self._config.poll_s)
+        await self._upkeep.finish(self._config.poll_s)  # what the last replies handed on
         self._background.clear()
         await self._upkeep.withdraw_orphans()
         try:
@@ -287,12 +288,12 @@ class RedisGate:
             self.admin.known[node_id] = node
         return self._upkeep.lease(node, owner, holder, int(reply[2]))
 
-    async def _hand_over(self, owner: str, node_id: str, token: int) -> None:
+    def _hand_over(self, owner: str, node_id: str, token: int) -> None:
         """A node this replica's release granted to one of its own waiters: given to it at
         once, or, if it has left meanwhile, passed on to the next waiter. A waiter that has
         left holding it found it with a claim that crossed the release's reply."""
         if not self._waiters.hand_over(owner, node_id, token) and not self._upkeep.holds(owner):
-            await self._upkeep.withdraw(owner, node_id)
+            self._upkeep.spawn(self._upkeep.withdraw(owner, node_id))
 
     # -- plumbing -----------------------------------------------------------------------
 

@@ -121,6 +121,13 @@ class Scripts:
         Cluster client even hands it to the next caller). The scripts expect this: a waiter
         gives up with a mark (`abandon`) that voids its acquire or claim, whenever it runs.
         """
+        return await asyncio.shield(self.start(script, touching=touching, **args))
+
+    def start(
+        self, script: str, *, touching: Iterable[str] = (), **args: ArgValue
+    ) -> asyncio.Task[Any]:
+        """`run`'s call, started now and handed back: it runs to its end whoever waits for
+        it, and a callback added to it sees the reply as soon as it is in."""
         _, names = self._scripts[script]
         if set(args) != set(names):
             raise TypeError(f"script {script} takes {names}, not {tuple(args)}")
@@ -128,7 +135,7 @@ class Scripts:
         call = asyncio.ensure_future(self._call(script, list(touching), named))
         self._in_flight.add(call)
         call.add_done_callback(self._ended)
-        return await asyncio.shield(call)
+        return call
 
     async def settle(self, timeout_s: float) -> None:
         """Wait (at most `timeout_s`) for the calls under way, their callers gone or not."""

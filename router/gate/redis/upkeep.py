@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from router.config import RedisGateConfig
@@ -35,7 +35,7 @@ class Upkeep:
         config: RedisGateConfig,
         metrics: GateMetrics,
         *,
-        hand_over: Callable[[str, str, int], Awaitable[None]],
+        hand_over: Callable[[str, str, int], None],
     ) -> None:
         self._scripts = scripts
         self._hand_over = hand_over  # (owner, node id, token): a node for a waiter of ours
@@ -69,7 +69,7 @@ class Upkeep:
     ) -> None:
         self._leases.discard(lease)
         grant = lease.grant
-        call = self._scripts.run(
+        call = self._scripts.start(
             "release",
             touching=[grant.node.id],
             node=grant.node.id,
@@ -79,8 +79,10 @@ class Upkeep:
             reason="" if failure is None else failure.reason,
             hard="1" if failure is not None and failure.hard else "0",
         )
+        # Handed over from the reply's callback: the waiter needs no turn of this task's.
+        call.add_done_callback(self._hand_over_granted)
         try:
-            released = await asyncio.shield(self.spawn(self._handing_over(call)))
+            released = bool(await asyncio.shield(call))
         except UNAVAILABLE as exc:
             log.warning(
                 "could not release node %s (%s): it frees itself when its lease expires",
@@ -92,16 +94,14 @@ class Upkeep:
             self._metrics.fencing_rejected()
             log.warning("node %s: the lease of %s had been lost", grant.node.id, grant.holder)
 
-    async def _handing_over(self, release: Awaitable[Any]) -> bool:
-        """Run the release; hand the nodes it granted to this replica's own waiters over to
-        them (whether or not the releasing request is still there to see it)."""
-        reply = await release
-        if not reply:
-            return False
-        handed = reply[1:]
+    def _hand_over_granted(self, release: asyncio.Future[Any]) -> None:
+        """Hand the nodes a release granted to this replica's own waiters over to them
+        (whether or not the releasing request is still there to see it)."""
+        if release.cancelled() or release.exception() is not None or not release.result():
+            return
+        handed = release.result()[1:]
         for i in range(0, len(handed), 3):
-            await self._hand_over(handed[i], handed[i + 1], int(handed[i + 2]))
-        return True
+            self._hand_over(handed[i], handed[i + 1], int(handed[i + 2]))
 
     async def renew(self, leases: list[RedisLease]) -> None:
         """Renew `leases` and this replica's heartbeat; a failure leaves each lease valid until
