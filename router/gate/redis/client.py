@@ -8,6 +8,11 @@ Instead a pooled connection is checked before each use: one the server has close
 restarted, or failed over) is opened again before anything is sent on it. redis-py skips
 that check when it handles the server's maintenance notifications, which its newer
 releases do by default; the gate turns them off (it never asks for them).
+On one server or through Sentinel, a command's time limit is the gate's own, around the
+whole call (`GateRedis.run`), not redis-py's socket timeout: on Python 3.11 redis-py applies
+that one to each write with `asyncio.wait_for`, a task of its own, so every command waited
+a turn of the event loop more (a turn of a loop busy relaying streams is about half a
+millisecond). A Cluster client keeps its socket timeout: it handles that error itself.
 On a Cluster, wake-ups use classic PUBLISH, which every node forwards to the whole cluster,
 so one subscription on any node hears them (Redis 6.2 has no sharded pub/sub to prefer).
 """
@@ -95,12 +100,15 @@ class GateRedis:
         client: RedisClient,
         sentinel: Sentinel | None = None,
         reached: Callable[[bool], None] = lambda _: None,
+        timeout_s: float | None = None,
     ) -> None:
         """`reached`: told after each command whether Redis answered (an error reply is an
-        answer), for the health gauge."""
+        answer), for the health gauge; `timeout_s`: each command's time limit, if the
+        client has none of its own (a TimeoutError then, one of UNAVAILABLE)."""
         self._client = client
         self._sentinel = sentinel
         self._reached = reached
+        self._timeout_s = timeout_s
         self._ready = not isinstance(client, RedisCluster)
         self._learning = asyncio.Lock()
 
@@ -128,7 +136,8 @@ class GateRedis:
     async def _run_once(self, command: Callable[[RedisClient], Awaitable[T]]) -> T:
         try:
             client = await self.settled()
-            result = await command(client)
+            async with asyncio.timeout(self._timeout_s):
+                result = await command(client)
         except ResponseError:
             self._reached(True)
             self._ready = not isinstance(self._client, RedisCluster)
@@ -209,20 +218,20 @@ def connect(
         )
     if address.deployment == "sentinel":
         return _sentinel_master(address, password or address.password, timeout_s, reached)
-    # A bounded pool that makes a call wait for a connection (at most a socket timeout)
+    # A bounded pool that makes a call wait for a connection (within the call's time limit)
     # rather than fail: redis-py's default pool refuses past its limit.
     pool = BlockingConnectionPool.from_url(
         config.url,
         max_connections=max_connections,
         timeout=timeout_s,
         password=password,
-        socket_timeout=timeout_s,
+        socket_timeout=None,  # the call's own limit instead (see the module's docstring)
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),
         decode_responses=True,
         **_checked_connections(),
     )
-    return GateRedis(Redis.from_pool(pool), reached=reached)
+    return GateRedis(Redis.from_pool(pool), reached=reached, timeout_s=timeout_s)
 
 
 def _sentinel_master(
@@ -249,9 +258,9 @@ def _sentinel_master(
         password=password,
         retry=Retry(NoBackoff(), 0),
         decode_responses=True,
-        socket_timeout=timeout_s,
+        socket_timeout=None,  # the call's own limit instead (see the module's docstring)
         socket_connect_timeout=timeout_s,
         ssl=address.tls,
         **_checked_connections(),
     )
-    return GateRedis(master, sentinel, reached)
+    return GateRedis(master, sentinel, reached, timeout_s)
