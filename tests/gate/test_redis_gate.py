@@ -192,6 +192,28 @@ async def test_a_release_hands_the_node_to_a_waiter_of_its_own_replica_in_its_re
     assert (await asyncio.wait_for(remote, 5)).holder == "remote"
 
 
+async def test_a_release_whose_request_is_cancelled_mid_call_still_hands_the_node_over(
+    replica: Replica,
+) -> None:
+    """The hand-over runs from the release script's reply, not from the releasing task:
+    that task cancelled while the script is on its way, the waiter still gets the node
+    (long before its own poll, 30 s away, would find it)."""
+    pool = nodes(1)
+    gate = replica(pool, poll_s=30)
+    held = await gate.acquire(priority=0, wait_s=1, holder="held")
+    waiter = asyncio.create_task(gate.acquire(priority=0, wait_s=10, holder="next"))
+    await waiting(gate, 1)
+    releasing = asyncio.create_task(held.release())
+    await asyncio.sleep(0)  # one turn: the task runs up to its wait for the script's reply
+    assert held.released and not releasing.done()
+    releasing.cancel()
+    lease = await asyncio.wait_for(waiter, 5)
+    assert releasing.cancelled()
+    assert lease.holder == "next" and lease.node == held.node
+    assert (await gate.snapshot()).busy == {held.node.id: "next"}
+    await lease.release()
+
+
 async def test_a_node_handed_over_before_its_waiter_has_seen_its_queued_reply_is_its(
     replica: Replica,
 ) -> None:
