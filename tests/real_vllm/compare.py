@@ -173,10 +173,49 @@ def both_ways(
     """The same request sent to vLLM directly and through the gateway. A busy vLLM
     sometimes sends two tokens in one chunk (its output lags the engine), so a stream
     that came out cut differently is asked for again, twice at most: a relay that
-    changes what it relays differs every time."""
+    changes what it relays differs every time. Streams still cut differently after that
+    come back `rejoined`: what they say is compared, not where vLLM cut it."""
     for _ in range(3):
         direct = exchange(client, direct_url, path, body)
         relayed = exchange(client, relayed_url, path, body)
         if direct == relayed or direct.content_type != "text/event-stream":
-            break
-    return direct, relayed
+            return direct, relayed
+    return rejoined(direct), rejoined(relayed)
+
+
+def rejoined(seen: Seen) -> Seen:
+    """A stream with each chunk that only carries more text of the chunk before it (same
+    choice, same fields, no finish yet) merged into that chunk."""
+    events: list[Any] = []
+    for event in seen.body:
+        last = events[-1] if events else None
+        if _continues(last, event):
+            assert isinstance(last, dict)
+            events[-1] = _with_more_text(last, event)
+        else:
+            events.append(event)
+    return Seen(seen.status, seen.content_type, events)
+
+
+def _continues(last: Any, event: Any) -> bool:
+    if not (isinstance(last, dict) and isinstance(event, dict)):
+        return False
+    if len(last.get("choices") or []) != 1 or len(event.get("choices") or []) != 1:
+        return False
+    if last["choices"][0].get("finish_reason") is not None:
+        return False
+    return textless(last) == textless(event)
+
+
+def _with_more_text(last: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+    def joined(before: Any, after: Any, key: str = "") -> Any:
+        if isinstance(before, dict) and isinstance(after, dict):
+            return {k: joined(v, after[k], k) for k, v in before.items()}
+        if isinstance(before, list) and isinstance(after, list):
+            return [joined(a, b) for a, b in zip(before, after, strict=True)]
+        if key in TEXT_KEYS and isinstance(before, str) and isinstance(after, str):
+            return before + after
+        return before
+
+    merged: dict[str, Any] = joined(last, event)
+    return merged

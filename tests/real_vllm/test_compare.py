@@ -1,0 +1,70 @@
+"""The comparison of two answers used by the real-vLLM tests: a stream vLLM cut
+differently under load is the same stream once rejoined; one that says something else is
+not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.real_vllm.compare import Seen, rejoined
+
+SSE = "text/event-stream"
+
+
+def completion_chunk(text: str, finish: str | None = None) -> dict[str, Any]:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return {"id": "<id>", "object": "text_completion", "created": "<time>", "choices": [choice]}
+
+
+def chat_chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return {"id": "<id>", "object": "chat.completion.chunk", "choices": [choice]}
+
+
+def stream(*events: Any) -> Seen:
+    return Seen(200, SSE, [*events, "[DONE]"])
+
+
+def test_a_stream_cut_differently_is_the_same_once_rejoined() -> None:
+    one_per_token = stream(
+        completion_chunk(" is"),
+        completion_chunk(" is"),  # the same token twice: both are kept
+        completion_chunk("r"),
+        completion_chunk("", "length"),
+    )
+    two_in_one = stream(
+        completion_chunk(" is is"),
+        completion_chunk("r"),
+        completion_chunk("", "length"),
+    )
+    assert one_per_token != two_in_one
+    assert rejoined(one_per_token) == rejoined(two_in_one)
+    assert rejoined(one_per_token).body[0]["choices"][0]["text"] == " is isr"
+
+
+def test_other_text_or_another_finish_still_differs() -> None:
+    said = stream(completion_chunk(" is"), completion_chunk("r"), completion_chunk("", "length"))
+    other_text = stream(
+        completion_chunk(" is"), completion_chunk("x"), completion_chunk("", "length")
+    )
+    other_finish = stream(
+        completion_chunk(" is"), completion_chunk("r"), completion_chunk("", "stop")
+    )
+    assert rejoined(said) != rejoined(other_text)
+    assert rejoined(said) != rejoined(other_finish)
+
+
+def test_chat_deltas_join_their_content_and_keep_the_role_chunk_apart() -> None:
+    cut = stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        chat_chunk({"content": "Hel"}),
+        chat_chunk({"content": "lo"}),
+        chat_chunk({"content": ""}, "stop"),
+    )
+    whole = stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        chat_chunk({"content": "Hello"}),
+        chat_chunk({"content": ""}, "stop"),
+    )
+    assert rejoined(cut) == rejoined(whole)
+    assert rejoined(cut).body[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
