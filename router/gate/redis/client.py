@@ -8,11 +8,13 @@ Instead a pooled connection is checked before each use: one the server has close
 restarted, or failed over) is opened again before anything is sent on it. redis-py skips
 that check when it handles the server's maintenance notifications, which its newer
 releases do by default; the gate turns them off (it never asks for them).
+
 On one server or through Sentinel, a command's time limit is the gate's own, around the
 whole call (`GateRedis.run`), not redis-py's socket timeout: on Python 3.11 redis-py applies
 that one to each write with `asyncio.wait_for`, a task of its own, so every command waited
 a turn of the event loop more (a turn of a loop busy relaying streams is about half a
 millisecond). A Cluster client keeps its socket timeout: it handles that error itself.
+
 On a Cluster, wake-ups use classic PUBLISH, which every node forwards to the whole cluster,
 so one subscription on any node hears them (Redis 6.2 has no sharded pub/sub to prefer).
 """
