@@ -80,7 +80,7 @@ async def _handoffs(setup: Setup, count: int) -> None:
     await held.release()
 
 
-async def _turn_ms(work_us: float, busy: int) -> float:
+async def _turn_ms(busy: int) -> float:
     """One loop turn's cost, measured as the loop runs the busy tasks."""
     turns = 200
     started = time.perf_counter()
@@ -107,7 +107,7 @@ async def _run(args: argparse.Namespace, url: str) -> tuple[list[Setup], float]:
     ]
     stop = asyncio.Event()
     busy = [asyncio.ensure_future(_busy(args.work_us, stop)) for _ in range(args.busy)]
-    turn_ms = await _turn_ms(args.work_us, args.busy)
+    turn_ms = await _turn_ms(args.busy)
     try:
         per_round = max(1, args.handoffs // args.rounds)
         for _ in range(args.rounds):

@@ -729,7 +729,6 @@ async def test_a_redis_that_stops_answering_refuses_calls_within_their_time_limi
                     await gate.acquire(priority=0, wait_s=5, holder="after the cut")
                 assert refused.value.reason == "gate_unavailable"
                 await held.release()  # logged, not raised: the lease expires on its own
-            assert not held.valid() or held.released
         finally:
             for gate in built:
                 await gate.close()

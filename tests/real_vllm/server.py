@@ -41,7 +41,8 @@ def free_port() -> int:
 
 
 class VllmServer:
-    """One vLLM server: `start()` returns once `/health` answers 200."""
+    """One vLLM server: `start()` returns once `/health` answers 200 (`launch()` then
+    `ready()`, to start several side by side)."""
 
     def __init__(
         self,
@@ -88,6 +89,11 @@ class VllmServer:
         ]
 
     def start(self) -> VllmServer:
+        return self.launch().ready()
+
+    def launch(self) -> VllmServer:
+        """Start the process and return at once. From the main thread: the tether's death
+        signal is tied to the thread that starts it."""
         with self.log_path.open("wb") as log:  # the process keeps its own copy
             self._proc = subprocess.Popen(
                 tethered(self.argv(), STOP_GRACE_S),
@@ -97,6 +103,11 @@ class VllmServer:
                 start_new_session=True,
                 preexec_fn=tether(),
             )
+        return self
+
+    def ready(self) -> VllmServer:
+        """Return once the launched server's `/health` answers 200."""
+        assert self._proc is not None, "launch() first"
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

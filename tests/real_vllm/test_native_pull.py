@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -48,9 +47,8 @@ def pair(
         for role in ("kv_producer", "kv_consumer")
     )
     try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            for started in [pool.submit(producer.start), pool.submit(consumer.start)]:
-                started.result()
+        for server in (producer.launch(), consumer.launch()):  # both start side by side
+            server.ready()
         yield producer, consumer
     finally:
         producer.stop()
