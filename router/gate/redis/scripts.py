@@ -24,7 +24,7 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from functools import partial
 from importlib import resources
 from typing import Any
@@ -121,21 +121,43 @@ class Scripts:
         Cluster client even hands it to the next caller). The scripts expect this: a waiter
         gives up with a mark (`abandon`) that voids its acquire or claim, whenever it runs.
         """
-        return await asyncio.shield(self.start(script, touching=touching, **args))
+        return await self._begin(script, touching, args, None)
 
     def start(
-        self, script: str, *, touching: Iterable[str] = (), **args: ArgValue
-    ) -> asyncio.Task[Any]:
-        """`run`'s call, started now and handed back: it runs to its end whoever waits for
-        it, and a callback added to it sees the reply as soon as it is in."""
+        self,
+        script: str,
+        *,
+        touching: Iterable[str] = (),
+        on_reply: Callable[[Any], None] | None = None,
+        **args: ArgValue,
+    ) -> asyncio.Future[Any]:
+        """`run`'s call, started now: its answer, whoever waits for it. `on_reply` sees the
+        reply in the call's own turn of the loop, before anyone waiting for the answer (a
+        callback added to the answer would run a turn later)."""
+        return self._begin(script, touching, args, on_reply)
+
+    def _begin(
+        self,
+        script: str,
+        touching: Iterable[str],
+        args: dict[str, ArgValue],
+        on_reply: Callable[[Any], None] | None,
+    ) -> asyncio.Future[Any]:
+        """The call runs in a task of its own, which sets the answer as it ends: a waiter
+        cancelled cancels only the answer, and is woken a turn after the reply, where
+        awaiting a shielded task would take two."""
         _, names = self._scripts[script]
         if set(args) != set(names):
             raise TypeError(f"script {script} takes {names}, not {tuple(args)}")
         named = [item for name in names for item in (name, args[name])]
-        call = asyncio.ensure_future(self._call(script, list(touching), named))
+        answer = asyncio.get_running_loop().create_future()
+        answer.add_done_callback(_seen)
+        call = asyncio.ensure_future(
+            _answering(answer, self._call(script, list(touching), named), on_reply)
+        )
         self._in_flight.add(call)
         call.add_done_callback(self._ended)
-        return call
+        return answer
 
     async def settle(self, timeout_s: float) -> None:
         """Wait (at most `timeout_s`) for the calls under way, their callers gone or not."""
@@ -187,3 +209,30 @@ class Scripts:
         for node_id in [*self.node_ids, *others]:
             keys += self._layout.node(node_id)
         return keys
+
+
+async def _answering(
+    answer: asyncio.Future[Any],
+    call: Coroutine[Any, Any, Any],
+    on_reply: Callable[[Any], None] | None,
+) -> None:
+    try:
+        reply = await call
+    except asyncio.CancelledError:
+        answer.cancel()
+        raise
+    except BaseException as exc:
+        if not answer.done():
+            answer.set_exception(exc)
+        return
+    try:
+        if on_reply is not None:
+            on_reply(reply)
+    finally:
+        if not answer.done():
+            answer.set_result(reply)
+
+
+def _seen(answer: asyncio.Future[Any]) -> None:
+    if not answer.cancelled():
+        answer.exception()  # a caller that left does not see it, nor does asyncio's log

@@ -72,6 +72,7 @@ class Upkeep:
         call = self._scripts.start(
             "release",
             touching=[grant.node.id],
+            on_reply=self._hand_over_granted,  # the waiter needs no turn of this task's
             node=grant.node.id,
             owner=grant.owner,
             token=grant.token,
@@ -79,10 +80,8 @@ class Upkeep:
             reason="" if failure is None else failure.reason,
             hard="1" if failure is not None and failure.hard else "0",
         )
-        # Handed over from the reply's callback: the waiter needs no turn of this task's.
-        call.add_done_callback(self._hand_over_granted)
         try:
-            released = bool(await asyncio.shield(call))
+            released = bool(await call)
         except UNAVAILABLE as exc:
             log.warning(
                 "could not release node %s (%s): it frees itself when its lease expires",
@@ -94,12 +93,12 @@ class Upkeep:
             self._metrics.fencing_rejected()
             log.warning("node %s: the lease of %s had been lost", grant.node.id, grant.holder)
 
-    def _hand_over_granted(self, release: asyncio.Future[Any]) -> None:
+    def _hand_over_granted(self, reply: Any) -> None:
         """Hand the nodes a release granted to this replica's own waiters over to them
         (whether or not the releasing request is still there to see it)."""
-        if release.cancelled() or release.exception() is not None or not release.result():
+        if not reply:
             return
-        handed = release.result()[1:]
+        handed = reply[1:]
         for i in range(0, len(handed), 3):
             self._hand_over(handed[i], handed[i + 1], int(handed[i + 2]))
 
