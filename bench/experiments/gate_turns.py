@@ -5,14 +5,16 @@ Under load, every turn of the event loop runs every other stream's ready work fi
 hand-off costs its turns of the loop as much as its round trips. This measures the gate on
 its own, in one process: a loop kept busy by `--busy` tasks that each work `--work-us`
 microseconds a turn (five of 100 µs: a turn of about 0.5 ms, as 12 streams relayed at once
-cost), one node held, one request queued for it; from the holder's `release()`, called in a task
-of its own as a request's session does, to the waiter's `acquire()` returning. The setups, taking turns in rounds:
+cost), one node held, one request queued for it; from the holder's `release()`, called in a
+task of its own as a request's session does, to the waiter's `acquire()` returning. The
+setups, taking turns in rounds:
 
 * memory: the in-process gate;
 * redis: a Redis gate, the waiter on the same replica as the holder (the release's reply
   hands the node over);
 * redis, other replica: two Redis gates on one Redis (two replicas of a deployment), the
-  waiter on the other one (the release script's message wakes it, then it claims the node).
+  waiter on the other one (the release script's message names it, and its replica claims
+  the node for it).
 
 `turns` is the median divided by the turn's cost: the loop turns the hand-off took. Tasks
 start eagerly on Python 3.12 and later, as in the gateway.

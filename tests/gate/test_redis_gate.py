@@ -96,7 +96,11 @@ def kill(gate: RedisGate) -> None:
     async def unreachable(*_: Any, **__: Any) -> Any:
         raise RedisConnectionError("this replica is dead")
 
+    def started(*_: Any, **__: Any) -> asyncio.Future[Any]:
+        return asyncio.ensure_future(unreachable())
+
     gate.scripts.run = unreachable  # type: ignore[method-assign]
+    gate.scripts.start = started  # type: ignore[method-assign]
 
 
 async def test_two_replicas_never_hold_one_node_at_once(replica: Replica) -> None:
@@ -190,6 +194,50 @@ async def test_a_release_hands_the_node_to_a_waiter_of_its_own_replica_in_its_re
     assert await lease.renew() is True
     await lease.release()
     assert (await asyncio.wait_for(remote, 5)).holder == "remote"
+
+
+async def test_a_waiter_of_another_replica_is_handed_the_node_its_replica_claimed_for_it(
+    replica: Replica,
+) -> None:
+    """The release's message names the waiter; its replica's listener claims the node for
+    it and hands it over: the waiter itself claims only once, as it starts waiting (its
+    poll is 30 s away)."""
+    pool = nodes(1)
+    a, b = replica(pool), replica(pool, poll_s=30)
+    held = await a.acquire(priority=0, wait_s=1, holder="held")
+    claims = 0
+    run = b.scripts.run
+
+    async def counted(script: str, **args: Any) -> Any:
+        nonlocal claims
+        claims += script == "claim"
+        return await run(script, **args)
+
+    b.scripts.run = counted  # type: ignore[method-assign]
+    remote = asyncio.create_task(b.acquire(priority=0, wait_s=10, holder="remote"))
+    await eventually(lambda: claims == 1)
+    await held.release()
+    lease = await asyncio.wait_for(remote, 5)
+    assert claims == 1
+    assert lease.holder == "remote" and lease.node == held.node
+    assert (await a.snapshot()).busy == {held.node.id: "remote"}
+    assert await lease.renew() is True
+    await lease.release()
+    assert (await a.snapshot()).busy == {held.node.id: None}
+
+
+async def test_a_collection_claims_only_grants_and_queues_nobody(replica: Replica) -> None:
+    """A waiter that has gone, or never waited, gets no node and no place in the queue from
+    its replica's collection."""
+    pool = nodes(1)
+    gate = replica(pool)
+    held = await gate.acquire(priority=0, wait_s=1, holder="held")
+    owner = f"{gate.replica}|gone"
+    await gate.scripts.run("abandon", owner=owner, node="")
+    assert await gate.scripts.run("collect", owners=f"{owner}\n{gate.replica}|never") == []
+    assert (await gate.snapshot()).waiting == 0
+    await held.release()
+    assert (await gate.snapshot()).busy == {held.node.id: None}
 
 
 async def test_a_release_whose_request_is_cancelled_mid_call_still_hands_the_node_over(
@@ -356,24 +404,41 @@ async def test_an_unrenewed_lease_expires_and_a_stale_release_is_refused(
     assert (await alive.snapshot()).busy == {taken.node.id: None}
 
 
-async def test_a_grant_that_races_the_cancellation_is_passed_on(replica: Replica) -> None:
+@pytest.mark.parametrize("found_by", ["its replica's collection", "its own claim"])
+async def test_a_grant_that_races_the_cancellation_is_passed_on(
+    replica: Replica, found_by: str
+) -> None:
+    """The waiter, on another replica than the release, is cancelled as the reply that
+    claims its node comes in: the node goes to the next waiter."""
     pool = nodes(1)
     a, b = replica(pool), replica(pool)
     held = await a.acquire(priority=0, wait_s=1, holder="held")
-    claim = b.scripts.run
-
-    async def cancelled_as_granted(script: str, **args: Any) -> Any:
-        reply = await claim(script, **args)
-        if script == "claim" and reply[0] == "granted":
-            asyncio.current_task().cancel()  # type: ignore[union-attr]  # lands with the reply
-        return reply
-
-    b.scripts.run = cancelled_as_granted  # type: ignore[method-assign]
     first = asyncio.create_task(b.acquire(priority=1, wait_s=10, holder="first"))
+    if found_by == "its own claim":  # the message only wakes it
+        b._waiters._collect = b._waiters.wake  # type: ignore[method-assign]
+        claim = b.scripts.run
+
+        async def cancelled_as_granted(script: str, **args: Any) -> Any:
+            reply = await claim(script, **args)
+            if script == "claim" and reply[0] == "granted":
+                asyncio.current_task().cancel()  # type: ignore[union-attr]  # lands with the reply
+            return reply
+
+        b.scripts.run = cancelled_as_granted  # type: ignore[method-assign]
+    else:
+        start = b.scripts.start
+
+        def cancelled_as_collected(script: str, **args: Any) -> Any:
+            if script == "collect":
+                hand_over = args["on_reply"]
+                args["on_reply"] = lambda reply: (first.cancel(), hand_over(reply))
+            return start(script, **args)
+
+        b.scripts.start = cancelled_as_collected  # type: ignore[method-assign]
     await waiting(a, 1)
     second = asyncio.create_task(a.acquire(priority=0, wait_s=10, holder="second"))
     await waiting(a, 2)
-    await held.release()  # to `first`, on the other replica, which is cancelled as it claims
+    await held.release()  # to `first`, on the other replica
     lease = await asyncio.wait_for(second, 5)
     assert first.cancelled()
     assert lease.node == held.node
@@ -456,7 +521,7 @@ async def test_a_waiter_that_missed_its_claim_window_is_served_later_in_turn(
     holder, other = replica(pool, **FAST), replica(pool, **FAST)
     # Its wake-ups are lost and it polls rarely: a grant's window passes before it looks.
     slow = replica(pool, **{**FAST, "poll_s": 2.0, "lease_ttl_s": 8.0, "renew_every_s": 2.0})
-    slow._waiters.wake = lambda owners: None  # type: ignore[method-assign]
+    slow._waiters._heard = lambda owners: None  # type: ignore[method-assign]
     claims = 0
     run = slow.scripts.run
 

@@ -96,6 +96,7 @@ class RedisGate:
             self.keys.channel,
             answer_s=config.socket_timeout_s,
             idle_s=config.renew_every_s,
+            collect=self._collect,
         )
         self.admin = RedisPoolAdmin(
             nodes,
@@ -289,11 +290,33 @@ class RedisGate:
         return self._upkeep.lease(node, owner, holder, int(reply[2]))
 
     def _hand_over(self, owner: str, node_id: str, token: int) -> None:
-        """A node this replica's release granted to one of its own waiters: given to it at
-        once, or, if it has left meanwhile, passed on to the next waiter. A waiter that has
-        left holding it found it with a claim that crossed the release's reply."""
+        """A node this replica's release granted to one of its own waiters, or its collection
+        claimed for one: given to the waiter at once, or, if it has left meanwhile, passed on
+        to the next one. A waiter that has left holding it found it with a claim of its own
+        that crossed the reply."""
         if not self._waiters.hand_over(owner, node_id, token) and not self._upkeep.holds(owner):
             self._upkeep.spawn(self._upkeep.withdraw(owner, node_id))
+
+    def _collect(self, owners: list[str]) -> None:
+        """Claim the nodes another replica's release granted to these waiters of ours, from
+        the listener's turn: a waiter woken to claim for itself would take a turn more.
+        Those left without a node (the grant had gone, Redis did not answer) are woken to
+        look for themselves."""
+        call = self.scripts.start(
+            "collect", owners="\n".join(owners), on_reply=partial(self._collected, owners)
+        )
+        call.add_done_callback(partial(self._uncollected, owners))
+
+    def _collected(self, owners: list[str], reply: list[Any]) -> None:
+        claimed = set()
+        for i in range(0, len(reply), 3):
+            claimed.add(reply[i])
+            self._hand_over(reply[i], reply[i + 1], int(reply[i + 2]))
+        self._waiters.wake(owner for owner in owners if owner not in claimed)
+
+    def _uncollected(self, owners: list[str], answer: asyncio.Future[Any]) -> None:
+        if answer.cancelled() or answer.exception() is not None:
+            self._waiters.wake(owners)
 
     # -- plumbing -----------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from router.gate.metrics import GateMetrics
 from router.gate.redis.client import GateRedis
 from router.gate.redis.keys import KeyLayout, PoolKeys
 
-NAMES = ("acquire", "claim", "abandon", "release", "renew", "admin", "state", "close")
+NAMES = ("acquire", "claim", "collect", "abandon", "release", "renew", "admin", "state", "close")
 _EPOCH_RETRIES = 3
 _ARGV = re.compile(r"^-- ARGV:(.*)$", re.MULTILINE)
 ArgValue = str | int

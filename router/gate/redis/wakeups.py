@@ -1,15 +1,16 @@
 """Wake-ups for one replica's waiters: the scripts publish the owners they granted a node
-to (`*`: everyone must look again) on the deployment's channel; the listener sets those
-waiters' events. A lost message only delays a waiter until its own bounded poll. A node
-that this replica's own release handed over to one of its waiters comes with the release's
-reply instead, and is given to the waiter here (`hand_over`)."""
+to (`*`: everyone must look again) on the deployment's channel. The listener hands those of
+its own waiters to `collect`, which claims their nodes for them, and sets the events of the
+rest. A lost message only delays a waiter until its own bounded poll. A node that this
+replica's own release or collection claimed for one of its waiters is given to the waiter
+here (`hand_over`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from redis.asyncio.client import PubSub
 
@@ -19,9 +20,18 @@ log = logging.getLogger("pd_gateway.gate")
 
 
 class WakeUps:
-    def __init__(self, redis: GateRedis, channel: str, *, answer_s: float, idle_s: float) -> None:
+    def __init__(
+        self,
+        redis: GateRedis,
+        channel: str,
+        *,
+        answer_s: float,
+        idle_s: float,
+        collect: Callable[[list[str]], None],
+    ) -> None:
         self._redis = redis
         self._channel = channel
+        self._collect = collect  # claims the nodes granted to these waiters of ours
         self._answer_s = answer_s  # how long the server may take to confirm a subscription
         self._idle_s = idle_s  # after this long without a message, ping the connection
         self._events: dict[str, asyncio.Event] = {}  # owner -> set when it should look
@@ -40,6 +50,9 @@ class WakeUps:
         del self._events[owner]
         self._handed.pop(owner, None)
         self._left.set()
+
+    def waits(self, owner: str) -> bool:
+        return owner in self._events
 
     def hand_over(self, owner: str, node_id: str, token: int) -> bool:
         """Give a waiter the node its replica's release granted it; False if it no longer
@@ -81,7 +94,7 @@ class WakeUps:
                     if message is None:
                         await pubsub.ping()  # idle for a while: is the connection still there?
                     elif message["type"] == "message":
-                        self.wake(str(message["data"]).split())
+                        self._heard(str(message["data"]).split())
             except CONNECTION_LOST as exc:
                 log.debug("gate wake-up channel lost: %s", exc)
             finally:
@@ -92,6 +105,12 @@ class WakeUps:
             with contextlib.suppress(TimeoutError):  # reconnect backoff; waiters poll
                 async with asyncio.timeout(backoff_s):
                     await closing.wait()
+
+    def _heard(self, owners: list[str]) -> None:
+        if "*" in owners:
+            self.wake(owners)
+        elif ours := [owner for owner in owners if owner in self._events]:
+            self._collect(ours)
 
     async def _subscribe(self, pubsub: PubSub) -> None:
         """Subscribed once the server has confirmed it: a message published earlier is lost."""
