@@ -50,7 +50,8 @@ def embedded(report: str, table: str, start: str = REPORT_START, end: str = REPO
 
 def markdown(doc: dict[str, Any]) -> str:
     lines = [
-        f"`{doc['command']}` (pd-gateway {doc['version']}, {doc['created']};"
+        f"`{doc['command']}` (pd-gateway {doc['version']} on Python"
+        f" {doc['machine']['python']}, {doc['created']};"
         f" {doc['machine']['cpus']} CPUs, load {doc['machine']['load_average'][0]})",
         "",
         "| target | measure | direct | gateway | added | met |",
