@@ -51,12 +51,9 @@ class WakeUps:
         self._handed.pop(owner, None)
         self._left.set()
 
-    def waits(self, owner: str) -> bool:
-        return owner in self._events
-
     def hand_over(self, owner: str, node_id: str, token: int) -> bool:
-        """Give a waiter the node its replica's release granted it; False if it no longer
-        waits here (the caller then passes the node on)."""
+        """Give a waiter the node its replica claimed for it; False if it no longer waits
+        here (the caller then passes the node on)."""
         event = self._events.get(owner)
         if event is None:
             return False
