@@ -119,7 +119,7 @@ end
 
 local function free_node()
   for _, id in ipairs(NODES) do
-    if usable(id) and redis.call("EXISTS", lease_key(id)) == 0 then
+    if redis.call("EXISTS", lease_key(id)) == 0 and usable(id) then  -- a held node: one read
       if redis.call("HEXISTS", node_key(id), "held") == 0 then return id end
       lease_expired(id)
     end
@@ -237,7 +237,7 @@ end
 -- Hand free nodes on, tell the grantees (everyone, if no node is left to wait for).
 local function finish(reply)
   fill()
-  if in_service() == 0 and redis.call("ZCARD", QUEUE) > 0 then
+  if redis.call("ZCARD", QUEUE) > 0 and in_service() == 0 then  -- no waiter: no node read
     redis.call("PUBLISH", CHANNEL, "*")
   elseif #granted > 0 then
     redis.call("PUBLISH", CHANNEL, table.concat(granted, " "))
