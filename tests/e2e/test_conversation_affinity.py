@@ -158,7 +158,10 @@ def server_at(prefills: list[KillableServer], url: str) -> KillableServer:
 
 
 async def restarted(http: httpx.AsyncClient, server: KillableServer) -> None:
-    """Start a killed server again on its port and wait until the probes let it back."""
+    """Once the probes have taken a killed server out, start it again on its port and wait
+    until they let it back. Restarted before its failures were enough to eject it, it would
+    stay `failing` until a request succeeded there, however many probes it answered."""
+    await until_state(http, server.url, "ejected")
     await asyncio.to_thread(server.start)
     await until_state(http, server.url, "probation", "healthy")
 
