@@ -36,7 +36,7 @@ class BenchOptions:
     capacity_workers: tuple[int, ...] = (1, 2)
     capacity_itl_ms: float = 50.0  # 20 tokens/s per stream
     capacity_tokens: int = 40
-    handoff_requests: int = 300
+    handoff_requests: int = 1200
     """Short latency requests (`handoff_tokens`) from `HANDOFF_CLIENTS_PER_NODE` clients
     per node, so that a freed node always has a waiter: how long the hand-off takes."""
     handoff_tokens: int = 16

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from router.config import GateConfig, RedisGateConfig
@@ -101,6 +102,30 @@ def kill(gate: RedisGate) -> None:
 
     gate.scripts.run = unreachable  # type: ignore[method-assign]
     gate.scripts.start = started  # type: ignore[method-assign]
+
+
+async def listening(client: RedisClient, channel: str) -> PubSub:
+    """A subscriber of `channel`, once the server has confirmed it."""
+    pubsub = client.pubsub()
+    await pubsub.subscribe(channel)
+    async with asyncio.timeout(5):
+        while (message := await pubsub.get_message(timeout=5)) is None:
+            pass
+    assert message["type"] == "subscribe"
+    return pubsub
+
+
+async def heard_so_far(client: RedisClient, pubsub: PubSub, channel: str) -> list[str]:
+    """What `pubsub` has heard on `channel`: everything before a mark published now."""
+    await client.publish(channel, "mark")
+    heard = []
+    async with asyncio.timeout(5):
+        while (message := await pubsub.get_message(timeout=5)) is None or (
+            message["data"] != "mark"
+        ):
+            if message is not None:
+                heard.append(message["data"])
+    return heard
 
 
 async def test_two_replicas_never_hold_one_node_at_once(replica: Replica) -> None:
@@ -238,6 +263,59 @@ async def test_a_collection_claims_only_grants_and_queues_nobody(replica: Replic
     assert (await gate.snapshot()).waiting == 0
     await held.release()
     assert (await gate.snapshot()).busy == {held.node.id: None}
+
+
+async def test_a_grant_is_named_only_to_its_waiters_replica(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    """A release names the waiter it granted a node to on the waiter's replica's own
+    channel: the deployment's channel, which every replica hears, carries nothing, and the
+    waiter has its node long before its poll (30 s away)."""
+    built: list[RedisGate] = []
+    connection = connect(RedisGateConfig(url=redis_server.url), None, max_connections=2)
+    client = await connection.settled()
+    shared = None
+    try:
+        pool = nodes(1)
+        a, b = (replicas_on(redis_server.url, key_prefix, built)(pool, poll_s=30) for _ in "ab")
+        held = await a.acquire(priority=0, wait_s=1, holder="held")
+        shared = await listening(client, a.keys.channel)
+        remote = asyncio.create_task(b.acquire(priority=0, wait_s=10, holder="remote"))
+        await waiting(a, 1)
+        await held.release()
+        lease = await asyncio.wait_for(remote, 5)
+        assert lease.node == held.node
+        assert await heard_so_far(client, shared, a.keys.channel) == []
+        await lease.release()
+    finally:
+        if shared is not None:
+            await shared.aclose()  # type: ignore[no-untyped-call, unused-ignore]
+        for gate in built:
+            await gate.close()
+        await connection.aclose()
+
+
+async def test_a_waiter_of_a_replica_heard_only_on_the_deployments_channel_is_named_there(
+    replica: Replica, redis_client: RedisClient
+) -> None:
+    """A replica of an earlier release listens only on the deployment's channel: a grant
+    to its waiter, which nobody hears on the replica's own channel, is named there, and the
+    waiter has its node long before its poll (30 s away)."""
+    pool = nodes(1)
+    a, earlier = replica(pool), replica(pool, poll_s=30)
+    earlier._waiters._channels = (earlier.keys.channel,)  # as an earlier release listened
+    held = await a.acquire(priority=0, wait_s=1, holder="held")
+    shared = await listening(redis_client, a.keys.channel)
+    try:
+        remote = asyncio.create_task(earlier.acquire(priority=0, wait_s=10, holder="remote"))
+        await waiting(a, 1)
+        await held.release()
+        lease = await asyncio.wait_for(remote, 5)
+        heard = await heard_so_far(redis_client, shared, a.keys.channel)
+        assert len(heard) == 1 and heard[0].startswith(f"{earlier.replica}|"), heard
+        await lease.release()
+    finally:
+        await shared.aclose()  # type: ignore[no-untyped-call, unused-ignore]
 
 
 async def test_a_release_whose_request_is_cancelled_mid_call_still_hands_the_node_over(

@@ -3,8 +3,8 @@
 A node is held through a lease (owner, fencing token, TTL) that the replica renews while
 its request runs (`upkeep.py`); the waiting queue is one sorted set for all replicas, served
 in priority then arrival order by the scripts in `lua/`, which hand a freed node straight to
-the head of the queue. A waiter learns of its grant from a message on the deployment's
-channel, or failing that from its own bounded poll. If Redis cannot be reached, `acquire`
+the head of the queue. A waiter learns of its grant from a message on its replica's channel,
+or failing that from its own bounded poll. If Redis cannot be reached, `acquire`
 refuses with `gate_unavailable`: no node is ever handed out on a guess.
 """
 
@@ -93,7 +93,7 @@ class RedisGate:
         self._arrivals = itertools.count()
         self._waiters = WakeUps(
             self._redis,
-            self.keys.channel,
+            (self.keys.channel, self.keys.replica_channel(self.replica)),
             answer_s=config.socket_timeout_s,
             idle_s=config.renew_every_s,
             collect=self._collect,

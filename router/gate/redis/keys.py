@@ -1,4 +1,4 @@
-"""Where a deployment's gate state lives in Redis: every key and the wake-up channel.
+"""Where a deployment's gate state lives in Redis: every key and the wake-up channels.
 
 Every name starts with the deployment's base: its key prefix, in braces on a Redis Cluster
 (`{pdgw}`), so that all of a deployment's keys hash to one slot. One slot per deployment,
@@ -47,6 +47,11 @@ class KeyLayout:
         self.channel = f"{self.base}:wake"  # pub/sub: waiters that must look again
         self.nodes = f"{self.base}:nodes"  # hash: node id -> its shared record (records.py)
         self.alive = f"{self.base}:alive"
+
+    def replica_channel(self, replica: str) -> str:
+        """The channel that names a replica's own waiters to it (the scripts build the same
+        name: the deployment's channel, `/`, the replica's id)."""
+        return f"{self.channel}/{replica}"
 
     def pool(self, pool_id: str, node_ids: Iterable[str]) -> PoolKeys:
         """The keys of the pool that serves `pool_id` (the model) from `node_ids` (as listed

@@ -1,9 +1,10 @@
 """Wake-ups for one replica's waiters: the scripts publish the owners they granted a node
-to (`*`: everyone must look again) on the deployment's channel. The listener hands those of
-its own waiters to `collect`, which claims their nodes for them, and sets the events of the
-rest. A lost message only delays a waiter until its own bounded poll. A node that this
-replica's own release or collection claimed for one of its waiters is given to the waiter
-here (`hand_over`)."""
+to on the replica's own channel (on the deployment's, for a replica not heard on its own),
+and `*` (everyone must look again) on the deployment's. The listener hears both; it hands
+its own waiters named to `collect`, which claims their nodes for them, and sets the events
+of the rest. A lost message only delays a waiter until its own bounded poll. A node that
+this replica's own release or collection claimed for one of its waiters is given to the
+waiter here (`hand_over`)."""
 
 from __future__ import annotations
 
@@ -23,14 +24,14 @@ class WakeUps:
     def __init__(
         self,
         redis: GateRedis,
-        channel: str,
+        channels: tuple[str, ...],
         *,
         answer_s: float,
         idle_s: float,
         collect: Callable[[list[str]], None],
     ) -> None:
         self._redis = redis
-        self._channel = channel
+        self._channels = channels  # the deployment's, and the replica's own
         self._collect = collect  # claims the nodes granted to these waiters of ours
         self._answer_s = answer_s  # how long the server may take to confirm a subscription
         self._idle_s = idle_s  # after this long without a message, ping the connection
@@ -110,10 +111,12 @@ class WakeUps:
             self._collect(ours)
 
     async def _subscribe(self, pubsub: PubSub) -> None:
-        """Subscribed once the server has confirmed it: a message published earlier is lost."""
-        await pubsub.subscribe(self._channel)
+        """Subscribed once the server has confirmed every channel: a message published
+        earlier is lost."""
+        await pubsub.subscribe(*self._channels)
+        unconfirmed = len(self._channels)
         async with asyncio.timeout(self._answer_s):  # TimeoutError: an OSError
-            while True:
+            while unconfirmed:
                 message = await pubsub.get_message(timeout=self._answer_s)
                 if message is not None and message["type"] == "subscribe":
-                    return
+                    unconfirmed -= 1

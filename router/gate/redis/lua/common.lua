@@ -234,13 +234,38 @@ local function fill()
   end
 end
 
+-- Name grantees to their replicas: each replica's on its own channel (CHANNEL/<replica>),
+-- which only that replica hears, so that a grant wakes no other replica. Those of a replica
+-- that nobody heard there (one of an earlier release, which listens only on CHANNEL, or
+-- one between two subscriptions; on a Cluster, one subscribed through another node, as
+-- PUBLISH counts the node's own subscribers) are named on the shared channel too.
+local function announce(members)
+  local replicas, of_replica = {}, {}
+  for _, member in ipairs(members) do
+    local replica = replica_of(member)
+    if not of_replica[replica] then
+      replicas[#replicas + 1] = replica
+      of_replica[replica] = {}
+    end
+    table.insert(of_replica[replica], member)
+  end
+  local unheard = {}
+  for _, replica in ipairs(replicas) do
+    local names = table.concat(of_replica[replica], " ")
+    if redis.call("PUBLISH", CHANNEL .. "/" .. replica, names) == 0 then
+      unheard[#unheard + 1] = names
+    end
+  end
+  if #unheard > 0 then redis.call("PUBLISH", CHANNEL, table.concat(unheard, " ")) end
+end
+
 -- Hand free nodes on, tell the grantees (everyone, if no node is left to wait for).
 local function finish(reply)
   fill()
   if redis.call("ZCARD", QUEUE) > 0 and in_service() == 0 then  -- no waiter: no node read
     redis.call("PUBLISH", CHANNEL, "*")
   elseif #granted > 0 then
-    redis.call("PUBLISH", CHANNEL, table.concat(granted, " "))
+    announce(granted)
   end
   return reply
 end
