@@ -36,6 +36,10 @@ class BenchOptions:
     capacity_workers: tuple[int, ...] = (1, 2)
     capacity_itl_ms: float = 50.0  # 20 tokens/s per stream
     capacity_tokens: int = 40
+    ttft_requests: int = 300
+    """Short requests (`ttft_tokens`) at 1 stream and one per node, on each pool: the TTFT
+    targets' own levels, with enough requests that a p99 is not the slowest one or two."""
+    ttft_tokens: int = 16
     handoff_requests: int = 1200
     """Short latency requests (`handoff_tokens`) from `HANDOFF_CLIENTS_PER_NODE` clients
     per node, so that a freed node always has a waiter: how long the hand-off takes."""
@@ -56,13 +60,23 @@ class BenchOptions:
         return tuple(sorted(set(self.latency_levels or (1, self.nodes, 16))))
 
     @property
+    def first_token(self) -> tuple[int, ...]:
+        """The TTFT levels' streams: 1 and one per node."""
+        return tuple(sorted({1, self.nodes})) if self.ttft_requests else ()
+
+    @property
     def batched(self) -> tuple[int, ...]:
         levels = (1, self.nodes) if self.batched_levels is None else self.batched_levels
         return tuple(sorted(set(levels)))
 
     @property
     def batched_pools(self) -> list[int]:
-        return sorted({self.pool_size(level) for level in self.batched})
+        """The TileRT 0.1.6 pool's sizes: its levels', and the configured nodes for its TTFT
+        levels."""
+        if not self.batched:
+            return []
+        sizes = {self.pool_size(level) for level in self.batched}
+        return sorted(sizes | ({self.nodes} if self.first_token else set()))
 
     @property
     def stack_nodes(self) -> int:
@@ -81,9 +95,10 @@ class BenchOptions:
     @property
     def pools(self) -> list[int]:
         """The pool sizes the latency gateways have: one per latency level's, and the
-        configured nodes for the hand-off."""
+        configured nodes for the TTFT levels and the hand-off."""
         sizes = {self.pool_size(level) for level in self.latency}
-        return sorted(sizes | ({self.nodes} if self.handoff_clients else set()))
+        configured = self.first_token or self.handoff_clients
+        return sorted(sizes | ({self.nodes} if configured else set()))
 
     @property
     def widest(self) -> int:
@@ -112,6 +127,8 @@ def quick(options: BenchOptions) -> BenchOptions:
         capacity_levels=(4,),
         capacity_itl_ms=10.0,
         capacity_tokens=8,
+        ttft_requests=6,
+        ttft_tokens=8,
         handoff_requests=8,
         handoff_tokens=8,
     )

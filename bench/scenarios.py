@@ -20,7 +20,7 @@ from bench.script import Script, make_script
 from bench.streams import BenchFailure, Sample, chat_stream, direct_latency
 from sim.stack import NodeInfo
 
-Path = Literal["latency", "batched", "handoff", "native", "capacity"]
+Path = Literal["latency", "batched", "ttft", "ttft-batched", "handoff", "native", "capacity"]
 DIRECT = "direct"
 GATEWAY = "gateway"
 PULL_GATEWAY = "gateway-pull"
@@ -60,31 +60,18 @@ def levels(
     options: BenchOptions, deployment: Deployment, client: httpx.AsyncClient, script: Script
 ) -> list[Level]:
     stack = deployment.stack
-    prefill_url = stack.prefills[0].url
-
-    async def direct(worker: int) -> Sample:
-        node = stack.nodes[worker]  # one worker per node: never double-booked
-        address = (node.host, node.ctrl_port)
-        return await direct_latency(client, prefill_url, node.url, address, MODEL, script)
+    direct = _direct(client, stack.prefills[0].url, stack.nodes, script)
 
     async def nodes_idle() -> None:
         await wait_nodes_idle(client, [node.url for node in stack.nodes])
 
     found = []
     for level in options.latency:
-        gateway = deployment.latency_gateways[options.pool_size(level)]
-        through = _chat(client, gateway.base_url, script, "latency")
-        methods: tuple[Method, ...] = (
-            Method(DIRECT, direct),
-            Method(GATEWAY, through, (gateway.pid,)),
-        )
-        baseline = deployment.baseline_gateways.get(options.pool_size(level))
-        if baseline is not None:
-            earlier = _chat(client, baseline.base_url, script, "latency")
-            methods += (Method(BASELINE, earlier, (baseline.pid,)),)
         pool = options.pool_size(level)
+        methods = (Method(DIRECT, direct), *_gateways(client, deployment, pool, script))
         found.append(Level("latency", level, pool, methods, nodes_idle, options.per_round(level)))
     found += _batched(options, deployment, client, script)
+    found += _first_token(options, deployment, client)
     found += _handoff(options, deployment, client)
     native: tuple[Method, ...] = (
         Method(DIRECT, _chat(client, deployment.proxy_url + "/v1", script, None)),
@@ -115,17 +102,8 @@ def _batched(
         return []
     prefill_urls = [server.url for server in deployment.stack.prefills]
     nodes = stack.nodes
-
-    async def direct(worker: int) -> Sample:
-        node = nodes[worker]
-        address = (node.host, node.ctrl_port)
-        return await direct_latency(
-            client, prefill_urls[0], node.url, address, MODEL, script, named=True
-        )
-
-    async def settle() -> None:
-        await wait_nodes_idle(client, [node.url for node in nodes])
-        await relay.forget(client, prefill_urls, nodes)
+    direct = _direct(client, prefill_urls[0], nodes, script, named=True)
+    settle = _batched_settled(client, prefill_urls, nodes)
 
     async def relays(samples: list[Sample]) -> Relays:
         rids = await relay.node_rids(client, prefill_urls)
@@ -135,17 +113,94 @@ def _batched(
     for level in options.batched:
         pool = options.pool_size(level)
         gateway = deployment.batched_gateways[pool]
-        methods = (
-            Method(DIRECT, direct),
-            Method(
-                GATEWAY,
-                _chat(client, gateway.base_url, script, "latency", named=True),
-                (gateway.pid,),
-            ),
-        )
+        through = _chat(client, gateway.base_url, script, "latency", named=True)
+        methods = (Method(DIRECT, direct), Method(GATEWAY, through, (gateway.pid,)))
         per_round = options.per_round(level)
         found.append(Level("batched", level, pool, methods, settle, per_round, None, relays))
     return found
+
+
+def _first_token(
+    options: BenchOptions, deployment: Deployment, client: httpx.AsyncClient
+) -> list[Level]:
+    """Many short requests at 1 stream and one per node, on each pool: the TTFT targets'
+    levels (the latency levels' requests are long, and too few for a p99 of their own)."""
+    if not options.first_token:
+        return []
+    script = make_script(options.ttft_tokens)
+    prefill_urls = [server.url for server in deployment.stack.prefills]
+    nodes = deployment.stack.nodes[: options.nodes]
+
+    async def nodes_idle() -> None:
+        await wait_nodes_idle(client, [node.url for node in nodes])
+
+    direct = Method(DIRECT, _direct(client, prefill_urls[0], nodes, script))
+    routed = _gateways(client, deployment, options.nodes, script)
+    pools: list[tuple[Path, tuple[Method, ...], Callable[[], Awaitable[None]]]] = [
+        ("ttft", (direct, *routed), nodes_idle)
+    ]
+    if deployment.batched_stack is not None:
+        batched = deployment.batched_stack.nodes[: options.nodes]
+        gateway = deployment.batched_gateways[options.nodes]
+        on_batched = (
+            Method(DIRECT, _direct(client, prefill_urls[0], batched, script)),
+            Method(GATEWAY, _chat(client, gateway.base_url, script, "latency"), (gateway.pid,)),
+        )
+        pools.append(("ttft-batched", on_batched, _batched_settled(client, prefill_urls, batched)))
+    found = []
+    for path, methods, settle in pools:
+        for level in options.first_token:
+            per_round = options.per_round(level, options.ttft_requests)
+            found.append(Level(path, level, options.nodes, methods, settle, per_round))
+    return found
+
+
+def _direct(
+    client: httpx.AsyncClient,
+    prefill_url: str,
+    nodes: list[NodeInfo],
+    script: Script,
+    *,
+    named: bool = False,
+) -> Callable[[int], Awaitable[Sample]]:
+    """Direct orchestration: worker i always on node i (one worker per node, so that no
+    node is ever double-booked)."""
+
+    async def send(worker: int) -> Sample:
+        node = nodes[worker]
+        address = (node.host, node.ctrl_port)
+        return await direct_latency(
+            client, prefill_url, node.url, address, MODEL, script, named=named
+        )
+
+    return send
+
+
+def _gateways(
+    client: httpx.AsyncClient, deployment: Deployment, pool: int, script: Script
+) -> tuple[Method, ...]:
+    """The latency gateway of a pool of `pool` nodes, and `--baseline`'s beside it."""
+    gateway = deployment.latency_gateways[pool]
+    through = _chat(client, gateway.base_url, script, "latency")
+    methods: tuple[Method, ...] = (Method(GATEWAY, through, (gateway.pid,)),)
+    baseline = deployment.baseline_gateways.get(pool)
+    if baseline is not None:
+        earlier = _chat(client, baseline.base_url, script, "latency")
+        methods += (Method(BASELINE, earlier, (baseline.pid,)),)
+    return methods
+
+
+def _batched_settled(
+    client: httpx.AsyncClient, prefill_urls: list[str], nodes: list[NodeInfo]
+) -> Callable[[], Awaitable[None]]:
+    """A TileRT 0.1.6 pool's rounds are over once its nodes are idle, and the records of
+    their lines and rids are forgotten."""
+
+    async def settle() -> None:
+        await wait_nodes_idle(client, [node.url for node in nodes])
+        await relay.forget(client, prefill_urls, nodes)
+
+    return settle
 
 
 def redis_label(replicas: int) -> str:

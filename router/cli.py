@@ -163,6 +163,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--no-batched", action="store_true", help="leave the TileRT 0.1.6 pool out")
     bench.add_argument(
+        "--ttft-requests",
+        type=_positive,
+        metavar="N",
+        help="short requests per method for the TTFT levels, at 1 stream and one per node on"
+        " each pool (default 300)",
+    )
+    bench.add_argument(
+        "--no-ttft",
+        action="store_true",
+        help="leave the TTFT levels out (judge TTFT on the latency levels' long requests)",
+    )
+    bench.add_argument(
         "--native-concurrency",
         type=_levels,
         metavar="N,N,...",
@@ -262,6 +274,7 @@ def _bench(args: argparse.Namespace) -> int:
         "latency_levels": args.concurrency,
         "batched_levels": args.batched_concurrency,
         "native_levels": args.native_concurrency,
+        "ttft_requests": args.ttft_requests,
         "handoff_redis_replicas": args.handoff_replicas,
         "capacity_levels": args.capacity,
         "capacity_workers": args.capacity_workers,
@@ -270,6 +283,8 @@ def _bench(args: argparse.Namespace) -> int:
         given["capacity_levels"] = ()
     if args.no_handoff:
         given["handoff_requests"] = 0
+    if args.no_ttft:
+        given["ttft_requests"] = 0
     if args.no_batched:
         given["batched_levels"] = ()
     if args.no_redis:

@@ -23,12 +23,16 @@ LEVELS = [
     ("latency", 2),
     ("batched", 1),
     ("batched", 2),
+    ("ttft", 1),
+    ("ttft", 2),
+    ("ttft-batched", 1),
+    ("ttft-batched", 2),
     ("handoff", 6),
     ("native", 1),
     ("native", 4),
     ("capacity", 4),
 ]
-ROUNDS, REQUESTS, NODES, HANDOFF_REQUESTS = 2, 4, 2, 8  # the quick run's
+ROUNDS, REQUESTS, NODES, HANDOFF_REQUESTS, TTFT_REQUESTS = 2, 4, 2, 8, 6  # the quick run's
 TARGETS = [
     "TTFT added ≤ 1 ms p50, ≤ 3 ms p99",
     "inter-chunk gap p99 added ≤ 0.5 ms",
@@ -75,7 +79,9 @@ def results(run: tuple[Path, subprocess.CompletedProcess[str]]) -> dict[str, Any
 
 
 def expected_requests(level: dict[str, Any]) -> int:
-    requests = HANDOFF_REQUESTS if level["path"] == "handoff" else REQUESTS
+    requests = {"handoff": HANDOFF_REQUESTS, "ttft": TTFT_REQUESTS}.get(
+        level["path"].removesuffix("-batched"), REQUESTS
+    )
     return ROUNDS * max(level["concurrency"], -(-requests // ROUNDS))
 
 
@@ -167,6 +173,9 @@ def test_markdown_shows_every_target_and_plots_are_drawn_or_explained(
     assert "streams with 1 worker(s)" in table and "streams with 2 worker(s)" in table
     (handoff,) = [line for line in table.splitlines() if "hand-off added vs direct" in line]
     assert "not run" not in handoff and "2 nodes, 6 clients" in handoff
+    ttft = [line for line in table.splitlines() if line.startswith("| TTFT added ≤ 1 ms")]
+    assert len(ttft) == 4  # 1 and 2 streams on each pool, judged on the TTFT levels
+    assert all(f"{TTFT_REQUESTS} requests" in line for line in ttft), ttft
     redis = [line for line in table.splitlines() if "Redis gate within" in line]
     assert len(redis) == 2 and all(line.endswith(("| yes |", "| no |")) for line in redis)
     assert table in done.stdout
