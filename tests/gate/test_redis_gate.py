@@ -251,6 +251,55 @@ async def test_a_waiter_of_another_replica_is_handed_the_node_its_replica_claime
     assert (await a.snapshot()).busy == {held.node.id: None}
 
 
+@pytest.mark.parametrize("listed", [True, False], ids=["in-its-pool", "not-in-its-pool-yet"])
+async def test_a_claim_crossing_the_collection_leaves_no_place_in_the_queue(
+    replica: Replica, listed: bool
+) -> None:
+    """The waiter's own claim runs after its replica's collection and is answered before it:
+    the waiter has its node once, and no place of its left in the queue takes the next node
+    freed, whether the node is one its replica lists or one another replica added."""
+    pool, added = nodes(1), nodes(2)[1]
+    a, b = replica(pool), replica(pool, poll_s=30)
+    await a.set_nodes([*pool, added])
+    if listed:
+        await b.set_nodes([*pool, added])
+    first, second = [await a.acquire(priority=0, wait_s=1, holder="held") for _ in "12"]
+    held = {first.node: first, second.node: second}
+    start, run = b.scripts.start, b.scripts.run
+    collected: list[Callable[[], None]] = []
+
+    def collection_answered_late(script: str, **args: Any) -> Any:
+        if script == "collect":
+            hand_over = args["on_reply"]
+            owners = args["owners"].split()
+
+            def late(reply: Any) -> None:  # the waiter claims first
+                collected.append(lambda: hand_over(reply))
+                b._waiters.wake(owners)
+
+            args["on_reply"] = late
+        return start(script, **args)
+
+    async def then_the_collection(script: str, **args: Any) -> Any:
+        reply = await run(script, **args)
+        if script == "claim" and collected:
+            collected.pop()()
+        return reply
+
+    b.scripts.start = collection_answered_late  # type: ignore[method-assign]
+    b.scripts.run = then_the_collection  # type: ignore[method-assign]
+    waiter = asyncio.create_task(b.acquire(priority=0, wait_s=10, holder="waiter"))
+    await waiting(a, 1)
+    await held.pop(added).release()
+    lease = await asyncio.wait_for(waiter, 5)
+    assert lease.node == added
+    assert not collected  # answered after the waiter's claim
+    assert (await a.snapshot()).waiting == 0
+    await lease.release()
+    await held.pop(pool[0]).release()
+    assert (await a.snapshot()).busy == {pool[0].id: None, added.id: None}
+
+
 async def test_a_collection_claims_only_grants_and_queues_nobody(replica: Replica) -> None:
     """A waiter that has gone, or never waited, gets no node and no place in the queue from
     its replica's collection."""
