@@ -78,8 +78,8 @@ def gateway(
         classification={"rules": RULES},
         server={"expose_upstream": True},
         admin={"api_key": "operator-secret"},
+        upstreams={"probe_interval_s": 0.1},
     )
-    config["upstreams"] = {"probe_interval_s": 0.1}
     with running_gateways(tmp_path_factory, {"gateway": config}) as running:
         yield running["gateway"]
 

@@ -68,6 +68,7 @@ def gateway_config(
     classification: dict[str, Any] | None = None,
     admin: dict[str, Any] | None = None,
     auth: dict[str, Any] | None = None,
+    upstreams: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A router.yaml document listening on a free port, with short test timeouts."""
     config: dict[str, Any] = {
@@ -95,6 +96,8 @@ def gateway_config(
         config["admin"] = admin
     if auth is not None:
         config["auth"] = auth
+    if upstreams is not None:
+        config["upstreams"] = upstreams
     return config
 
 
