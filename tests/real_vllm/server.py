@@ -7,9 +7,11 @@ when the test process dies first (`tests.support.tethered`).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,6 +61,9 @@ class VllmServer:
         self._extra_args = list(extra_args)
         self._env = env or {}
         self._proc: subprocess.Popen[bytes] | None = None
+        # vLLM's engine sockets (`ipc://` paths), which it leaves behind when stopped: in a
+        # folder of the server's own, removed with it, not in the machine's temp folder.
+        self._sockets: str | None = None
 
     def argv(self) -> list[str]:
         return [
@@ -94,12 +99,13 @@ class VllmServer:
     def launch(self) -> VllmServer:
         """Start the process and return at once. From the main thread: the tether's death
         signal is tied to the thread that starts it."""
+        self._sockets = tempfile.mkdtemp(prefix="pd-vllm-")  # short: a socket path fits 107 bytes
         with self.log_path.open("wb") as log:  # the process keeps its own copy
             self._proc = subprocess.Popen(
                 tethered(self.argv(), STOP_GRACE_S),
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **CPU_ENV, **self._env},
+                env={**os.environ, **CPU_ENV, "VLLM_RPC_BASE_PATH": self._sockets, **self._env},
                 start_new_session=True,
                 preexec_fn=tether(),
             )
@@ -123,14 +129,16 @@ class VllmServer:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()  # the tether stops the whole group
-        try:
-            proc.wait(timeout=STOP_GRACE_S + 10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc is not None and proc.poll() is None:
+            proc.terminate()  # the tether stops the whole group
+            try:
+                proc.wait(timeout=STOP_GRACE_S + 10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self._sockets is not None:
+            shutil.rmtree(self._sockets, ignore_errors=True)
+            self._sockets = None
 
     def log_tail(self, lines: int = 40) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
