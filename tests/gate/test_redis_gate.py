@@ -300,6 +300,32 @@ async def test_a_claim_crossing_the_collection_leaves_no_place_in_the_queue(
     assert (await a.snapshot()).busy == {pool[0].id: None, added.id: None}
 
 
+async def test_a_place_left_without_its_waiter_passes_its_node_on_when_named(
+    replica: Replica,
+) -> None:
+    """A place in the queue whose waiter has gone (one queued again behind its back) is
+    granted the node freed; its replica, named it, passes the node on at once, not after
+    the grant's claim window (30 s here)."""
+    pool = nodes(1)
+    a, b = replica(pool, poll_s=30, lease_ttl_s=60), replica(pool)
+    held = await a.acquire(priority=0, wait_s=1, holder="held")
+    with pytest.raises(GateRejected):
+        await b.acquire(priority=0, wait_s=0, holder="starts-its-listener")
+    await eventually(b._waiters.subscribed.is_set)
+    place = f"{b.replica}|left"
+    queued = await b.scripts.run(
+        "acquire", owner=place, holder="left", priority=0, wait_ms=60_000, max_queue=64
+    )
+    assert queued[0] == "queued"
+    behind = asyncio.create_task(a.acquire(priority=0, wait_s=30, holder="behind"))
+    await waiting(a, 2)
+    await held.release()  # to the place left
+    lease = await asyncio.wait_for(behind, 10)
+    assert lease.node == held.node
+    assert (await a.snapshot()).waiting == 0
+    await lease.release()
+
+
 async def test_a_collection_claims_only_grants_and_queues_nobody(replica: Replica) -> None:
     """A waiter that has gone, or never waited, gets no node and no place in the queue from
     its replica's collection."""

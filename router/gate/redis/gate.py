@@ -97,6 +97,7 @@ class RedisGate:
             answer_s=config.socket_timeout_s,
             idle_s=config.renew_every_s,
             collect=self._collect,
+            gone=self._pass_on,
         )
         self.admin = RedisPoolAdmin(
             nodes,
@@ -306,6 +307,17 @@ class RedisGate:
             "collect", owners="\n".join(owners), on_reply=partial(self._collected, owners)
         )
         call.add_done_callback(partial(self._uncollected, owners))
+
+    def _pass_on(self, owners: list[str]) -> None:
+        """Owners of this replica named in a wake-up that neither wait here nor hold a node:
+        a place left in the queue without its waiter (one queued again by a claim that
+        crossed its hand-over) would otherwise keep the node granted to it until the claim
+        window ran out, and have this replica taken for dead. Its node goes to the next
+        waiter now. (A withdrawal is harmless to one that has left already.)"""
+        ours = f"{self.replica}|"
+        for owner in owners:
+            if owner.startswith(ours) and not self._upkeep.holds(owner):
+                self._upkeep.spawn(self._upkeep.withdraw(owner))
 
     def _collected(self, owners: list[str], reply: list[Any]) -> None:
         claimed = set()

@@ -1,10 +1,11 @@
 """Wake-ups for one replica's waiters: the scripts publish the owners they granted a node
 to on the replica's own channel (on the deployment's, for a replica not heard on its own),
 and `*` (everyone must look again) on the deployment's. The listener hears both; it hands
-its own waiters named to `collect`, which claims their nodes for them, and sets the events
-of the rest. A lost message only delays a waiter until its own bounded poll. A node that
-this replica's own release or collection claimed for one of its waiters is given to the
-waiter here (`hand_over`)."""
+its own waiters named to `collect`, which claims their nodes for them, and those named that
+wait here no more to `gone`, which passes their nodes on; `*` sets every waiter's event. A
+lost message only delays a waiter until its own bounded poll. A node that this replica's
+own release or collection claimed for one of its waiters is given to the waiter here
+(`hand_over`)."""
 
 from __future__ import annotations
 
@@ -29,10 +30,12 @@ class WakeUps:
         answer_s: float,
         idle_s: float,
         collect: Callable[[list[str]], None],
+        gone: Callable[[list[str]], None],
     ) -> None:
         self._redis = redis
         self._channels = channels  # the deployment's, and the replica's own
         self._collect = collect  # claims the nodes granted to these waiters of ours
+        self._gone = gone  # passes on what was granted to these, which wait here no more
         self._answer_s = answer_s  # how long the server may take to confirm a subscription
         self._idle_s = idle_s  # after this long without a message, ping the connection
         self._events: dict[str, asyncio.Event] = {}  # owner -> set when it should look
@@ -107,8 +110,11 @@ class WakeUps:
     def _heard(self, owners: list[str]) -> None:
         if "*" in owners:
             self.wake(owners)
-        elif ours := [owner for owner in owners if owner in self._events]:
-            self._collect(ours)
+            return
+        if waiting := [owner for owner in owners if owner in self._events]:
+            self._collect(waiting)
+        if len(waiting) < len(owners):
+            self._gone([owner for owner in owners if owner not in self._events])
 
     async def _subscribe(self, pubsub: PubSub) -> None:
         """Subscribed once the server has confirmed every channel: a message published
