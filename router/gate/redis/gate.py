@@ -310,10 +310,10 @@ class RedisGate:
 
     def _pass_on(self, owners: list[str]) -> None:
         """Owners of this replica named in a wake-up that neither wait here nor hold a node:
-        a place left in the queue without its waiter (one queued again by a claim that
-        crossed its hand-over) would otherwise keep the node granted to it until the claim
-        window ran out, and have this replica taken for dead. Its node goes to the next
-        waiter now. (A withdrawal is harmless to one that has left already.)"""
+        a place left in the queue without its waiter (queued again by a claim that crossed
+        its node's hand-over, docs/redis.md) would otherwise keep the node granted to it
+        until the claim window ran out, and have this replica taken for dead. Its node goes
+        to the next waiter now. (A withdrawal is harmless to one that has left already.)"""
         ours = f"{self.replica}|"
         for owner in owners:
             if owner.startswith(ours) and not self._upkeep.holds(owner):
