@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -24,22 +23,9 @@ from router.http.model_cards import ModelCards
 from router.http.request_context import RequestContext
 from router.openai.endpoints import ENDPOINTS, EndpointSpec
 from router.runtime.state import AppState
-from router.selection import (
-    KvEventsHub,
-    Load,
-    ServerSet,
-    Source,
-    endpoint_of,
-    load_snapshot,
-    parse_load,
-    probe_forever,
-    scrape_forever,
-    sets_of,
-)
 from router.serving.response import SERVER_SEND
 from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
-from router.upstream import vllm
 
 log = logging.getLogger("pd_gateway")
 
@@ -62,22 +48,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
             raise
         app.state.gateway = state
         app.state.dispatcher = Dispatcher(state)
-        watchers = [
-            task
-            for task in (
-                _start_upstream_prober(state),
-                _start_load_scraper(state),
-                _start_kv_events(state),
-            )
-            if task is not None
-        ]
         try:
             yield
         finally:
-            for task in watchers:
-                task.cancel()
-            if watchers:
-                await asyncio.wait(watchers)
             await state.aclose()
             if traces is not None:
                 traces.shutdown()
@@ -141,8 +114,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         state: AppState = request.app.state.gateway
-        rendered = state.metrics.render(await state.pool_snapshots(), server_sets(state))
-        return Response(rendered + state.kv_events.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await state.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/ready")
     async def ready(request: Request) -> Response:
@@ -167,11 +139,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.get("/admin/upstreams")
     async def upstream_servers(request: Request) -> Response:
         state.epoch.keys.admin.check(request.headers)
-        models = {
-            model: {servers.name: _with_load(servers, state.kv_events) for servers in sets}
-            for model, sets in server_sets(state).items()
-        }
-        return json_response({"models": models})
+        return json_response({"models": state.upstream_servers()})
 
     @app.post("/admin/reload")
     async def reload(request: Request) -> Response:
@@ -203,77 +171,6 @@ def _served_by_dispatcher(endpoint: EndpointSpec) -> Callable[[Request], Awaitab
         return await dispatcher.handle(request, endpoint)
 
     return generate
-
-
-def server_sets(state: AppState) -> dict[str, list[ServerSet]]:
-    """The vLLM server sets of every model's paths."""
-    return {
-        name: sets_of([model.latency, *model.paths.values()])
-        for name, model in state.epoch.models.items()
-    }
-
-
-def _with_load(servers: ServerSet, kv_events: KvEventsHub) -> dict[str, dict[str, object]]:
-    """A set's snapshot, each server with the load figures last read from it and the state
-    of its KV-event index (if any)."""
-    figures = load_snapshot(servers)
-    out: dict[str, dict[str, object]] = {}
-    for url, seen in servers.snapshot().items():
-        out[url] = {**seen, "load": figures[url]} if url in figures else dict(seen)
-        if (index := kv_events.snapshot(url)) is not None:
-            out[url]["kv_events"] = index
-    return out
-
-
-def _start_load_scraper(state: AppState) -> asyncio.Task[None] | None:
-    interval_s = state.config.upstreams.load_interval_s
-    if interval_s <= 0:
-        return None
-
-    async def read(url: str) -> Load | None:
-        text = await vllm.metrics_text(state.upstreams, url)
-        return None if text is None else parse_load(text)
-
-    def every_set() -> list[ServerSet]:
-        return [servers for sets in server_sets(state).values() for servers in sets]
-
-    return asyncio.create_task(scrape_forever(every_set, read, interval_s=interval_s))
-
-
-def _start_kv_events(state: AppState) -> asyncio.Task[None]:
-    """Follow the KV-cache events of the servers of every model whose prefix index is
-    `kv_events` (of its sets that choose by prefix: more than one server)."""
-
-    def wanted() -> dict[str, Source]:
-        sources: dict[str, Source] = {}
-        for name, sets in server_sets(state).items():
-            selection = state.epoch.models[name].config.selection
-            if not selection.prefix_affinity or selection.prefix_index != "kv_events":
-                continue
-            events = selection.kv_events
-            for servers in sets:
-                if not servers.request_aware:
-                    continue
-                for url in servers.urls:
-                    endpoint = endpoint_of(url, port=events.port, endpoints=events.endpoints)
-                    sources.setdefault(url, Source(endpoint, events.topic, selection.block_size))
-        return sources
-
-    return asyncio.create_task(state.kv_events.follow_forever(wanted))
-
-
-def _start_upstream_prober(state: AppState) -> asyncio.Task[None] | None:
-    interval_s = state.config.upstreams.probe_interval_s
-    if interval_s <= 0:
-        return None
-
-    def every_set() -> list[ServerSet]:
-        return [servers for sets in server_sets(state).values() for servers in sets]
-
-    async def answers(url: str) -> bool:
-        return await vllm.answers_health(state.upstreams, url)
-
-    return asyncio.create_task(probe_forever(every_set, answers, interval_s=interval_s))
 
 
 class GatewayApp(FastAPI):

@@ -27,7 +27,7 @@ MISMATCH_LINES = RepeatedLines(every_s=300.0)
 with the count, or at once when what it runs changes."""
 
 
-async def probe_forever(
+async def probe_pool_forever(
     pool: PoolAdmin,
     upstreams: Upstreams,
     facts: NodeFactsBook,

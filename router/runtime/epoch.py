@@ -23,7 +23,7 @@ from router.latency.sampling import SamplingDefaults
 from router.node import Node, configured_nodes
 from router.runtime.auth import Keys
 from router.runtime.models import ModelRuntime, build_model
-from router.selection import KvEventsHub
+from router.selection import KvEventsHub, ServerSet, sets_of
 from router.tokens.prompt_tokens import PromptCounter
 from router.tokens.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_path
 
@@ -42,6 +42,13 @@ class ConfigEpoch:
     def gates(self) -> dict[str, Gate]:
         """Each model's TileRT pool, for the models that have one."""
         return {name: m.gate for name, m in self.models.items() if m.gate is not None}
+
+    def server_sets(self) -> dict[str, list[ServerSet]]:
+        """The vLLM server sets of every model's paths."""
+        return {
+            name: sets_of([model.latency, *model.paths.values()])
+            for name, model in self.models.items()
+        }
 
 
 @dataclass(slots=True)

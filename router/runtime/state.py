@@ -1,29 +1,27 @@
 """The application's state: every shared object, built once at startup and closed at shutdown.
 
 Grouped by lifetime: the process (upstream clients, metrics, the answers in flight,
-background tasks: cleanups that outlive their request, and the node probers) and the
-configuration (`epoch`: rules, keys and models, swapped whole on a reload).
+cleanups that outlive their request, the background loops) and the configuration
+(`epoch`: rules, keys and models, swapped whole on a reload).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from router.config import ConfigError, GatewayConfig, LatencyConfig, load_config
+from router.config import ConfigError, GatewayConfig, load_config
 from router.gate import Gate, GateSnapshot
 from router.latency.protocol import LatencyDeps
-from router.node import Node, configured_nodes
-from router.nodes.discovery import Discovery
+from router.node import configured_nodes
 from router.nodes.facts import NodeFactsBook
-from router.nodes.prober import admit_ready_nodes, probe_forever
 from router.runtime.auth import Keys, upstream_credentials
+from router.runtime.background import BackgroundLoops
 from router.runtime.epoch import Changes, ConfigEpoch, build_epoch, check_tokenizer_files
-from router.selection import KvEventsHub
+from router.selection import KvEventsHub, ServerSet, load_snapshot
 from router.serving.live import LiveResponses
 from router.telemetry import logs
 from router.telemetry.metrics import Metrics
@@ -60,10 +58,9 @@ class AppState:
             metrics=self.metrics,
             facts=NodeFactsBook(),
         )
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._probers: dict[Gate, asyncio.Task[None]] = {}
-        self._discoveries: dict[str, tuple[Discovery, asyncio.Task[None]]] = {}
-        self.kv_events = KvEventsHub()  # followed by the app (router/http/app.py)
+        self._tasks: set[asyncio.Task[None]] = set()  # cleanups
+        self.kv_events = KvEventsHub()
+        self.loops = BackgroundLoops(lambda: self.epoch, config, self.deps, self.kv_events)
         self._reloading = asyncio.Lock()
         self.draining = False  # set on SIGTERM: /ready fails, in-flight requests finish
         self.live = LiveResponses()  # answers being sent, for shutdown to wait for
@@ -78,20 +75,19 @@ class AppState:
         return self.epoch.gates
 
     async def start(self) -> None:
-        """Everything `prepare` does, then find and probe the nodes."""
-        new_gates = await self.prepare()
-        await self._discover()
-        await self._watch(new_gates)
+        """Everything `prepare` does, then start the background loops (the nodes found and
+        probed before any request)."""
+        await self.loops.start(await self.prepare())
 
-    async def prepare(self) -> list[Gate]:
+    async def prepare(self) -> dict[str, Gate]:
         """Read everything the configuration names (tokenizers and chat templates, off the
         event loop; generation configs) and build each model's paths, contacting no
-        backend: `pd-gateway check` runs this and stops. Returns the new pools."""
+        backend: `pd-gateway check` runs this and stops. Returns the new pools, by model."""
         self.epoch, changes = await build_epoch(
             self._config, self.deps, keys=self._keys, kv_events=self.kv_events
         )
         self._keys = None  # a reload loads its own
-        return list(changes.new_gates.values())
+        return changes.new_gates
 
     async def reload(self, config: GatewayConfig | None = None) -> dict[str, str]:
         """Swap in `config` (by default the configuration file read again). Raises
@@ -110,14 +106,10 @@ class AppState:
                 log.error("the configuration was not reloaded: %s", message)
                 raise ConfigError(message) from None
             self.epoch = epoch
-            await self._discover()
             if config.logging != current.config.logging:
                 logs.configure(config.logging.level, config.logging.format)
-            await self._watch(changes.new_gates.values())
+            await self.loops.reloaded(changes)
             for gate in changes.dropped_gates.values():
-                prober = self._probers.pop(gate, None)
-                if prober is not None:
-                    prober.cancel()
                 await gate.close()
             log.info("configuration reloaded from %s: %s", config.source, changes.models or "same")
             freeze_heap()  # the new models' objects too, and the old ones collected
@@ -135,72 +127,18 @@ class AppState:
         kept = {section: getattr(current.config, section) for section in RESTART_ONLY}
         config = config.model_copy(update=kept)
         epoch, changes = await build_epoch(
-            config, self.deps, current, found=self._found, kv_events=self.kv_events
+            config, self.deps, current, found=self.loops.found, kv_events=self.kv_events
         )
         return config, epoch, changes
-
-    def _found(self, model: str) -> list[Node]:
-        """The nodes DNS gave the model's pools (none without discovery)."""
-        discovery = self._discoveries.get(model)
-        return discovery[0].found() if discovery is not None else []
-
-    def _latency_of(self, model: str) -> LatencyConfig | None:
-        runtime = self.epoch.models.get(model)
-        return runtime.config.latency if runtime is not None else None
-
-    async def _discover(self) -> None:
-        """Start discovery for the pools that name a DNS name (first lookup done before any
-        request), and stop it where a reload removed it."""
-        wanted = {
-            name: gate
-            for name, gate in self.gates.items()
-            if (latency := self._latency_of(name)) is not None and latency.discovers
-        }
-        for name, (discovery, task) in list(self._discoveries.items()):
-            if wanted.get(name) is not discovery.pool:
-                task.cancel()
-                del self._discoveries[name]
-                self.deps.facts.members.pop(name, None)
-        for name, gate in wanted.items():
-            if name in self._discoveries:
-                await self._discoveries[name][0].refresh()  # the reload may name new hosts
-                continue
-            discovery = Discovery(
-                name, functools.partial(self._latency_of, name), gate, self.deps.facts
-            )
-            await discovery.refresh()
-            self._discoveries[name] = (discovery, asyncio.create_task(discovery.run_forever()))
-
-    async def _watch(self, gates: Any) -> None:
-        """Probe new pools: nodes not ready start out of service, then are probed back."""
-        gates, config, facts = list(gates), self.config.gate, self.deps.facts
-        sole_user = config.backend == "memory"
-        await asyncio.gather(
-            *(
-                admit_ready_nodes(g, self.upstreams, facts, self.metrics, sole_user=sole_user)
-                for g in gates
-            )
-        )
-        for gate in gates:
-            self._probers[gate] = asyncio.create_task(
-                probe_forever(
-                    gate,
-                    self.upstreams,
-                    facts,
-                    self.metrics,
-                    interval_s=config.probe_interval_s,
-                    facts_every_s=config.capabilities_interval_s,
-                )
-            )
 
     def node_facts(self, model: str) -> dict[str, dict[str, Any]]:
         """Each node of the model's pool: the TileRT release its pool expects, and what the
         node last reported (nothing yet: it has not answered, or runs another release)."""
         runtime = self.epoch.models[model]
         latency = runtime.config.latency
-        nodes = configured_nodes(latency) if latency is not None else []
-        if model in self._discoveries:
-            nodes = self._discoveries[model][0].nodes()
+        nodes = self.loops.discovered_nodes(model)
+        if nodes is None:
+            nodes = configured_nodes(latency) if latency is not None else []
         out: dict[str, dict[str, Any]] = {}
         for node in nodes:
             facts = self.deps.facts.get(node.id)
@@ -214,6 +152,29 @@ class AppState:
 
     async def pool_snapshots(self) -> dict[str, GateSnapshot]:
         return {name: await gate.snapshot() for name, gate in self.gates.items()}
+
+    async def metrics_text(self) -> bytes:
+        """Every metric, in the Prometheus text format."""
+        sets = self.epoch.server_sets()
+        rendered = self.metrics.render(await self.pool_snapshots(), sets)
+        return rendered + self.kv_events.render()
+
+    def upstream_servers(self) -> dict[str, dict[str, dict[str, dict[str, object]]]]:
+        """Each model's vLLM server sets, each server as its set sees it, with the load
+        figures last read from it and the state of its KV-event index (if any)."""
+        return {
+            model: {servers.name: self._seen(servers) for servers in sets}
+            for model, sets in self.epoch.server_sets().items()
+        }
+
+    def _seen(self, servers: ServerSet) -> dict[str, dict[str, object]]:
+        figures = load_snapshot(servers)
+        out: dict[str, dict[str, object]] = {}
+        for url, seen in servers.snapshot().items():
+            out[url] = {**seen, "load": figures[url]} if url in figures else dict(seen)
+            if (index := self.kv_events.snapshot(url)) is not None:
+                out[url]["kv_events"] = index
+        return out
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a cleanup in the background; shutdown waits for it."""
@@ -237,10 +198,7 @@ class AppState:
         await self.upstreams.aclose()
 
     async def aclose(self) -> None:
-        for prober in self._probers.values():
-            prober.cancel()
-        for _, task in self._discoveries.values():
-            task.cancel()
+        await self.loops.aclose()
         for model in self.epoch.models.values():
             if model.latency is not None:
                 model.latency.close_all()

@@ -3,12 +3,12 @@ server's health from the outcomes of the calls made to it."""
 
 from router.selection.affinity import Affinity, PrefixAffinity, PrefixIndex, SessionAffinity
 from router.selection.attempt import call_on
-from router.selection.composition import PathSelection
+from router.selection.composition import PathSelection, ServedBy, sets_of
 from router.selection.health import EjectionPolicy, HealthBook, Outcome, outcome_of, status_outcome
+from router.selection.health_probes import probe_servers_forever, probe_servers_once
 from router.selection.kv_events import KvEventsHub, KvEventsIndex, Source, endpoint_of
 from router.selection.load import Load, LoadBook, LoadWeights, ServerLoad, parse_load
 from router.selection.load_scraper import load_snapshot, scrape_forever, scrape_once
-from router.selection.prober import ServedBy, probe_forever, probe_once, sets_of
 from router.selection.request_keys import AffinityKeys
 from router.selection.server_set import (
     Choice,
@@ -56,8 +56,8 @@ __all__ = [
     "load_snapshot",
     "outcome_of",
     "parse_load",
-    "probe_forever",
-    "probe_once",
+    "probe_servers_forever",
+    "probe_servers_once",
     "scrape_forever",
     "scrape_once",
     "sets_of",

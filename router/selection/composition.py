@@ -5,7 +5,7 @@ request and only where a set would use it."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from router.selection.affinity import Affinity
 from router.selection.request_keys import AffinityKeys
@@ -37,3 +37,19 @@ class PathSelection:
         if self._keys is None or not any(s.request_aware for s in sets):
             return None
         return await self._keys.of(endpoint, body, headers)
+
+
+@runtime_checkable
+class ServedBy(Protocol):
+    """A path that chooses among servers: its sets, for probes, metrics and the admin API."""
+
+    def server_sets(self) -> list[ServerSet]: ...
+
+
+def sets_of(paths: Iterable[object]) -> list[ServerSet]:
+    """The server sets of `paths`, each once."""
+    found: list[ServerSet] = []
+    for path in paths:
+        if isinstance(path, ServedBy):
+            found += [s for s in path.server_sets() if s not in found]
+    return found

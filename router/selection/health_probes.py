@@ -6,30 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol, runtime_checkable
 
 from router.selection.server_set import ServerSet
 
 log = logging.getLogger("pd_gateway.health")
 
 
-@runtime_checkable
-class ServedBy(Protocol):
-    """A path that chooses among servers: its sets, for probes, metrics and the admin API."""
-
-    def server_sets(self) -> list[ServerSet]: ...
-
-
-def sets_of(paths: Iterable[object]) -> list[ServerSet]:
-    """The server sets of `paths`, each once."""
-    found: list[ServerSet] = []
-    for path in paths:
-        if isinstance(path, ServedBy):
-            found += [s for s in path.server_sets() if s not in found]
-    return found
-
-
-async def probe_once(
+async def probe_servers_once(
     sets: Iterable[ServerSet], answers: Callable[[str], Awaitable[bool]]
 ) -> dict[str, bool]:
     """Probe every server of `sets` once; what each answered, by URL."""
@@ -42,7 +25,7 @@ async def probe_once(
     return results
 
 
-async def probe_forever(
+async def probe_servers_forever(
     sets: Callable[[], Iterable[ServerSet]],
     answers: Callable[[str], Awaitable[bool]],
     *,
@@ -52,6 +35,6 @@ async def probe_forever(
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await probe_once(sets(), answers)
+            await probe_servers_once(sets(), answers)
         except Exception:  # nothing may end the prober: ejected servers would wait it out
             log.exception("probing the vLLM servers failed")

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from router.selection import HealthBook, default_set, probe_forever, probe_once, sets_of
+from router.selection import (
+    HealthBook,
+    default_set,
+    probe_servers_forever,
+    probe_servers_once,
+    sets_of,
+)
 
 A, B = "http://a", "http://b"
 
@@ -32,7 +38,7 @@ async def test_a_server_in_two_sets_is_probed_once_and_both_hear_it() -> None:
     first = default_set([A, B], health=HealthBook([A, B], clock=clock))
     second = default_set([A], health=HealthBook([A], clock=clock))
     answers = Answers({B})
-    assert await probe_once([first, second], answers) == {A: False, B: True}
+    assert await probe_servers_once([first, second], answers) == {A: False, B: True}
     assert answers.asked == [A, B]
     assert first.snapshot()[A]["last_failure"] == "probe_failed"
     assert second.snapshot()[A]["failures"] == 1
@@ -43,12 +49,12 @@ async def test_failing_probes_eject_and_an_answer_readmits_early() -> None:
     servers = default_set([A, B], health=HealthBook([A, B], clock=clock))
     answers = Answers({B})
     for _ in range(5):
-        await probe_once([servers], answers)
+        await probe_servers_once([servers], answers)
     assert servers.snapshot()[A]["state"] == "ejected"
-    await probe_once([servers], answers)  # still dead: the back-off is not lengthened
+    await probe_servers_once([servers], answers)  # still dead: the back-off is not lengthened
     assert servers.snapshot()[A]["ejected_for_s"] == 10.0
     answers.alive.add(A)
-    await probe_once([servers], answers)
+    await probe_servers_once([servers], answers)
     assert servers.snapshot()[A]["state"] == "probation"
     assert servers.pick(exclude=[B]).url == A
 
@@ -78,7 +84,7 @@ async def test_the_prober_survives_a_failing_round_and_stops_when_cancelled() ->
             raise RuntimeError("a bug")
         return []
 
-    task = asyncio.create_task(probe_forever(sets, Answers(set()), interval_s=0))  # type: ignore[arg-type]
+    task = asyncio.create_task(probe_servers_forever(sets, Answers(set()), interval_s=0))  # type: ignore[arg-type]
     await done.wait()
     task.cancel()
     await asyncio.wait([task])
