@@ -25,7 +25,7 @@ from typing import Any
 from bench.options import BenchOptions
 from bench.peers import VllmRouterChild, vllm_router_executable
 from bench.processes import GatewayChild
-from router.demo.redis import LocalRedis
+from demo.redis import LocalRedis
 from router.process.lifeline import die_with_parent
 from sim.stack import NodeInfo, SimStack
 

@@ -1,6 +1,7 @@
 """The rooms of `router/` stand on each other in one order: a module imports only from its
-own room or from rooms below it (docs/architecture.md draws the same order), and
-`policies/` imports nothing from `router/`."""
+own room or from rooms below it (docs/architecture.md draws the same order);
+`policies/` imports nothing from `router/`; and neither imports the test equipment
+(`sim/`, `bench/`, `demo/`), by an import statement or by name."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Top to bottom; rooms on one line stand side by side and do not import each other.
 LAYERS: list[set[str]] = [
     {"cli"},
-    {"demo", "probe"},
+    {"commands", "probe"},
     {"process"},
     {"http"},
     {"runtime"},
@@ -82,3 +83,21 @@ def test_no_import_runs_back_up(path: Path) -> None:
 @pytest.mark.parametrize("path", modules("policies"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_policies_stand_alone(path: Path) -> None:
     assert [t for t in imports(path) if t.split(".")[0] in ("router", "sim")] == []
+
+
+EQUIPMENT = ("sim", "bench", "demo")
+
+
+@pytest.mark.parametrize(
+    "path", modules("router") + modules("policies"), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_the_product_never_imports_the_test_equipment(path: Path) -> None:
+    imported = [t for t in imports(path) if t.split(".")[0] in EQUIPMENT]
+    named = [
+        node.value
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if node.value.split(".")[0] in EQUIPMENT and node.value.count(".") <= 2
+        if node.value.replace(".", "").isidentifier()
+    ]
+    assert imported == [] and named == []

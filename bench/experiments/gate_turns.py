@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 import uvloop
 
+from demo.redis import LocalRedis
 from router.config import GateConfig, RedisGateConfig
-from router.demo.redis import LocalRedis
 from router.gate import Gate, make_gate
 from router.gate.base import Lease
 from router.node import Node

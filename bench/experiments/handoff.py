@@ -51,7 +51,7 @@ import httpx
 from bench import handoff
 from bench.experiments.harness import latency_model, running_gateways
 from bench.handoff import NodeQueue
-from router.demo.redis import LocalRedis
+from demo.redis import LocalRedis
 from sim.stack import NodeInfo, SimStack
 
 MODEL = "ds"

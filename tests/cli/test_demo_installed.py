@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from demo.plan import plan_stacks
+from demo.run import bundled_config
 from router.config import load_config
-from router.demo.plan import plan_stacks
-from router.demo.run import bundled_config
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +70,7 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Install:
 def image(install: Install) -> Path:
     """The gateway as the container image installs it."""
     sources = image_sources()
-    assert "router" in sources and "sim" not in sources and "bench" not in sources
+    assert "router" in sources and not {"sim", "bench", "demo"} & set(sources)
     return install(sources)
 
 
@@ -108,7 +108,7 @@ def test_the_bundled_configuration_is_the_repositorys_router_yaml() -> None:
 @pytest.mark.serial
 @pytest.mark.timeout(240)
 def test_the_demo_runs_from_a_wheel_in_another_folder(install: Install, tmp_path: Path) -> None:
-    bin_dir = install(["pyproject.toml", "README.md", "router", "policies", "sim", "bench"])
+    bin_dir = install(["pyproject.toml", "README.md", "router", "policies", "sim", "bench", "demo"])
     imported = run([str(bin_dir / "python"), "-c", "import router, sim; print(router.__file__)"])
     assert not Path(imported.strip()).is_relative_to(ROOT)
     assert "--config" in run([str(bin_dir / "pd-gateway"), "demo", "--help"])
@@ -141,8 +141,8 @@ def test_the_demo_runs_from_a_wheel_in_another_folder(install: Install, tmp_path
 @pytest.mark.parametrize(
     ("command", "needs"),
     [
-        (["demo"], "pd-gateway demo needs the sim package"),
-        (["bench", "--quick"], "pd-gateway bench needs the bench package and the sim package"),
+        (["demo"], "pd-gateway demo needs the demo package"),
+        (["bench", "--quick"], "pd-gateway bench needs the bench package"),
     ],
 )
 def test_the_image_says_what_demo_and_bench_need(

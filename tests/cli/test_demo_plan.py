@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from demo.plan import DemoError, parser_flags, plan_stacks
+from demo.ports import Endpoints, rewrite, shifted, started
 from router.config import load_config, parse_config
-from router.demo.plan import DemoError, parser_flags, plan_stacks
-from router.demo.ports import Endpoints, rewrite, shifted, started
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 NODE = {"host": "127.0.0.1", "ctrl_port": 5556, "http_port": 5557}

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from demo import redis as demo_redis
+from demo.instructions import instructions
+from demo.run import DEMO_REDIS, _share_pool
 from router.cli import main
 from router.config import load_config, parse_config
-from router.demo import redis as demo_redis
-from router.demo.run import DEMO_REDIS, _share_pool
-from router.demo.usage import usage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,10 +71,10 @@ def test_the_files_own_redis_settings_are_kept_but_for_where_redis_is() -> None:
 def test_the_usage_names_every_replica_and_how_to_stop_them() -> None:
     config = load_config(PROJECT_ROOT / "router.yaml")
     lines = ["replica 1: http://127.0.0.1:1/v1  pid 11", "replica 2: http://127.0.0.1:2/v1  pid 12"]
-    text = usage(config, "http://127.0.0.1:8000/v1", replicas=lines).splitlines()
+    text = instructions(config, "http://127.0.0.1:8000/v1", replicas=lines).splitlines()
     assert "2 gateway replicas share one TileRT pool through Redis:" in text
     assert [f"  {line}" for line in lines] == [t for t in text if t.startswith("  replica ")]
     assert text[-1] == "Ctrl-C stops the gateway replicas, Redis and every simulator."
-    assert usage(config, "http://127.0.0.1:8000/v1").splitlines()[-1] == (
+    assert instructions(config, "http://127.0.0.1:8000/v1").splitlines()[-1] == (
         "Ctrl-C stops the gateway and every simulator."
     )

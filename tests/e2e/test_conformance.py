@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from router.demo.plan import parser_flags
+from demo.plan import parser_flags
 from sim.stack import SimStack
 from tests.support.deployment import directive, latency_model
 from tests.support.gateway import GatewayProcess, start_gateway

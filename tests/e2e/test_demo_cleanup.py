@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from router.demo.lifeline import remove_stale_dirs
+from demo.workdirs import remove_stale_dirs
 from router.process.server import READY_PREFIX
 from tests.cli.test_demo_e2e import CONFIG_PREFIX, START_TIMEOUT_S, USAGE_END
 from tests.support.demo import Demo, alive, bindable, ports_of, running_demo

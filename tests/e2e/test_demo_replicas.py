@@ -22,7 +22,7 @@ from tests.support.deployment import directive
 USAGE_END = "Ctrl-C stops the gateway replicas, Redis and every simulator."
 STOPPING = "Stopping the gateway replicas, Redis and the simulators."
 START_TIMEOUT_S = 120.0
-LEASE_TTL_S = 3.0  # the demo's lease (router/demo/run.py DEMO_REDIS)
+LEASE_TTL_S = 3.0  # the demo's lease (demo/run.py DEMO_REDIS)
 MESSAGES = [{"role": "user", "content": "Say hello"}]
 
 

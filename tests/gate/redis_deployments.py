@@ -14,7 +14,7 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
-from router.demo.redis import HOST, redis_server_binary
+from demo.redis import HOST, redis_server_binary
 from tests.gate.redis_server import RedisServer, free_port
 
 CLUSTER_SLOTS = 16384

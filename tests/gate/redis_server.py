@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from router.demo.redis import LocalRedis as RedisServer
-from router.demo.redis import free_port
+from demo.redis import LocalRedis as RedisServer
+from demo.redis import free_port
 
 __all__ = ["RedisServer", "free_port", "running_redis"]
 

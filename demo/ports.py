@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from demo.plan import DemoError, ModelPlan, absolute
 from router.config import GatewayConfig
-from router.demo.plan import DemoError, ModelPlan, absolute
 from router.tokens.tokenizer import BUILTIN
 
 if TYPE_CHECKING:

@@ -63,7 +63,7 @@ def find_example(config: GatewayConfig, path: str, *, stream: bool) -> Example |
     return None
 
 
-def usage(config: GatewayConfig, base_url: str, replicas: list[str] | None = None) -> str:
+def instructions(config: GatewayConfig, base_url: str, replicas: list[str] | None = None) -> str:
     """The text printed once the gateway is ready; `replicas`, one line each, when several
     gateway replicas serve behind `base_url`."""
     latency = find_example(config, "latency", stream=True)

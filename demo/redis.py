@@ -12,8 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from router.demo.lifeline import dir_prefix
-from router.demo.plan import DemoError
+from demo.plan import DemoError
+from demo.workdirs import dir_prefix
 from router.process.lifeline import die_with_parent
 
 HOST = "127.0.0.1"

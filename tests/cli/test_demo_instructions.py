@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from demo.instructions import Example, curl, find_example, instructions, sdk_snippet
 from router.config import load_config, parse_config
-from router.demo.usage import Example, curl, find_example, sdk_snippet, usage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BASE = "http://127.0.0.1:8000/v1"
@@ -82,8 +82,8 @@ def test_examples_follow_the_rules(
         assert example is not None and (example.headers, example.rule) == (headers, rule)
 
 
-def test_usage_says_when_a_path_has_no_example() -> None:
-    text = usage(config_of({"default": {"path": "latency"}}, latency=LATENCY), BASE)
+def test_the_instructions_say_when_a_path_has_no_example() -> None:
+    text = instructions(config_of({"default": {"path": "latency"}}, latency=LATENCY), BASE)
     assert "No plain chat request takes the throughput path under these rules." in text
     assert "# throughput path" not in text
     assert "# latency path (rule 'default'), streamed" in text

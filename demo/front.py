@@ -16,7 +16,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from router.demo.plan import DemoError
+from demo.plan import DemoError
 
 _CHUNK = 64 * 1024
 

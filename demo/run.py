@@ -29,23 +29,24 @@ from urllib.parse import urlsplit
 
 import yaml
 
+import router
+from demo.front import RoundRobinFront
+from demo.instructions import instructions
+from demo.plan import DemoError, ModelPlan, plan_stacks
+from demo.ports import Endpoints, rewrite, shifted, started
+from demo.redis import LocalRedis
+from demo.workdirs import dir_prefix, remove_stale_dirs
+from router.commands import missing_equipment
 from router.config import GatewayConfig, load_config, parse_config
-from router.demo.equipment import missing_equipment
-from router.demo.front import RoundRobinFront
-from router.demo.lifeline import dir_prefix, remove_stale_dirs
-from router.demo.plan import DemoError, ModelPlan, plan_stacks
-from router.demo.ports import Endpoints, rewrite, shifted, started
-from router.demo.redis import LocalRedis
-from router.demo.usage import usage
 from router.process.lifeline import die_with_parent
 from router.process.server import READY_PREFIX
 
 if TYPE_CHECKING:
     from sim.stack import SimStack
 
-# The folder this `router` package was imported from: the gateways' children import the
+# The folder the `router` package was imported from: the gateways' children import the
 # same code (a checkout, or site-packages).
-IMPORT_ROOT = Path(__file__).resolve().parents[2]
+IMPORT_ROOT = Path(router.__file__).resolve().parents[1]
 READY_TIMEOUT_S = 60.0
 # Beyond server.shutdown_grace_s: the gateway's own slot cleanups (10 s) and a margin.
 GATEWAY_STOP_MARGIN_S = 15.0
@@ -110,7 +111,7 @@ def run_demo(
         if front is None or redis is None:
             gateway = _Gateway(config_file, log_level, stop_grace_s=grace_s)
             gateways.append(gateway)
-            print(usage(effective, gateway.wait_ready(READY_TIMEOUT_S)), flush=True)
+            print(instructions(effective, gateway.wait_ready(READY_TIMEOUT_S)), flush=True)
             code = gateway.popen.wait()
             raise DemoFailed(f"the gateway exited with code {code}")
         print(f"Redis (the pool's shared state): {redis.url}  pid {_pid(redis)}", flush=True)
@@ -119,7 +120,7 @@ def run_demo(
             gateways.append(_Gateway(config_file, log_level, stop_grace_s=grace_s, name=name))
         lines = [f"{g.name}: {g.wait_ready(READY_TIMEOUT_S)}  pid {g.popen.pid}" for g in gateways]
         front.start()
-        print(usage(effective, front.base_url, replicas=lines), flush=True)
+        print(instructions(effective, front.base_url, replicas=lines), flush=True)
         _watch(gateways)
         raise DemoFailed("every gateway replica has exited")
     except (KeyboardInterrupt, _Stopped):
@@ -195,7 +196,7 @@ def _pid(redis: LocalRedis) -> int:
 @contextmanager
 def bundled_config() -> Iterator[Path]:
     """The demo's own router.yaml, shipped in this package."""
-    with resources.as_file(resources.files("router.demo").joinpath("router.yaml")) as path:
+    with resources.as_file(resources.files("demo").joinpath("router.yaml")) as path:
         yield path
 
 
