@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from bench.batch_latency import Relays
 from bench.processes import cpu_s, reset_peak_rss, rss_mb, running
-from bench.relay import Relays
 from bench.scenarios import Level, Method
 from bench.streams import BenchFailure, Sample
 

@@ -10,12 +10,12 @@ from typing import Literal
 
 import httpx
 
-from bench import handoff, relay
+from bench import batch_latency, handoff
+from bench.batch_latency import Relays
 from bench.deployment import MODEL, Deployment
 from bench.handoff import NodeQueue
 from bench.options import BenchOptions
 from bench.processes import GatewayChild
-from bench.relay import Relays
 from bench.script import Script, make_script
 from bench.streams import BenchFailure, Sample, chat_stream, direct_latency
 from sim.stack import NodeInfo
@@ -106,8 +106,8 @@ def _batched(
     settle = _batched_settled(client, prefill_urls, nodes)
 
     async def relays(samples: list[Sample]) -> Relays:
-        rids = await relay.node_rids(client, prefill_urls)
-        return relay.paired(samples, rids, await relay.line_writes(client, nodes))
+        rids = await batch_latency.node_rids(client, prefill_urls)
+        return batch_latency.paired(samples, rids, await batch_latency.line_writes(client, nodes))
 
     found = []
     for level in options.batched:
@@ -198,7 +198,7 @@ def _batched_settled(
 
     async def settle() -> None:
         await wait_nodes_idle(client, [node.url for node in nodes])
-        await relay.forget(client, prefill_urls, nodes)
+        await batch_latency.forget(client, prefill_urls, nodes)
 
     return settle
 

@@ -9,7 +9,7 @@ A chunk counts as received when the node line or SSE event carrying it is read; 
 inter-chunk gaps are the times between consecutive chunks after the first. Every request
 has an id (X-Request-Id, the node's rid when sent directly); `named` requests also carry
 it as their `user`, which a gateway passes on to the prefill server, so that their chunks
-can be paired with their node's record of when it wrote each line (`bench.relay`).
+can be paired with their node's record of when it wrote each line (`bench.batch_latency`).
 """
 
 from __future__ import annotations

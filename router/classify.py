@@ -20,7 +20,7 @@ from policies import (
 )
 from policies.types import Endpoint
 from router.config import GatewayConfig, ModelConfig
-from router.nodes.facts import NodeFactsBook
+from router.node_lifecycle.facts import NodeFactsBook
 from router.tokens.prompt_tokens import PromptCounter
 
 

@@ -159,7 +159,7 @@ def _check(args: argparse.Namespace) -> int:
     asyncio.run(_prepared(config, _nothing))
     print(f"{args.config}: ok ({len(config.models)} model(s); keys, tokenizers and templates read)")
     if args.probe:
-        from router.probe import probe
+        from router.preflight import probe
 
         return probe(config)
     return 0

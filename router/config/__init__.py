@@ -8,7 +8,8 @@ file; the running gateway works on the runtime types built from them.
 from router.config.environment import ENV_PREFIX, apply_environment
 from router.config.errors import ConfigError
 from router.config.loading import compile_rules, load_config, parse_config
-from router.config.schema import (
+from router.config.secrets import read_secret
+from router.config.settings import (
     AdminConfig,
     ApiKeyConfig,
     AuthConfig,
@@ -40,7 +41,6 @@ from router.config.schema import (
     UpstreamCredential,
     UpstreamsConfig,
 )
-from router.config.secrets import read_secret
 
 __all__ = [
     "ENV_PREFIX",

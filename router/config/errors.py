@@ -9,7 +9,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from router.config.schema import GatewayConfig, StrictModel
+from router.config.settings import GatewayConfig, StrictModel
 
 
 class ConfigError(Exception):

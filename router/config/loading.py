@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from policies import Action, RulesError, RuleSet, load_rules, parse_rules
 from router.config.environment import apply_environment
 from router.config.errors import ConfigError, describe
-from router.config.schema import GatewayConfig
+from router.config.settings import GatewayConfig
 
 
 def parse_config(

@@ -12,7 +12,7 @@ from router.gate.base import (
     ProbeClaim,
     SlotGate,
 )
-from router.gate.health import NodeFailure, failure_for
+from router.gate.circuit_breaker import NodeFailure, failure_for
 from router.gate.memory import MemoryGate
 from router.gate.metrics import GateMetrics
 from router.gate.redis import make_redis_gate

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from router.gate.health import NodeFailure
+from router.gate.circuit_breaker import NodeFailure
 from router.node import Node
 
 RejectReason = Literal[

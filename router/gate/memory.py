@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from router.gate.base import GateRejected, GateSnapshot, ProbeClaim
-from router.gate.health import NodeFailure, NodeHealth
+from router.gate.circuit_breaker import NodeFailure, NodeHealth
 from router.gate.hold_times import HoldTimeEstimator
 from router.gate.metrics import GateMetrics
 from router.node import Node

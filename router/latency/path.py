@@ -14,8 +14,8 @@ import orjson
 from router.config import LatencyConfig
 from router.errors import GatewayError, Overloaded, PrefillError, UpstreamError
 from router.gate import Gate, GateRejected, Lease
-from router.latency.ids_proof import TokenIdsProof
 from router.latency.prompt_ids import PromptIds
+from router.latency.prompt_ids_agreement import TokenIdsProof
 from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.relay import DecodeRelay, RelayEnd
 from router.latency.sampling import DecodeOptions, Sampling, SamplingDefaults, decode_options

@@ -21,7 +21,7 @@ from router.config import TimeoutsConfig
 from router.errors import DecodeError, NodeRefused, PrefillError
 from router.gate import Lease, NodeFailure, failure_for
 from router.latency.sampling import DecodeOptions
-from router.nodes.facts import NodeFactsBook
+from router.node_lifecycle.facts import NodeFactsBook
 from router.serving import RoutedRequest
 from router.telemetry import tracing
 from router.telemetry.metrics import Metrics

@@ -1,6 +1,6 @@
 """The decode relay: a node's token lines in, the client's message deltas out.
 
-Ids go through the text pipeline (`router.text`: stop ids, detokenizer, stop strings, then
+Ids go through the text pipeline (`router.detokenize`: stop ids, detokenizer, stop strings, then
 the family's reasoning and tool-call parser); the relay counts completion tokens as vLLM
 does, decides `finish_reason`, records TTFT and the time per token, and fills in the access
 record (TTFT, tokens, finish reason), from which the request's duration and token counts
@@ -14,13 +14,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from router.detokenize.pipeline import TextPipeline
 from router.latency.logprobs import LogprobTrack
 from router.latency.protocol import NodeSession
 from router.openai.render import StopReason, TokenLogprob
 from router.parsers import ParsedDelta, ParsedMessage, ToolCallDelta, finish_reason
 from router.serving import RoutedRequest
 from router.telemetry.metrics import Metrics
-from router.text.pipeline import RelayPipeline
 from router.tokens.tokenizer import LoadedTokenizer
 from router.upstream.tilert import DoneLine, TokenLine
 from router.upstream.vllm import Prefilled
@@ -53,7 +53,7 @@ class DecodeRelay:
         self._eos_first = prefilled.finish_reason == "stop"
         self._first_token_id = prefilled.first_token_id
         self._max_calls = parsed.max_tool_calls
-        self._pipeline = RelayPipeline(
+        self._pipeline = TextPipeline(
             tokenizer.tokenizer,
             vocab=tokenizer.vocab,
             parser_name=output_parser if request.endpoint.parses_output else "none",

@@ -1,4 +1,5 @@
-"""Renders relay output as OpenAI responses: SSE chunks while streaming, one JSON at the end.
+"""Renders the decode relay's output as OpenAI responses: SSE chunks while streaming, one
+JSON at the end.
 
 One renderer per endpoint; both share the same small interface so the latency path never
 branches on the endpoint.

@@ -1,4 +1,5 @@
-"""Renders relay output in the Responses API's shapes: a `response` object, or its events.
+"""Renders the decode relay's output in the Responses API's shapes: a `response` object, or
+its events.
 
 The message becomes output items in the order the model wrote them: a `reasoning` item for
 its reasoning, a `message` item for its text and one `function_call` item per tool call.

@@ -18,8 +18,8 @@ from router.config import GatewayConfig, LatencyConfig
 from router.gate import Gate
 from router.latency.protocol import LatencyDeps
 from router.node import Node
-from router.nodes.discovery import Discovery
-from router.nodes.prober import admit_ready_nodes, probe_pool_forever
+from router.node_lifecycle.discovery import Discovery
+from router.node_lifecycle.prober import admit_ready_nodes, probe_pool_forever
 from router.runtime.epoch import Changes, ConfigEpoch
 from router.selection import (
     KvEventsHub,

@@ -17,7 +17,7 @@ from router.config import ConfigError, GatewayConfig, load_config
 from router.gate import Gate, GateSnapshot
 from router.latency.protocol import LatencyDeps
 from router.node import configured_nodes
-from router.nodes.facts import NodeFactsBook
+from router.node_lifecycle.facts import NodeFactsBook
 from router.runtime.auth import Keys, upstream_credentials
 from router.runtime.background import BackgroundLoops
 from router.runtime.epoch import Changes, ConfigEpoch, build_epoch, check_tokenizer_files

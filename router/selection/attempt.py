@@ -12,7 +12,7 @@ from contextlib import AsyncExitStack, ExitStack
 from typing import TypeVar
 
 from router.selection.affinity import Affinity
-from router.selection.health import Outcome, outcome_of
+from router.selection.ejection import Outcome, outcome_of
 from router.selection.server_set import Choice, ServerSet
 
 T = TypeVar("T")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from router.selection.affinity import Affinity
-from router.selection.health import HealthBook, Outcome
+from router.selection.ejection import HealthBook, Outcome
 from router.selection.load import LoadBook, ServerLoad
 
 

@@ -131,7 +131,7 @@ class PathResponse(Response):
         except GatewayError as error:
             self._request.access.ended_with(error)
             answer = error_answer(error)
-        with tracing.stage(tracing.RELAY, status=answer.status):
+        with tracing.stage(tracing.ANSWER, status=answer.status):
             await self._start(send, answer)
             last = b""  # held for the body's end, once the body has said it is its last
             async with aclosing(answer.chunks) as chunks:

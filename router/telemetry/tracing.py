@@ -43,7 +43,7 @@ PREFILL = "prefill"
 KV_TRANSFER = "kv_transfer"
 DECODE = "decode"
 PROXY = "proxy"
-RELAY = "relay"
+ANSWER = "answer"
 
 _OFF: AbstractContextManager[None] = nullcontext()
 _tracer: Tracer | None = None

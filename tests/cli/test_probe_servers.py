@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from router.config import GatewayConfig
-from router.probe.servers import Findings, Use, describe, model_ids, servers_of, warnings
+from router.preflight.servers import Findings, Use, describe, model_ids, servers_of, warnings
 from router.selection.load import Load
 
 TOKENIZER = str(Path(__file__).resolve().parents[2] / "sim" / "fixtures" / "glm")

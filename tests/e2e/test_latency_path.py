@@ -184,7 +184,7 @@ def test_stop_token_ids(client: openai.OpenAI, stack: SimStack) -> None:
     probe = client.completions.create(model="ds", prompt=directive("a b c d"), max_tokens=50)
     assert probe.choices[0].text == "a b c d"
     # " c" is one token in DeepSeek's vocabulary: ask the gateway to stop on it
-    from tests.text.test_pipeline import TOKENIZER
+    from tests.detokenize.test_pipeline import TOKENIZER
 
     stop_id = TOKENIZER.encode(" c", add_special_tokens=False).ids[0]
     reply = client.completions.create(

@@ -10,8 +10,8 @@ import pytest
 
 from router.gate import GateRejected, NodeFailure
 from router.node import Node
-from router.nodes.facts import NodeFactsBook
-from router.nodes.prober import MISMATCH_LINES, _probe_out_node, learn
+from router.node_lifecycle.facts import NodeFactsBook
+from router.node_lifecycle.prober import MISMATCH_LINES, _probe_out_node, learn
 from router.telemetry.metrics import Metrics
 from tests.gate.conftest import MakeGate
 from tests.support.scripted_node import ScriptedNode, upstreams

@@ -11,7 +11,7 @@ import pytest
 from redis.crc import key_slot
 
 from router.config import RedisGateConfig
-from router.gate.health import EXPECTED_BACK
+from router.gate.circuit_breaker import EXPECTED_BACK
 from router.gate.metrics import GateMetrics
 from router.gate.redis.client import connect
 from router.gate.redis.keys import KeyLayout

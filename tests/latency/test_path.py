@@ -15,7 +15,7 @@ from router.latency.path import LatencyPath, answer_facts
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import Sampling, SamplingDefaults
 from router.node import Node
-from router.nodes.facts import NodeFactsBook
+from router.node_lifecycle.facts import NodeFactsBook
 from router.openai.render import AnswerFacts
 from router.openai.requests import ChatRequest
 from router.telemetry.metrics import Metrics

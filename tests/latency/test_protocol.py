@@ -20,7 +20,7 @@ from router.gate import NodeFailure
 from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.sampling import SamplingDefaults, decode_options
 from router.node import Node
-from router.nodes.facts import NodeFactsBook
+from router.node_lifecycle.facts import NodeFactsBook
 from router.serving import RoutedRequest
 from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams

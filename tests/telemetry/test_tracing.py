@@ -72,7 +72,7 @@ def test_an_exporter_the_gateway_cannot_provide_is_a_configuration_error(
 def test_while_off_no_span_is_made() -> None:
     assert not tracing.enabled()
     shared = tracing.stage(tracing.PREFILL, upstream="http://x")
-    assert shared is tracing.stage(tracing.RELAY)
+    assert shared is tracing.stage(tracing.ANSWER)
     assert tracing.request_span("POST", "/v1/chat/completions", []) is None
     with shared as span:
         assert span is None

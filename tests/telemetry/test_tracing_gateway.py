@@ -161,7 +161,7 @@ async def test_a_latency_stream_is_one_trace_under_the_clients_parent(
         tracing.QUEUE_WAIT,
         tracing.PREFILL,
         tracing.KV_TRANSFER,
-        tracing.RELAY,
+        tracing.ANSWER,
     }
     assert all(parent_of(s) == root.context.span_id for s in stages.values())
     assert attributes(stages[tracing.CLASSIFICATION])["pd.path"] == "latency"
@@ -185,7 +185,7 @@ async def test_pull_legs_are_stages_and_vllm_gets_each_legs_context(
         tracing.CLASSIFICATION,
         tracing.PREFILL,
         tracing.DECODE,
-        tracing.RELAY,
+        tracing.ANSWER,
     }
     assert all(parent_of(s) == root.context.span_id for s in stages.values())
     assert attributes(root)["pd.path"] == "throughput"
@@ -202,7 +202,7 @@ async def test_push_legs_run_side_by_side_under_the_request(
     response = await gateway.post("/v1/chat/completions", json=chat(PUSHED, stream=True))
     assert response.status_code == 200
     root, stages = tree(spans)
-    assert {tracing.PREFILL, tracing.DECODE, tracing.RELAY} <= set(stages)
+    assert {tracing.PREFILL, tracing.DECODE, tracing.ANSWER} <= set(stages)
     assert all(parent_of(s) == root.context.span_id for s in stages.values())
     decoded = last_request(stack.decodes[0].url)
     assert decoded["headers"]["traceparent"].startswith(traceparent_of(stages[tracing.DECODE]))
@@ -220,7 +220,7 @@ async def test_a_failing_upstream_marks_its_stage_and_the_request_as_errors(
     assert stages[tracing.PROXY].status.status_code is StatusCode.ERROR
 
 
-async def test_a_stream_the_node_breaks_ends_its_relay_and_the_request_as_errors(
+async def test_a_stream_the_node_breaks_ends_its_answer_and_the_request_as_errors(
     gateway: httpx.AsyncClient, stack: SimStack, spans: InMemorySpanExporter
 ) -> None:
     sim_post(stack.nodes[0].url, "/sim/faults", {"error_after": 2, "count": 1})
@@ -230,9 +230,9 @@ async def test_a_stream_the_node_breaks_ends_its_relay_and_the_request_as_errors
     assert b'"error"' in response.content
     root, stages = tree(spans)
     assert stages[tracing.KV_TRANSFER].status.status_code is StatusCode.UNSET
-    relay = stages[tracing.RELAY]
-    assert relay.status.status_code is StatusCode.ERROR
-    assert [event.name for event in relay.events] == ["exception"]
+    answer = stages[tracing.ANSWER]
+    assert answer.status.status_code is StatusCode.ERROR
+    assert [event.name for event in answer.events] == ["exception"]
     assert root.status.status_code is StatusCode.ERROR
     assert "pd.error_code" in attributes(root)
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from router.gate.health import NodeFailure
+from router.gate.circuit_breaker import NodeFailure
 from router.node import Node
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.gate.base import GateSnapshot
-from router.gate.health import NodeFailure, NodeHealth
+from router.gate.circuit_breaker import NodeFailure, NodeHealth
 from router.gate.hold_times import HoldTimeEstimator
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
-from router.gate.health import EXPECTED_BACK
+from router.gate.circuit_breaker import EXPECTED_BACK
 from router.gate.metrics import GateMetrics
 from router.gate.redis.client import GateRedis
 from router.gate.redis.keys import KeyLayout, PoolKeys

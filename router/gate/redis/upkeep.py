@@ -12,7 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from router.config import RedisGateConfig
-from router.gate.health import NodeFailure
+from router.gate.circuit_breaker import NodeFailure
 from router.gate.metrics import GateMetrics
 from router.gate.redis.client import UNAVAILABLE
 from router.gate.redis.lease import Grant, RedisLease

@@ -86,7 +86,7 @@ local function usable(id)
 end
 
 -- Nodes that serve, or will once a probe has flushed them (EXPECTED_BACK, prepended from
--- router/gate/health.py): waiters keep waiting for them.
+-- router/gate/circuit_breaker.py): waiters keep waiting for them.
 local function in_service()
   local n = 0
   for _, id in ipairs(NODES) do

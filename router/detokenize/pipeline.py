@@ -13,9 +13,9 @@ from typing import Any
 
 import tokenizers
 
+from router.detokenize.detokenizer import ByteLevelVocab, IncrementalDetokenizer
+from router.detokenize.stops import StopMatcher
 from router.parsers import OutputParser, ParsedDelta, make_output_parser, needs_special_tokens
-from router.text.detokenizer import ByteLevelVocab, IncrementalDetokenizer
-from router.text.stops import StopMatcher
 
 
 @dataclass(slots=True)
@@ -24,7 +24,7 @@ class RelayStep:
     stopped: bool  # a stop string or stop token id matched: stop the node
 
 
-class RelayPipeline:
+class TextPipeline:
     def __init__(
         self,
         tokenizer: tokenizers.Tokenizer,

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from router.config import GateConfig
-from router.config.schema import TileRTVersion
+from router.config.settings import TileRTVersion
 from router.gate import ProbeClaim, make_gate
 from router.node import Node
-from router.nodes.facts import NodeFactsBook
-from router.nodes.prober import _probe_out_node, admit_ready_nodes
+from router.node_lifecycle.facts import NodeFactsBook
+from router.node_lifecycle.prober import _probe_out_node, admit_ready_nodes
 from router.telemetry.metrics import Metrics
 from tests.support.scripted_node import ScriptedNode, upstreams
 

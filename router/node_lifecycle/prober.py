@@ -11,8 +11,8 @@ import time
 
 from router.gate.base import PoolAdmin
 from router.node import Node
-from router.nodes.facts import NodeFactsBook
-from router.nodes.repeats import RepeatedLines
+from router.node_lifecycle.facts import NodeFactsBook
+from router.node_lifecycle.repeats import RepeatedLines
 from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams, tilert
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from router.gate import GateRejected, NodeFailure, failure_for
-from router.gate.health import NodeHealth
+from router.gate.circuit_breaker import NodeHealth
 from tests.gate.conftest import MakeGate, nodes, waiting
 
 HARD = NodeFailure("node_unreachable", hard=True)

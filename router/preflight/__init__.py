@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 
 from router.config import GatewayConfig
-from router.probe.gate import probe_gate
-from router.probe.nodes import probe_nodes
-from router.probe.servers import probe_servers, probing_upstreams
+from router.preflight.gate import probe_gate
+from router.preflight.nodes import probe_nodes
+from router.preflight.servers import probe_servers, probing_upstreams
 
 __all__ = ["probe"]
 

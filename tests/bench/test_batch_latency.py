@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.relay import paired
+from bench.batch_latency import paired
 from bench.streams import Sample
 
 

