@@ -13,9 +13,10 @@ import asyncio
 import statistics
 import time
 
-from router.config import TimeoutsConfig, UpstreamsConfig
+from router.config import UpstreamsConfig
 from router.upstream import Upstreams
 from router.upstream.failures import Target
+from router.upstream.timeouts import Timeouts
 
 TARGET = Target("bench", "the bench server")
 WHOLE = (
@@ -61,7 +62,7 @@ async def run(rounds: int, n: int) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(Server, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+    upstreams = Upstreams(UpstreamsConfig(), Timeouts())
     body = {"prompt": "x" * 200, "max_tokens": 1}
 
     async def whole() -> None:

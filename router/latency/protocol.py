@@ -17,7 +17,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from router.config import TimeoutsConfig
 from router.errors import DecodeError, NodeRefused, PrefillError
 from router.gate import Lease, NodeFailure, failure_for
 from router.latency.sampling import DecodeOptions
@@ -27,6 +26,7 @@ from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams, tilert, vllm
 from router.upstream.tilert import DecodeStream, NodeLine
+from router.upstream.timeouts import Timeouts
 from router.upstream.vllm import Prefilled
 
 # How long a 429 from a node we hold may last before it counts as the node being taken.
@@ -40,7 +40,7 @@ class LatencyDeps:
     """What every latency request needs from the application."""
 
     upstreams: Upstreams
-    timeouts: TimeoutsConfig
+    timeouts: Timeouts
     spawn: Spawn
     """Runs a cleanup in the background; shutdown waits for it."""
     metrics: Metrics

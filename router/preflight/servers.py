@@ -19,7 +19,7 @@ from router.config import GatewayConfig, ProxyConfig, PullConfig, PushConfig
 from router.errors import UpstreamError
 from router.runtime.auth import upstream_credentials
 from router.selection.load import Load, parse_load
-from router.upstream import Target, Upstreams, vllm
+from router.upstream import Target, Timeouts, Upstreams, vllm
 
 # `/health` says nothing in its body and `/v1/models` lists a few ids: far less than this.
 PROBE_MAX_BODY_BYTES = 1024 * 1024
@@ -56,7 +56,7 @@ def probing_upstreams(config: GatewayConfig) -> Upstreams:
     """The gateway's pools, keys and timeouts, with bodies capped for probing."""
     cap = min(config.upstreams.max_body_bytes, PROBE_MAX_BODY_BYTES)
     pools = config.upstreams.model_copy(update={"max_body_bytes": cap})
-    return Upstreams(pools, config.timeouts, credentials=upstream_credentials(config))
+    return Upstreams(pools, Timeouts.of(config.timeouts), credentials=upstream_credentials(config))
 
 
 def servers_of(config: GatewayConfig) -> dict[str, list[Use]]:

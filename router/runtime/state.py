@@ -25,7 +25,7 @@ from router.selection import KvEventsHub, ServerSet, load_snapshot
 from router.serving.live import LiveResponses
 from router.telemetry import logs
 from router.telemetry.metrics import Metrics
-from router.upstream import Upstreams
+from router.upstream import Timeouts, Upstreams
 
 log = logging.getLogger("pd_gateway")
 
@@ -47,13 +47,14 @@ class AppState:
         self._keys: Keys | None = Keys.load(config)
         self._config = config
         self.epoch: ConfigEpoch  # built by start()
+        timeouts = Timeouts.of(config.timeouts)
         self.upstreams = Upstreams(
-            config.upstreams, config.timeouts, credentials=upstream_credentials(config)
+            config.upstreams, timeouts, credentials=upstream_credentials(config)
         )
         self.metrics = Metrics()
         self.deps = LatencyDeps(
             upstreams=self.upstreams,
-            timeouts=config.timeouts,
+            timeouts=timeouts,
             spawn=self.spawn,
             metrics=self.metrics,
             facts=NodeFactsBook(),
@@ -204,7 +205,7 @@ class AppState:
                 model.latency.close_all()
         if self._tasks:
             # The longest a cleanup can take: consume a transfer, or cancel then drain.
-            t = self.config.timeouts
+            t = self.deps.timeouts
             grace_s = max(t.kv_transfer_s + 5, t.cancel_s + t.decode_stall_s) + t.connect_s
             await asyncio.wait(list(self._tasks), timeout=grace_s)
         for gate in self.gates.values():

@@ -1,15 +1,18 @@
-"""Turns a model's `throughput` configuration into its mode's implementation."""
+"""Turns a model's `throughput` configuration into its mode's implementation: the one place
+that reads it, so the modes work on their server sets alone."""
 
 from __future__ import annotations
 
-from router.config import ProxyConfig, PullConfig, PushConfig
+from router.config import PrefillEngineConfig, ProxyConfig, PullConfig, PushConfig
 from router.selection import PathSelection
 from router.serving import ServePath
 from router.telemetry.metrics import Metrics
+from router.throughput.legs import NativeDeps
 from router.throughput.proxy import ProxyPath
 from router.throughput.pull import PullPath
 from router.throughput.push import PushPath
 from router.upstream import Upstreams
+from router.upstream.vllm import PrefillEngine
 
 
 def make_throughput_path(
@@ -20,11 +23,30 @@ def make_throughput_path(
     metrics: Metrics | None = None,
 ) -> ServePath:
     """The throughput path for one model, one of proxy, pull or push."""
+    selection = selection or PathSelection()
+    deps = NativeDeps(upstreams, metrics)
     match config:
         case ProxyConfig():
-            return ProxyPath(config, upstreams=upstreams, selection=selection, metrics=metrics)
+            return ProxyPath(selection.server_set(config.urls, "proxy", request_aware=False), deps)
         case PullConfig():
-            return PullPath(config, upstreams=upstreams, selection=selection, metrics=metrics)
+            prefill = selection.server_set(config.prefill, "pull:prefill")
+            return PullPath(
+                prefill, selection.server_set(config.decode, "pull:decode"), selection, deps
+            )
         case PushConfig():
-            return PushPath(config, upstreams=upstreams, selection=selection, metrics=metrics)
+            engines = [_engine(engine) for engine in config.prefill]
+            return PushPath(
+                engines, selection.server_set(config.decode, "push:decode"), selection, deps
+            )
     raise TypeError(f"not a throughput configuration: {type(config).__name__}")
+
+
+def _engine(config: PrefillEngineConfig) -> PrefillEngine:
+    return PrefillEngine(
+        url=config.url,
+        engine_id=config.engine_id,
+        side_channel_host=config.side_channel_host,
+        side_channel_port=config.side_channel_port,
+        tp_size=config.tp_size,
+        pp_size=config.pp_size,
+    )

@@ -4,9 +4,10 @@ push: the prefill leg, and the decode leg whose answer is the client's."""
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any
 
-from router.selection import Choice
+from router.selection import Affinity, Choice, PathSelection, ServerSet
 from router.serving import Answer, RoutedRequest
 from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
@@ -15,6 +16,35 @@ from router.throughput.stream_usage import asks_for_usage, with_usage
 from router.throughput.usage import CachedTokensRewriter
 from router.upstream import Reply, Upstreams, vllm
 from router.upstream.vllm import NixlPrefilled
+
+
+@dataclass(frozen=True, slots=True)
+class NativeDeps:
+    """What every native mode calls with."""
+
+    upstreams: Upstreams
+    metrics: Metrics | None = None
+
+
+class SplitPath:
+    """What pull and push share: a prefill set and a decode set, chosen by one selection."""
+
+    def __init__(
+        self, prefill: ServerSet, decode: ServerSet, selection: PathSelection, deps: NativeDeps
+    ) -> None:
+        self._prefill = prefill
+        self._decode = decode
+        self._selection = selection
+        self._upstreams = deps.upstreams
+        self._metrics = deps.metrics
+
+    def server_sets(self) -> list[ServerSet]:
+        return [self._prefill, self._decode]
+
+    async def _affinity(self, request: RoutedRequest) -> Affinity | None:
+        return await self._selection.affinity(
+            self.server_sets(), request.endpoint.wire, request.body, request.client_headers
+        )
 
 
 def chosen(request: RoutedRequest, choice: Choice) -> None:

@@ -8,33 +8,23 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from router.config import ProxyConfig
-from router.selection import Choice, PathSelection, ServerSet, call_on, status_outcome
+from router.selection import Choice, ServerSet, call_on, status_outcome
 from router.serving import Answer, RoutedRequest
 from router.telemetry import tracing
-from router.telemetry.metrics import Metrics
 from router.throughput.answer import forward, read_unless_streamed
-from router.throughput.legs import chosen
+from router.throughput.legs import NativeDeps, chosen
 from router.throughput.stream_usage import asks_for_usage, with_usage
-from router.upstream import Reply, Upstreams
+from router.upstream import Reply
 from router.upstream.vllm import PROXY
 
 
 class ProxyPath:
     """Forwards to a healthy proxy URL, the least busy first."""
 
-    def __init__(
-        self,
-        config: ProxyConfig,
-        *,
-        upstreams: Upstreams,
-        selection: PathSelection | None = None,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self._upstreams = upstreams
-        self._metrics = metrics
-        selection = selection or PathSelection()
-        self._proxy = selection.server_set(config.urls, "proxy", request_aware=False)
+    def __init__(self, proxy: ServerSet, deps: NativeDeps) -> None:
+        self._upstreams = deps.upstreams
+        self._metrics = deps.metrics
+        self._proxy = proxy
 
     def server_sets(self) -> list[ServerSet]:
         return [self._proxy]

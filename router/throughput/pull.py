@@ -9,40 +9,22 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from router.config import PullConfig
-from router.selection import Affinity, Choice, PathSelection, ServerSet, call_on
+from router.selection import Choice, call_on
 from router.serving import Answer, RoutedRequest
-from router.telemetry.metrics import Metrics
 from router.throughput.legs import (
+    SplitPath,
     chosen,
     decode_answer,
     run_prefill,
     send_decode,
     whole_on_decode,
 )
-from router.upstream import Reply, Upstreams
+from router.upstream import Reply
 from router.upstream.vllm import NixlPrefilled, pull_decode_body
 
 
-class PullPath:
+class PullPath(SplitPath):
     """Each leg on a healthy server of its own set, the least busy first."""
-
-    def __init__(
-        self,
-        config: PullConfig,
-        *,
-        upstreams: Upstreams,
-        selection: PathSelection | None = None,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self._upstreams = upstreams
-        self._metrics = metrics
-        self._selection = selection = selection or PathSelection()
-        self._prefill = selection.server_set(config.prefill, "pull:prefill")
-        self._decode = selection.server_set(config.decode, "pull:decode")
-
-    def server_sets(self) -> list[ServerSet]:
-        return [self._prefill, self._decode]
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         upstreams = self._upstreams
@@ -68,8 +50,3 @@ class PullPath:
 
         reply = await call_on(self._decode, decode_leg, hold_on=stack, request=affinity)
         return decode_answer(reply, prefill, request, self._metrics)
-
-    async def _affinity(self, request: RoutedRequest) -> Affinity | None:
-        return await self._selection.affinity(
-            self.server_sets(), request.endpoint.wire, request.body, request.client_headers
-        )

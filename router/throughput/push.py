@@ -11,48 +11,40 @@ counts towards its server's health.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from contextlib import AsyncExitStack, ExitStack
 from typing import TypeVar
 
 import anyio
 
-from router.config import PushConfig
-from router.selection import (
-    Affinity,
-    Choice,
-    PathSelection,
-    ServerSet,
-    call_on,
-    outcome_of,
-)
+from router.selection import Choice, PathSelection, ServerSet, call_on, outcome_of
 from router.serving import Answer, RoutedRequest
-from router.telemetry.metrics import Metrics
-from router.throughput.legs import chosen, decode_answer, run_prefill, send_decode, whole_on_decode
-from router.upstream import Reply, Upstreams
-from router.upstream.vllm import NixlPrefilled, push_decode_body
+from router.throughput.legs import (
+    NativeDeps,
+    SplitPath,
+    chosen,
+    decode_answer,
+    run_prefill,
+    send_decode,
+    whole_on_decode,
+)
+from router.upstream import Reply
+from router.upstream.vllm import NixlPrefilled, PrefillEngine, push_decode_body
 
 
-class PushPath:
+class PushPath(SplitPath):
     """A healthy decode instance, then a healthy prefill engine, the least busy first."""
 
     def __init__(
         self,
-        config: PushConfig,
-        *,
-        upstreams: Upstreams,
-        selection: PathSelection | None = None,
-        metrics: Metrics | None = None,
+        engines: Sequence[PrefillEngine],
+        decode: ServerSet,
+        selection: PathSelection,
+        deps: NativeDeps,
     ) -> None:
-        self._upstreams = upstreams
-        self._metrics = metrics
-        self._selection = selection = selection or PathSelection()
-        self._engines = {engine.url: engine for engine in config.prefill}
-        self._prefill = selection.server_set(list(self._engines), "push:prefill")
-        self._decode = selection.server_set(config.decode, "push:decode")
-
-    def server_sets(self) -> list[ServerSet]:
-        return [self._prefill, self._decode]
+        self._engines = {engine.url: engine for engine in engines}
+        prefill = selection.server_set(list(self._engines), "push:prefill")
+        super().__init__(prefill, decode, selection, deps)
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         affinity = await self._affinity(request)
@@ -89,11 +81,6 @@ class PushPath:
 
         answer, reply = await both_or_cancel(prefill(), decode())
         return decode_answer(reply, answer, request, self._metrics)
-
-    async def _affinity(self, request: RoutedRequest) -> Affinity | None:
-        return await self._selection.affinity(
-            self.server_sets(), request.endpoint.wire, request.body, request.client_headers
-        )
 
 
 T = TypeVar("T")

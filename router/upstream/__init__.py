@@ -7,5 +7,14 @@ a backend, nor sees its exceptions."""
 
 from router.upstream.client import Reply, Upstreams
 from router.upstream.failures import Target, status_failure, transport_failure, upstream_status
+from router.upstream.timeouts import Timeouts
 
-__all__ = ["Reply", "Target", "Upstreams", "status_failure", "transport_failure", "upstream_status"]
+__all__ = [
+    "Reply",
+    "Target",
+    "Timeouts",
+    "Upstreams",
+    "status_failure",
+    "transport_failure",
+    "upstream_status",
+]

@@ -19,10 +19,11 @@ from typing import Any
 import orjson
 
 from router import __version__
-from router.config import TimeoutsConfig, UpstreamsConfig
+from router.config import UpstreamsConfig
 from router.errors import UpstreamError
 from router.upstream.failures import Target, status_failure, transport_failure
 from router.upstream.http1 import Http1Transport
+from router.upstream.timeouts import Timeouts
 from router.upstream.trace_context import add_trace_context
 from router.upstream.transport import (
     BaseURL,
@@ -279,7 +280,7 @@ class Upstreams:
     def __init__(
         self,
         pools: UpstreamsConfig,
-        timeouts: TimeoutsConfig,
+        timeouts: Timeouts,
         *,
         credentials: Mapping[str, str] | None = None,
         transport: Transport | None = None,

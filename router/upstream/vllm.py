@@ -14,7 +14,6 @@ from types import MappingProxyType
 from typing import Any
 
 from policies.types import Endpoint
-from router.config import PrefillEngineConfig
 from router.errors import PrefillError, UpstreamError
 from router.node import Node
 from router.upstream.client import Upstreams
@@ -119,8 +118,20 @@ def pull_decode_body(body: dict[str, Any], kv_transfer_params: Any) -> dict[str,
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillEngine:
+    """A prefill instance as push-mode decode legs must name it (its NIXL side channel)."""
+
+    url: str
+    engine_id: str
+    side_channel_host: str
+    side_channel_port: int
+    tp_size: int = 1
+    pp_size: int = 1
+
+
 def push_decode_body(
-    body: dict[str, Any], engine: PrefillEngineConfig, request_id: str
+    body: dict[str, Any], engine: PrefillEngine, request_id: str
 ) -> dict[str, Any]:
     """The client's body with the chosen prefill engine's coordinates; no block ids."""
     out = {k: v for k, v in body.items() if k != "kv_transfer_params"}

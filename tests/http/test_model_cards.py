@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from router.config import ModelConfig, TimeoutsConfig, UpstreamsConfig, parse_config
+from router.config import ModelConfig, UpstreamsConfig, parse_config
 from router.http.model_cards import (
     TTL_S,
     ModelCards,
@@ -22,6 +22,7 @@ from router.http.model_cards import (
 )
 from router.upstream import Upstreams
 from router.upstream.httpx_transport import HttpxTransport
+from router.upstream.timeouts import Timeouts
 
 NODE = {"host": "127.0.0.1", "ctrl_port": 1, "http_port": 2}
 
@@ -91,7 +92,7 @@ def clock() -> Clock:
 async def cards(servers: Servers, clock: Clock) -> AsyncIterator[ModelCards]:
     upstreams = Upstreams(
         UpstreamsConfig(),
-        TimeoutsConfig(),
+        Timeouts(),
         transport=HttpxTransport(httpx.MockTransport(servers.handle)),
     )
     yield ModelCards(upstreams, clock=clock, wall_clock=lambda: 1234.5)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from router.config import LatencyConfig, TimeoutsConfig, UpstreamsConfig
+from router.config import LatencyConfig, UpstreamsConfig
 from router.errors import UpstreamError
 from router.latency.path import LatencyPath, answer_facts
 from router.latency.protocol import LatencyDeps
@@ -21,6 +21,7 @@ from router.openai.requests import ChatRequest
 from router.telemetry.metrics import Metrics
 from router.tokens.tokenizer import load_tokenizer
 from router.upstream import Upstreams
+from router.upstream.timeouts import Timeouts
 from router.upstream.vllm import Prefilled
 from tests.throughput.support import routed
 
@@ -50,10 +51,10 @@ class Gate:
 
 async def test_a_node_of_a_release_without_prefill_servers_is_given_back() -> None:
     lease = Lease(Node(host="new", tilert="0.1.5"))
-    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+    upstreams = Upstreams(UpstreamsConfig(), Timeouts())
     deps = LatencyDeps(
         upstreams=upstreams,
-        timeouts=TimeoutsConfig(),
+        timeouts=Timeouts(),
         spawn=lambda coro: pytest.fail("nothing to clean up"),  # type: ignore[arg-type,return-value]
         metrics=Metrics(),
         facts=NodeFactsBook(),

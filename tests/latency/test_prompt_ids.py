@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from router.cli import main
-from router.config import TimeoutsConfig, UpstreamsConfig
+from router.config import UpstreamsConfig
 from router.latency.prompt_ids import PromptIds, rendered_chat
 from router.latency.prompt_ids_agreement import CANARIES, TokenIdsProof
 from router.telemetry.metrics import Metrics
@@ -20,6 +20,7 @@ from router.tokens.prompt_tokens import PromptCounter
 from router.tokens.tokenizer import load_tokenizer
 from router.upstream import Upstreams
 from router.upstream.httpx_transport import HttpxTransport
+from router.upstream.timeouts import Timeouts
 from router.upstream.vllm import prefill_body
 from tests.support.tiny_model import write_model
 
@@ -138,7 +139,7 @@ def _proof(prompt_ids: PromptIds, answer: Any) -> tuple[TokenIdsProof, list[Any]
         return answer(seen[-1])
 
     transport = HttpxTransport(httpx.MockTransport(handler))
-    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
+    upstreams = Upstreams(UpstreamsConfig(), Timeouts(), transport=transport)
     return TokenIdsProof("m", prompt_ids, upstreams, Metrics()), seen
 
 

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from router.config import TimeoutsConfig, UpstreamsConfig
+from router.config import UpstreamsConfig
 from router.errors import DecodeError, NodeRefused, PrefillError
 from router.gate import NodeFailure
 from router.latency.protocol import LatencyDeps, NodeSession
@@ -26,12 +26,13 @@ from router.telemetry.metrics import Metrics
 from router.upstream import Upstreams
 from router.upstream.httpx_transport import HttpxTransport
 from router.upstream.tilert import DoneLine, NodeFacts, TokenLine
+from router.upstream.timeouts import Timeouts
 from router.upstream.vllm import Prefilled
 from tests.throughput.support import routed
 
 NODE = Node(host="node", ctrl_port=5556, http_port=5557)
 PREFILL_URL = "http://prefill:8000"
-TIMEOUTS = TimeoutsConfig(connect_s=1, kv_transfer_s=0.5, decode_stall_s=0.5, cancel_s=0.5)
+TIMEOUTS = Timeouts(connect_s=1, kv_transfer_s=0.5, decode_stall_s=0.5, cancel_s=0.5)
 Handler = Callable[[httpx.Request], Coroutine[Any, Any, httpx.Response]]
 
 PREFILLED = {
@@ -163,9 +164,7 @@ class Run:
         return value or 0.0
 
 
-def run(
-    node: Node, timeouts: TimeoutsConfig = TIMEOUTS, lease: RecordingLease | None = None
-) -> Run:
+def run(node: Node, timeouts: Timeouts = TIMEOUTS, lease: RecordingLease | None = None) -> Run:
     tasks: list[asyncio.Task[None]] = []
 
     def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -574,7 +573,7 @@ async def test_a_transfer_the_node_never_admits_is_node_busy_within_the_admissio
 ) -> None:
     node = Node(cancel=json_reply({}, cancel_status))
     node.decode = waiting_for_a_transfer(node, cancel_ends_it=version == "0.1.6")
-    timeouts = TIMEOUTS.model_copy(update={"kv_transfer_s": 1.5, "kv_admission_s": 0.2})
+    timeouts = dataclasses.replace(TIMEOUTS, kv_transfer_s=1.5, kv_admission_s=0.2)
     r = run(node, timeouts)
     r.lease.node = dataclasses.replace(NODE, tilert=version)
     started = asyncio.get_running_loop().time()

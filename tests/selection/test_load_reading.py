@@ -5,11 +5,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from router.config import TimeoutsConfig, UpstreamsConfig
+from router.config import UpstreamsConfig
 from router.errors import UpstreamError
 from router.selection import Load, parse_load
 from router.upstream.client import Upstreams
 from router.upstream.httpx_transport import HttpxTransport
+from router.upstream.timeouts import Timeouts
 from router.upstream.vllm import MAX_METRICS_BYTES, metrics_text
 from tests.selection.test_load import PAGE
 
@@ -32,7 +33,7 @@ def upstreams(respond: httpx.Response | Exception) -> tuple[Upstreams, list[str]
         return respond
 
     transport = HttpxTransport(httpx.MockTransport(handler))
-    return Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport), asked
+    return Upstreams(UpstreamsConfig(), Timeouts(), transport=transport), asked
 
 
 async def test_the_figures_are_read_from_metrics() -> None:

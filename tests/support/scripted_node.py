@@ -8,9 +8,10 @@ from typing import Any
 import httpx
 import orjson
 
-from router.config import TimeoutsConfig, UpstreamsConfig
+from router.config import UpstreamsConfig
 from router.upstream import Upstreams
 from router.upstream.httpx_transport import HttpxTransport
+from router.upstream.timeouts import Timeouts
 
 CAPABILITIES = {"profile": "glm5", "engine": "Stub", "capabilities": {"logprobs": True}}
 
@@ -43,6 +44,6 @@ class ScriptedNode:
 def upstreams(node: ScriptedNode) -> Upstreams:
     return Upstreams(
         UpstreamsConfig(),
-        TimeoutsConfig(connect_s=1),
+        Timeouts(connect_s=1),
         transport=HttpxTransport(httpx.MockTransport(node)),
     )

@@ -9,11 +9,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from router.config import ConfigError, TimeoutsConfig, UpstreamsConfig
+from router.config import ConfigError, UpstreamsConfig
 from router.telemetry import tracing
 from router.upstream import Upstreams
 from router.upstream.failures import Target
 from router.upstream.httpx_transport import HttpxTransport
+from router.upstream.timeouts import Timeouts
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_PARENT = "00f067aa0ba902b7"
@@ -110,7 +111,7 @@ def recording_upstreams(seen: list[httpx.Headers]) -> Upstreams:
         return httpx.Response(200, json={})
 
     transport = HttpxTransport(httpx.MockTransport(handle))
-    return Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
+    return Upstreams(UpstreamsConfig(), Timeouts(), transport=transport)
 
 
 async def test_an_upstream_call_carries_the_stage_as_its_parent(

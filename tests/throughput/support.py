@@ -7,7 +7,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import orjson
@@ -18,15 +18,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from policies import Decision
-from router.config import TimeoutsConfig, UpstreamsConfig
+from router.config import UpstreamsConfig
 from router.openai.endpoints import ENDPOINTS
 from router.selection.server_set import ServerSet
 from router.serving import PathResponse, RoutedRequest, ServePath
 from router.upstream import Upstreams as UpstreamClients
 from router.upstream.httpx_transport import HttpxTransport
+from router.upstream.timeouts import Timeouts
 
 RID = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
-TIMEOUTS = TimeoutsConfig(connect_s=2.0, prefill_s=10.0)
+TIMEOUTS = Timeouts(connect_s=2.0, prefill_s=10.0)
 ROUTE_HEADERS = {"x-pd-route": "throughput", "x-pd-rule": "batch"}
 
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
@@ -192,3 +193,12 @@ def balancers(path: ServePath) -> dict[str, dict[str, int]]:
 def in_flight(path: ServePath) -> int:
     """Requests the path's balancers count as outstanding, over all its pools."""
     return sum(n for pool in balancers(path).values() for n in pool.values())
+
+
+P = TypeVar("P")
+
+
+def made(path: object, kind: type[P]) -> P:
+    """`path`, which the factory must have made a `kind`."""
+    assert isinstance(path, kind)
+    return path

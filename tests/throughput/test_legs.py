@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from router.config import PrefillEngineConfig
-from router.upstream.vllm import nixl_prefill_params, pull_decode_body, push_decode_body
+from router.upstream.vllm import (
+    PrefillEngine,
+    nixl_prefill_params,
+    pull_decode_body,
+    push_decode_body,
+)
 from router.upstream.vllm import prefill_body as vllm_prefill_body
 from tests.support.legs import NIXL_PREFILL_PARAMS
 
@@ -63,7 +67,7 @@ def test_pull_decode_body_without_params_is_the_client_body() -> None:
 
 
 def test_push_decode_body_names_the_prefill_engine_and_the_shared_id() -> None:
-    engine = PrefillEngineConfig(
+    engine = PrefillEngine(
         url="http://p:8000",
         engine_id="engine-p0",
         side_channel_host="10.0.0.7",

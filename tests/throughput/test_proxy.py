@@ -7,7 +7,9 @@ import orjson
 import pytest
 
 from router.config import ProxyConfig
+from router.throughput.factory import make_throughput_path
 from router.throughput.proxy import ProxyPath
+from tests.throughput.support import made
 
 from .support import RID, Upstreams, answer, asgi_client, balancers, events, failing, sse
 
@@ -16,7 +18,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 
 def proxy(upstreams: Upstreams, *hosts: str) -> ProxyPath:
     config = ProxyConfig(mode="proxy", urls=[f"http://{h}:8000" for h in hosts or ("px",)])
-    return ProxyPath(config, upstreams=upstreams.pool())
+    return made(make_throughput_path(config, upstreams=upstreams.pool()), ProxyPath)
 
 
 @pytest.mark.parametrize(

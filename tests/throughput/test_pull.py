@@ -9,8 +9,10 @@ import orjson
 import pytest
 
 from router.config import PullConfig
+from router.throughput.factory import make_throughput_path
 from router.throughput.pull import PullPath
 from tests.support.legs import NIXL_PREFILL_PARAMS
+from tests.throughput.support import made
 
 from .support import RID, Upstreams, answer, asgi_client, events, failing, routed, sse
 
@@ -56,7 +58,7 @@ def decode_answer(cached: int = 20) -> dict:
 
 def pull(up: Upstreams) -> PullPath:
     config = PullConfig(mode="pull", prefill=["http://p:8000"], decode=["http://d:8000"])
-    return PullPath(config, upstreams=up.pool())
+    return made(make_throughput_path(config, upstreams=up.pool()), PullPath)
 
 
 async def test_legs_carry_the_protocol_bodies_and_one_request_id() -> None:
@@ -250,7 +252,7 @@ def pull_over(up: Upstreams, prefill: list[str], decode: list[str]) -> PullPath:
         prefill=[f"http://{h}:8000" for h in prefill],
         decode=[f"http://{h}:8000" for h in decode],
     )
-    return PullPath(config, upstreams=up.pool())
+    return made(make_throughput_path(config, upstreams=up.pool()), PullPath)
 
 
 @pytest.mark.parametrize("leg", ["prefill", "decode"])

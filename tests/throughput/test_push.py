@@ -8,7 +8,9 @@ import httpx
 import pytest
 
 from router.config import PrefillEngineConfig, PushConfig
+from router.throughput.factory import make_throughput_path
 from router.throughput.push import PushPath
+from tests.throughput.support import made
 
 from .support import RID, Upstreams, answer, asgi_client, balancers, events, failing, sse
 
@@ -45,7 +47,7 @@ ERROR = {"error": {"message": "boom", "type": "X", "code": 500}}
 
 def push(up: Upstreams, engines: list[PrefillEngineConfig] = ENGINES[:1]) -> PushPath:
     config = PushConfig(mode="push", prefill=engines, decode=["http://d:8000"])
-    return PushPath(config, upstreams=up.pool())
+    return made(make_throughput_path(config, upstreams=up.pool()), PushPath)
 
 
 async def test_decode_leg_carries_the_engines_coordinates_and_the_shared_id() -> None:
@@ -155,7 +157,7 @@ async def test_engines_are_balanced_and_released() -> None:
 
 def push_over_two_decodes(up: Upstreams) -> PushPath:
     config = PushConfig(mode="push", prefill=ENGINES, decode=["http://d1:8000", "http://d2:8000"])
-    return PushPath(config, upstreams=up.pool())
+    return made(make_throughput_path(config, upstreams=up.pool()), PushPath)
 
 
 async def test_a_split_request_whose_prefill_refused_is_not_sent_again() -> None:

@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from router.config import TimeoutsConfig, UpstreamsConfig
+from router.config import UpstreamsConfig
 from router.errors import DecodeError, UpstreamError
 from router.node import Node
 from router.throughput.legs import send_decode
@@ -21,6 +21,7 @@ from router.upstream import Upstreams, httpx_transport
 from router.upstream import tilert as node_api
 from router.upstream.failures import Target
 from router.upstream.http1 import Http1Transport
+from router.upstream.timeouts import Timeouts
 from router.upstream.transport import Transport
 from tests.throughput.support import routed
 from tests.upstream.raw_server import answer, read_request, serve_requests, serving
@@ -31,7 +32,7 @@ Reader = asyncio.StreamReader
 
 
 def upstreams(transport: Transport, **pools: int) -> Upstreams:
-    return Upstreams(UpstreamsConfig(**pools), TimeoutsConfig(), transport=transport)
+    return Upstreams(UpstreamsConfig(**pools), Timeouts(), transport=transport)
 
 
 @pytest.mark.parametrize(
@@ -207,7 +208,7 @@ async def test_a_non_streamed_throughput_answer_has_a_deadline(transport: Transp
         await trickle(writer, b" " * 100, every_s=0.1)
 
     async with serving(handler) as (url, _):
-        client = Upstreams(UpstreamsConfig(), TimeoutsConfig(prefill_s=0.5), transport=transport)
+        client = Upstreams(UpstreamsConfig(), Timeouts(prefill_s=0.5), transport=transport)
         async with AsyncExitStack() as stack:
             request = routed({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
             with pytest.raises(UpstreamError) as failed:

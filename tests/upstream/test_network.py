@@ -17,13 +17,14 @@ import pytest
 import trustme
 
 from router import __version__
-from router.config import TimeoutsConfig, UpstreamsConfig
+from router.config import UpstreamsConfig
 from router.errors import UpstreamError
 from router.node import Node
 from router.upstream import Upstreams
 from router.upstream import tilert as node_api
 from router.upstream.failures import Target
 from router.upstream.http1 import Http1Transport
+from router.upstream.timeouts import Timeouts
 from router.upstream.transport import Transport
 from tests.upstream.raw_server import (
     Handler,
@@ -47,7 +48,7 @@ async def test_requests_share_one_connection(transport: Transport) -> None:
             writer.write(answer(b'{"ok": true}'))
 
     async with serving(handler) as (url, accepted):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
+        upstreams = Upstreams(UpstreamsConfig(), Timeouts(), transport=transport)
         for _ in range(3):
             reply = await upstreams.call(TARGET, "POST", url, "/x", body={"a": 1}, read_s=5)
             assert reply.status == 200
@@ -80,7 +81,7 @@ async def test_an_https_upstream_is_verified_against_the_trusted_authorities(
         authority.cert_pem.write_to_path(str(ca_file))
         monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
         trusting = type(transport)()  # a transport reads the trusted authorities once
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=trusting)
+        upstreams = Upstreams(UpstreamsConfig(), Timeouts(), transport=trusting)
         for _ in range(2):
             reply = await upstreams.call(TARGET, "POST", url, "/x", body={"a": 1}, read_s=5)
             assert await reply.json() == {"tls": True}
@@ -89,7 +90,7 @@ async def test_an_https_upstream_is_verified_against_the_trusted_authorities(
 
 
 async def failure_of_call(transport: Transport, url: str) -> UpstreamError:
-    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(connect_s=5), transport=transport)
+    upstreams = Upstreams(UpstreamsConfig(), Timeouts(connect_s=5), transport=transport)
     try:
         with pytest.raises(UpstreamError) as failed:
             await upstreams.call(TARGET, "GET", url, "/", read_s=5)
@@ -106,7 +107,7 @@ async def test_a_request_leaves_in_one_write() -> None:
         writer.write(answer(b"{}"))
 
     async with serving(handler) as (url, _):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=Http1Transport())
+        upstreams = Upstreams(UpstreamsConfig(), Timeouts(), transport=Http1Transport())
         await upstreams.call(TARGET, "POST", url, "/x", body={"key": "value"}, read_s=5)
         await upstreams.aclose()
     assert first_reads[0].endswith(b'\r\n\r\n{"key":"value"}')
@@ -126,7 +127,7 @@ async def test_a_request_carries_its_upstreams_path_host_key_and_id(transport: T
     async with serving(handler) as (url, accepted):
         base = url + "/prefix"
         upstreams = Upstreams(
-            UpstreamsConfig(), TimeoutsConfig(), credentials={base: "sk-1"}, transport=transport
+            UpstreamsConfig(), Timeouts(), credentials={base: "sk-1"}, transport=transport
         )
         body = {"key": "välue"}
         await upstreams.call(TARGET, "POST", base, "/x", body=body, read_s=5, request_id="r1")
@@ -177,7 +178,7 @@ async def test_a_decode_stream_arrives_line_by_line(transport: Transport) -> Non
         writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
     async with serving(handler) as (url, _):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
+        upstreams = Upstreams(UpstreamsConfig(), Timeouts(), transport=transport)
         node = Node(host="127.0.0.1", http_port=int(url.rsplit(":", 1)[1]))
         body = node_api.decode_body(
             rid="r", first_token_id=1, max_tokens=3, sampling=None, timeout_s=1
@@ -195,7 +196,7 @@ async def test_a_decode_stream_arrives_line_by_line(transport: Transport) -> Non
 async def failure_of(
     transport: Transport, handler: Handler | None, read_s: float = 5
 ) -> UpstreamError:
-    upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(connect_s=1), transport=transport)
+    upstreams = Upstreams(UpstreamsConfig(), Timeouts(connect_s=1), transport=transport)
     try:
         if handler is None:  # a port nobody listens on
             with socket.socket() as sock:
@@ -248,7 +249,7 @@ async def test_every_framing_of_an_answer_arrives_whole(transport: Transport) ->
         await serve_requests(reader, writer, [chunked, interim, no_content])
 
     async with serving(handler) as (url, accepted):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
+        upstreams = Upstreams(UpstreamsConfig(), Timeouts(), transport=transport)
         first = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
         assert await first.json() == {"a": 1}
         second = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
@@ -271,7 +272,7 @@ async def test_an_answer_that_ends_with_its_connection_is_read_to_the_end(
         writer.close()
 
     async with serving(handler) as (url, accepted):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
+        upstreams = Upstreams(UpstreamsConfig(), Timeouts(), transport=transport)
         for _ in range(2):
             reply = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
             assert await reply.read() == b"until the end"
@@ -289,7 +290,7 @@ async def test_a_connection_is_not_reused_after_connection_close_or_an_unread_bo
         await serve_requests(reader, writer, [closing] if len(accepted) == 1 else [big, big])
 
     async with serving(handler) as (url, accepted):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
+        upstreams = Upstreams(UpstreamsConfig(), Timeouts(), transport=transport)
         reply = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
         assert await reply.json() == {}
         # Closed with most of its body unread: the connection goes, not back to the pool.
@@ -311,7 +312,7 @@ async def test_an_idle_connection_is_closed_when_it_expires() -> None:
 
     async with serving(handler) as (url, accepted):
         upstreams = Upstreams(
-            UpstreamsConfig(keepalive_expiry_s=0.05), TimeoutsConfig(), transport=Http1Transport()
+            UpstreamsConfig(keepalive_expiry_s=0.05), Timeouts(), transport=Http1Transport()
         )
         await upstreams.call(TARGET, "GET", url, "/", read_s=5)
         await asyncio.wait_for(closed.wait(), 5)
@@ -328,7 +329,7 @@ async def test_a_request_waits_for_a_free_connection_up_to_the_pool_timeout(
 
     async with serving(handler) as (url, accepted):
         pools = UpstreamsConfig(max_connections=1)
-        upstreams = Upstreams(pools, TimeoutsConfig(connect_s=0.1), transport=transport)
+        upstreams = Upstreams(pools, Timeouts(connect_s=0.1), transport=transport)
         held = await upstreams.open(TARGET, "GET", url, "/", read_s=5)
         error = await failure_of_request(upstreams, url)
         assert (error.code, error.status, error.in_doubt) == ("probe_unreachable", 502, False)
@@ -381,7 +382,7 @@ async def test_an_open_answer_does_not_keep_its_requests_body() -> None:
 
     prompt = "x" * 2_000_000
     async with serving(handler) as (url, _):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=Http1Transport())
+        upstreams = Upstreams(UpstreamsConfig(), Timeouts(), transport=Http1Transport())
         tracemalloc.start()
         try:
             reply = await upstreams.open(TARGET, "POST", url, "/", body={"p": prompt}, read_s=5)
@@ -408,7 +409,7 @@ async def test_a_stalled_stream_times_out_each_wait_and_loses_nothing(
         await serve_requests(reader, writer, [answer(b"{}")])
 
     async with serving(handler) as (url, accepted):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
+        upstreams = Upstreams(UpstreamsConfig(), Timeouts(), transport=transport)
         reply = await upstreams.open(TARGET, "GET", url, "/", read_s=5)
         assert await reply.receive(5) == b"a"
         with pytest.raises(TimeoutError):
@@ -430,7 +431,7 @@ async def test_a_gzip_body_is_decoded(transport: Transport) -> None:
         await serve_requests(reader, writer, [answer(body, b"content-encoding: gzip")])
 
     async with serving(handler) as (url, _):
-        upstreams = Upstreams(UpstreamsConfig(), TimeoutsConfig(), transport=transport)
+        upstreams = Upstreams(UpstreamsConfig(), Timeouts(), transport=transport)
         reply = await upstreams.call(TARGET, "GET", url, "/", read_s=5)
         assert await reply.json() == {"zipped": True}
         assert b"content-encoding" not in dict(reply.forwarded_headers())
@@ -453,7 +454,7 @@ CAPS = UpstreamsConfig(max_header_bytes=4096, max_body_bytes=10_000)
 
 async def capped_failure(transport: Transport, handler: Handler) -> UpstreamError:
     async with serving(handler) as (url, _):
-        upstreams = Upstreams(CAPS, TimeoutsConfig(), transport=transport)
+        upstreams = Upstreams(CAPS, Timeouts(), transport=transport)
         try:
             with pytest.raises(UpstreamError) as failed:
                 await upstreams.call(TARGET, "GET", url, "/", read_s=5)
@@ -511,7 +512,7 @@ async def test_a_streamed_body_is_not_capped(transport: Transport) -> None:
         await serve_requests(reader, writer, [stream])
 
     async with serving(handler) as (url, _):
-        upstreams = Upstreams(CAPS, TimeoutsConfig(), transport=transport)
+        upstreams = Upstreams(CAPS, Timeouts(), transport=transport)
         reply = await upstreams.open(TARGET, "GET", url, "/", read_s=5)
         received = b"".join([chunk async for chunk in reply.chunks()])
         await reply.aclose()

@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from router.config import TimeoutsConfig, UpstreamsConfig
+from router.config import UpstreamsConfig
 from router.errors import UpstreamError
 from router.upstream import Upstreams
 from router.upstream.failures import Target
 from router.upstream.httpx_transport import HttpxTransport
+from router.upstream.timeouts import Timeouts
 
 TARGET = Target("probe", "the probed server")
 
@@ -34,7 +35,7 @@ async def receive_all(stream: httpx.AsyncByteStream) -> tuple[list[bytes], list[
         return httpx.Response(200, stream=stream)
 
     upstreams = Upstreams(
-        UpstreamsConfig(), TimeoutsConfig(), transport=HttpxTransport(httpx.MockTransport(handler))
+        UpstreamsConfig(), Timeouts(), transport=HttpxTransport(httpx.MockTransport(handler))
     )
     reply = await upstreams.open(TARGET, "GET", "http://upstream", "/", read_s=5)
     received, failures = [], []
@@ -74,7 +75,7 @@ async def test_a_wait_that_times_out_loses_nothing() -> None:
         return httpx.Response(200, stream=Late())
 
     upstreams = Upstreams(
-        UpstreamsConfig(), TimeoutsConfig(), transport=HttpxTransport(httpx.MockTransport(handler))
+        UpstreamsConfig(), Timeouts(), transport=HttpxTransport(httpx.MockTransport(handler))
     )
     reply = await upstreams.open(TARGET, "GET", "http://upstream", "/", read_s=5)
     with pytest.raises(TimeoutError):

@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from router.config import TimeoutsConfig, UpstreamsConfig
+from router.config import UpstreamsConfig
 from router.errors import DecodeError
 from router.node import Node
 from router.upstream import Upstreams
 from router.upstream import tilert as node_api
 from router.upstream.httpx_transport import HttpxTransport
+from router.upstream.timeouts import Timeouts
 
 NODE = Node(host="node", http_port=5557)
 Opener = Callable[
@@ -63,7 +64,7 @@ async def open_stream(network: bool) -> AsyncIterator[Opener]:
             )
             servers.append(server)
             node = Node(host="127.0.0.1", http_port=server.sockets[0].getsockname()[1])
-            http = Upstreams(UpstreamsConfig(), TimeoutsConfig())
+            http = Upstreams(UpstreamsConfig(), Timeouts())
         else:
 
             def handler(request: httpx.Request) -> httpx.Response:
@@ -71,7 +72,7 @@ async def open_stream(network: bool) -> AsyncIterator[Opener]:
 
             http = Upstreams(
                 UpstreamsConfig(),
-                TimeoutsConfig(),
+                Timeouts(),
                 transport=HttpxTransport(httpx.MockTransport(handler)),
             )
         upstreams.append(http)
