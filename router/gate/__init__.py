@@ -13,8 +13,8 @@ from router.gate.base import (
     SlotGate,
 )
 from router.gate.circuit_breaker import NodeFailure, failure_for
+from router.gate.events import UNRECORDED, GateEvents
 from router.gate.memory import MemoryGate
-from router.gate.metrics import GateMetrics
 from router.gate.redis import make_redis_gate
 from router.node import Node
 
@@ -35,13 +35,13 @@ __all__ = [
 def make_gate(
     config: GateConfig,
     nodes: list[Node],
-    metrics: GateMetrics | None = None,
+    metrics: GateEvents | None = None,
     *,
     pool_id: str = "",
 ) -> Gate:
     """The pool of `nodes` on the configured backend; `metrics` records its leases.
     `pool_id` names the pool across replicas (the model it serves)."""
-    metrics = metrics or GateMetrics()
+    metrics = metrics or UNRECORDED
     if config.backend == "memory":
         return MemoryGate(
             nodes,

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from router.gate.base import GateRejected, GateSnapshot, ProbeClaim
 from router.gate.circuit_breaker import NodeFailure, NodeHealth
+from router.gate.events import UNRECORDED, GateEvents
 from router.gate.hold_times import HoldTimeEstimator
-from router.gate.metrics import GateMetrics
 from router.node import Node
 
 
@@ -73,9 +73,9 @@ class MemoryGate:
         max_queue: int,
         failure_threshold: int = 3,
         cooldown_s: float = 5.0,
-        metrics: GateMetrics | None = None,
+        metrics: GateEvents | None = None,
     ) -> None:
-        self._metrics = metrics or GateMetrics()
+        self._metrics = metrics or UNRECORDED
         self._nodes = list(nodes)
         self._health = NodeHealth(
             (n.id for n in nodes), threshold=failure_threshold, cooldown_s=cooldown_s

@@ -156,9 +156,8 @@ class AppState:
 
     async def metrics_text(self) -> bytes:
         """Every metric, in the Prometheus text format."""
-        sets = self.epoch.server_sets()
-        rendered = self.metrics.render(await self.pool_snapshots(), sets)
-        return rendered + self.kv_events.render()
+        sets, followed = self.epoch.server_sets(), self.kv_events.followed()
+        return self.metrics.render(await self.pool_snapshots(), sets, followed)
 
     def upstream_servers(self) -> dict[str, dict[str, dict[str, dict[str, object]]]]:
         """Each model's vLLM server sets, each server as its set sees it, with the load

@@ -28,9 +28,6 @@ from urllib.parse import urlsplit
 import msgpack
 import zmq
 import zmq.asyncio
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from router.selection.affinity import ROOT_HASH, PrefixIndex, block_hashes
 
@@ -323,8 +320,6 @@ class KvEventsHub:
         self._max_blocks = max_blocks
         self._context: zmq.asyncio.Context | None = None
         self._followed: dict[str, tuple[Source, ServerBlocks, asyncio.Task[None]]] = {}
-        self._registry = CollectorRegistry(auto_describe=True)
-        self._registry.register(_HubCollector(self))
 
     def server(self, url: str) -> ServerBlocks | None:
         followed = self._followed.get(url)
@@ -391,54 +386,8 @@ class KvEventsHub:
     def followed(self) -> dict[str, ServerBlocks]:
         return {url: blocks for url, (_, blocks, _) in self._followed.items()}
 
-    def render(self) -> bytes:
-        """The hub's metrics, in the Prometheus text format."""
-        return generate_latest(self._registry)
-
 
 STATES: tuple[State, ...] = ("waiting", "live", "unknown")
-
-
-class _HubCollector(Collector):
-    def __init__(self, hub: KvEventsHub) -> None:
-        self._hub = hub
-
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        state = GaugeMetricFamily(
-            "pd_gateway_kv_events_state",
-            "1 for the state of a vLLM server's KV-event index (waiting, live, unknown).",
-            labels=["url", "state"],
-        )
-        blocks = GaugeMetricFamily(
-            "pd_gateway_kv_events_blocks",
-            "Blocks a vLLM server holds, by its KV events.",
-            labels=["url"],
-        )
-        evictions = CounterMetricFamily(
-            "pd_gateway_kv_events_evictions",
-            "Blocks forgotten for the per-server cap while the server still held them.",
-            labels=["url"],
-        )
-        lost = CounterMetricFamily(
-            "pd_gateway_kv_events_lost",
-            "Times a server's KV-event index was cleared as unknown, by reason.",
-            labels=["url", "reason"],
-        )
-        ignored = CounterMetricFamily(
-            "pd_gateway_kv_events_ignored",
-            "KV events ignored, by reason (block_size: not the configured block size).",
-            labels=["url", "reason"],
-        )
-        for url, server in self._hub.followed().items():
-            for name in STATES:
-                state.add_metric([url, name], 1 if server.state == name else 0)
-            blocks.add_metric([url], server.size())
-            evictions.add_metric([url], server.evictions)
-            for reason, count in server.lost.items():
-                lost.add_metric([url, reason], count)
-            for reason, count in server.ignored.items():
-                ignored.add_metric([url, reason], count)
-        yield from (state, blocks, evictions, lost, ignored)
 
 
 class KvEventsIndex:

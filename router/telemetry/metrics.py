@@ -4,8 +4,9 @@ from the pools at scrape time (so the hot path never updates them).
 Names are layered `pd_gateway_<area>_<what>`; label values come from bounded sets (model
 and rule names from the configuration, paths, status codes, error codes).
 
-The gate's lease metrics (`GateMetrics`) are handed to the gate backends when a pool is
-built (`Metrics.gate`).
+Every metric of the gateway is declared here. The gate's lease metrics (`GateMetrics`,
+the gate's `GateEvents`) are handed to the gate backends when a pool is built
+(`Metrics.gate`); the KV-event indexes are read at scrape time like the pools.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from router.gate import GateSnapshot
-from router.gate.metrics import GateMetrics
 from router.selection import ServerSet, load_snapshot
+from router.selection.kv_events import STATES as KV_EVENTS_STATES
+from router.selection.kv_events import ServerBlocks
 from router.telemetry.access import AccessRecord
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -40,6 +42,7 @@ mode): set by the supervisor, read by each worker's metrics."""
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+ROUND_TRIP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -165,6 +168,8 @@ class Metrics:
         r.register(self._pools)
         self._upstreams = _UpstreamCollector()
         r.register(self._upstreams)
+        self._kv_events = _KvEventsCollector()
+        r.register(self._kv_events)
         # Several worker processes (`router.process.workers`): each scrape reads every worker's
         # counters and histograms from the shared files, and this worker's pool gauges
         # (the pool's state is shared, so any worker's picture is the whole one).
@@ -174,6 +179,7 @@ class Metrics:
             MultiProcessCollector(self._exposed, path=shared_dir)  # type: ignore[no-untyped-call, unused-ignore]
             self._exposed.register(self._pools)
             self._exposed.register(self._upstreams)
+            self._exposed.register(self._kv_events)
             # Whichever worker answers a scrape, the series are every worker's, by pid: one
             # worker's own would jump from process to process between scrapes.
             self._exposed.register(WorkerProcesses())
@@ -243,12 +249,106 @@ class Metrics:
         self,
         pools: Mapping[str, GateSnapshot],
         upstreams: Mapping[str, Sequence[ServerSet]] | None = None,
+        kv_events: Mapping[str, ServerBlocks] | None = None,
     ) -> bytes:
-        """The exposition, with the pool gauges read from `pools` (model -> its snapshot)
-        and the vLLM servers' from `upstreams` (model -> its server sets)."""
+        """The exposition, with the pool gauges read from `pools` (model -> its snapshot),
+        the vLLM servers' from `upstreams` (model -> its server sets) and their KV-event
+        indexes from `kv_events` (URL -> the index followed)."""
         self._pools.snapshots = pools
         self._upstreams.sets = upstreams or {}
+        self._kv_events.followed = kv_events or {}
         return generate_latest(self._exposed)
+
+
+class GateMetrics:
+    """The shared gate's leases and its store's round trips: plain in-process counters,
+    recorded where the gate already talks to its store (nothing per token)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self._grants = Counter(
+            "pd_gateway_gate_lease_grants",
+            "Node leases granted by the gate, by backend.",
+            ["backend"],
+            registry=r,
+        )
+        self._renewals = Counter(
+            "pd_gateway_gate_lease_renewals",
+            "Node leases renewed in the shared store.",
+            registry=r,
+        )
+        self._renewal_failures = Counter(
+            "pd_gateway_gate_lease_renewal_failures",
+            "Node lease renewals that could not reach the shared store.",
+            registry=r,
+        )
+        self._expiries = Counter(
+            "pd_gateway_gate_lease_expiries",
+            "Node leases found expired (or granted again) when renewed.",
+            registry=r,
+        )
+        self._fencing = Counter(
+            "pd_gateway_gate_lease_fencing_rejections",
+            "Releases refused because the lease had been lost (a stale owner or token).",
+            registry=r,
+        )
+        self._unreadable = Counter(
+            "pd_gateway_gate_shared_records_unreadable",
+            "Records other replicas shared that this one could not read, by reason"
+            " (version: written in a newer format; malformed).",
+            ["reason"],
+            registry=r,
+        )
+        self._round_trip = Histogram(
+            "pd_gateway_gate_redis_round_trip_seconds",
+            "Round trips of the gate's Redis scripts, by script.",
+            ["script"],
+            buckets=ROUND_TRIP_BUCKETS,
+            registry=r,
+        )
+        self._round_trip_children: dict[str, Any] = {}
+        self._redis_up = Gauge(
+            "pd_gateway_gate_redis_up",
+            "1 while the gate's last call to Redis got an answer, 0 while it could not reach"
+            " Redis (every gate call counts: acquires, the node prober's periodic read of the"
+            " pool, the renewer's heartbeat, the pool snapshot each scrape reads); absent"
+            " without a Redis gate.",
+            ["deployment"],
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+
+    def granted(self, backend: str) -> None:
+        self._grants.labels(backend).inc()
+
+    def renewed(self, leases: int) -> None:
+        if leases:
+            self._renewals.inc(leases)
+
+    def renewal_failed(self, leases: int) -> None:
+        if leases:
+            self._renewal_failures.inc(leases)
+
+    def expired(self) -> None:
+        self._expiries.inc()
+
+    def fencing_rejected(self) -> None:
+        self._fencing.inc()
+
+    def unreadable_record(self, reason: str) -> None:
+        """`reason`: `version` or `malformed`."""
+        self._unreadable.labels(reason).inc()
+
+    def redis_reached(self, deployment: str, reached: bool) -> None:
+        """`deployment`: the gate's Redis deployment (single, cluster, sentinel)."""
+        self._redis_up.labels(deployment).set(1 if reached else 0)
+
+    def round_trip(self, script: str, seconds: float) -> None:
+        """`script` is one of the gate's fixed script names."""
+        child = self._round_trip_children.get(script)
+        if child is None:
+            child = self._round_trip_children[script] = self._round_trip.labels(script)
+        child.observe(seconds)
 
 
 UNKNOWN_KEY = "unknown"
@@ -385,3 +485,47 @@ class _UpstreamCollector(Collector):
         yield failures
         yield ejections
         yield from reported.values()
+
+
+class _KvEventsCollector(Collector):
+    """Each followed vLLM server's KV-event index, read at scrape time."""
+
+    def __init__(self) -> None:
+        self.followed: Mapping[str, ServerBlocks] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        state = GaugeMetricFamily(
+            "pd_gateway_kv_events_state",
+            "1 for the state of a vLLM server's KV-event index (waiting, live, unknown).",
+            labels=["url", "state"],
+        )
+        blocks = GaugeMetricFamily(
+            "pd_gateway_kv_events_blocks",
+            "Blocks a vLLM server holds, by its KV events.",
+            labels=["url"],
+        )
+        evictions = CounterMetricFamily(
+            "pd_gateway_kv_events_evictions",
+            "Blocks forgotten for the per-server cap while the server still held them.",
+            labels=["url"],
+        )
+        lost = CounterMetricFamily(
+            "pd_gateway_kv_events_lost",
+            "Times a server's KV-event index was cleared as unknown, by reason.",
+            labels=["url", "reason"],
+        )
+        ignored = CounterMetricFamily(
+            "pd_gateway_kv_events_ignored",
+            "KV events ignored, by reason (block_size: not the configured block size).",
+            labels=["url", "reason"],
+        )
+        for url, server in self.followed.items():
+            for name in KV_EVENTS_STATES:
+                state.add_metric([url, name], 1 if server.state == name else 0)
+            blocks.add_metric([url], server.size())
+            evictions.add_metric([url], server.evictions)
+            for reason, count in server.lost.items():
+                lost.add_metric([url, reason], count)
+            for reason, count in server.ignored.items():
+                ignored.add_metric([url, reason], count)
+        yield from (state, blocks, evictions, lost, ignored)

@@ -12,7 +12,7 @@ from redis.crc import key_slot
 
 from router.config import RedisGateConfig
 from router.gate.circuit_breaker import EXPECTED_BACK
-from router.gate.metrics import GateMetrics
+from router.gate.events import UNRECORDED
 from router.gate.redis.client import connect
 from router.gate.redis.keys import KeyLayout
 from router.gate.redis.scripts import NAMES, Scripts, load_sources
@@ -57,7 +57,7 @@ async def test_a_call_must_give_exactly_the_scripts_arguments() -> None:
         claim_window_s=1,
         failure_threshold=1,
         node_ids=["n"],
-        metrics=GateMetrics(),
+        metrics=UNRECORDED,
         on_state_lost=lambda: None,
         max_calls=1,
     )

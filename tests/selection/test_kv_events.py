@@ -27,6 +27,7 @@ from router.selection.kv_events import (
     receive,
 )
 from router.selection.request_keys import AffinityKeys
+from router.telemetry.metrics import Metrics
 
 URL = "http://prefill-0:8000"
 BS = 4
@@ -349,7 +350,7 @@ async def test_a_subscriber_follows_a_publisher_and_notices_it_go() -> None:
             "lost": {},
             "ignored": {},
         }
-        rendered = hub.render().decode()
+        rendered = Metrics().render({}, {}, hub.followed()).decode()
         assert f'pd_gateway_kv_events_state{{state="live",url="{URL}"}} 1.0' in rendered
         publisher.close(linger=0)
         await until(lambda: server.state == "unknown", "the lost publisher noticed")

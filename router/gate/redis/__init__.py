@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from router.config import ConfigError, GateConfig, RedisGateConfig, read_secret
-from router.gate.metrics import GateMetrics
+from router.gate.events import GateEvents
 from router.gate.redis.admin import GateUnavailable
 from router.gate.redis.gate import RedisGate
 from router.gate.redis.lease import RedisLease
@@ -29,7 +29,7 @@ def redis_password(config: RedisGateConfig) -> str | None:
 def make_redis_gate(
     config: GateConfig,
     nodes: list[Node],
-    metrics: GateMetrics | None = None,
+    metrics: GateEvents | None = None,
     *,
     pool_id: str = "",
 ) -> RedisGate:

@@ -24,7 +24,7 @@ from typing import Any
 
 from router.config import RedisGateConfig
 from router.gate.base import GateRejected, GateSnapshot, ProbeClaim, RejectReason
-from router.gate.metrics import GateMetrics
+from router.gate.events import UNRECORDED, GateEvents
 from router.gate.redis.admin import RedisPoolAdmin
 from router.gate.redis.client import UNAVAILABLE, connect
 from router.gate.redis.keys import KeyLayout
@@ -58,10 +58,10 @@ class RedisGate:
         max_queue: int,
         failure_threshold: int = 3,
         cooldown_s: float = 5.0,
-        metrics: GateMetrics | None = None,
+        metrics: GateEvents | None = None,
         pool_id: str = "",
     ) -> None:
-        metrics = metrics or GateMetrics()
+        metrics = metrics or UNRECORDED
         self._config = config
         self._max_queue = max_queue
         host = socket.gethostname().replace("|", "-")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from router.gate.metrics import GateMetrics
+from router.gate.events import GateEvents
 from router.gate.redis.client import UNAVAILABLE, GateRedis
 from router.gate.redis.records import RecordUnreadable, decode_node, encode_node
 from router.node import Node
@@ -15,7 +15,7 @@ log = logging.getLogger("pd_gateway.gate")
 
 
 class NodeRegistry:
-    def __init__(self, redis: GateRedis, key: str, metrics: GateMetrics) -> None:
+    def __init__(self, redis: GateRedis, key: str, metrics: GateEvents) -> None:
         self._redis = redis
         self._key = key
         self._metrics = metrics

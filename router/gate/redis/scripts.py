@@ -33,7 +33,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
 from router.gate.circuit_breaker import EXPECTED_BACK
-from router.gate.metrics import GateMetrics
+from router.gate.events import GateEvents
 from router.gate.redis.client import GateRedis
 from router.gate.redis.keys import KeyLayout, PoolKeys
 
@@ -89,7 +89,7 @@ class Scripts:
         claim_window_s: float,
         failure_threshold: int,
         node_ids: Sequence[str],
-        metrics: GateMetrics,
+        metrics: GateEvents,
         on_state_lost: Callable[[], None],
         max_calls: int,
     ) -> None:

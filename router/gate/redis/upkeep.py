@@ -13,7 +13,7 @@ from typing import Any
 
 from router.config import RedisGateConfig
 from router.gate.circuit_breaker import NodeFailure
-from router.gate.metrics import GateMetrics
+from router.gate.events import GateEvents
 from router.gate.redis.client import UNAVAILABLE
 from router.gate.redis.lease import Grant, RedisLease
 from router.gate.redis.scripts import Scripts
@@ -33,7 +33,7 @@ class Upkeep:
         self,
         scripts: Scripts,
         config: RedisGateConfig,
-        metrics: GateMetrics,
+        metrics: GateEvents,
         *,
         hand_over: Callable[[str, str, int], None],
     ) -> None:
