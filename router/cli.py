@@ -13,15 +13,17 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from policies.types import ENDPOINTS as POLICY_ENDPOINTS
 from policies.types import Endpoint
 from router import __version__
-from router.config import ConfigError, GatewayConfig, load_config
+from router.config import ConfigError, GatewayConfig, ModelConfig, load_config
 from router.process.startup import StartupFailure
 from router.telemetry.logs import LEVELS
+from router.upstream.tilert import FEATURES, RELEASE_FEATURES
 
 if TYPE_CHECKING:
     from policies import Decision
@@ -101,6 +103,14 @@ def _parser() -> argparse.ArgumentParser:
         type=_header,
         metavar="NAME=VALUE",
         help="a request header (repeatable), e.g. x-workload=batch",
+    )
+    explain.add_argument(
+        "--features",
+        type=_features,
+        metavar="NAME,...",
+        help="what every TileRT node of the model's pools is taken to report, of"
+        f" {', '.join(FEATURES)}, or none (default: what nodes of the pools' release report:"
+        f" {_release_features()})",
     )
     explain.set_defaults(run=_classify)
 
@@ -241,8 +251,6 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from router.demo.equipment import missing_equipment
 
     if (problem := missing_equipment("pd-gateway bench", "bench", "sim")) is not None:
@@ -319,6 +327,22 @@ def _positive(text: str) -> int:
 
 def _levels(text: str) -> tuple[int, ...]:
     return tuple(sorted({_positive(part) for part in text.split(",") if part.strip()}))
+
+
+def _features(text: str) -> frozenset[str]:
+    names = {name.strip() for name in text.split(",")} - {"", "none"}
+    unknown = sorted(names - set(FEATURES))
+    if unknown:
+        known = ", ".join(FEATURES)
+        raise argparse.ArgumentTypeError(f"not a feature: {', '.join(unknown)} (known: {known})")
+    return frozenset(names)
+
+
+def _release_features() -> str:
+    return "; ".join(
+        f"{', '.join(sorted(features)) or 'none'} on {release}"
+        for release, features in RELEASE_FEATURES.items()
+    )
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -425,7 +449,7 @@ def _classify(args: argparse.Namespace) -> int:
     # Offline, the key-name header stands for the name of a verified client key.
     key_name = headers.get(config.classification.api_key_name_header.lower())
 
-    async def explain(epoch: ConfigEpoch) -> Decision:
+    async def explain(epoch: ConfigEpoch) -> tuple[str | None, Decision]:
         try:
             intake = take_in(epoch, raw, ENDPOINTS[endpoint])
         except ModelNotFound:
@@ -436,14 +460,38 @@ def _classify(args: argparse.Namespace) -> int:
             where = f" ({exc.param})" if exc.param else ""
             message = f"not a valid {endpoint} request{where}: {exc.message}"
             raise UsageError(f"{args.request}: {message}") from None
-        return await decide(epoch, intake, headers=headers, api_key_name=key_name)
+        model = intake.model.config
+        assumed, assumption = _assumed_features(model, args.features)
+        epoch = replace(epoch, classifier=epoch.classifier.assuming({model.name: assumed}))
+        decision = await decide(epoch, intake, headers=headers, api_key_name=key_name)
+        return assumption, decision
 
-    decision = asyncio.run(_prepared(config, explain))
+    assumption, decision = asyncio.run(_prepared(config, explain))
+    if assumption is not None:
+        print(assumption)
     print(decision.explain())
     print("response headers:")
     for name, value in decision.response_headers().items():
         print(f"  {name}: {value}")
     return 0
+
+
+def _assumed_features(
+    model: ModelConfig, given: frozenset[str] | None
+) -> tuple[frozenset[str], str | None]:
+    """The features the model's TileRT nodes are taken to report, no node being asked, and
+    the line that says so (None for a model without a pool)."""
+    from router.classify import release_features
+
+    if model.latency is None:
+        return frozenset(), None
+    if given is not None:
+        features, why = given, "--features"
+    else:
+        releases = " and ".join(sorted({pool.tilert for pool in model.latency.pools}))
+        features = release_features(model)
+        why = f"what nodes of TileRT {releases} report; no node is asked: --features names others"
+    return features, f"assumed pool features: {', '.join(sorted(features)) or 'none'} ({why})"
 
 
 def _endpoint_of(body: dict[str, Any]) -> Endpoint:
