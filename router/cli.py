@@ -89,7 +89,12 @@ def _parser() -> argparse.ArgumentParser:
         "classify", help="explain where a request would go, without contacting any backend"
     )
     explain.add_argument("--config", default="router.yaml", type=Path)
-    explain.add_argument("--request", required=True, type=Path, help="a JSON request body")
+    explain.add_argument(
+        "--request",
+        required=True,
+        metavar="FILE",
+        help="a JSON request body, `-` for standard input; at most server.max_body_bytes",
+    )
     explain.add_argument(
         "--endpoint",
         choices=list(POLICY_ENDPOINTS),
@@ -438,13 +443,12 @@ def _classify(args: argparse.Namespace) -> int:
     from router.runtime.intake import decide, take_in
 
     config = load_config(args.config)
+    source = "stdin" if args.request == "-" else args.request
+    raw = _read_body(args.request, source, config.server.max_body_bytes)
     try:
-        raw = args.request.read_bytes()
         endpoint: Endpoint = args.endpoint or _endpoint_of(parse_body(raw))
-    except OSError as exc:
-        raise UsageError(f"{args.request}: cannot read: {exc.strerror}") from None
     except GatewayError as exc:
-        raise UsageError(f"{args.request}: {exc.message}") from None
+        raise UsageError(f"{source}: {exc.message}") from None
     headers = dict(args.header)
     # Offline, the key-name header stands for the name of a verified client key.
     key_name = headers.get(config.classification.api_key_name_header.lower())
@@ -455,11 +459,11 @@ def _classify(args: argparse.Namespace) -> int:
         except ModelNotFound:
             known = ", ".join(epoch.models)
             model = parse_body(raw).get("model")
-            raise UsageError(f"{args.request}: unknown model {model!r} (known: {known})") from None
+            raise UsageError(f"{source}: unknown model {model!r} (known: {known})") from None
         except GatewayError as exc:
             where = f" ({exc.param})" if exc.param else ""
             message = f"not a valid {endpoint} request{where}: {exc.message}"
-            raise UsageError(f"{args.request}: {message}") from None
+            raise UsageError(f"{source}: {message}") from None
         model = intake.model.config
         assumed, assumption = _assumed_features(model, args.features)
         epoch = replace(epoch, classifier=epoch.classifier.assuming({model.name: assumed}))
@@ -474,6 +478,25 @@ def _classify(args: argparse.Namespace) -> int:
     for name, value in decision.response_headers().items():
         print(f"  {name}: {value}")
     return 0
+
+
+def _read_body(path: str, source: str, limit: int) -> bytes:
+    """The request body in file `path`, or standard input for `-`; like the gateway, no
+    more than `limit` bytes (`server.max_body_bytes`) are taken."""
+    try:
+        if path == "-":
+            raw = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(path, "rb") as file:
+                raw = file.read(limit + 1)
+    except OSError as exc:
+        raise UsageError(f"{source}: cannot read: {exc.strerror}") from None
+    if len(raw) > limit:
+        raise UsageError(
+            f"{source}: the request body exceeds {limit} bytes; at most {limit} bytes are"
+            " accepted (server.max_body_bytes)"
+        )
+    return raw
 
 
 def _assumed_features(

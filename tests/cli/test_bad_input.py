@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import signal
 import subprocess
@@ -140,6 +141,27 @@ def test_bad_request(
     assert captured.err.startswith(f"error: {request}: ")
     assert message in captured.err
     assert captured.out == ""
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_a_request_over_max_body_bytes_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    config = write(tmp_path, "router.yaml", SERVABLE_CONFIG + "server: {max_body_bytes: 1024}\n")
+    text = GOOD_REQUEST.replace('"hi"', '"' + "hi " * 5000 + '"')
+    stream = io.BytesIO(text.encode())
+    if source == "stdin":
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(stream))
+        request, name = "-", "stdin"
+    else:
+        request = name = str(write(tmp_path, "body.json", text))
+    assert main(["classify", "--config", str(config), "--request", request]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {name}: the request body exceeds 1024 bytes; at most 1024 bytes are accepted"
+        " (server.max_body_bytes)\n"
+    )
+    if source == "stdin":
+        assert stream.tell() == 1025  # read no further than needed to refuse it
 
 
 def test_values_are_classified_as_vllm_reads_them(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,20 @@ def test_an_unknown_feature_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
         run_classify(tmp_path, config, chat(), {}, "--features", "logprobs,telepathy")
     assert exit.value.code == 2
     assert "--features: not a feature: telepathy (known: " in capsys.readouterr().err
+
+
+def test_a_dash_reads_the_request_from_standard_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path, "latency-first.yaml")
+    body = chat(n=2, max_tokens=100)
+    assert run_classify(tmp_path, config, body, {}) == 0
+    from_file = capsys.readouterr().out
+    stdin = io.BytesIO(json.dumps(body).encode())
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(stdin))
+    assert main(["classify", "--config", str(config), "--request", "-"]) == 0
+    assert capsys.readouterr().out == from_file
+    assert "  x-pd-reroute-reason: n" in from_file
 
 
 def test_over_context_rule_from_token_ids(
