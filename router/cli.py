@@ -67,14 +67,14 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", default="router.yaml", type=Path)
+    _config_option(serve)
     serve.add_argument("--host", help="override server.host")
     serve.add_argument("--port", type=_port, help="override server.port (0 = any free port)")
     serve.add_argument("--log-level", choices=LEVELS, help="override logging.level (default: info)")
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check", help="validate a configuration and exit")
-    check.add_argument("--config", default="router.yaml", type=Path)
+    _config_option(check)
     check.add_argument(
         "--probe",
         action="store_true",
@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     explain = commands.add_parser(
         "classify", help="explain where a request would go, without contacting any backend"
     )
-    explain.add_argument("--config", default="router.yaml", type=Path)
+    _config_option(explain)
     explain.add_argument(
         "--request",
         required=True,
@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     explain.set_defaults(run=_classify)
 
     demo = commands.add_parser("demo", help="start the simulated stack and the gateway")
-    demo.add_argument("--config", type=Path, help="default: the bundled router.yaml")
+    _config_option(demo, bundled=True)
     demo.add_argument("--port", type=int, help="gateway port (default from config; 0 = free)")
     ports = demo.add_mutually_exclusive_group()
     ports.add_argument("--port-offset", type=int, default=0, help="add N to every configured port")
@@ -246,6 +246,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     schema.set_defaults(run=_schema)
     return parser
+
+
+def _config_option(command: argparse.ArgumentParser, *, bundled: bool = False) -> None:
+    default = "the bundled router.yaml" if bundled else "router.yaml in the current folder"
+    command.add_argument(
+        "--config",
+        default=None if bundled else "router.yaml",
+        type=Path,
+        metavar="FILE",
+        help=f"the configuration file (default: {default}); PDGW_* environment variables"
+        " override its settings, e.g. PDGW_SERVER__PORT=9000 for server.port"
+        " (docs/configuration.md)",
+    )
 
 
 def _schema(args: argparse.Namespace) -> int:

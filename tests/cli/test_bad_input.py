@@ -177,6 +177,29 @@ def test_values_are_classified_as_vllm_reads_them(
     assert "max_tokens 5\n" in out
 
 
+@pytest.mark.parametrize(
+    ("command", "default"),
+    [
+        ("serve", "router.yaml in the current folder"),
+        ("check", "router.yaml in the current folder"),
+        ("classify", "router.yaml in the current folder"),
+        ("demo", "the bundled router.yaml"),
+    ],
+)
+def test_the_config_flag_says_its_default_and_the_environments_part(
+    capsys: pytest.CaptureFixture[str], command: str, default: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        f"--config FILE the configuration file (default: {default}); PDGW_* environment"
+        " variables override its settings, e.g. PDGW_SERVER__PORT=9000 for server.port"
+        " (docs/configuration.md)"
+    ) in text
+
+
 def test_bad_header_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = write(tmp_path, "router.yaml", GOOD_CONFIG)
     request = write(tmp_path, "body.json", GOOD_REQUEST)
