@@ -1,7 +1,7 @@
 """`pd-gateway`: serve, check a configuration, explain a classification, run the demo.
 
-Configuration and input problems print one `error: ...` line (or a few, naming the
-fields) on stderr and exit with status 2, never a traceback; so does a `serve` that cannot
+Configuration and input problems print one `error: ...` line (naming every field at
+fault) on stderr and exit with status 2, never a traceback; so does a `serve` that cannot
 start, with status 1 when the machine or the network is to blame (a port in use).
 """
 
