@@ -451,6 +451,16 @@ async def is_idle(upstreams: Upstreams, node: Node) -> bool:
     return isinstance(status, dict) and status.get("status") == "idle"
 
 
+async def decoding(upstreams: Upstreams, node: Node, rid: str) -> bool:
+    """/decode_status says the node is serving `rid`'s decode (busy with it from the moment
+    it accepted the call, its wait for the KV transfer included)."""
+    reply = await _probe(upstreams, node, "/decode_status")
+    if reply is None or reply.status != 200:
+        return False
+    status = await reply.json()
+    return isinstance(status, dict) and status.get("current_rid") == rid
+
+
 async def is_ready(upstreams: Upstreams, node: Node) -> bool:
     """Healthy (`/health` answers 200) and idle."""
     health = await _probe(upstreams, node, "/health")
