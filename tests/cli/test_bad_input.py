@@ -178,6 +178,18 @@ def test_a_request_over_max_body_bytes_is_refused_unread(
         assert stream.tell() == 1025  # read no further than needed to refuse it
 
 
+def test_an_empty_admin_key_from_the_environment_does_not_remove_the_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write(tmp_path, "router.yaml", GOOD_CONFIG + "admin: {api_key: s3cret}\n")
+    monkeypatch.setenv("PDGW_ADMIN__API_KEY", "")
+    assert main(["check", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        "error: PDGW_ADMIN__API_KEY: empty, and an empty key is never a key (unset the"
+        " variable to keep the file's)\n"
+    )
+
+
 def test_values_are_classified_as_vllm_reads_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
