@@ -4,15 +4,14 @@ group (router/commands.py)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from router.commands import Subcommands, UsageError
+from router.commands import Subcommands, UsageError, add_config_option
 from router.telemetry.logs import LEVELS
 
 
 def register(commands: Subcommands) -> None:
     demo = commands.add_parser("demo", help="start the simulated stack and the gateway")
-    demo.add_argument("--config", type=Path, help="default: the bundled router.yaml")
+    add_config_option(demo, bundled=True)
     demo.add_argument("--port", type=int, help="gateway port (default from config; 0 = free)")
     ports = demo.add_mutually_exclusive_group()
     ports.add_argument("--port-offset", type=int, default=0, help="add N to every configured port")

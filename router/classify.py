@@ -1,6 +1,7 @@
 """Classifies each request with the rules (policies/), counting prompt tokens only when a
 rule or the guard needs them, in a thread. The guard sees each pool's features as its nodes
-last reported them."""
+last reported them; until they have, as assumed (none, unless `pd-gateway classify` assumes
+what the pool's release reports)."""
 
 from __future__ import annotations
 
@@ -22,19 +23,33 @@ from policies.types import Endpoint
 from router.config import GatewayConfig, ModelConfig
 from router.node_lifecycle.facts import NodeFactsBook
 from router.tokens.prompt_tokens import PromptCounter
+from router.upstream.tilert import RELEASE_FEATURES
 
 
-def capabilities(config: GatewayConfig) -> Capabilities:
+def capabilities(
+    config: GatewayConfig, assumed: Mapping[str, frozenset[str]] | None = None
+) -> Capabilities:
+    """`assumed`: each model's pool features before its nodes report theirs (else none)."""
+    assumed = assumed or {}
     return Capabilities(
         {
             m.name: ModelCapabilities(
                 has_latency_pool=m.latency is not None,
                 has_throughput=m.throughput is not None,
                 max_seq_len=m.latency.max_seq_len if m.latency else None,
+                latency_features=assumed.get(m.name, frozenset()),
             )
             for m in config.models
         }
     )
+
+
+def release_features(model: ModelConfig) -> frozenset[str]:
+    """What every node of the model's pools reports once asked, going by each pool's TileRT
+    release (`RELEASE_FEATURES`): the features serving most likely sees."""
+    if model.latency is None:
+        return frozenset()
+    return frozenset.intersection(*(RELEASE_FEATURES[p.tilert] for p in model.latency.pools))
 
 
 COUNTS_AT_ONCE = 2
@@ -62,10 +77,13 @@ class Classifier:
         rules: RuleSet,
         counters: Mapping[str, PromptCounter],
         facts: NodeFactsBook | None = None,
+        *,
+        assumed: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
-        """`facts`: what the nodes reported (offline, none: no pool feature is assumed)."""
-        self._rules = rules
-        self._configured = self._capabilities = capabilities(config)
+        """`facts`: what the nodes reported (offline, none). `assumed`: each model's pool
+        features until its nodes report theirs (by default none)."""
+        self._config, self._rules = config, rules
+        self._configured = self._capabilities = capabilities(config, assumed)
         self._facts, self._facts_seen = facts or NodeFactsBook(), -1
         self._pool_nodes = {
             m.name: [n.id for n in m.latency.nodes] for m in config.models if m.latency
@@ -74,6 +92,11 @@ class Classifier:
         self._caps = {m.name: count_cap(rules, m) for m in config.models}
         # Each count holds a tokenizer's working memory: a few at a time, whatever the load.
         self._counting = asyncio.Semaphore(COUNTS_AT_ONCE)
+
+    def assuming(self, features: Mapping[str, frozenset[str]]) -> Classifier:
+        """The same classifier, taking `features` as each named model's pool features until
+        its nodes report theirs (offline, where no node is asked)."""
+        return Classifier(self._config, self._rules, self._counters, self._facts, assumed=features)
 
     async def decide(
         self,
@@ -103,6 +126,7 @@ class Classifier:
         self._facts_seen = self._facts.version
         models = dict(self._configured.models)
         for name, configured in self._pool_nodes.items():
-            features = self._facts.features(self._facts.members.get(name, configured))
+            unreported = self._configured.models[name].latency_features
+            features = self._facts.features(self._facts.members.get(name, configured), unreported)
             models[name] = dataclasses.replace(models[name], latency_features=features)
         self._capabilities = dataclasses.replace(self._configured, models=models)

@@ -3,8 +3,8 @@
 `demo` and `bench` are the test equipment's own commands, loaded where installed
 (router/commands.py).
 
-Configuration and input problems print one `error: ...` line (or a few, naming the
-fields) on stderr and exit with status 2, never a traceback; so does a `serve` that cannot
+Configuration and input problems print one `error: ...` line (naming every field at
+fault) on stderr and exit with status 2, never a traceback; so does a `serve` that cannot
 start, with status 1 when the machine or the network is to blame (a port in use).
 """
 
@@ -16,16 +16,17 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from policies.types import ENDPOINTS as POLICY_ENDPOINTS
 from policies.types import Endpoint
 from router import __version__
-from router.commands import UsageError, add_installed
-from router.config import ConfigError, GatewayConfig, load_config
+from router.commands import UsageError, add_config_option, add_installed
+from router.config import ConfigError, GatewayConfig, ModelConfig, load_config
 from router.process.startup import StartupFailure
 from router.telemetry.logs import LEVELS
+from router.upstream.tilert import FEATURES, RELEASE_FEATURES
 
 if TYPE_CHECKING:
     from policies import Decision
@@ -68,14 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", default="router.yaml", type=Path)
+    add_config_option(serve)
     serve.add_argument("--host", help="override server.host")
     serve.add_argument("--port", type=_port, help="override server.port (0 = any free port)")
     serve.add_argument("--log-level", choices=LEVELS, help="override logging.level (default: info)")
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check", help="validate a configuration and exit")
-    check.add_argument("--config", default="router.yaml", type=Path)
+    add_config_option(check)
     check.add_argument(
         "--probe",
         action="store_true",
@@ -89,8 +90,13 @@ def _parser() -> argparse.ArgumentParser:
     explain = commands.add_parser(
         "classify", help="explain where a request would go, without contacting any backend"
     )
-    explain.add_argument("--config", default="router.yaml", type=Path)
-    explain.add_argument("--request", required=True, type=Path, help="a JSON request body")
+    add_config_option(explain)
+    explain.add_argument(
+        "--request",
+        required=True,
+        metavar="FILE",
+        help="a JSON request body, `-` for standard input; at most server.max_body_bytes",
+    )
     explain.add_argument(
         "--endpoint",
         choices=list(POLICY_ENDPOINTS),
@@ -104,6 +110,14 @@ def _parser() -> argparse.ArgumentParser:
         type=_header,
         metavar="NAME=VALUE",
         help="a request header (repeatable), e.g. x-workload=batch",
+    )
+    explain.add_argument(
+        "--features",
+        type=_features,
+        metavar="NAME,...",
+        help="what every TileRT node of the model's pools is taken to report, of"
+        f" {', '.join(FEATURES)}, or none (default: what nodes of the pools' release report:"
+        f" {_release_features()})",
     )
     explain.set_defaults(run=_classify)
 
@@ -121,6 +135,22 @@ def _schema(args: argparse.Namespace) -> int:
 
     sys.stdout.write(dumps())
     return 0
+
+
+def _features(text: str) -> frozenset[str]:
+    names = {name.strip() for name in text.split(",")} - {"", "none"}
+    unknown = sorted(names - set(FEATURES))
+    if unknown:
+        known = ", ".join(FEATURES)
+        raise argparse.ArgumentTypeError(f"not a feature: {', '.join(unknown)} (known: {known})")
+    return frozenset(names)
+
+
+def _release_features() -> str:
+    return "; ".join(
+        f"{', '.join(sorted(features)) or 'none'} on {release}"
+        for release, features in RELEASE_FEATURES.items()
+    )
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -190,36 +220,78 @@ def _classify(args: argparse.Namespace) -> int:
     from router.runtime.intake import decide, take_in
 
     config = load_config(args.config)
+    source = "stdin" if args.request == "-" else args.request
+    raw = _read_body(args.request, source, config.server.max_body_bytes)
     try:
-        raw = args.request.read_bytes()
         endpoint: Endpoint = args.endpoint or _endpoint_of(parse_body(raw))
-    except OSError as exc:
-        raise UsageError(f"{args.request}: cannot read: {exc.strerror}") from None
     except GatewayError as exc:
-        raise UsageError(f"{args.request}: {exc.message}") from None
+        raise UsageError(f"{source}: {exc.message}") from None
     headers = dict(args.header)
     # Offline, the key-name header stands for the name of a verified client key.
     key_name = headers.get(config.classification.api_key_name_header.lower())
 
-    async def explain(epoch: ConfigEpoch) -> Decision:
+    async def explain(epoch: ConfigEpoch) -> tuple[str | None, Decision]:
         try:
             intake = take_in(epoch, raw, ENDPOINTS[endpoint])
         except ModelNotFound:
             known = ", ".join(epoch.models)
             model = parse_body(raw).get("model")
-            raise UsageError(f"{args.request}: unknown model {model!r} (known: {known})") from None
+            raise UsageError(f"{source}: unknown model {model!r} (known: {known})") from None
         except GatewayError as exc:
             where = f" ({exc.param})" if exc.param else ""
             message = f"not a valid {endpoint} request{where}: {exc.message}"
-            raise UsageError(f"{args.request}: {message}") from None
-        return await decide(epoch, intake, headers=headers, api_key_name=key_name)
+            raise UsageError(f"{source}: {message}") from None
+        model = intake.model.config
+        assumed, assumption = _assumed_features(model, args.features)
+        epoch = replace(epoch, classifier=epoch.classifier.assuming({model.name: assumed}))
+        decision = await decide(epoch, intake, headers=headers, api_key_name=key_name)
+        return assumption, decision
 
-    decision = asyncio.run(_prepared(config, explain))
+    assumption, decision = asyncio.run(_prepared(config, explain))
+    if assumption is not None:
+        print(assumption)
     print(decision.explain())
     print("response headers:")
     for name, value in decision.response_headers().items():
         print(f"  {name}: {value}")
     return 0
+
+
+def _read_body(path: str, source: str, limit: int) -> bytes:
+    """The request body in file `path`, or standard input for `-`; like the gateway, no
+    more than `limit` bytes (`server.max_body_bytes`) are taken."""
+    try:
+        if path == "-":
+            raw = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(path, "rb") as file:
+                raw = file.read(limit + 1)
+    except OSError as exc:
+        raise UsageError(f"{source}: cannot read: {exc.strerror}") from None
+    if len(raw) > limit:
+        raise UsageError(
+            f"{source}: the request body exceeds {limit} bytes; at most {limit} bytes are"
+            " accepted (server.max_body_bytes)"
+        )
+    return raw
+
+
+def _assumed_features(
+    model: ModelConfig, given: frozenset[str] | None
+) -> tuple[frozenset[str], str | None]:
+    """The features the model's TileRT nodes are taken to report, no node being asked, and
+    the line that says so (None for a model without a pool)."""
+    from router.classify import release_features
+
+    if model.latency is None:
+        return frozenset(), None
+    if given is not None:
+        features, why = given, "--features"
+    else:
+        releases = " and ".join(sorted({pool.tilert for pool in model.latency.pools}))
+        features = release_features(model)
+        why = f"what nodes of TileRT {releases} report; no node is asked: --features names others"
+    return features, f"assumed pool features: {', '.join(sorted(features)) or 'none'} ({why})"
 
 
 def _endpoint_of(body: dict[str, Any]) -> Endpoint:

@@ -10,6 +10,7 @@ import argparse
 import importlib
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Protocol
 
 GROUP = "pd_gateway.commands"
@@ -28,6 +29,20 @@ Register = Callable[[Subcommands], None]
 
 class UsageError(Exception):
     """A command's input is unusable; the message says which and why."""
+
+
+def add_config_option(command: argparse.ArgumentParser, *, bundled: bool = False) -> None:
+    """`--config`, as every command that reads a configuration takes it."""
+    default = "the bundled router.yaml" if bundled else "router.yaml in the current folder"
+    command.add_argument(
+        "--config",
+        default=None if bundled else "router.yaml",
+        type=Path,
+        metavar="FILE",
+        help=f"the configuration file (default: {default}); PDGW_* environment variables"
+        " override its settings, e.g. PDGW_SERVER__PORT=9000 for server.port"
+        " (docs/configuration.md)",
+    )
 
 
 def add_installed(commands: Subcommands) -> None:

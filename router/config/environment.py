@@ -13,27 +13,55 @@ from router.config.errors import ConfigError
 
 ENV_PREFIX = "PDGW_"
 
+KEY_SETTINGS = frozenset(
+    {
+        "api_key",
+        "api_key_env",
+        "api_key_file",
+        "key_env",
+        "key_file",
+        "sha256",
+        "password",
+        "password_file",
+    }
+)
+"""Settings that hold a key or say where one is. From the environment an empty one
+(nothing, blanks, `""`, `null`) is refused: an empty key is never a key, and an empty
+variable must not remove the file's. Any other value is text (`123` is the key "123")."""
+
 
 def apply_environment(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     """Environment overrides of any setting: `PDGW_SERVER__PORT=9000` sets `server.port`
     (`__` between levels, list entries by index: `PDGW_MODELS__0__OUTPUT_PARSER`); values
-    are read as YAML scalars or lists. `PDGW_..._FILE=/path` sets the same setting to the
-    file's contents, for secrets mounted as files."""
+    are read as YAML scalars or lists, keys (`KEY_SETTINGS`) as text. `PDGW_..._FILE=/path`
+    sets the same setting to the file's contents, for secrets mounted as files."""
     for name in sorted(k for k in environ if k.startswith(ENV_PREFIX)):
-        value: Any = environ[name]
+        raw = environ[name]
+        value: Any = raw
         key = name[len(ENV_PREFIX) :]
-        if key.endswith("_FILE"):
+        from_file = key.endswith("_FILE")
+        if from_file:
             key = key[: -len("_FILE")]
             try:
-                value = Path(value).read_text(encoding="utf-8").strip()
+                value = raw = Path(raw).read_text(encoding="utf-8").strip()
             except OSError as exc:
-                raise ConfigError(f"{name}: cannot read {value}: {exc.strerror}") from None
+                raise ConfigError(f"{name}: cannot read {raw}: {exc.strerror}") from None
         else:
             try:
-                value = yaml.safe_load(value)
+                value = yaml.safe_load(raw)
             except yaml.YAMLError:
                 pass  # a plain string after all
-        _set_path(data, key.lower().split("__"), value, name)
+        path = key.lower().split("__")
+        if path[-1] in KEY_SETTINGS:
+            if value is None or (isinstance(value, str) and not value.strip()):
+                what = f"{environ[name]} is empty" if from_file else "empty"
+                raise ConfigError(
+                    f"{name}: {what}, and an empty key is never a key (unset the variable"
+                    " to keep the file's)"
+                )
+            if not isinstance(value, str):
+                value = raw
+        _set_path(data, path, value, name)
     return data
 
 

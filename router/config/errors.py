@@ -1,6 +1,6 @@
-"""The one configuration error, and its message from pydantic's validation errors: each
-offending field as a dotted path with the value it had, and a suggestion for a misspelt
-name."""
+"""The one configuration error, and its message from pydantic's validation errors, on one
+line: each offending field as a dotted path with the value it had, and a suggestion for a
+misspelt name."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ class ConfigError(Exception):
 
 
 def describe(exc: ValidationError, source: str, data: Any = None) -> str:
-    """`data`: the document validated, to name fields as its reader sees them."""
-    lines = []
+    """`<source>: <field>: <problem>`, the problems of several fields separated by `; `.
+    `data`: the document validated, to name fields as its reader sees them."""
+    problems = []
     for err in exc.errors():
         where = field_path(err["loc"], data) or "(top level)"
         value = err.get("input")
@@ -26,9 +27,9 @@ def describe(exc: ValidationError, source: str, data: Any = None) -> str:
         hint = ""
         if err["type"] == "extra_forbidden" and err["loc"]:
             close = difflib.get_close_matches(str(err["loc"][-1]), _field_names(), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-        lines.append(f"{where}: {err['msg']}{shown}{hint}")
-    return f"{source} is invalid:\n  " + "\n  ".join(lines)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+        problems.append(f"{where}: {err['msg']}{shown}{hint}")
+    return f"{source}: " + "; ".join(problems)
 
 
 def _field_names() -> set[str]:

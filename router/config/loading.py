@@ -42,7 +42,10 @@ def compile_rules(config: GatewayConfig) -> RuleSet:
         if source.rules is not None:
             return parse_rules(source.rules, source="classification.rules")
     except RulesError as exc:
-        raise ConfigError(f"{config.source}: classification: {exc}") from None
+        # On one line, as every configuration error (a YAML error spans several).
+        where = f"{exc.source}: " if exc.source else ""
+        problems = "; ".join(where + " ".join(problem.split()) for problem in exc.problems)
+        raise ConfigError(f"{config.source}: classification: {problems}") from None
     return RuleSet(default=Action(name="default", path="latency"))
 
 

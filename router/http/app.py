@@ -21,7 +21,7 @@ from router.http.dispatch import Dispatcher
 from router.http.json_response import error_response, json_response
 from router.http.model_cards import ModelCards
 from router.http.request_context import RequestContext
-from router.openai.endpoints import ENDPOINTS, EndpointSpec
+from router.openai.endpoints import ENDPOINTS, EndpointSpec, endpoint_meant
 from router.runtime.state import AppState
 from router.serving.response import SERVER_SEND
 from router.telemetry import tracing
@@ -98,10 +98,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         """An OpenAI endpoint the gateway does not serve: said so, and counted."""
         endpoint = rest.split("/", 1)[0]
         state.metrics.unsupported(endpoint if endpoint in KNOWN_UNSUPPORTED else "other")
-        raise NotFound(
-            f"pd-gateway does not serve {request.method} /v1/{rest[:100]}",
-            code="unsupported_endpoint",
-        )
+        raise _not_served(request, code="unsupported_endpoint")
 
     @app.get("/version")
     async def version() -> Response:
@@ -252,6 +249,8 @@ async def _exception_handler(request: Request, exc: Exception) -> Response:
     did not expect is logged."""
     if isinstance(exc, GatewayError):
         error = exc
+    elif isinstance(exc, StarletteHTTPException) and exc.status_code == 404:
+        error = _not_served(request, code=NotFound.code)  # no route has the path
     elif isinstance(exc, StarletteHTTPException):
         error = InvalidRequest(str(exc.detail), status=exc.status_code)
     else:
@@ -261,6 +260,19 @@ async def _exception_handler(request: Request, exc: Exception) -> Response:
     if isinstance(access, AccessRecord):
         access.ended_with(error)
     return error_response(error)
+
+
+def _not_served(request: Request, *, code: str | None) -> NotFound:
+    """A path the gateway does not serve, named, with the endpoint the client probably
+    meant (`/chat/completions` from a base URL without `/v1`)."""
+    method, path = request.method, request.url.path
+    message = f"pd-gateway does not serve {method} {path[:100]}"
+    meant = endpoint_meant(path)
+    if meant is not None:
+        message += f"; did you mean POST {meant.path}?"
+        if not path.startswith("/v1/"):
+            message += " (an OpenAI client's base URL ends in /v1)"
+    return NotFound(message, code=code)
 
 
 async def _set_drained(

@@ -160,28 +160,33 @@ class NodeSession:
             return await self._open_decode(body, stall_s)
 
     async def _open_decode(self, body: dict[str, Any], stall_s: float) -> DecodeStream:
-        """The node's decode stream, once its transfer has arrived. A node that has not
-        received it within `kv_admission_s` refused its admission (its receive slot is
-        taken; neither release says so to the gateway): `node_busy` now, and the waiting
-        decode is finished when the session closes."""
-        deps = self._deps
+        """The node's decode stream, once its transfer has arrived. A node whose answer has
+        not come within `kv_admission_s` either waits for a transfer it refused (its receive
+        slot is taken; neither release says so to the gateway, but /decode_status shows
+        the decode waiting): `node_busy`; or it never took the call up: `decode_timeout`,
+        in doubt. Either way the decode is finished when the session closes."""
+        deps, node = self._deps, self._lease.node
         opening = asyncio.ensure_future(
-            tilert.open_decode(deps.upstreams, self._lease.node, body, stall_s=stall_s)
+            tilert.open_decode(deps.upstreams, node, body, stall_s=stall_s)
         )
         try:
             done, _ = await asyncio.wait([opening], timeout=deps.timeouts.kv_admission_s)
         except BaseException:
             opening.cancel()  # as if awaited directly: the session's close finishes the rest
             raise
-        if not done:
-            self._unadmitted = opening
+        if done:
+            return opening.result()
+        self._unadmitted = opening
+        admission_s = deps.timeouts.kv_admission_s
+        if await tilert.decoding(deps.upstreams, node, self._rid):
             raise DecodeError(
-                "the TileRT decode node did not receive the KV transfer within "
-                f"{deps.timeouts.kv_admission_s:g} s: its receive slot is taken",
+                f"the TileRT decode node did not receive the KV transfer within "
+                f"{admission_s:g} s: its receive slot is taken",
                 status=503,
                 code="node_busy",
             )
-        return opening.result()
+        message = f"did not answer its decode call within {admission_s:g} s"
+        raise tilert.NODE.failure("timeout", message, status=504, in_doubt=True)
 
     async def next_line(self) -> NodeLine | None:
         """The node's next line; None once its response has ended. Raises DecodeError."""
@@ -220,8 +225,10 @@ class NodeSession:
                 await asyncio.wait([self._start_task])
             error = self._start_error()
             if self._unadmitted is not None:
-                # Out until probed idle and flushed: a transfer may still land (an orphan).
-                reports_health, failure = True, NodeFailure("node_busy", hard=True)
+                # Out until probed idle and flushed: a transfer may still land (an orphan),
+                # and a node that never answered may be running the decode all the same.
+                code = error.code if isinstance(error, DecodeError) else None
+                reports_health, failure = True, NodeFailure(code or "node_busy", hard=True)
                 await self._settle_unadmitted(self._unadmitted)
             elif isinstance(error, NodeRefused):
                 # An answer about the request; a 0.1.6 node drained the request's own transfer

@@ -44,7 +44,10 @@ class NodeFactsBook:
     def get(self, node_id: str) -> NodeFacts | None:
         return self._facts.get(node_id)
 
-    def features(self, node_ids: Iterable[str]) -> frozenset[str]:
-        """What every node that has reported (of `node_ids`) supports; nothing if none has."""
+    def features(
+        self, node_ids: Iterable[str], unreported: frozenset[str] = frozenset()
+    ) -> frozenset[str]:
+        """What every node that has reported (of `node_ids`) supports; `unreported` if none
+        has."""
         known = [self._facts[n].features for n in node_ids if n in self._facts]
-        return frozenset.intersection(*known) if known else frozenset()
+        return frozenset.intersection(*known) if known else unreported

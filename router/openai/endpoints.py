@@ -79,3 +79,15 @@ ENDPOINTS: Mapping[Endpoint, EndpointSpec] = MappingProxyType(
         ),
     }
 )
+
+
+def endpoint_meant(path: str) -> EndpointSpec | None:
+    """The endpoint a client probably meant by a path that is not one: the table's path
+    without its `/v1` (a base URL lacking it), with `/v1` twice, or with a trailing slash."""
+    rest = path.rstrip("/")
+    while rest.startswith("/v1/"):
+        rest = rest.removeprefix("/v1")
+    return _ENDPOINT_OF_PATH.get("/v1" + rest)
+
+
+_ENDPOINT_OF_PATH = {endpoint.path: endpoint for endpoint in ENDPOINTS.values()}

@@ -15,7 +15,7 @@ serializes them, null fields included).
 
 from __future__ import annotations
 
-import uuid
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,7 +30,9 @@ _EVENT_END = b"\n\n"
 
 
 def _item_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
+    """`msg_`, `rs_`, `fc_` and 16 hex digits, as vLLM 0.32 names items (its `random_uuid`
+    is 64 random bits)."""
+    return f"{prefix}_{secrets.token_hex(8)}"
 
 
 class ResponsesRenderer:

@@ -1,7 +1,8 @@
 """`proxy` mode (docs/protocols.md §2.1): hand the request to an existing disaggregation proxy.
 
 The body goes out as the client sent it (kv_transfer_params already removed) and the answer
-comes back as the proxy sent it, status, content type and bytes, errors included.
+comes back as the proxy sent it, status, content type and bytes, errors included; but an
+answer that cannot have a body (204, 304) is the proxy's failure, a 502 naming its status.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from router.throughput.answer import forward, read_unless_streamed
 from router.throughput.legs import NativeDeps, chosen
 from router.throughput.stream_usage import asks_for_usage, with_usage
 from router.upstream import Reply
+from router.upstream.failures import BODILESS, bodiless_failure
 from router.upstream.vllm import PROXY
 
 
@@ -52,6 +54,8 @@ class ProxyPath:
                     stack=stack,
                 )
                 tracing.upstream_answered(reply.status)
+                if reply.status in BODILESS:
+                    raise bodiless_failure(reply.target, reply.status)
                 return await read_unless_streamed(reply)
 
         reply = await call_on(

@@ -99,6 +99,19 @@ def status_failure(target: Target, status: int, content: bytes) -> UpstreamError
     return error
 
 
+BODILESS = frozenset({204, 205, 304})
+"""Statuses whose answer has no body: no generation endpoint answers one."""
+
+
+def bodiless_failure(target: Target, status: int) -> UpstreamError:
+    """The error for an upstream whose answer to a generation request has no body."""
+    return target.failure(
+        "failed",
+        f"answered {status}, without a body, to a generation request",
+        status=502,
+    )
+
+
 def _openai_shaped(content: bytes) -> bool:
     try:
         data = orjson.loads(content)

@@ -405,6 +405,14 @@ FEATURES = ("penalties", "ignore_eos", "logprobs", "grammar")
 """`/capabilities` flags the gateway reads; `grammar` is absent on TileRT's own engines,
 which refuse grammars (absent means unsupported)."""
 
+RELEASE_FEATURES: dict[TileRTVersion, frozenset[str]] = {
+    "0.1.5": frozenset(),
+    "0.1.6": frozenset({"ignore_eos"}),
+}
+"""What a node of each release reports, as its engines ship: 0.1.5 has no `/capabilities`
+(`node_facts` gives it none); 0.1.6's engines report `ignore_eos` alone (docs/protocols.md
+§1.6). What a node is assumed to report where none is asked (`pd-gateway classify`)."""
+
 
 async def node_facts(upstreams: Upstreams, node: Node) -> NodeFacts | None:
     """`GET /capabilities`: 0.1.6 with its features, 404 means 0.1.5; None if unreachable."""
@@ -441,6 +449,16 @@ async def is_idle(upstreams: Upstreams, node: Node) -> bool:
         return False
     status = await reply.json()
     return isinstance(status, dict) and status.get("status") == "idle"
+
+
+async def decoding(upstreams: Upstreams, node: Node, rid: str) -> bool:
+    """/decode_status says the node is serving `rid`'s decode (busy with it from the moment
+    it accepted the call, its wait for the KV transfer included)."""
+    reply = await _probe(upstreams, node, "/decode_status")
+    if reply is None or reply.status != 200:
+        return False
+    status = await reply.json()
+    return isinstance(status, dict) and status.get("current_rid") == rid
 
 
 async def is_ready(upstreams: Upstreams, node: Node) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import signal
 import subprocess
@@ -82,6 +83,19 @@ CONFIG_CASES = [
         GOOD_CONFIG + "classification: {rules_file: nowhere.yaml}\n",
         "nowhere.yaml",
     ),
+    (
+        "two fields at fault",
+        GOOD_CONFIG + "server: {port: 99999, colour: blue}\n",
+        ": server.port: Input should be less than or equal to 65535 (got 99999);"
+        " server.colour: Extra inputs are not permitted (got 'blue')",
+    ),
+    (
+        "two rules at fault",
+        GOOD_CONFIG
+        + "classification: {rules: {rules: [{name: r, path: up}, {name: q, path: down}]}}\n",
+        ": classification: classification.rules: rule 'r': path: Input should be 'latency' or"
+        " 'throughput'; classification.rules: rule 'q': path: ",
+    ),
 ]
 
 REQUEST_CASES = [
@@ -123,6 +137,7 @@ def test_bad_config(
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.err.startswith("error: ")
+    assert captured.err.count("\n") == 1, "one line, whatever the problems"
     assert message in captured.err
     assert captured.out == ""
 
@@ -142,6 +157,39 @@ def test_bad_request(
     assert captured.out == ""
 
 
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_a_request_over_max_body_bytes_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    config = write(tmp_path, "router.yaml", SERVABLE_CONFIG + "server: {max_body_bytes: 1024}\n")
+    text = GOOD_REQUEST.replace('"hi"', '"' + "hi " * 5000 + '"')
+    stream = io.BytesIO(text.encode())
+    if source == "stdin":
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(stream))
+        request, name = "-", "stdin"
+    else:
+        request = name = str(write(tmp_path, "body.json", text))
+    assert main(["classify", "--config", str(config), "--request", request]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {name}: the request body exceeds 1024 bytes; at most 1024 bytes are accepted"
+        " (server.max_body_bytes)\n"
+    )
+    if source == "stdin":
+        assert stream.tell() == 1025  # read no further than needed to refuse it
+
+
+def test_an_empty_admin_key_from_the_environment_does_not_remove_the_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write(tmp_path, "router.yaml", GOOD_CONFIG + "admin: {api_key: s3cret}\n")
+    monkeypatch.setenv("PDGW_ADMIN__API_KEY", "")
+    assert main(["check", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        "error: PDGW_ADMIN__API_KEY: empty, and an empty key is never a key (unset the"
+        " variable to keep the file's)\n"
+    )
+
+
 def test_values_are_classified_as_vllm_reads_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -153,6 +201,29 @@ def test_values_are_classified_as_vllm_reads_them(
     out = capsys.readouterr().out
     assert "request: model 'm', chat, stream," in out
     assert "max_tokens 5\n" in out
+
+
+@pytest.mark.parametrize(
+    ("command", "default"),
+    [
+        ("serve", "router.yaml in the current folder"),
+        ("check", "router.yaml in the current folder"),
+        ("classify", "router.yaml in the current folder"),
+        ("demo", "the bundled router.yaml"),
+    ],
+)
+def test_the_config_flag_says_its_default_and_the_environments_part(
+    capsys: pytest.CaptureFixture[str], command: str, default: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        f"--config FILE the configuration file (default: {default}); PDGW_* environment"
+        " variables override its settings, e.g. PDGW_SERVER__PORT=9000 for server.port"
+        " (docs/configuration.md)"
+    ) in text
 
 
 def test_bad_header_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -220,8 +291,9 @@ def test_errors_name_the_file_given_and_suggest_the_closest_field(
     config = write(tmp_path, "prod.yaml", GOOD_CONFIG + "timeout: {connect_s: 1}\n")
     assert main(["check", "--config", str(config)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {config} is invalid:")
-    assert "timeout: Extra inputs are not permitted; did you mean 'timeouts'?" in err
+    assert err == (
+        f"error: {config}: timeout: Extra inputs are not permitted (did you mean 'timeouts'?)\n"
+    )
 
 
 def test_a_yaml_syntax_error_is_one_line_naming_the_file_and_line(
@@ -244,7 +316,7 @@ def test_fields_are_named_as_the_file_reads(
     )
     assert main(["check", "--config", str(write(tmp_path, "router.yaml", text))]) == 2
     err = capsys.readouterr().err
-    assert "\n  models[0] (ds).latency.nodes[1].ctrl_port: " in err
+    assert ": models[0] (ds).latency.nodes[1].ctrl_port: " in err
     assert "models.0" not in err
 
 

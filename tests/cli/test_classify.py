@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -17,16 +18,27 @@ CLOSED = "http://127.0.0.1:9"
 
 
 def write_config(
-    tmp_path: Path, rules_file: str, *, tokenizer: str = "deepseek", throughput: bool = True
+    tmp_path: Path,
+    rules_file: str,
+    *,
+    tokenizer: str = "deepseek",
+    throughput: bool = True,
+    releases: tuple[str, ...] = ("0.1.6",),
 ) -> Path:
+    """One model `m` with a TileRT pool of each release in `releases`."""
+    pools = [
+        {
+            "name": f"pool{i}",
+            "tilert": release,
+            "prefill": [f"http://127.0.0.1:{9 + i}"],
+            "nodes": [{"host": "127.0.0.1", "ctrl_port": 9, "http_port": 9 + i}],
+        }
+        for i, release in enumerate(releases)
+    ]
     model: dict[str, Any] = {
         "name": "m",
         "tokenizer": tokenizer,
-        "latency": {
-            "prefill": [CLOSED],
-            "nodes": [{"host": "127.0.0.1", "ctrl_port": 9, "http_port": 9}],
-            "max_seq_len": 131072,
-        },
+        "latency": {"pools": pools, "max_seq_len": 131072},
     }
     if throughput:
         model["throughput"] = {"mode": "proxy", "urls": [CLOSED]}
@@ -110,6 +122,79 @@ def test_each_example_rule(
     assert f"  x-pd-rule: {rule}" in out
 
 
+ASSUMED = "assumed pool features: {} (what nodes of TileRT {} report; no node is asked:"
+ASKED = " --features names others)"
+
+
+@pytest.mark.parametrize(
+    ("releases", "features", "path"),
+    [
+        (("0.1.6",), "ignore_eos", "latency"),
+        (("0.1.5",), "none", "throughput"),
+        (("0.1.5", "0.1.6"), "none", "throughput"),
+    ],
+)
+def test_the_pools_features_are_assumed_from_its_release_and_said(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    releases: tuple[str, ...],
+    features: str,
+    path: str,
+) -> None:
+    # Serving lets `ignore_eos` onto the latency path when every node reports it, as the
+    # engines of TileRT 0.1.6 do; a 0.1.5 node reports nothing.
+    config = write_config(tmp_path, "latency-first.yaml", releases=releases)
+    assert run_classify(tmp_path, config, chat(ignore_eos=True, stream=True), {}) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ASSUMED.format(features, " and ".join(releases)) + ASKED
+    assert f"result: {path}" in out
+    reroute = [] if path == "latency" else ["  x-pd-reroute-reason: ignore_eos"]
+    headers = out[out.index("response headers:") + 1 :]
+    assert headers == [f"  x-pd-route: {path}", "  x-pd-rule: interactive", *reroute]
+
+
+@pytest.mark.parametrize(
+    ("features", "body", "path"),
+    [
+        ("none", chat(ignore_eos=True, stream=True), "throughput"),
+        ("logprobs", chat(logprobs=True, stream=True), "latency"),
+        ("logprobs,penalties", chat(presence_penalty=0.5, stream=True), "latency"),
+        ("logprobs", chat(presence_penalty=0.5, stream=True), "throughput"),
+    ],
+)
+def test_features_named_on_the_command_line_are_the_assumption(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], features: str, body: Any, path: str
+) -> None:
+    config = write_config(tmp_path, "latency-first.yaml")
+    assert run_classify(tmp_path, config, body, {}, "--features", features) == 0
+    out = capsys.readouterr().out.splitlines()
+    named = ", ".join(sorted(features.split(",")))
+    assert out[0] == f"assumed pool features: {named} (--features)"
+    assert f"result: {path}" in out
+
+
+def test_an_unknown_feature_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, "latency-first.yaml")
+    with pytest.raises(SystemExit) as exit:
+        run_classify(tmp_path, config, chat(), {}, "--features", "logprobs,telepathy")
+    assert exit.value.code == 2
+    assert "--features: not a feature: telepathy (known: " in capsys.readouterr().err
+
+
+def test_a_dash_reads_the_request_from_standard_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path, "latency-first.yaml")
+    body = chat(n=2, max_tokens=100)
+    assert run_classify(tmp_path, config, body, {}) == 0
+    from_file = capsys.readouterr().out
+    stdin = io.BytesIO(json.dumps(body).encode())
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(stdin))
+    assert main(["classify", "--config", str(config), "--request", "-"]) == 0
+    assert capsys.readouterr().out == from_file
+    assert "  x-pd-reroute-reason: n" in from_file
+
+
 def test_over_context_rule_from_token_ids(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -119,7 +204,7 @@ def test_over_context_rule_from_token_ids(
     code = run_classify(tmp_path, config, body, {})
     out = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert out[0].startswith("request: model 'm', completions, no stream, 131072 prompt tokens")
+    assert out[1].startswith("request: model 'm', completions, no stream, 131072 prompt tokens")
     assert "rule 'over-context' matched:" in out
     assert "  x-pd-rule: over-context" in out
 
@@ -177,9 +262,9 @@ def test_a_responses_body_is_taken_in_as_the_gateway_does(
     body = {"model": "m", "input": "word " * 70000, "max_output_tokens": 300}
     assert run_classify(tmp_path, config, body, {}) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("request: model 'm', responses, no stream, ")
-    assert out[0].endswith(", max_tokens 300")
-    count = int(out[0].split(", ")[3].removesuffix(" prompt tokens"))
+    assert out[1].startswith("request: model 'm', responses, no stream, ")
+    assert out[1].endswith(", max_tokens 300")
+    count = int(out[1].split(", ")[3].removesuffix(" prompt tokens"))
     assert 65536 <= count <= 80000
     assert "rule 'long-prompts' matched:" in out
 
@@ -192,7 +277,7 @@ def test_counts_with_the_models_tokenizer(
     code = run_classify(tmp_path, config, long_body, {})
     out = capsys.readouterr().out.splitlines()
     assert code == 0
-    request = out[0]
+    request = out[1]
     assert request.startswith("request: model 'm', chat, no stream, ")
     count = int(request.split(", ")[3].removesuffix(" prompt tokens"))
     assert 65536 <= count <= 80000
@@ -214,7 +299,7 @@ def test_the_endpoint_is_detected_from_the_body(
 ) -> None:
     config = write_config(tmp_path, "interactive.yaml")
     assert run_classify(tmp_path, config, {"model": "m", **fields}, {}) == 0
-    assert f", {endpoint}, " in capsys.readouterr().out.splitlines()[0]
+    assert f", {endpoint}, " in capsys.readouterr().out.splitlines()[1]
 
 
 def test_endpoint_flag_overrides_the_guess(
@@ -223,6 +308,6 @@ def test_endpoint_flag_overrides_the_guess(
     config = write_config(tmp_path, "interactive.yaml")
     body = {"model": "m", "prompt": "hi"}
     assert run_classify(tmp_path, config, body, {}) == 0
-    assert ", completions, " in capsys.readouterr().out.splitlines()[0]
+    assert ", completions, " in capsys.readouterr().out.splitlines()[1]
     assert run_classify(tmp_path, config, body, {}, "--endpoint", "chat") == 2
     assert "not a valid chat request (messages)" in capsys.readouterr().err

@@ -57,9 +57,59 @@ def test_settings_at_any_depth_typed_as_yaml(config_file: Path, tmp_path: Path) 
         ({"PDGW_SERVRE__PORT": "1"}, "did you mean 'server'"),
         ({"PDGW_MODELS__3__NAME": "x"}, "PDGW_MODELS__3__NAME: no entry 3"),
         ({"PDGW_ADMIN__API_KEY_FILE": "/nonexistent/key"}, "PDGW_ADMIN__API_KEY_FILE: cannot read"),
-        ({"PDGW_ADMIN__API_KEY": '""'}, "admin.api_key: .*an empty key would let anyone in"),
     ],
 )
 def test_bad_overrides_are_named(config_file: Path, environ: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(config_file, environ)
+
+
+WITH_KEYS = {
+    **DOCUMENT,
+    "admin": {"api_key": "file-secret"},
+    "auth": {"api_keys": [{"name": "a", "key_env": "CLIENT_KEY"}]},
+    "gate": {"backend": "redis", "redis": {"url": "redis://r:6379/0", "password": "pw"}},
+}
+
+
+@pytest.mark.parametrize("value", ["", "   ", '""', "''", "null", "~"])
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "PDGW_ADMIN__API_KEY",
+        "PDGW_ADMIN__API_KEY_ENV",
+        "PDGW_AUTH__API_KEYS__0__KEY_ENV",
+        "PDGW_AUTH__API_KEYS__0__SHA256",
+        "PDGW_GATE__REDIS__PASSWORD",
+    ],
+)
+def test_an_empty_key_from_the_environment_is_refused_never_a_removal(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(WITH_KEYS), encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, {variable: value, "CLIENT_KEY": "k"})
+    assert str(refused.value) == (
+        f"{variable}: empty, and an empty key is never a key (unset the variable to keep the"
+        " file's)"
+    )
+
+
+def test_an_empty_key_file_named_by_the_environment_is_refused(
+    config_file: Path, tmp_path: Path
+) -> None:
+    empty = tmp_path / "admin.key"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(config_file, {"PDGW_ADMIN__API_KEY_FILE": str(empty)})
+    assert str(refused.value) == (
+        f"PDGW_ADMIN__API_KEY_FILE: {empty} is empty, and an empty key is never a key (unset"
+        " the variable to keep the file's)"
+    )
+
+
+@pytest.mark.parametrize("value", ["123", "yes", "0x1f", "'quoted'"])
+def test_a_key_from_the_environment_is_text(config_file: Path, value: str) -> None:
+    config = load_config(config_file, {"PDGW_ADMIN__API_KEY": value})
+    assert config.admin.api_key == ("quoted" if value == "'quoted'" else value)

@@ -5,7 +5,7 @@ on their paths is named."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from router.config import parse_config
 from router.errors import InvalidRequest, Overloaded
 from router.http.app import create_app
+from router.openai.endpoints import ENDPOINTS, EndpointSpec
 
 MODELS = [
     {"name": "m", "tokenizer": "deepseek", "throughput": {"mode": "proxy", "urls": ["http://p:1"]}}
@@ -85,6 +86,54 @@ async def test_another_method_on_a_generation_path_is_named_and_never_dispatched
     options = await client.options("/v1/completions")
     assert options.status_code == 405 and "error" in options.json()
     assert dispatcher.requests == []
+
+
+BASE_URL_HINT = " (an OpenAI client's base URL ends in /v1)"
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS.values(), ids=lambda e: e.name)
+@pytest.mark.parametrize(
+    ("sent", "code", "hint"),
+    [
+        (lambda path: path.removeprefix("/v1"), "not_found", BASE_URL_HINT),
+        (lambda path: "/v1" + path, "unsupported_endpoint", ""),
+        (lambda path: path + "/", "unsupported_endpoint", ""),
+    ],
+    ids=["without /v1", "with /v1 twice", "with a trailing slash"],
+)
+async def test_a_path_that_is_nearly_an_endpoints_is_named_with_the_endpoint_meant(
+    app: FastAPI,
+    client: httpx.AsyncClient,
+    endpoint: EndpointSpec,
+    sent: Callable[[str], str],
+    code: str,
+    hint: str,
+) -> None:
+    app.state.dispatcher = dispatcher = Raising(RuntimeError("never called"))
+    path = sent(endpoint.path)
+    got = await client.post(path, json=CHAT)
+    assert got.status_code == 404
+    assert got.json() == {
+        "error": {
+            "message": f"pd-gateway does not serve POST {path}; did you mean POST"
+            f" {endpoint.path}?{hint}",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": code,
+        }
+    }
+    assert dispatcher.requests == []
+
+
+async def test_any_other_path_is_named_in_an_openai_error(client: httpx.AsyncClient) -> None:
+    got = await client.get("/nowhere/at/all")
+    assert got.status_code == 404
+    assert got.json()["error"] == {
+        "message": "pd-gateway does not serve GET /nowhere/at/all",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "not_found",
+    }
 
 
 async def test_the_openapi_description_lists_the_endpoints_served(

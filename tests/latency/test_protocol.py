@@ -567,12 +567,26 @@ def waiting_for_a_transfer(node: Node, *, cancel_ends_it: bool) -> Handler:
     return handle
 
 
+def decode_status(node: Node) -> Handler:
+    """/decode_status as a node reports it: busy with the decode it took up, if any."""
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        rids = [body["rid"] for path, body in node.calls if path == "/pd/decode"]
+        current = rids[-1] if rids else None
+        return httpx.Response(
+            200, json={"status": "busy" if current else "idle", "current_rid": current}
+        )
+
+    return handle
+
+
 @pytest.mark.parametrize(("version", "cancel_status"), [("0.1.6", 200), ("0.1.5", 404)])
 async def test_a_transfer_the_node_never_admits_is_node_busy_within_the_admission_wait(
     version: str, cancel_status: int
 ) -> None:
     node = Node(cancel=json_reply({}, cancel_status))
     node.decode = waiting_for_a_transfer(node, cancel_ends_it=version == "0.1.6")
+    node.status = decode_status(node)
     timeouts = dataclasses.replace(TIMEOUTS, kv_transfer_s=1.5, kv_admission_s=0.2)
     r = run(node, timeouts)
     r.lease.node = dataclasses.replace(NODE, tilert=version)
@@ -585,6 +599,35 @@ async def test_a_transfer_the_node_never_admits_is_node_busy_within_the_admissio
     assert await r.finished() == (NodeFailure("node_busy", hard=True), True)
     assert "/pd/cancel" in node.paths()
     assert "consume" not in node.paths(), "nothing to consume: the transfer never landed"
+
+
+@pytest.mark.parametrize("status", [json_reply({"status": "idle", "current_rid": None}), None])
+async def test_a_node_that_never_answers_its_decode_call_is_a_decode_timeout_in_doubt(
+    status: Handler | None,
+) -> None:
+    """The call accepted, no status line: not a refused transfer (/decode_status does not
+    show the decode waiting, or does not answer), but a call the node may have taken up."""
+    node = Node(cancel=failing(httpx.ConnectError("no answer")))
+
+    async def silent(request: httpx.Request) -> httpx.Response:
+        # No status line: the call ends at the transport's head wait (`timeout_s` plus
+        # `decode_stall_s`), as it does over a socket.
+        await asyncio.sleep(orjson.loads(await request.aread())["timeout_s"] + 0.5)
+        raise httpx.ReadTimeout("no status line")
+
+    node.decode = silent
+    node.status = status or failing(httpx.ReadTimeout("no answer"))
+    timeouts = dataclasses.replace(TIMEOUTS, kv_transfer_s=0.3, kv_admission_s=0.2)
+    r = run(node, timeouts)
+    with pytest.raises(DecodeError) as unanswered:
+        await r.start(request(), max_seq_len=100)
+    error = unanswered.value
+    assert (error.code, error.status, error.in_doubt) == ("decode_timeout", 504, True)
+    assert error.message == "the decode node did not answer its decode call within 0.2 s"
+    assert "/decode_status" in node.paths()
+    # Out at once, until probed idle and flushed: it may be decoding, or take the transfer.
+    assert await r.finished() == (NodeFailure("decode_timeout", hard=True), True)
+    assert "consume" not in node.paths()
 
 
 class LeaseLostWhilePaused(RecordingLease):

@@ -3,6 +3,7 @@ and replayed through the SDK's stream accumulator (`responses.stream` uses it)."
 
 from __future__ import annotations
 
+import re
 from typing import Any, get_args
 
 import orjson
@@ -277,6 +278,22 @@ def test_whole_items_have_vllms_shape() -> None:
         "status",
     ]
     assert (call["call_id"], call["status"]) == ("call_1", "completed")
+
+
+ITEM_ID = re.compile(r"(msg|rs|fc)_[0-9a-f]{16}")
+
+
+def test_items_are_named_as_vllm_names_them() -> None:
+    """vLLM 0.32: the kind's prefix and 16 hex digits (`msg_5f0c...`), each item its own."""
+    message = ParsedMessage("Hm", "Hi", [ToolCall("call_1", "w", "{}")])
+    output = renderer(tools=[TOOL]).response(message, "tool_calls", None, USAGE)["output"]
+    delta = ParsedDelta(reasoning="Hm", content="Hi", tool_calls=[ToolCallDelta(0, "call_1", "w")])
+    events = parse(stream(renderer(tools=[TOOL]), [delta], "tool_calls"))
+    streamed = [e.item.id for e in events if e.type == "response.output_item.added"]
+    ids = [item["id"] for item in output] + streamed
+    assert [i.split("_")[0] for i in ids] == ["rs", "msg", "fc"] * 2
+    assert all(ITEM_ID.fullmatch(i) for i in ids), ids
+    assert len(set(ids)) == len(ids)
 
 
 def test_events_name_their_fields_in_the_sdks_order() -> None:

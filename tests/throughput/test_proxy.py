@@ -7,6 +7,7 @@ import orjson
 import pytest
 
 from router.config import ProxyConfig
+from router.serving import RoutedRequest
 from router.throughput.factory import make_throughput_path
 from router.throughput.proxy import ProxyPath
 from tests.throughput.support import made
@@ -89,6 +90,29 @@ async def test_upstream_error_status_and_body_pass_through(status: int) -> None:
     assert response.status_code == status
     assert response.content == orjson.dumps(error)
     assert response.headers["x-pd-route"] == "throughput"
+
+
+@pytest.mark.parametrize("status", [204, 205, 304])
+async def test_an_answer_without_a_body_is_the_proxys_failure(status: int) -> None:
+    async def bodiless(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status)
+
+    up = Upstreams()
+    up.on("px", bodiless)
+    path = proxy(up, "px")
+    served: list[RoutedRequest] = []
+    async with asgi_client(path, served=served) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 502
+    assert (served[0].access.status, served[0].access.error_code) == (502, "proxy_failed")
+    assert response.json()["error"] == {
+        "message": f"the disaggregation proxy answered {status}, without a body, to a"
+        " generation request",
+        "type": "upstream_error",
+        "param": None,
+        "code": "proxy_failed",
+    }
+    assert path.server_sets()[0].snapshot()["http://px:8000"]["failures"] == 1
 
 
 @pytest.mark.parametrize(
