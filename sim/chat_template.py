@@ -75,12 +75,13 @@ def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
     parsed = []
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        if isinstance(arguments, str):
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
             try:
-                call = {**call, "function": {**function, "arguments": json.loads(arguments)}}
+                arguments = json.loads(function["arguments"])
             except ValueError:
                 pass
+            else:
+                call = {**call, "function": {**function, "arguments": arguments}}
         parsed.append(call)
     return {**message, "tool_calls": parsed}
 
