@@ -75,7 +75,7 @@ class ControlPlane:
         refusal = slot.seq_len_refusal(request["rid"], request["seq_len"])
         if refusal is not None:
             return refusal
-        if self._node.faults.take("refuse_transfers"):
+        if self._node.faults.take("refuse_transfers", bool):
             current = slot.current
             return slot.busy_refusal(
                 current.rid if current else "sim-fault", current.state if current else "free"

@@ -223,7 +223,7 @@ def build_app(node: Node) -> Starlette:
         return _json(200, {"status": "ok"})
 
     async def capabilities(request: Request) -> Response:
-        if not node.v16 or node.faults.take("poses_as_015"):
+        if not node.v16 or node.faults.take("poses_as_015", bool):
             return _json(404, {"detail": "Not Found"})
         return _json(200, node.capabilities_body())
 

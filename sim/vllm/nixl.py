@@ -97,7 +97,7 @@ class SideChannel:
             return {"error": "unknown op"}
         if message.get("engine_id") not in (None, self._engine_id):
             return {"error": f"engine id mismatch: this is {self._engine_id}"}
-        if self._faults.take("pull_fail"):
+        if self._faults.take("pull_fail", bool):
             self._log(key, "failed_fault")
             return {"error": "sim fault: side channel read failed"}
         state = await self._store.take(key, float(message.get("wait_s") or 0))
