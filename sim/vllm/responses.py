@@ -264,10 +264,10 @@ class ResponsesFormatter:
             "object": "response",
             "output": output,
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
-            "temperature": float(body.get("temperature", 1.0)),
+            "temperature": _number(body.get("temperature"), 1.0),
             "tool_choice": body.get("tool_choice", "auto" if tools else "none"),
             "tools": tools,
-            "top_p": float(body.get("top_p", 1.0)),
+            "top_p": _number(body.get("top_p"), 1.0),
             "background": bool(body.get("background")),
             "max_output_tokens": self._max_tokens,
             "max_tool_calls": body.get("max_tool_calls"),
@@ -281,13 +281,19 @@ class ResponsesFormatter:
             "truncation": body.get("truncation", "disabled"),
             "usage": usage,
             "user": body.get("user"),
-            "presence_penalty": float(body.get("presence_penalty", 0.0)),
-            "frequency_penalty": float(body.get("frequency_penalty", 0.0)),
+            "presence_penalty": _number(body.get("presence_penalty"), 0.0),
+            "frequency_penalty": _number(body.get("frequency_penalty"), 0.0),
             "kv_transfer_params": None,
             "ec_transfer_params": None,
             "input_messages": None,
             "output_messages": None,
         }
+
+
+def _number(value: Any, unset: float) -> float:
+    """A sampling number as the response reports it: ``unset`` when absent or null, as
+    vLLM samples with its default then."""
+    return unset if value is None else float(value)
 
 
 def _text_config(text: Any) -> Any:
