@@ -191,7 +191,7 @@ def build_app(node: Node) -> Starlette:
 
         return end
 
-    async def decode(request: Request) -> Any:
+    async def decode(request: Request) -> Response | NdjsonStream:
         try:
             body = DecodeRequest.model_validate(await _body(request))
         except (ValueError, ValidationError) as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +86,9 @@ class SideChannel:
     """Serves reads of producer state: ``{"op": "read", "remote_request_id", "engine_id",
     "wait_s"}`` → ``{"ok": true, "output_ids", "prompt_len"}`` or ``{"error"}``."""
 
-    def __init__(self, engine_id: str, store: KvStore, faults: FaultBoard, log: Any) -> None:
+    def __init__(
+        self, engine_id: str, store: KvStore, faults: FaultBoard, log: Callable[[str, str], None]
+    ) -> None:
         self._engine_id = engine_id
         self._store = store
         self._faults = faults

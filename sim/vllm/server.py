@@ -43,6 +43,9 @@ from sim.vllm.schema import (
     parse_request,
 )
 
+GenerationEndpoint = Endpoint | Literal["responses"]
+"""The endpoints that generate: chat, completions, and responses (served as a chat)."""
+
 _AUTO_TOOLS_MESSAGE = (
     '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 )
@@ -104,7 +107,7 @@ class VllmServer:
         self.faults.arm(config.faults)
         self.store = nixl.KvStore(config.kv_expiry_s)
         self.side_channel_port = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.load = EngineLoad(config.max_num_seqs, config.block_size, config.num_gpu_blocks)
         self._prefill_turn = asyncio.Lock() if config.serial_prefill else None
         self.prefix_cache = PrefixCache(config.block_size, config.num_gpu_blocks)
@@ -133,11 +136,11 @@ class VllmServer:
 
     async def handle(
         self,
-        endpoint: Endpoint | Literal["responses"],
+        endpoint: GenerationEndpoint,
         path: str,
         raw: bytes,
         headers: dict[str, str],
-    ) -> Any:
+    ) -> Response:
         """Answer one request to ``/v1/chat/completions``, ``/v1/completions`` or
         ``/v1/responses``."""
         body: Any
@@ -175,12 +178,12 @@ class VllmServer:
 
     async def _handle(
         self,
-        endpoint: Endpoint | Literal["responses"],
+        endpoint: GenerationEndpoint,
         body: Any,
         headers: dict[str, str],
         record: RequestRecord,
         run: Run,
-    ) -> Any:
+    ) -> Response:
         status = self.faults.take("http_status", int)
         if status:
             raise ApiError(status, f"simulated failure (HTTP {status})")
