@@ -40,9 +40,11 @@ class FaultBoard:
         """Every fault this board accepts."""
         return tuple(self._schema)
 
-    def arm(self, values: Mapping[str, object], count: int | None = None) -> None:
+    def arm(self, values: Mapping[str, object], count: object = None) -> None:
         """Arm the given faults, each for ``count`` uses (forever if None)."""
-        if count is not None and (not isinstance(count, int) or count < 1):
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or count < 1
+        ):
             raise FaultError("count must be a positive integer")
         checked = {name: self._check(name, value) for name, value in values.items()}
         for name, value in checked.items():

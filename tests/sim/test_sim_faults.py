@@ -37,9 +37,11 @@ def test_peek_does_not_use_up_and_false_disarms() -> None:
         ({"die_after": "3"}, None),
         ({"die_after": True}, None),
         ({"stall": True}, 0),
+        ({"stall": True}, True),
+        ({"stall": True}, 1.5),
     ],
 )
-def test_bad_requests_are_rejected(values: dict, count: int | None) -> None:
+def test_bad_requests_are_rejected(values: dict, count: object) -> None:
     board = FaultBoard(SCHEMA)
     with pytest.raises(FaultError):
         board.arm(values, count)
