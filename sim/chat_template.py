@@ -19,7 +19,7 @@ class ChatTemplateError(ValueError):
     """The template refused the conversation (``raise_exception``) or failed to render."""
 
 
-def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
+def _tojson(value: object, indent: int | None = None, **_: object) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
@@ -27,7 +27,7 @@ def _raise(message: str) -> None:
     raise ChatTemplateError(message)
 
 
-def _token_text(token: Any) -> str | None:
+def _token_text(token: object) -> str | None:
     if isinstance(token, dict):
         token = token.get("content")
     return token if isinstance(token, str) else None
@@ -75,12 +75,13 @@ def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
     parsed = []
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        if isinstance(arguments, str):
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
             try:
-                call = {**call, "function": {**function, "arguments": json.loads(arguments)}}
+                arguments = json.loads(function["arguments"])
             except ValueError:
                 pass
+            else:
+                call = {**call, "function": {**function, "arguments": arguments}}
         parsed.append(call)
     return {**message, "tool_calls": parsed}
 

@@ -33,6 +33,12 @@ _FILLER_WORDS = (
 _PUNCTUATION = (".", ",", ";", "!", "?")
 
 
+Prompt = str | list[int]
+"""One completion prompt: its text or its token ids."""
+Prompts = Prompt | list[str] | list[list[int]]
+"""A completion request's ``prompt``: one prompt, or a list of them."""
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """A request's prompt ids and the ids the model will generate (ending with one EOS)."""
@@ -42,13 +48,13 @@ class Plan:
     scripted: bool
 
 
-def _part_text(part: Any) -> str:
+def _part_text(part: object) -> str:
     if isinstance(part, dict) and part.get("type") == "text":
         return str(part.get("text", ""))
     return ""
 
 
-def message_text(content: Any) -> str:
+def message_text(content: object) -> str:
     """The text of one chat message's content (a string or a list of parts)."""
     if isinstance(content, str):
         return content
@@ -156,21 +162,27 @@ def extend_output(vocab: Vocab, plan: Plan, count: int) -> Plan:
     return Plan(plan.prompt_ids, [*body, vocab.eos_ids[0]], plan.scripted)
 
 
-def completion_prompts(prompt: Any) -> list[Any]:
-    """The prompts of a completion request: a string, token ids, or a list of either."""
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        return list(prompt)
-    return [prompt]
+def completion_prompts(prompt: Prompts | None) -> list[Prompt]:
+    """The prompts of a completion request: a string, token ids, or a list of either (none
+    without a prompt)."""
+    if prompt is None:
+        return []
+    if isinstance(prompt, str):
+        return [prompt]
+    ids = [i for i in prompt if isinstance(i, int)]
+    if len(ids) == len(prompt):  # token ids (or none at all): one prompt
+        return [ids]
+    return [p for p in prompt if not isinstance(p, int)]
 
 
-def plan_completion(vocab: Vocab, prompt: Any, default_output_tokens: int) -> Plan:
+def plan_completion(vocab: Vocab, prompt: Prompts, default_output_tokens: int) -> Plan:
     """Plan a completion of one prompt (a string or token ids; of a list, the first)."""
-    prompt = completion_prompts(prompt)[0]
-    if isinstance(prompt, list):
-        prompt_ids = [int(i) for i in prompt]
+    first = completion_prompts(prompt)[0]
+    if isinstance(first, list):
+        prompt_ids = [int(i) for i in first]
         text = vocab.decode(prompt_ids)
     else:
-        text = str(prompt)
+        text = first
         prompt_ids = vocab.encode(text)
     output, scripted = plan_output(vocab, text, default_output_tokens)
     return Plan(prompt_ids, output, scripted)

@@ -12,13 +12,13 @@ import asyncio
 import json
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
 import uvloop
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -27,7 +27,7 @@ StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable
 class Member:
     """One simulator ready to serve: its app, its listening sockets, its readiness fields."""
 
-    app: Any
+    app: ASGIApp
     http: socket.socket
     streams: list[tuple[socket.socket, StreamHandler]] = field(default_factory=list)
     ready: dict[str, Any] = field(default_factory=dict)
@@ -73,6 +73,8 @@ class Gate:
         config = server.config
 
         def protocol() -> asyncio.Protocol:
+            # uvicorn types its HTTP protocol classes as a bare asyncio.Protocol, whose
+            # constructor takes no arguments; uvicorn's own server makes the same call.
             return config.http_protocol_class(  # type: ignore[call-arg]
                 config=config, server_state=server.server_state, app_state={}
             )
@@ -109,7 +111,7 @@ def announce(ports: dict[str, Any]) -> None:
 class ByPort:
     """ASGI app passing each request to the app serving the local port it arrived on."""
 
-    def __init__(self, apps: dict[int, Any]) -> None:
+    def __init__(self, apps: dict[int, ASGIApp]) -> None:
         self._apps = apps
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -119,7 +121,7 @@ class ByPort:
 
 async def serve(members: list[Member], ready: dict[str, Any]) -> None:
     """Serve every member's app and raw TCP handlers until signalled; announce ``ready``."""
-    servers = [
+    stream_servers = [
         await asyncio.start_server(handler, sock=sock)
         for member in members
         for sock, handler in member.streams
@@ -141,10 +143,10 @@ async def serve(members: list[Member], ready: dict[str, Any]) -> None:
     try:
         await server.serve(sockets=[m.http for m in members])
     finally:
-        for server in servers:
-            server.close()
+        for stream_server in stream_servers:
+            stream_server.close()
 
 
-def run(main: Callable[[], Awaitable[None]]) -> None:
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run a simulator's async main on uvloop."""
     uvloop.run(main())

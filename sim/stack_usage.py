@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     from sim.stack import SimStack
@@ -15,7 +15,23 @@ _FIRST_TOKEN = (
 )
 
 
-def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
+class StackOptions(TypedDict):
+    """The ``SimStack`` keyword arguments the command line sets."""
+
+    nodes: int
+    prefills: int
+    decodes: int
+    proxy: bool
+    tokenizer: str
+    model: list[str]
+    host: str
+    node_args: list[str]
+    prefill_args: list[str]
+    decode_args: list[str]
+    proxy_args: list[str]
+
+
+def parse_args(argv: list[str] | None = None) -> StackOptions:
     """Parse ``python -m sim.stack`` options into ``SimStack`` keyword arguments."""
     parser = argparse.ArgumentParser(
         prog="python -m sim.stack", description="Run a simulated P/D deployment until Ctrl-C."

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
+from sim.faults import FaultValue
 from sim.tilert.slot import PROTOCOLS, Protocol
 
 # Fault name -> value type; the same names serve as CLI flags (dashes) and JSON keys.
-FAULTS: dict[str, type] = {
+FAULTS: dict[str, type[FaultValue]] = {
     "refuse_transfers": bool,
     "stall_after": int,
     "die_after": int,
@@ -52,7 +52,7 @@ class NodeConfig:
     stream_interval_ms: float = 200.0
     refusal_drain_s: float = 30.0
     profile: str = "glm5"
-    faults: dict[str, Any] = field(default_factory=dict)
+    faults: dict[str, FaultValue] = field(default_factory=dict)
 
 
 def _ranks(text: str) -> frozenset[int]:

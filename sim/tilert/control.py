@@ -10,11 +10,11 @@ generation admitted on that connection, whatever rid it names.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypeGuard
 
 from sim.framing import FrameError, close_quietly, read_frame, write_frame
 from sim.tilert.node import Node
-from sim.tilert.slot import Admission, Refusal, Transfer
+from sim.tilert.slot import Admission, ControlRequest, Refusal, Transfer
 
 _REQUEST_FIELDS: dict[str, type | tuple[type, ...]] = {
     "rid": str,
@@ -24,7 +24,7 @@ _REQUEST_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def _valid_request(message: dict[str, Any]) -> bool:
+def _valid_request(message: dict[str, Any]) -> TypeGuard[ControlRequest]:
     fields_ok = all(isinstance(message.get(k), t) for k, t in _REQUEST_FIELDS.items())
     sampling = message.get("sampling")
     return fields_ok and (sampling is None or isinstance(sampling, dict))
@@ -70,12 +70,12 @@ class ControlPlane:
                 self._node.slot.writer_left(admitted)
             await close_quietly(writer)
 
-    def _admit(self, request: dict[str, Any]) -> Admission | Refusal:
+    def _admit(self, request: ControlRequest) -> Admission | Refusal:
         slot = self._node.slot
         refusal = slot.seq_len_refusal(request["rid"], request["seq_len"])
         if refusal is not None:
             return refusal
-        if self._node.faults.take("refuse_transfers"):
+        if self._node.faults.take("refuse_transfers", bool):
             current = slot.current
             return slot.busy_refusal(
                 current.rid if current else "sim-fault", current.state if current else "free"

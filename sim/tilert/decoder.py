@@ -10,13 +10,21 @@ them into ndjson lines as the node's version does.
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Final, Literal
 
-DIED = object()  # queue marker: drop the connection without a final line
+
+class _Marker(enum.Enum):
+    DIED = enum.auto()
+
+
+DIED: Final = _Marker.DIED  # queue marker: drop the connection without a final line
+Ending = dict[str, Any] | Literal[_Marker.DIED] | None
+"""What ends a session's lines: a final object, then None; or DIED."""
 
 
 def burst_sizes(tokens_per_step: float) -> Iterator[int]:
@@ -65,7 +73,7 @@ class DecodeSession:
         self.rid = rid
         self.cancelled = asyncio.Event()
         self.cancellable = True  # /pd/cancel finds it (0.1.5: only once decoding)
-        self.lines: asyncio.Queue[list[int] | dict[str, Any] | object | None] = asyncio.Queue()
+        self.lines: asyncio.Queue[list[int] | Ending] = asyncio.Queue()
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.seq_len = 0

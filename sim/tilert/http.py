@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Final, Literal
 
 import orjson
 from pydantic import ValidationError
@@ -19,13 +20,21 @@ from starlette.types import Receive, Scope, Send
 from sim.faults import FaultError
 from sim.logprobs import token_logprob, top_candidates
 from sim.tilert.config import CAPABILITIES
-from sim.tilert.decoder import DIED, DecodeSession
+from sim.tilert.decoder import DIED, DecodeSession, Ending
 from sim.tilert.node import DecodeRequest, Node, Rejection
 from sim.tilert.records import DecodeRecord
 
 
 class NodeDiedError(RuntimeError):
     """Raised inside a streaming response to drop the connection without a final line."""
+
+
+class _Marker(enum.Enum):
+    MORE = enum.auto()
+
+
+_MORE: Final = _Marker.MORE
+_Next = Ending | Literal[_Marker.MORE]  # what follows a write: the session's end, or _MORE
 
 
 def _logprobs(ids: list[int], top: int) -> dict[str, Any]:
@@ -66,7 +75,7 @@ class NdjsonStream:
             line |= _logprobs(ids, self._top)
         return orjson.dumps(line) + b"\n"
 
-    async def _items(self) -> AsyncIterator[tuple[list[int], Any]]:
+    async def _items(self) -> AsyncIterator[tuple[list[int], _Next]]:
         """(token ids to write now, the final item or _MORE), as the version paces them."""
         queue = self._session.lines
         if not self._batched:
@@ -83,7 +92,7 @@ class NdjsonStream:
         loop = asyncio.get_running_loop()
         deadline: float | None = None  # what is ready right after the first line goes at once
         while True:
-            final: Any = _MORE
+            final: _Next = _MORE
             while final is _MORE and not queue.empty():
                 got = queue.get_nowait()
                 final = _collect(got, pending)
@@ -125,10 +134,7 @@ class NdjsonStream:
             self._on_end()
 
 
-_MORE = object()
-
-
-def _collect(item: Any, pending: list[int]) -> Any:
+def _collect(item: list[int] | Ending, pending: list[int]) -> _Next:
     """Add a token burst to ``pending`` (→ _MORE), or pass a final item through."""
     if isinstance(item, list):
         pending.extend(item)
@@ -185,7 +191,7 @@ def build_app(node: Node) -> Starlette:
 
         return end
 
-    async def decode(request: Request) -> Any:
+    async def decode(request: Request) -> Response | NdjsonStream:
         try:
             body = DecodeRequest.model_validate(await _body(request))
         except (ValueError, ValidationError) as exc:
@@ -223,7 +229,7 @@ def build_app(node: Node) -> Starlette:
         return _json(200, {"status": "ok"})
 
     async def capabilities(request: Request) -> Response:
-        if not node.v16 or node.faults.take("poses_as_015"):
+        if not node.v16 or node.faults.take("poses_as_015", bool):
             return _json(404, {"detail": "Not Found"})
         return _json(200, node.capabilities_body())
 

@@ -193,7 +193,7 @@ class Node:
         if not isinstance(found, Transfer):
             session.end_without_decode()
             return Rejection(504, {"error": "kv_transfer_timeout", "rid": request.rid})
-        if self.faults.take("decode_500"):  # preparing the engine failed: the transfer is gone
+        if self.faults.take("decode_500", bool):  # preparing the engine failed: transfer gone
             session.end_without_decode()
             body = {"error": "engine prepare failed (sim fault)", "rid": request.rid}
             return Rejection(500, body)
@@ -232,10 +232,10 @@ class Node:
         )
 
     def _faults(self) -> DecodeFaults:
-        slow = self.faults.take("slow_start_ms")
+        slow = self.faults.take("slow_start_ms", float)
         return DecodeFaults(
-            stall_after=self.faults.take("stall_after"),
-            die_after=self.faults.take("die_after"),
-            error_after=self.faults.take("error_after"),
+            stall_after=self.faults.take("stall_after", int),
+            die_after=self.faults.take("die_after", int),
+            error_after=self.faults.take("error_after", int),
             slow_start_s=(slow or 0.0) / 1000,
         )

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 Protocol = Literal["0.1.5", "0.1.6"]
 PROTOCOLS: tuple[Protocol, ...] = ("0.1.5", "0.1.6")
@@ -36,6 +36,17 @@ FREE, RESERVED, TRANSFERRING, COMPLETE, CANCELLING = (
     "complete",
     "cancelling",
 )
+
+
+class ControlRequest(TypedDict):
+    """A sender's request frame, its fields' types checked (docs/protocols.md §1.3)."""
+
+    rid: str
+    rank: int
+    seq_len: int
+    last_prompt_token: int
+    sampling: NotRequired[dict[str, Any] | None]
+    admission_window_s: NotRequired[object]  # 0.1.6 senders; used if it reads as a number
 
 
 @dataclass(slots=True)
@@ -169,7 +180,7 @@ class ReceiveSlot:
             message = {"error": "busy", "busy_rid": busy_rid}
         return Refusal(message, "refused_busy")
 
-    def admit(self, request: dict[str, Any]) -> Admission | Refusal:
+    def admit(self, request: ControlRequest) -> Admission | Refusal:
         """Admit a sender's request (seq_len already checked), or say why it is refused."""
         rid = request["rid"]
         outcome = self._admit_v16(request) if self.v16 else self._admit_v15(request)
@@ -200,7 +211,7 @@ class ReceiveSlot:
         current.overwritten_by = rid
         self._report(rid, current.rid, kind)
 
-    def _new(self, request: dict[str, Any]) -> tuple[Transfer, Transfer | None]:
+    def _new(self, request: ControlRequest) -> tuple[Transfer, Transfer | None]:
         previous = self.current
         overwrote = None
         if previous is not None and previous.state == COMPLETE and previous in self.queue:
@@ -217,7 +228,7 @@ class ReceiveSlot:
         )
         return self.current, overwrote
 
-    def _admit_v15(self, request: dict[str, Any]) -> Admission | Refusal:
+    def _admit_v15(self, request: ControlRequest) -> Admission | Refusal:
         current = self.current
         if current is not None and current.rid == request["rid"]:
             return Admission(current, None)
@@ -227,7 +238,7 @@ class ReceiveSlot:
         transfer.state = TRANSFERRING
         return Admission(transfer, None, overwrote)
 
-    def _admit_v16(self, request: dict[str, Any]) -> Admission | Refusal:
+    def _admit_v16(self, request: ControlRequest) -> Admission | Refusal:
         rid, rank = request["rid"], request["rank"]
         if self._tombstoned(rid):
             self._extend_tombstone(rid, request.get("admission_window_s"))
@@ -304,10 +315,12 @@ class ReceiveSlot:
         self._tombstones = {r: t for r, t in self._tombstones.items() if t > now}
         self._tombstones[rid] = now + self._timeout
 
-    def _extend_tombstone(self, rid: str, window_s: Any) -> None:
+    def _extend_tombstone(self, rid: str, window_s: object) -> None:
+        if not isinstance(window_s, int | float | str):
+            return
         try:
             window = float(window_s)
-        except (TypeError, ValueError):
+        except ValueError:
             return
         if window > 0:
             self._tombstones[rid] = max(self._tombstones.get(rid, 0.0), self._clock() + window)

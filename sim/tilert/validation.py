@@ -7,7 +7,7 @@ real node sends. Written from TileRT's rules, not its code.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 GREEDY_TEMPERATURE = 1e-5
 MAX_SCHEMA_DEPTH = 64
@@ -34,8 +34,12 @@ def _invalid(message: str) -> Refused:
     return Refused(400, "invalid_parameter", message)
 
 
+# How a sampling field is read, and the value that asks for nothing.
+_Kind = Literal["empty", "unset", "number", "flag", "count"]
+_Neutral = bool | float | None
+
 # field -> (kind, neutral value, minimum) for the fields no engine supports.
-_NEVER: dict[str, tuple[str, Any, int | None]] = {
+_NEVER: dict[str, tuple[_Kind, _Neutral, int | None]] = {
     "stop_token_ids": ("empty", None, None),
     "min_tokens": ("count", 0, 0),
     "frequency_penalty": ("number", 0.0, None),
@@ -53,7 +57,7 @@ _NEVER: dict[str, tuple[str, Any, int | None]] = {
     "skip_special_tokens": ("flag", True, None),
 }
 # field -> (kind, neutral value, capability) for the fields some engines support.
-_BY_CAPABILITY: dict[str, tuple[str, Any, str]] = {
+_BY_CAPABILITY: dict[str, tuple[_Kind, _Neutral, str]] = {
     "repetition_penalty": ("number", 1.0, "penalties"),
     "presence_penalty": ("number", 0.0, "penalties"),
     "ignore_eos": ("flag", False, "ignore_eos"),
@@ -69,7 +73,7 @@ def _loose_float(name: str, raw: Any) -> float:
         raise _invalid(f"{name} must be a number, got {raw!r}") from None
 
 
-def _neutral(name: str, value: Any, kind: str, neutral: Any, minimum: int | None) -> bool:
+def _neutral(name: str, value: Any, kind: _Kind, neutral: _Neutral, minimum: int | None) -> bool:
     if value is None:
         return True
     if kind == "empty":

@@ -28,10 +28,10 @@ class Availability:
         if not path or path.startswith("/sim/"):
             await self._app(scope, receive, send)
             return
-        delay_ms = self._faults.take("slow_ms")
+        delay_ms = self._faults.take("slow_ms", float)
         if delay_ms:
             await asyncio.sleep(delay_ms / 1000)
-        if (path == "/health" or path.startswith("/v1/")) and self._faults.take("health_503"):
+        if (path == "/health" or path.startswith("/v1/")) and self._faults.take("health_503", bool):
             body = b"" if path == "/health" else _unavailable_body()
             headers = [(b"content-length", str(len(body)).encode())]
             if body:

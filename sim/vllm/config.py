@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sim.faults import FaultValue
 from sim.vllm.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, ParserConfig
 
 Role = Literal["prefill", "decode", "both"]
@@ -15,7 +16,7 @@ TransferOrder = Literal["response-first", "transfer-first", "race"]
 TilertProtocol = Literal["0.1.5", "0.1.6"]
 
 # Fault name -> value type; the same names serve as CLI flags (dashes) and JSON keys.
-FAULTS: dict[str, type] = {
+FAULTS: dict[str, type[FaultValue]] = {
     "http_status": int,
     "text_logprobs": bool,
     "transfer_no_done": bool,
@@ -66,7 +67,7 @@ class ServerConfig:
     prompt_tokens_details: bool = False
     refuse_unparsed_tool_choice: bool = False
     parsers: ParserConfig = field(default_factory=ParserConfig)
-    faults: dict[str, Any] = field(default_factory=dict)
+    faults: dict[str, FaultValue] = field(default_factory=dict)
 
     @property
     def model_name(self) -> str:

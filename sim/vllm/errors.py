@@ -56,7 +56,7 @@ def schema_error(message: str, param: str | None) -> ApiError:
     return ApiError(400, message, param, HTTPStatus.BAD_REQUEST.phrase)
 
 
-def invalid(message: str, param: str | None = None, value: Any = None) -> ApiError:
+def invalid(message: str, param: str | None = None, value: object = None) -> ApiError:
     """A request vLLM refuses on a parameter's value (``BadRequestError``)."""
     if param is not None:
         shown = f"(parameter={param})" if value is None else f"(parameter={param}, value={value})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -19,7 +20,7 @@ from sim.faults import FaultError
 from sim.serving import Gate
 from sim.vllm import metrics
 from sim.vllm.availability import Availability
-from sim.vllm.server import VllmServer
+from sim.vllm.server import GenerationEndpoint, VllmServer
 
 # Not a fault of the board: it acts once, on the listening socket, when posted.
 REFUSE_CONNECTIONS = "refuse_connections_ms"
@@ -28,17 +29,12 @@ REFUSE_CONNECTIONS = "refuse_connections_ms"
 def build_app(server: VllmServer, gate: Gate | None = None) -> Availability:
     """The ASGI app serving ``server``; ``gate`` lets ``/sim/faults`` refuse connections."""
 
-    async def chat(request: Request) -> Any:
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        return await server.handle("chat", request.url.path, await request.body(), headers)
+    def generation(endpoint: GenerationEndpoint) -> Callable[[Request], Awaitable[Response]]:
+        async def generate(request: Request) -> Response:
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            return await server.handle(endpoint, request.url.path, await request.body(), headers)
 
-    async def completions(request: Request) -> Any:
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        return await server.handle("completions", request.url.path, await request.body(), headers)
-
-    async def responses(request: Request) -> Any:
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        return await server.handle("responses", request.url.path, await request.body(), headers)
+        return generate
 
     async def models(request: Request) -> Response:
         created = int(time.time())
@@ -128,9 +124,9 @@ def build_app(server: VllmServer, gate: Gate | None = None) -> Availability:
     app = Starlette(
         exception_handlers={HTTPException: http_error},
         routes=[
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/responses", responses, methods=["POST"]),
+            Route("/v1/chat/completions", generation("chat"), methods=["POST"]),
+            Route("/v1/completions", generation("completions"), methods=["POST"]),
+            Route("/v1/responses", generation("responses"), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/health", health, methods=["GET"]),

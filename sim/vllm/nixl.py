@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +86,9 @@ class SideChannel:
     """Serves reads of producer state: ``{"op": "read", "remote_request_id", "engine_id",
     "wait_s"}`` → ``{"ok": true, "output_ids", "prompt_len"}`` or ``{"error"}``."""
 
-    def __init__(self, engine_id: str, store: KvStore, faults: FaultBoard, log: Any) -> None:
+    def __init__(
+        self, engine_id: str, store: KvStore, faults: FaultBoard, log: Callable[[str, str], None]
+    ) -> None:
         self._engine_id = engine_id
         self._store = store
         self._faults = faults
@@ -97,7 +100,7 @@ class SideChannel:
             return {"error": "unknown op"}
         if message.get("engine_id") not in (None, self._engine_id):
             return {"error": f"engine id mismatch: this is {self._engine_id}"}
-        if self._faults.take("pull_fail"):
+        if self._faults.take("pull_fail", bool):
             self._log(key, "failed_fault")
             return {"error": "sim fault: side channel read failed"}
         state = await self._store.take(key, float(message.get("wait_s") or 0))

@@ -113,7 +113,7 @@ class NativeParser:
         config: ParserConfig,
         *,
         tools: list[dict[str, Any]] | None,
-        tool_choice: Any,
+        tool_choice: str | dict[str, Any] | None,
         chat_template_kwargs: Mapping[str, Any] | None,
     ) -> None:
         self._reasoning_parser = config.reasoning_parser
@@ -258,7 +258,7 @@ class NativeParser:
             parsed.calls.append((name, json.dumps(arguments, ensure_ascii=False)))
 
 
-def _glm_value(raw: str, schema: Any) -> Any:
+def _glm_value(raw: str, schema: object) -> Any:
     """A GLM argument value: raw for a string (or unknown) key, else JSON if it parses."""
     kind = schema.get("type") if isinstance(schema, dict) else None
     if kind is None or kind == "string":

@@ -4,14 +4,19 @@ its answer given in the Responses API's shapes (a ``response`` object, or its ev
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Literal
 
 import orjson
 
 from sim.vllm.engine import Step
 from sim.vllm.errors import ApiError, schema_error
 from sim.vllm.formats import Formatter
+
+# An output item's kind, and a tool call's index: what a streamed piece goes into.
+_Item = tuple[Literal["reasoning", "message", "call"], int | None]
+# A streamed piece: reasoning or content text, or a tool call's delta.
+_Piece = str | dict[str, Any]
 
 
 def chat_request(body: Any) -> dict[str, Any]:
@@ -101,7 +106,10 @@ class ResponsesFormatter:
         return self._object(chat["choices"][0]["finish_reason"], output, usage_body)
 
     async def events(
-        self, steps: Sequence[Step], usage_body: dict[str, Any], pause: Callable[[], Any]
+        self,
+        steps: Sequence[Step],
+        usage_body: dict[str, Any],
+        pause: Callable[[], Awaitable[None]],
     ) -> AsyncIterator[bytes]:
         """The stream: lifecycle events around one item per kind of output, in order; it
         ends with ``response.completed`` whatever the final status."""
@@ -109,14 +117,14 @@ class ResponsesFormatter:
         yield self._event("response.created", response=start)
         yield self._event("response.in_progress", response=start)
         output: list[dict[str, Any]] = []
-        current: tuple[str, Any] | None = None  # kind of the open item (call index for calls)
+        current: _Item | None = None  # the open item
         finish = "length"
         for index, step in enumerate(steps):
             if index:
                 await pause()
             delta = self._chat.chunk(step, 0)["choices"][0]["delta"]
             finish = step.finish_reason or finish
-            pieces: list[tuple[tuple[str, Any], Any]] = []
+            pieces: list[tuple[_Item, _Piece]] = []
             if delta.get("reasoning"):
                 pieces.append((("reasoning", None), delta["reasoning"]))
             if delta.get("content"):
@@ -154,17 +162,17 @@ class ResponsesFormatter:
     def _chat_finish(self, finish: str) -> str:
         return "length" if finish == "length" else "stop"
 
-    def _new(self, kind: str, piece: Any) -> dict[str, Any]:
+    def _new(self, kind: str, piece: _Piece) -> dict[str, Any]:
+        if isinstance(piece, dict):  # a tool call
+            function = piece.get("function", {})
+            return _call(piece.get("id") or "", function.get("name") or "", "", "in_progress")
         if kind == "reasoning":
             return _reasoning("", "in_progress")
-        if kind == "message":
-            return _message("", "in_progress")
-        function = piece.get("function", {})
-        return _call(piece.get("id") or "", function.get("name") or "", "", "in_progress")
+        return _message("", "in_progress")
 
-    def _grow(self, output: list[dict[str, Any]], kind: str, piece: Any) -> list[bytes]:
+    def _grow(self, output: list[dict[str, Any]], kind: str, piece: _Piece) -> list[bytes]:
         item = output[-1]
-        if kind == "call":
+        if isinstance(piece, dict):  # a tool call
             arguments = piece.get("function", {}).get("arguments") or ""
             if not arguments:
                 return []
@@ -264,10 +272,10 @@ class ResponsesFormatter:
             "object": "response",
             "output": output,
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
-            "temperature": float(body.get("temperature", 1.0)),
+            "temperature": _number(body.get("temperature"), 1.0),
             "tool_choice": body.get("tool_choice", "auto" if tools else "none"),
             "tools": tools,
-            "top_p": float(body.get("top_p", 1.0)),
+            "top_p": _number(body.get("top_p"), 1.0),
             "background": bool(body.get("background")),
             "max_output_tokens": self._max_tokens,
             "max_tool_calls": body.get("max_tool_calls"),
@@ -281,13 +289,19 @@ class ResponsesFormatter:
             "truncation": body.get("truncation", "disabled"),
             "usage": usage,
             "user": body.get("user"),
-            "presence_penalty": float(body.get("presence_penalty", 0.0)),
-            "frequency_penalty": float(body.get("frequency_penalty", 0.0)),
+            "presence_penalty": _number(body.get("presence_penalty"), 0.0),
+            "frequency_penalty": _number(body.get("frequency_penalty"), 0.0),
             "kv_transfer_params": None,
             "ec_transfer_params": None,
             "input_messages": None,
             "output_messages": None,
         }
+
+
+def _number(value: Any, unset: float) -> float:
+    """A sampling number as the response reports it: ``unset`` when absent or null, as
+    vLLM samples with its default then."""
+    return unset if value is None else float(value)
 
 
 def _text_config(text: Any) -> Any:

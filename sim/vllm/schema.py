@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+from pydantic_core import ErrorDetails
 
 from sim.vllm.errors import ApiError, invalid, schema_error
 
@@ -186,7 +187,7 @@ class CompletionRequest(GenerationRequest):
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "constrained-int"}
 
 
-def _loc(error: Any) -> str:
+def _loc(error: ErrorDetails) -> str:
     """``body.<path>`` of an error, without pydantic's union member tags."""
     parts = [str(part) for part in error["loc"]]
     kept = [p for p in parts if p not in _TYPE_TAGS and "[" not in p]

@@ -43,6 +43,9 @@ from sim.vllm.schema import (
     parse_request,
 )
 
+GenerationEndpoint = Endpoint | Literal["responses"]
+"""The endpoints that generate: chat, completions, and responses (served as a chat)."""
+
 _AUTO_TOOLS_MESSAGE = (
     '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 )
@@ -104,7 +107,7 @@ class VllmServer:
         self.faults.arm(config.faults)
         self.store = nixl.KvStore(config.kv_expiry_s)
         self.side_channel_port = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.load = EngineLoad(config.max_num_seqs, config.block_size, config.num_gpu_blocks)
         self._prefill_turn = asyncio.Lock() if config.serial_prefill else None
         self.prefix_cache = PrefixCache(config.block_size, config.num_gpu_blocks)
@@ -133,11 +136,11 @@ class VllmServer:
 
     async def handle(
         self,
-        endpoint: Endpoint | Literal["responses"],
+        endpoint: GenerationEndpoint,
         path: str,
         raw: bytes,
         headers: dict[str, str],
-    ) -> Any:
+    ) -> Response:
         """Answer one request to ``/v1/chat/completions``, ``/v1/completions`` or
         ``/v1/responses``."""
         body: Any
@@ -150,7 +153,7 @@ class VllmServer:
             bad_json = None
         record = RequestRecord(path, headers, body, self.config.role, self.config.engine_id)
         self.records.requests.append(record)
-        queued_ms = self.faults.take("queued_ms")  # waiting for the engine, as vLLM queues
+        queued_ms = self.faults.take("queued_ms", float)  # waiting for the engine, as vLLM queues
         if queued_ms:
             await asyncio.sleep(queued_ms / 1000)
         run = Run(self.counters)
@@ -175,16 +178,16 @@ class VllmServer:
 
     async def _handle(
         self,
-        endpoint: Endpoint | Literal["responses"],
+        endpoint: GenerationEndpoint,
         body: Any,
         headers: dict[str, str],
         record: RequestRecord,
         run: Run,
-    ) -> Any:
-        status = self.faults.take("http_status")
+    ) -> Response:
+        status = self.faults.take("http_status", int)
         if status:
             raise ApiError(status, f"simulated failure (HTTP {status})")
-        if self.faults.take("stall"):
+        if self.faults.take("stall", bool):
             await asyncio.Event().wait()  # never answers
         responses_body = None
         if endpoint == "responses":
@@ -255,7 +258,7 @@ class VllmServer:
             created=int(time.time()),
             vocab=self.vocab,
             logprobs=request.logprobs_count,
-            text_logprobs=bool(self.faults.take("text_logprobs")),
+            text_logprobs=bool(self.faults.take("text_logprobs", bool)),
             parsers=[self._parser(request) for _ in choices],
             echoes=self._echoes(request, plans),
             include_usage=request.include_usage,
@@ -413,7 +416,7 @@ class VllmServer:
             record.status, record.finished = 200, time.time()
             return JSONResponse(view.response(steps, usage_body))
 
-        die_after = self.faults.take("die_after")
+        die_after = self.faults.take("die_after", int)
 
         async def events() -> AsyncIterator[bytes]:
             sent = 0
@@ -523,7 +526,7 @@ class VllmServer:
         record.kv_mode = "nixl_consumer_push" if push else "nixl_consumer_pull"
         key = str(kv.get("remote_request_id") or base)
         try:
-            if self.faults.take("pull_fail"):
+            if self.faults.take("pull_fail", bool):
                 raise nixl.PullError("simulated KV read failure")
             state = await nixl.read_remote(
                 str(kv.get("remote_host")),
@@ -550,7 +553,7 @@ class VllmServer:
         """
         config = self.config
         prompt_len = len(plan.prompt_ids)
-        extra_ms = self.faults.take("slow_transfer_ms") or 0.0
+        extra_ms = self.faults.take("slow_transfer_ms", float) or 0.0
         job = tilert_connector.TransferJob(
             host=str(kv["tilert_host"]),
             ctrl_port=int(kv.get("tilert_ctrl_port") or 5556),
@@ -563,7 +566,7 @@ class VllmServer:
                 config.transfer_ms_base + config.transfer_ms_per_token * prompt_len + extra_ms
             )
             / 1000,
-            send_done=not self.faults.take("transfer_no_done"),
+            send_done=not self.faults.take("transfer_no_done", bool),
             layout_version=config.layout_version,
             transport=config.transport,
             protocol=config.tilert_protocol,
@@ -612,7 +615,7 @@ class VllmServer:
     ) -> Response:
         """vLLM's stream: per engine step one chunk per choice still running (chat first
         sends each choice's role chunk), then the usage chunk if asked, then [DONE]."""
-        die_after = self.faults.take("die_after")
+        die_after = self.faults.take("die_after", int)
         itl_s = self.config.itl_ms / 1000
         chat = formatter.endpoint == "chat"
         prompt_tokens = usage_body["prompt_tokens"]

@@ -50,7 +50,7 @@ class TransferJob:
     @property
     def admission_window_s(self) -> float:
         """How long retries may still come after the first refusal (sent in 0.1.6 requests)."""
-        return ADMISSION_BACKOFF_S * self.backoff_scale * (2 ** max(0, self.attempts - 1) - 1)
+        return ADMISSION_BACKOFF_S * self.backoff_scale * (2.0 ** max(0, self.attempts - 1) - 1)
 
 
 @dataclass(slots=True)

@@ -142,3 +142,19 @@ async def test_a_cut_responses_stream_completes_incomplete(
     last = json.loads(response.text.strip().split("\n")[-1][len("data: ") :])
     assert last["response"]["status"] == "incomplete"
     assert last["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_null_sampling_numbers_of_a_responses_request_answer_as_unset(
+    client: httpx.AsyncClient, server: ServerInfo, stream: bool
+) -> None:
+    body = {"input": "hi", "max_output_tokens": 2, "stream": stream}
+    nulls = {"temperature": None, "top_p": None, "presence_penalty": None}
+    response = await client.post(server.url + "/v1/responses", json={**body, **nulls})
+    assert response.status_code == 200
+    if stream:
+        answer = json.loads(response.text.strip().split("\n")[-1][len("data: ") :])["response"]
+    else:
+        answer = response.json()
+    unset = {"temperature": 1.0, "top_p": 1.0, "presence_penalty": 0.0}
+    assert {key: answer[key] for key in unset} == unset
