@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from sim import serving
+from sim import runner
 from sim.tilert.cli import node_member
 from sim.tilert.config import parse_config as parse_node_config
 from sim.tokenizers import Vocab, load_vocab
@@ -21,7 +21,7 @@ from sim.vllm.cli import server_member
 from sim.vllm.config import parse_config as parse_server_config
 
 
-def members(spec: list[list[str]]) -> list[serving.Member]:
+def members(spec: list[list[str]]) -> list[runner.Member]:
     """Bind every member of ``spec`` (a vocabulary is loaded once per tokenizer)."""
     vocabs: dict[str, Vocab] = {}
 
@@ -46,7 +46,7 @@ def members(spec: list[list[str]]) -> list[serving.Member]:
 async def run(spec: list[list[str]]) -> None:
     """Serve every member of ``spec`` until SIGINT/SIGTERM."""
     bound = members(spec)
-    await serving.serve(bound, {"members": [m.ready for m in bound]})
+    await runner.serve(bound, {"members": [m.ready for m in bound]})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) != 1:
         raise SystemExit("usage: python -m sim.host SPEC (a JSON list of command lines)")
     spec = json.loads(args[0])
-    serving.run(lambda: run(spec))
+    runner.run(lambda: run(spec))
 
 
 if __name__ == "__main__":

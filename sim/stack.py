@@ -312,14 +312,14 @@ class SimStack:
 
     def describe(self) -> str:
         """Every endpoint and a working curl sequence, for humans."""
-        from sim.stack_usage import describe
+        from sim.stack_cli import describe
 
         return describe(self)
 
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m sim.stack``: run a stack until Ctrl-C."""
-    from sim.stack_usage import parse_args
+    from sim.stack_cli import parse_args
 
     options = parse_args(argv)
     stack = SimStack(**options)

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sim.faults import FaultError
-from sim.serving import Gate
+from sim.runner import Gate
 from sim.vllm import metrics
 from sim.vllm.availability import Availability
 from sim.vllm.server import GenerationEndpoint, VllmServer

@@ -35,7 +35,7 @@ from sim.vllm.parsers import NativeParser, thinks
 from sim.vllm.prefix_cache import PrefixCache
 from sim.vllm.records import RequestRecord, ServerRecords, TransferRecord
 from sim.vllm.responses import ResponsesFormatter
-from sim.vllm.schema import (
+from sim.vllm.validation import (
     ChatRequest,
     CompletionRequest,
     check_prompt,
