@@ -19,7 +19,7 @@ from router.latency.prompt_ids_agreement import TokenIdsProof
 from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.relay import DecodeRelay, RelayEnd
 from router.latency.sampling import DecodeOptions, Sampling, SamplingDefaults, decode_options
-from router.openai.render import AnswerFacts, Renderer, Usage
+from router.openai.render import AnswerFacts, AnswerHead, Renderer, Usage
 from router.openai.requests import ChatRequest, CompletionRequest
 from router.selection import (
     Affinity,
@@ -149,15 +149,14 @@ class LatencyPath:
             started=started,
             top_logprobs=options.top_logprobs,
         )
-        renderer = request.endpoint.renderer(
-            response_id=prefilled.response_id,
-            created=prefilled.created,
-            model=self._model,
-            client_body=request.client_body,
-            facts=answer_facts(
-                request.parsed, prefilled, options.sampling, self._config.max_seq_len
-            ),
+        head = AnswerHead(
+            prefilled.response_id,
+            prefilled.created,
+            self._model,
+            request.client_body or {},
+            answer_facts(request.parsed, prefilled, options.sampling, self._config.max_seq_len),
         )
+        renderer = request.endpoint.renderer(head)
         if request.parsed.stream:
             parsed = request.parsed
             chunks = self._stream(

@@ -8,7 +8,7 @@ branches on the endpoint.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from router.errors import GatewayError
@@ -91,6 +91,18 @@ StopReason = str | int | None
 None for EOS or the length limit."""
 
 
+@dataclass(frozen=True, slots=True)
+class AnswerHead:
+    """What every rendering of one answer starts from."""
+
+    response_id: str
+    created: int
+    model: str
+    client_body: Mapping[str, Any] = field(default_factory=dict)
+    """The request as the client sent it (the Responses object echoes its settings)."""
+    facts: AnswerFacts = field(default_factory=lambda: AnswerFacts())
+
+
 class Renderer(Protocol):
     def start(self, usage: Usage | None = None) -> bytes | None:
         """The stream's opening event, if any; `usage`: the prompt's count, for
@@ -133,22 +145,14 @@ class _Base:
     object_chunk = ""
     chat = False
 
-    def __init__(
-        self,
-        *,
-        response_id: str,
-        created: int,
-        model: str,
-        client_body: Mapping[str, Any] | None = None,
-        facts: AnswerFacts | None = None,
-    ) -> None:
+    def __init__(self, head: AnswerHead) -> None:
         self._head = {
-            "id": response_id,
+            "id": head.response_id,
             "object": self.object_chunk,
-            "created": created,
-            "model": model,
+            "created": head.created,
+            "model": head.model,
         }
-        self._facts = facts or AnswerFacts()
+        self._facts = head.facts
 
     def usage(self, usage: Usage) -> bytes:
         chunk = {**self._head, "choices": [], "usage": usage.final_chunk()}
@@ -293,16 +297,8 @@ _TRANSFER_FIELDS: dict[str, Any] = {
 class CompletionRenderer(_Base):
     object_chunk = "text_completion"
 
-    def __init__(
-        self,
-        *,
-        response_id: str,
-        created: int,
-        model: str,
-        client_body: Mapping[str, Any] | None = None,
-        facts: AnswerFacts | None = None,
-    ) -> None:
-        super().__init__(response_id=response_id, created=created, model=model, facts=facts)
+    def __init__(self, head: AnswerHead) -> None:
+        super().__init__(head)
         self._offset = 0  # where the next token's text starts in the whole output
 
     def start(self, usage: Usage | None = None) -> bytes | None:

@@ -16,13 +16,12 @@ serializes them, null fields included).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from router.errors import GatewayError
-from router.openai.render import AnswerFacts, Logprobs, StopReason, TokenLogprob, Usage
+from router.openai.render import AnswerHead, Logprobs, StopReason, TokenLogprob, Usage
 from router.parsers import ParsedDelta, ParsedMessage
 from router.parsers.base import ToolCallDelta
 
@@ -36,20 +35,12 @@ def _item_id(prefix: str) -> str:
 
 
 class ResponsesRenderer:
-    def __init__(
-        self,
-        *,
-        response_id: str,
-        created: int,
-        model: str,
-        client_body: Mapping[str, Any] | None = None,
-        facts: AnswerFacts | None = None,
-    ) -> None:
-        self._id = "resp_" + response_id.removeprefix("chatcmpl-")
-        self._facts = facts or AnswerFacts()
-        self._created = created
-        self._model = model
-        self._request = client_body or {}
+    def __init__(self, head: AnswerHead) -> None:
+        self._id = "resp_" + head.response_id.removeprefix("chatcmpl-")
+        self._facts = head.facts
+        self._created = head.created
+        self._model = head.model
+        self._request = head.client_body
         self._sequence = 0
         self._output: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being streamed

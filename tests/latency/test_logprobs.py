@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from router.latency.logprobs import UNAVAILABLE, LogprobTrack
-from router.openai.render import ChatRenderer, CompletionRenderer, TokenLogprob, Usage
+from router.openai.render import AnswerHead, ChatRenderer, CompletionRenderer, TokenLogprob, Usage
 from router.parsers import ParsedDelta, ParsedMessage
 from router.tokens.tokenizer import load_tokenizer
 from router.upstream.tilert import TokenLine
@@ -61,7 +61,7 @@ ENTRIES = [
 
 
 def test_chat_logprobs_have_openais_shape() -> None:
-    renderer = ChatRenderer(response_id="chatcmpl-1", created=1, model="m")
+    renderer = ChatRenderer(AnswerHead(response_id="chatcmpl-1", created=1, model="m"))
     chunk = renderer.delta(ParsedDelta(content="Hi é"), None, ENTRIES)
     assert chunk is not None
     choice = orjson.loads(chunk.removeprefix(b"data: "))["choices"][0]
@@ -90,7 +90,7 @@ def test_chat_logprobs_have_openais_shape() -> None:
 
 
 def test_completion_logprobs_count_text_offsets_across_chunks() -> None:
-    renderer = CompletionRenderer(response_id="cmpl-1", created=1, model="m")
+    renderer = CompletionRenderer(AnswerHead(response_id="cmpl-1", created=1, model="m"))
     first = renderer.delta(ParsedDelta(content="Hi"), None, ENTRIES[:1])
     second = renderer.delta(ParsedDelta(content=" é"), None, ENTRIES[1:])
     assert first is not None and second is not None
@@ -107,6 +107,6 @@ def test_completion_logprobs_count_text_offsets_across_chunks() -> None:
 
 
 def test_a_chunk_with_logprobs_but_no_text_is_still_sent() -> None:
-    renderer = ChatRenderer(response_id="chatcmpl-1", created=1, model="m")
+    renderer = ChatRenderer(AnswerHead(response_id="chatcmpl-1", created=1, model="m"))
     assert renderer.delta(ParsedDelta(), None, []) is None
     assert renderer.delta(ParsedDelta(), None, ENTRIES) is not None

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from router.openai.render import AnswerFacts, ChatRenderer, CompletionRenderer, Usage
+from router.openai.render import AnswerFacts, AnswerHead, ChatRenderer, CompletionRenderer, Usage
 from router.parsers import ParsedDelta, ParsedMessage
 from router.parsers.base import ToolCall, ToolCallDelta
 
@@ -20,19 +20,23 @@ HEAD = ["id", "object", "created", "model", "choices"]
 
 def chat(**facts: Any) -> ChatRenderer:
     return ChatRenderer(
-        response_id="chatcmpl-1",
-        created=1,
-        model="m",
-        facts=AnswerFacts(system_fingerprint=FINGERPRINT, **facts),
+        AnswerHead(
+            response_id="chatcmpl-1",
+            created=1,
+            model="m",
+            facts=AnswerFacts(system_fingerprint=FINGERPRINT, **facts),
+        )
     )
 
 
 def completion(**facts: Any) -> CompletionRenderer:
     return CompletionRenderer(
-        response_id="cmpl-1",
-        created=1,
-        model="m",
-        facts=AnswerFacts(system_fingerprint=FINGERPRINT, **facts),
+        AnswerHead(
+            response_id="cmpl-1",
+            created=1,
+            model="m",
+            facts=AnswerFacts(system_fingerprint=FINGERPRINT, **facts),
+        )
     )
 
 
@@ -149,7 +153,7 @@ def test_with_include_usage_the_fingerprint_rides_on_the_usage_chunk_alone() -> 
 
 
 def test_without_a_fingerprint_no_chunk_names_one() -> None:
-    r = ChatRenderer(response_id="chatcmpl-1", created=1, model="m")
+    r = ChatRenderer(AnswerHead(response_id="chatcmpl-1", created=1, model="m"))
     assert "system_fingerprint" not in chunk(r.finish("stop", None))
     assert "system_fingerprint" not in chunk(r.usage(USAGE))
     body = r.response(ParsedMessage(None, "", []), "stop", None, USAGE)

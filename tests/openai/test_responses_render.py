@@ -13,7 +13,7 @@ from openai.lib.streaming.responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 
 from router.errors import UpstreamError
-from router.openai.render import AnswerFacts, TokenLogprob, Usage
+from router.openai.render import AnswerFacts, AnswerHead, TokenLogprob, Usage
 from router.openai.responses_render import ResponsesRenderer
 from router.parsers import ParsedDelta, ParsedMessage
 from router.parsers.base import ToolCall, ToolCallDelta
@@ -29,7 +29,9 @@ TOOL = {"type": "function", "name": "w", "parameters": {"type": "object"}}
 
 def renderer(**body: Any) -> ResponsesRenderer:
     return ResponsesRenderer(
-        response_id="chatcmpl-abc", created=1, model="m", client_body={"input": "x", **body}
+        AnswerHead(
+            response_id="chatcmpl-abc", created=1, model="m", client_body={"input": "x", **body}
+        )
     )
 
 
@@ -222,7 +224,13 @@ VLLM_RESPONSE_KEYS = [
 def test_the_response_object_has_vllms_fields_in_vllms_order() -> None:
     facts = AnswerFacts(temperature=0.5, top_p=0.9, max_tokens=2041)
     body = ResponsesRenderer(
-        response_id="chatcmpl-abc", created=1, model="m", client_body={"input": "x"}, facts=facts
+        AnswerHead(
+            response_id="chatcmpl-abc",
+            created=1,
+            model="m",
+            client_body={"input": "x"},
+            facts=facts,
+        )
     ).response(ParsedMessage(None, "Hi", []), "stop", None, USAGE)
     assert list(body) == VLLM_RESPONSE_KEYS
     # The sampling the output was made with, and vLLM's reading of a request without tools.
