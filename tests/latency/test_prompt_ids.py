@@ -14,7 +14,7 @@ import pytest
 from router.cli import main
 from router.config import UpstreamsConfig
 from router.latency.prompt_ids import PromptIds, rendered_chat
-from router.latency.prompt_ids_agreement import CANARIES, TokenIdsProof
+from router.latency.token_ids_proof import CANARIES, TokenIdsProof
 from router.telemetry.metrics import Metrics
 from router.tokens.prompt_tokens import PromptCounter
 from router.tokens.tokenizer import load_tokenizer
