@@ -15,10 +15,10 @@ from router.config import LatencyConfig
 from router.errors import GatewayError, Overloaded, PrefillError, UpstreamError
 from router.gate import Gate, GateRejected, Lease
 from router.latency.prompt_ids import PromptIds
-from router.latency.token_ids_proof import TokenIdsProof
 from router.latency.protocol import LatencyDeps, NodeSession
 from router.latency.relay import DecodeRelay, RelayEnd
 from router.latency.sampling import DecodeOptions, Sampling, SamplingDefaults, decode_options
+from router.latency.token_ids_proof import TokenIdsProof
 from router.openai.render import AnswerFacts, AnswerHead, Renderer, Usage
 from router.openai.requests import ChatRequest, CompletionRequest
 from router.selection import (

@@ -3,7 +3,7 @@ that reads it, so the modes work on their server sets alone."""
 
 from __future__ import annotations
 
-from router.config import PrefillEngineConfig, ProxyConfig, PullConfig, PushConfig
+from router.config import ProxyConfig, PullConfig, PushConfig
 from router.selection import PathSelection
 from router.serving import ServePath
 from router.telemetry.metrics import Metrics
@@ -34,19 +34,8 @@ def make_throughput_path(
                 prefill, selection.server_set(config.decode, "pull:decode"), selection, deps
             )
         case PushConfig():
-            engines = [_engine(engine) for engine in config.prefill]
+            engines = [PrefillEngine(**engine.model_dump()) for engine in config.prefill]
             return PushPath(
                 engines, selection.server_set(config.decode, "push:decode"), selection, deps
             )
     raise TypeError(f"not a throughput configuration: {type(config).__name__}")
-
-
-def _engine(config: PrefillEngineConfig) -> PrefillEngine:
-    return PrefillEngine(
-        url=config.url,
-        engine_id=config.engine_id,
-        side_channel_host=config.side_channel_host,
-        side_channel_port=config.side_channel_port,
-        tp_size=config.tp_size,
-        pp_size=config.pp_size,
-    )

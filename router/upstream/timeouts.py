@@ -20,11 +20,4 @@ class Timeouts:
 
     @classmethod
     def of(cls, config: TimeoutsConfig) -> Timeouts:
-        return cls(
-            connect_s=config.connect_s,
-            prefill_s=config.prefill_s,
-            kv_transfer_s=config.kv_transfer_s,
-            kv_admission_s=config.kv_admission_s,
-            decode_stall_s=config.decode_stall_s,
-            cancel_s=config.cancel_s,
-        )
+        return cls(**config.model_dump())
