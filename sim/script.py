@@ -103,6 +103,24 @@ def filler_ids(vocab: Vocab, seed: str, count: int) -> list[int]:
     return ids
 
 
+_FILLER_IDS: dict[int, frozenset[int]] = {}
+
+
+def _filler_ids(vocab: Vocab) -> frozenset[int]:
+    """Every id a filler can end with (its words and punctuation, with and without a space)."""
+    known = _FILLER_IDS.get(id(vocab))
+    if known is None:
+        pieces = [w + end for w in _FILLER_WORDS for end in ("", *_PUNCTUATION)]
+        known = frozenset(
+            i
+            for piece in [*pieces, "."]
+            for text in (piece, " " + piece)
+            for i in vocab.encode(text)
+        )
+        _FILLER_IDS[id(vocab)] = known
+    return known
+
+
 def plan_output(
     vocab: Vocab, prompt_text: str, default_output_tokens: int
 ) -> tuple[list[int], bool]:
@@ -162,6 +180,21 @@ def extend_output(vocab: Vocab, plan: Plan, count: int) -> Plan:
     return Plan(plan.prompt_ids, [*body, vocab.eos_ids[0]], plan.scripted)
 
 
+def continued(plan: Plan, context: list[int]) -> Plan:
+    """What a greedy model generates after `context`: where `context` is the plan's prompt
+    followed by the first k ids of its output, the rest of that output; else the plan as
+    it is. So a prefill of a prompt and part of its answer continues the answer exactly."""
+    prompt = plan.prompt_ids
+    if context[: len(prompt)] != prompt:
+        return Plan(context, plan.output_ids, plan.scripted)
+    written = context[len(prompt) :]
+    if not written or len(written) >= len(plan.output_ids):
+        return Plan(context, plan.output_ids, plan.scripted)
+    if plan.output_ids[: len(written)] != written:
+        return Plan(context, plan.output_ids, plan.scripted)
+    return Plan(context, plan.output_ids[len(written) :], plan.scripted)
+
+
 def completion_prompts(prompt: Prompts | None) -> list[Prompt]:
     """The prompts of a completion request: a string, token ids, or a list of either (none
     without a prompt)."""
@@ -176,13 +209,28 @@ def completion_prompts(prompt: Prompts | None) -> list[Prompt]:
 
 
 def plan_completion(vocab: Vocab, prompt: Prompts, default_output_tokens: int) -> Plan:
-    """Plan a completion of one prompt (a string or token ids; of a list, the first)."""
+    """Plan a completion of one prompt (a string or token ids; of a list, the first). Token
+    ids made of a prompt and the start of its answer continue that answer, as a greedy
+    model would: the directive's text after what is written already, or the filler the
+    prompt before the written part seeds (found by trying each length of filler)."""
     first = completion_prompts(prompt)[0]
-    if isinstance(first, list):
-        prompt_ids = [int(i) for i in first]
-        text = vocab.decode(prompt_ids)
-    else:
-        text = first
-        prompt_ids = vocab.encode(text)
-    output, scripted = plan_output(vocab, text, default_output_tokens)
+    if isinstance(first, str):
+        output, scripted = plan_output(vocab, first, default_output_tokens)
+        return Plan(vocab.encode(first), output, scripted)
+    prompt_ids = [int(i) for i in first]
+    output, scripted = plan_output(vocab, vocab.decode(prompt_ids), default_output_tokens)
+    if scripted:
+        for written in range(min(len(output), len(prompt_ids)) - 1, 0, -1):
+            if prompt_ids[-written:] == output[:written] and scripted_text(
+                vocab.decode(prompt_ids[:-written])
+            ):
+                return Plan(prompt_ids, output[written:], scripted)
+        return Plan(prompt_ids, output, scripted)
+    if prompt_ids[-1] not in _filler_ids(vocab):
+        return Plan(prompt_ids, output, scripted)  # no filler ends it: a prompt alone
+    for written in range(1, min(default_output_tokens, len(prompt_ids) - 1) + 1):
+        head = prompt_ids[:-written]
+        filler, _ = plan_output(vocab, vocab.decode(head), default_output_tokens)
+        if filler[:written] == prompt_ids[-written:]:
+            return Plan(prompt_ids, filler[written:], scripted)
     return Plan(prompt_ids, output, scripted)

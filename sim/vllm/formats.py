@@ -68,6 +68,14 @@ class Formatter:
     """Per choice, completions with ``echo: true``."""
     include_usage: bool = False
     fingerprint: str = ""
+    prompt_ids: list[list[int]] | None = None
+    """Per choice, the prompt's ids, with ``return_token_ids`` (the output's ids then too)."""
+
+    def _prompt_ids_of(self, index: int) -> list[int] | None:
+        return None if self.prompt_ids is None else self.prompt_ids[index]
+
+    def _token_ids(self, steps: Sequence[Step]) -> list[int] | None:
+        return None if self.prompt_ids is None else [s.token_id for s in steps]
 
     @property
     def parser(self) -> NativeParser | None:
@@ -208,7 +216,7 @@ class Formatter:
                         "logprobs": self._chat_logprobs(steps),
                         "finish_reason": finish,
                         "stop_reason": steps[-1].stop_reason if steps else None,
-                        "token_ids": None,
+                        "token_ids": self._token_ids(steps),
                         "routed_experts": None,
                     }
                 )
@@ -219,7 +227,7 @@ class Formatter:
                 "system_fingerprint": self.fingerprint,
                 "usage": usage_body,
                 "prompt_logprobs": None,
-                "prompt_token_ids": None,
+                "prompt_token_ids": self._prompt_ids_of(0),
                 "prompt_text": None,
                 "kv_transfer_params": kv,
                 "ec_transfer_params": None,
@@ -250,9 +258,9 @@ class Formatter:
             "logprobs": self._completion_logprobs(shown, 0, prompt_ids),
             "finish_reason": steps[-1].finish_reason if steps else "length",
             "stop_reason": steps[-1].stop_reason if steps else None,
-            "token_ids": None,
+            "token_ids": self._token_ids(steps),
             "prompt_logprobs": self._prompt_logprobs(index),
-            "prompt_token_ids": None,
+            "prompt_token_ids": self._prompt_ids_of(index),
             "routed_experts": None,
         }
 
@@ -264,7 +272,7 @@ class Formatter:
 
     def with_prompt_fields(self, chunk: dict[str, Any]) -> dict[str, Any]:
         """A chat role chunk ends with vLLM's ``prompt_token_ids`` and ``prompt_text``."""
-        return {**chunk, "prompt_token_ids": None, "prompt_text": None}
+        return {**chunk, "prompt_token_ids": self._prompt_ids_of(0), "prompt_text": None}
 
     def chunk(
         self, step: Step, text_offset: int, index: int = 0, first: bool = False
@@ -284,7 +292,7 @@ class Formatter:
                 if parser is not None:
                     finish = parser.finish_reason(finish) or finish
                 choice.update(finish_reason=finish, stop_reason=step.stop_reason)
-            choice["token_ids"] = None
+            choice["token_ids"] = self._token_ids([step])
             chunk = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
             chunk = {
@@ -310,8 +318,8 @@ class Formatter:
             "logprobs": self._completion_logprobs(shown, text_offset, prompt_ids),
             "finish_reason": step.finish_reason,
             "stop_reason": step.stop_reason,
-            "prompt_token_ids": prompt_ids or None,
-            "token_ids": None,
+            "prompt_token_ids": prompt_ids or (self._prompt_ids_of(index) if first else None),
+            "token_ids": self._token_ids(shown),
         }
 
     def _parsed_delta(self, step: Step, parser: NativeParser) -> dict[str, Any]:

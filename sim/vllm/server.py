@@ -21,7 +21,14 @@ from sim import ids
 from sim.chat_template import ChatTemplateError
 from sim.faults import FaultBoard
 from sim.ids import Endpoint
-from sim.script import Plan, completion_prompts, extend_output, plan_chat, plan_completion
+from sim.script import (
+    Plan,
+    completion_prompts,
+    continued,
+    extend_output,
+    plan_chat,
+    plan_completion,
+)
 from sim.tokenizers import Vocab
 from sim.vllm import nixl, responses, tilert_connector
 from sim.vllm.config import FAULTS, ServerConfig
@@ -263,6 +270,11 @@ class VllmServer:
             echoes=self._echoes(request, plans),
             include_usage=request.include_usage,
             fingerprint=system_fingerprint(self.config.model_name),
+            prompt_ids=(
+                [plans[i // request.choices].prompt_ids for i in range(len(choices))]
+                if request.return_token_ids
+                else None
+            ),
         )
         prompt_tokens = source.prompt_len + sum(len(p.prompt_ids) for p in plans[1:])
         cached = source.cached_tokens if self.config.prompt_tokens_details else None
@@ -480,7 +492,7 @@ class VllmServer:
                         "of non-negative integers.",
                     )
                 self._check_vocabulary(reused)
-                plan = Plan(reused, plan.output_ids, plan.scripted)
+                plan = continued(plan, reused)
             return [plan]
         plans = []
         for prompt in completion_prompts(request.prompt):

@@ -79,6 +79,7 @@ class GenerationRequest(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: StrictBool = False
+    return_token_ids: StrictBool | None = None
     kv_transfer_params: dict[str, Any] | None = None
 
     @property

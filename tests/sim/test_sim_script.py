@@ -5,7 +5,9 @@ import base64
 import pytest
 
 from sim.script import (
+    Plan,
     chat_prompt_text,
+    continued,
     filler_ids,
     plan_chat,
     plan_completion,
@@ -112,3 +114,33 @@ def test_completion_prompt_as_token_ids(vocab: Vocab) -> None:
     plan = plan_completion(vocab, ids, 4)
     assert plan.prompt_ids == ids
     assert plan == plan_completion(vocab, [ids], 4)
+
+
+GO = [{"role": "user", "content": "go [[sim-output]]Hello, café naïve 日本語 🙂[[/sim-output]]"}]
+FILLER = [{"role": "user", "content": "tell me something"}]
+
+
+@pytest.mark.parametrize("messages", [GO, FILLER], ids=["scripted", "filler"])
+def test_a_chat_context_with_part_of_its_answer_continues_the_answer(
+    vocab: Vocab, messages: list[dict[str, str]]
+) -> None:
+    plan = plan_chat(vocab, messages, 16)
+    output = plan.output_ids
+    for written in range(1, len(output)):
+        context = plan.prompt_ids + output[:written]
+        assert continued(plan, context) == Plan(context, output[written:], plan.scripted)
+    diverged = [*plan.prompt_ids, output[0] + 1]
+    assert continued(plan, diverged).output_ids == output  # not its answer: as it was
+    assert continued(plan, plan.prompt_ids).output_ids == output
+
+
+@pytest.mark.parametrize("prompt", ["go [[sim-output]]Hello, café 🙂[[/sim-output]]", "say it"])
+def test_a_completion_of_a_prompt_and_part_of_its_answer_continues_the_answer(
+    vocab: Vocab, prompt: str
+) -> None:
+    plan = plan_completion(vocab, prompt, 16)
+    output = plan.output_ids
+    for written in range(1, len(output)):
+        ids = [*plan.prompt_ids, *output[:written]]
+        assert plan_completion(vocab, ids, 16).output_ids == output[written:]
+    assert plan_completion(vocab, plan.prompt_ids, 16).output_ids == output

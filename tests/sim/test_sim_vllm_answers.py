@@ -158,3 +158,28 @@ async def test_null_sampling_numbers_of_a_responses_request_answer_as_unset(
         answer = response.json()
     unset = {"temperature": 1.0, "top_p": 1.0, "presence_penalty": 0.0}
     assert {key: answer[key] for key in unset} == unset
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_return_token_ids_and_a_greedy_continuation_of_part_of_the_answer(
+    client: httpx.AsyncClient, server: ServerInfo, endpoint: str
+) -> None:
+    if endpoint == "chat":
+        url, body = server.url + "/v1/chat/completions", {"messages": HI}
+    else:
+        url, body = server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 500}
+    whole = (await client.post(url, json={**body, "return_token_ids": True})).json()
+    choice = whole["choices"][0]
+    prompt_ids = whole["prompt_token_ids"] if endpoint == "chat" else choice["prompt_token_ids"]
+    assert prompt_ids and choice["token_ids"]
+    output = choice["token_ids"]
+    # The prompt's ids and the first three of the answer: the rest of the same answer.
+    context = [*prompt_ids, *output[:3]]
+    if endpoint == "chat":
+        rest_body = {**body, "kv_transfer_params": {"prompt_token_ids": context}}
+    else:
+        rest_body = {"prompt": context, "max_tokens": 500}
+    rest = (await client.post(url, json={**rest_body, "return_token_ids": True})).json()
+    assert rest["choices"][0]["token_ids"] == output[3:]
+    plain = (await client.post(url, json=body)).json()["choices"][0]
+    assert plain["token_ids"] is None
