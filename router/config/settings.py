@@ -172,6 +172,11 @@ class LatencyConfig(StrictModel):
     """How a chat prompt reaches the prefill: `text` (vLLM renders and tokenizes it) or
     `token_ids` (the gateway's own rendering and encoding, once each prefill server's
     `/tokenize` has shown it identical; needs the model's chat template)."""
+    continuations: Annotated[int, Field(ge=0, le=8)] = 1
+    """How many times one answer whose node failed mid-stream is continued on another
+    node of the pool (0: never; the answer then ends with an error event)."""
+    continuation_wait_ms: Annotated[int, Field(ge=0, le=60_000)] = 2000
+    """How long a continuation waits for a free node before the answer ends in error."""
 
     @model_validator(mode="before")
     @classmethod

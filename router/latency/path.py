@@ -12,11 +12,11 @@ from contextlib import AsyncExitStack
 import orjson
 
 from router.config import LatencyConfig
-from router.errors import GatewayError, Overloaded, PrefillError, UpstreamError
+from router.errors import DecodeError, GatewayError, Overloaded, PrefillError, UpstreamError
 from router.gate import Gate, GateRejected, Lease
 from router.latency.prompt_ids import PromptIds
-from router.latency.protocol import LatencyDeps, NodeSession
-from router.latency.relay import DecodeRelay, RelayEnd
+from router.latency.protocol import CONTINUABLE, LatencyDeps, NodeSession, PrefillPrompt
+from router.latency.relay import DecodeRelay, RelayEnd, Resume
 from router.latency.sampling import DecodeOptions, Sampling, SamplingDefaults, decode_options
 from router.latency.token_ids_proof import TokenIdsProof
 from router.openai.render import AnswerFacts, AnswerHead, Renderer, Usage
@@ -28,7 +28,7 @@ from router.selection import (
     ServerSet,
     outcome_of,
 )
-from router.serving import Answer, LastChunk, RoutedRequest, json_answer
+from router.serving import Answer, LastChunk, RoutedRequest, json_answer, new_request_id
 from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
 from router.tokens.tokenizer import LoadedTokenizer
@@ -117,13 +117,15 @@ class LatencyPath:
         # Before a slot is taken: encoding the prompt must not hold one.
         affinity = await self._affinity(request)
         ids = await self._token_ids(request)
+        continuable = self._config.continuations > 0 and options.top_logprobs is None
         lease = await self._acquire(request, started)
         servers = await self._prefill_servers(lease)
         choice = servers.pick(request=affinity)
         session, released = self._session(request, lease, choice, stack)
+        prompt = self._prompt(choice, ids, continuable)
         try:
             prefilled = await self._prefill(
-                session, servers, choice, request, options, affinity, self._ids_for(choice, ids)
+                session, servers, choice, request, options, affinity, prompt
             )
         except PrefillError as exc:
             # Nothing reached the prefill server: the request goes once more, to another
@@ -136,10 +138,15 @@ class LatencyPath:
             servers = await self._prefill_servers(lease)
             choice = servers.pick(exclude=[choice.url], request=affinity)
             session, _ = self._session(request, lease, choice, stack)
+            prompt = self._prompt(choice, ids, continuable)
             prefilled = await self._prefill(
-                session, servers, choice, request, options, affinity, self._ids_for(choice, ids)
+                session, servers, choice, request, options, affinity, prompt
             )
         request.access.prompt_tokens = prefilled.prompt_tokens
+        prompt_ids = prompt.token_ids or prefilled.prompt_token_ids
+        resume = None
+        if continuable and prompt_ids is not None:
+            resume = self._resumer(request, options, affinity, prompt_ids, stack)
         relay = DecodeRelay(
             request,
             prefilled,
@@ -162,6 +169,7 @@ class LatencyPath:
             chunks = self._stream(
                 request.access,
                 session,
+                resume,
                 relay,
                 renderer,
                 prefilled,
@@ -171,7 +179,7 @@ class LatencyPath:
             return Answer(200, list(SSE_HEADERS), chunks)
         end = RelayEnd("stop", 0)
         with tracing.stage(tracing.DECODE, node=request.access.node):
-            async for event in relay.events(session):
+            async for event in relay.events(session, resume):
                 if isinstance(event, RelayEnd):
                     end = event
         body = renderer.response(
@@ -202,12 +210,86 @@ class LatencyPath:
             return None  # too long: vLLM's own answer to it
         return ids
 
-    def _ids_for(self, choice: Choice, ids: list[int] | None) -> list[int] | None:
-        if self._proof is None:
-            return None
-        sent = ids if ids is not None and self._proof.proven(choice.url) else None
-        self._deps.metrics.prefill_input(self._model, "text" if sent is None else "token_ids")
-        return sent
+    def _prompt(self, choice: Choice, ids: list[int] | None, continuable: bool) -> PrefillPrompt:
+        """The chat prompt as ids where `choice` is proven to render it as the gateway does;
+        `continuable`: else the prefill names the prompt's ids, for a continuation."""
+        sent = None
+        if self._proof is not None:
+            sent = ids if ids is not None and self._proof.proven(choice.url) else None
+            kind = "text" if sent is None else "token_ids"
+            self._deps.metrics.prefill_input(self._model, kind)
+        return PrefillPrompt(token_ids=sent, return_token_ids=continuable and sent is None)
+
+    def _resumer(
+        self,
+        request: RoutedRequest,
+        options: DecodeOptions,
+        affinity: Affinity | None,
+        prompt_ids: list[int],
+        stack: AsyncExitStack,
+    ) -> Resume:
+        """How this request's output goes on after its node failed mid-stream: on another
+        node of the pool, the prompt and the output so far prefilled as ids, with what is
+        left of its budget, at most `continuations` times."""
+        limit, access, metrics = self._config.continuations, request.access, self._deps.metrics
+        budget = request.parsed.token_budget
+
+        async def resume(
+            failure: DecodeError, output_ids: list[int]
+        ) -> tuple[NodeSession, Prefilled] | None:
+            reason = failure.code or "decode_failed"
+            broken = access.node or "?"
+            access.broken_nodes = ",".join(filter(None, [access.broken_nodes, broken]))
+
+            def ended(outcome: str) -> None:
+                metrics.continuation(self._model, reason, outcome)
+                log.warning(
+                    "request %s: node %s failed mid-stream (%s) after %d tokens: %s",
+                    request.request_id,
+                    broken,
+                    reason,
+                    len(output_ids),
+                    outcome,
+                )
+
+            if reason not in CONTINUABLE:
+                ended("not_continuable")
+                return None
+            if access.continued >= limit:
+                ended("limit")
+                return None
+            left = None if budget is None else budget - len(output_ids)
+            ids = [*prompt_ids, *output_ids]
+            if (left is not None and left < 1) or len(ids) >= self._config.max_seq_len:
+                ended("too_long")
+                return None
+            with tracing.stage(tracing.CONTINUATION, reason=reason, tokens=len(output_ids)):
+                try:
+                    lease = await self.gate.acquire(
+                        priority=request.decision.priority,
+                        wait_s=self._config.continuation_wait_ms / 1000,
+                        holder=request.request_id,
+                    )
+                except GateRejected:
+                    ended("no_node")
+                    return None
+                servers = await self._prefill_servers(lease)
+                choice = servers.pick(request=affinity)
+                session, _ = self._session(request, lease, choice, stack)
+                prompt = PrefillPrompt(token_ids=ids, rid=new_request_id(), budget=left)
+                try:
+                    prefilled = await self._prefill(
+                        session, servers, choice, request, options, affinity, prompt
+                    )
+                except GatewayError as exc:
+                    log.warning("request %s: continuing failed: %s", request.request_id, exc)
+                    ended("failed")
+                    return None
+            access.continued += 1
+            ended("continued")
+            return session, prefilled
+
+        return resume
 
     @property
     def token_ids_proof(self) -> TokenIdsProof | None:
@@ -254,17 +336,14 @@ class LatencyPath:
         request: RoutedRequest,
         options: DecodeOptions,
         affinity: Affinity | None,
-        prompt_token_ids: list[int] | None,
+        prompt: PrefillPrompt,
     ) -> Prefilled:
         """The session's start; how the prefill went is reported to the server's health (an
         error after the prefill is the node's, and the prefill answered)."""
         with servers.hold(choice.url, affinity):
             try:
                 prefilled = await session.start(
-                    request,
-                    options,
-                    max_seq_len=self._config.max_seq_len,
-                    prompt_token_ids=prompt_token_ids,
+                    request, options, max_seq_len=self._config.max_seq_len, prompt=prompt
                 )
             except PrefillError as exc:
                 if (outcome := outcome_of(exc)) is not None:
@@ -304,6 +383,7 @@ class LatencyPath:
         self,
         access: AccessRecord,
         session: NodeSession,
+        resume: Resume | None,
         relay: DecodeRelay,
         renderer: Renderer,
         prefilled: Prefilled,
@@ -317,7 +397,7 @@ class LatencyPath:
             yield first
         tail = b""  # the stream's last events, sent with its end in one write
         try:
-            async for event in relay.events(session):
+            async for event in relay.events(session, resume):
                 if isinstance(event, RelayEnd):
                     running = _usage(prefilled, event) if continuous else None
                     tail = renderer.finish(

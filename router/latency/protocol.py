@@ -32,7 +32,29 @@ from router.upstream.vllm import Prefilled
 # How long a 429 from a node we hold may last before it counts as the node being taken.
 BUSY_GRACE_S = 1.0
 
+CONTINUABLE = frozenset({"decode_truncated", "decode_stalled", "decode_failed", "decode_bad_line"})
+"""Failures of a node's stream after which the output can go on from another node: the
+node died, stalled, failed or sent garbage (not: a lease lost with the gate's state)."""
+
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillPrompt:
+    """What a session's prefill sends in place of the client's prompt (nothing by default).
+
+    A continuation sends the prompt and the output so far as token ids under a request id of
+    its own, with what is left of the output's budget."""
+
+    token_ids: list[int] | None = None
+    """The prompt as ids: a chat prompt the gateway rendered and encoded, or a prompt and
+    part of its output."""
+    return_token_ids: bool = False
+    """Ask the prefill server for the prompt's ids (to continue the output elsewhere)."""
+    rid: str | None = None
+    """The request id both legs name (dash-free); the request's own by default."""
+    budget: int | None = None
+    """The output's budget in tokens; the request's own by default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,15 +104,15 @@ class NodeSession:
         options: DecodeOptions,
         *,
         max_seq_len: int,
-        prompt_token_ids: list[int] | None = None,
+        prompt: PrefillPrompt | None = None,
     ) -> Prefilled:
         """Prefill, then open the node's decode stream. Raises GatewayError before any output;
         the slot is then released (in the background if the protocol needs finishing).
-        `prompt_token_ids`: the chat prompt as the gateway encoded it, for the prefill."""
-        self._rid = request.request_id  # dash-free: vLLM and the node reduce it to itself
-        self._start_task = asyncio.create_task(
-            self._start(request, options, max_seq_len, prompt_token_ids)
-        )
+        `prompt`: what the prefill sends instead of the client's prompt, and how."""
+        prompt = prompt or PrefillPrompt()
+        # Dash-free: vLLM and the node reduce it to itself.
+        self._rid = prompt.rid or request.request_id
+        self._start_task = asyncio.create_task(self._start(request, options, max_seq_len, prompt))
         try:
             return await asyncio.shield(self._start_task)
         except BaseException:
@@ -102,7 +124,7 @@ class NodeSession:
         request: RoutedRequest,
         options: DecodeOptions,
         max_seq_len: int,
-        prompt_token_ids: list[int] | None,
+        prompt: PrefillPrompt,
     ) -> Prefilled:
         deps, node = self._deps, self._lease.node
         if not self._lease.valid():  # the prefill names the node: only while it is ours
@@ -113,7 +135,8 @@ class NodeSession:
             first_token_of=request.endpoint.wire,
             top_logprobs=options.top_logprobs or 1,
             sampling=options.sampling.for_prefill(),
-            prompt_token_ids=prompt_token_ids,
+            prompt_token_ids=prompt.token_ids,
+            return_token_ids=prompt.return_token_ids,
         )
         with tracing.stage(tracing.PREFILL, upstream=self._prefill_url, node=node.id):
             data = await vllm.prefill(
@@ -127,10 +150,11 @@ class NodeSession:
         prefilled = self._prefilled = vllm.parse_prefilled(data, request.endpoint.wire)
         if self._abandoned:
             return prefilled
+        budget = request.parsed.token_budget if prompt.budget is None else prompt.budget
         body = tilert.decode_body(
             rid=self._rid,
             first_token_id=prefilled.first_token_id,
-            max_tokens=_node_max_tokens(prefilled, request, max_seq_len),
+            max_tokens=_node_max_tokens(prefilled, budget, max_seq_len),
             sampling=options.node_sampling,
             timeout_s=deps.timeouts.kv_transfer_s,
             top_logprobs=options.top_logprobs,
@@ -347,9 +371,8 @@ def _lease_lost() -> DecodeError:
     return DecodeError("the TileRT slot's lease was lost", status=503, code="lease_lost")
 
 
-def _node_max_tokens(prefilled: Prefilled, request: RoutedRequest, max_seq_len: int) -> int:
+def _node_max_tokens(prefilled: Prefilled, budget: int | None, max_seq_len: int) -> int:
     if prefilled.finish_reason == "stop":
         return 1  # the first token already ended the output; only consume the transfer
     room = max(1, max_seq_len - prefilled.prompt_tokens)
-    budget = request.parsed.token_budget
     return min(budget, room) if budget else room

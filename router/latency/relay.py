@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from router.detokenize.pipeline import TextPipeline
+from router.errors import DecodeError
 from router.latency.logprobs import LogprobTrack
 from router.latency.protocol import NodeSession
 from router.openai.render import StopReason, TokenLogprob
@@ -24,6 +25,10 @@ from router.telemetry.metrics import Metrics
 from router.tokens.tokenizer import LoadedTokenizer
 from router.upstream.tilert import DoneLine, TokenLine
 from router.upstream.vllm import Prefilled
+
+Resume = Callable[[DecodeError, list[int]], Awaitable[tuple[NodeSession, Prefilled] | None]]
+"""Continues an output whose node failed: (the failure, the ids so far) -> the session that
+generates the rest and its prefill, or None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +57,7 @@ class DecodeRelay:
         self._started = started  # monotonic time the request arrived
         self._eos_first = prefilled.finish_reason == "stop"
         self._first_token_id = prefilled.first_token_id
+        self._output_ids: list[int] = []  # every id the nodes generated, for a continuation
         self._max_calls = parsed.max_tool_calls
         self._pipeline = TextPipeline(
             tokenizer.tokenizer,
@@ -68,17 +74,36 @@ class DecodeRelay:
                 tokenizer.tokenizer, prefilled, top_logprobs, keep=not parsed.stream
             )
 
-    async def events(self, session: NodeSession) -> AsyncIterator[ParsedDelta | RelayEnd]:
+    async def events(
+        self, session: NodeSession, resume: Resume | None = None
+    ) -> AsyncIterator[ParsedDelta | RelayEnd]:
         """Message deltas as the node's lines arrive, then one RelayEnd. Raises DecodeError
-        if the node fails mid-stream. Ending early (a stop, the client gone) closes the
-        session, which cancels the node."""
+        if the node fails mid-stream and `resume` does not continue the output elsewhere:
+        asked with the failure and the ids generated so far, it gives the session that
+        generates the rest (already started), or None. Ending early (a stop, the client
+        gone) closes the session, which cancels the node."""
         pipeline, metrics, model = self._pipeline, self._metrics, self._request.model
         node_finish = "stop"
         first_output = True
-        tokens_seen = False
+        tokens_seen = False  # of this session's stream
         last_line = time.monotonic()
         try:
-            while (line := await session.next_line()) is not None:
+            while True:
+                try:
+                    line = await session.next_line()
+                except DecodeError as exc:
+                    if resume is None or not self._output_ids or pipeline.stopped:
+                        raise
+                    session.close()  # the broken stream's protocol finishes beside
+                    resumed = await resume(exc, list(self._output_ids))
+                    if resumed is None:
+                        raise
+                    session, prefilled = resumed
+                    tokens_seen, self._first_token_id = False, prefilled.first_token_id
+                    self._eos_first = prefilled.finish_reason == "stop"
+                    continue
+                if line is None:
+                    break
                 if isinstance(line, DoneLine):
                     node_finish = line.finish_reason
                     if tokens_seen or line.n == 0 or self._eos_first:
@@ -95,6 +120,7 @@ class DecodeRelay:
                     pipeline.count(line.ids)
                     self._track(line, counted)
                     continue
+                self._output_ids += line.ids
                 step = pipeline.feed(line.ids)
                 self._track(line, counted)
                 if self._max_calls is not None and step.delta.tool_calls:

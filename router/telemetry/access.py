@@ -28,6 +28,11 @@ class AccessRecord:
     reroute_reason: str | None = None
     node: str | None = None
     prefill: str | None = None
+    continued: int = 0
+    """Times the answer went on from another node after its node failed mid-stream."""
+    broken_nodes: str | None = None
+    """The nodes whose streams broke, in order (comma-separated); `node` is the last one's
+    successor."""
     upstream: str | None = None
     """The vLLM server (or proxy) whose answer the client got: on the latency path the
     prefill server, on the native path the decode instance or the proxy."""

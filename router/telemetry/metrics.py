@@ -136,6 +136,14 @@ class Metrics:
             ["model", "code"],
             registry=r,
         )
+        self._continuations = Counter(
+            "pd_gateway_continuations",
+            "Answers whose decode broke mid-stream, by the node's failure and what became of"
+            " the answer: `continued` on another node, or ended in error (`no_node` free in"
+            " time, `too_long` for the pool, `limit` of continuations reached, `failed`).",
+            ["model", "reason", "outcome"],
+            registry=r,
+        )
         self._cancellations = Counter(
             "pd_gateway_cancellations",
             "Decodes the gateway cancelled on a node, by reason.",
@@ -241,6 +249,9 @@ class Metrics:
 
     def upstream_error(self, model: str, code: str) -> None:
         self._upstream_errors.labels(model, code).inc()
+
+    def continuation(self, model: str, reason: str, outcome: str) -> None:
+        self._continuations.labels(model, reason, outcome).inc()
 
     def cancelled(self, model: str, reason: str) -> None:
         self._cancellations.labels(model, reason).inc()

@@ -42,6 +42,7 @@ QUEUE_WAIT = "queue_wait"
 PREFILL = "prefill"
 KV_TRANSFER = "kv_transfer"
 DECODE = "decode"
+CONTINUATION = "continuation"
 PROXY = "proxy"
 ANSWER = "answer"
 

@@ -65,6 +65,7 @@ def prefill_body(
     top_logprobs: int = 1,
     sampling: Mapping[str, Any] | None = None,
     prompt_token_ids: list[int] | None = None,
+    return_token_ids: bool = False,
 ) -> dict[str, Any]:
     """One token, not streamed, with the gateway's `kv_transfer_params`; with `first_token_of`,
     the first token's logprob (and `top_logprobs` candidates) is asked for in that
@@ -72,8 +73,11 @@ def prefill_body(
 
     `prompt_token_ids`: a chat prompt already rendered and encoded, which vLLM (0.32) takes
     from `kv_transfer_params` instead of rendering the messages (§1.1); the request stays a
-    chat request, so everything else about it and its answer is as without."""
+    chat request, so everything else about it and its answer is as without. A completion's
+    prompt is replaced by them. `return_token_ids`: the answer names the prompt's ids."""
     out = {k: v for k, v in body.items() if k not in _NOT_IN_PREFILL}
+    if return_token_ids:
+        out["return_token_ids"] = True
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
@@ -83,7 +87,11 @@ def prefill_body(
     if sampling is not None:
         out.update(sampling)
     if prompt_token_ids is not None:
-        kv_transfer_params = {**kv_transfer_params, "prompt_token_ids": prompt_token_ids}
+        if first_token_of == "completions":
+            out["prompt"] = prompt_token_ids
+            out.pop("echo", None)
+        else:
+            kv_transfer_params = {**kv_transfer_params, "prompt_token_ids": prompt_token_ids}
     out["kv_transfer_params"] = kv_transfer_params
     return out
 
@@ -241,6 +249,9 @@ class Prefilled:
     """The first token's top candidates (token id, logprob), best first."""
     system_fingerprint: str | None = None
     """The prefill server's (`vllm-<version>-<hash>`), which the answer carries as vLLM's."""
+    prompt_token_ids: list[int] | None = None
+    """The prompt's ids as the server took them, when asked for (`return_token_ids`) and
+    answered whole (as many as `prompt_tokens`, every one an id)."""
 
 
 def unusable_prefill(message: str) -> PrefillError:
@@ -272,7 +283,21 @@ def parse_prefilled(data: Any, endpoint: Endpoint) -> Prefilled:
         first_logprob=float(logprob) if isinstance(logprob, int | float) else None,
         first_top=tuple((_token_id(t), float(lp)) for t, lp in top if isinstance(lp, int | float)),
         system_fingerprint=_fingerprint(data.get("system_fingerprint")),
+        prompt_token_ids=_prompt_ids(
+            data.get("prompt_token_ids") if endpoint == "chat" else choice.get("prompt_token_ids"),
+            prompt_tokens,
+        ),
     )
+
+
+def _prompt_ids(value: Any, prompt_tokens: int) -> list[int] | None:
+    """The prompt's ids an answer names, or None where they are absent or not the prompt's
+    (a count other than its usage says, or anything but ids)."""
+    if not isinstance(value, list) or len(value) != prompt_tokens:
+        return None
+    if not all(type(i) is int and i >= 0 for i in value):
+        return None
+    return value
 
 
 def _fingerprint(value: Any) -> str | None:

@@ -57,7 +57,8 @@ def gateway(
     v = tilert_version
     models = [
         latency_model(stack, "ds", nodes=stack.nodes[:2], output_parser="deepseek_v32", tilert=v),
-        latency_model(stack, "solo", nodes=stack.nodes[2:3], tilert=v),
+        # Its answers end with an error event when their node fails (no continuation).
+        latency_model(stack, "solo", nodes=stack.nodes[2:3], tilert=v, continuations=0),
         {
             "name": "deadprefill",
             "tokenizer": "deepseek",

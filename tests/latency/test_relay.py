@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from router.latency.relay import DecodeRelay, RelayEnd
+from router.errors import DecodeError
+from router.latency.relay import DecodeRelay, RelayEnd, Resume
 from router.parsers import ParsedDelta
 from router.telemetry.metrics import Metrics
 from router.tokens.tokenizer import LoadedTokenizer, load_tokenizer
@@ -23,21 +24,29 @@ def tokenizer() -> LoadedTokenizer:
 
 
 class Lines:
-    """A node session that plays back scripted lines."""
+    """A node session that plays back scripted lines (a DecodeError is raised)."""
 
-    def __init__(self, lines: list[NodeLine]) -> None:
+    def __init__(self, lines: list[NodeLine | DecodeError]) -> None:
         self._lines = list(lines)
         self.closed = False
 
     async def next_line(self) -> NodeLine | None:
-        return self._lines.pop(0) if self._lines else None
+        line = self._lines.pop(0) if self._lines else None
+        if isinstance(line, DecodeError):
+            raise line
+        return line
 
     def close(self, *, stopped: bool = False) -> None:
         self.closed = True
 
 
 async def relay(
-    tokenizer: LoadedTokenizer, lines: list[NodeLine], *, first: int, finish: str = "length"
+    tokenizer: LoadedTokenizer,
+    lines: list[NodeLine | DecodeError],
+    *,
+    first: int,
+    finish: str = "length",
+    resume: Resume | None = None,
 ) -> tuple[str, RelayEnd]:
     request = routed({"model": "m", "messages": [{"role": "user", "content": "x"}]})
     prefilled = Prefilled("chatcmpl-1", 1, first, 5, finish, None)
@@ -51,7 +60,7 @@ async def relay(
     )
     session: Any = Lines(lines)
     text, end = "", None
-    async for event in decode.events(session):
+    async for event in decode.events(session, resume):
         if isinstance(event, ParsedDelta):
             text += event.content
         else:
@@ -91,3 +100,67 @@ async def test_a_cancelled_empty_decode_adds_nothing(tokenizer: LoadedTokenizer)
     (hello,) = ids(tokenizer, "Hello")
     text, end = await relay(tokenizer, [DoneLine(0, "cancelled")], first=hello)
     assert text == "" and end.completion_tokens == 1
+
+
+BROKEN = DecodeError("the decode node's stream ended without its last line", code="x")
+
+
+class Resumer:
+    """Continues a broken output with the sessions given, noting what it was asked."""
+
+    def __init__(self, *sessions: tuple[list[NodeLine | DecodeError], int, str]) -> None:
+        self._sessions = list(sessions)
+        self.asked: list[list[int]] = []
+        self.sessions: list[Lines] = []
+
+    async def __call__(self, failure: DecodeError, output: list[int]) -> Any:
+        self.asked.append(output)
+        if not self._sessions:
+            return None
+        lines, first, finish = self._sessions.pop(0)
+        self.sessions.append(Lines(lines))
+        return self.sessions[-1], Prefilled("chatcmpl-2", 1, first, 9, finish, None)
+
+
+async def test_a_broken_stream_goes_on_from_the_resumed_session(tokenizer: LoadedTokenizer) -> None:
+    tokens = ids(tokenizer, "One answer, told by two nodes in turn, without a seam.")
+    cut = 5
+    rest = [TokenLine(tokens[cut:]), DoneLine(len(tokens) - cut, "stop")]
+    resumer = Resumer((rest, tokens[cut], "length"))
+    lines: list[NodeLine | DecodeError] = [TokenLine(tokens[:2]), TokenLine(tokens[2:cut]), BROKEN]
+    text, end = await relay(tokenizer, lines, first=tokens[0], resume=resumer)
+    assert text == "One answer, told by two nodes in turn, without a seam."
+    assert resumer.asked == [tokens[:cut]]
+    assert (end.finish_reason, end.completion_tokens) == ("stop", len(tokens) + 1)
+    assert resumer.sessions[0].closed
+
+
+async def test_a_resumed_session_whose_budget_held_one_token_still_gives_it(
+    tokenizer: LoadedTokenizer,
+) -> None:
+    tokens = ids(tokenizer, "Hello there")
+    resumer = Resumer(([DoneLine(1, "length")], tokens[-1], "length"))
+    lines: list[NodeLine | DecodeError] = [TokenLine(tokens[:-1]), BROKEN]
+    text, end = await relay(tokenizer, lines, first=tokens[0], resume=resumer)
+    assert (text, end.finish_reason, end.completion_tokens) == ("Hello there", "length", 2)
+
+
+async def test_a_resumed_session_whose_first_token_is_eos_ends_the_answer(
+    tokenizer: LoadedTokenizer,
+) -> None:
+    eos = tokenizer.tokenizer.token_to_id("<｜end▁of▁sentence｜>")
+    tokens = ids(tokenizer, "Short")
+    resumer = Resumer(([TokenLine([eos]), DoneLine(0, "stop")], eos, "stop"))
+    lines: list[NodeLine | DecodeError] = [TokenLine(tokens), BROKEN]
+    text, end = await relay(tokenizer, lines, first=tokens[0], resume=resumer)
+    assert (text, end.finish_reason, end.completion_tokens) == ("Short", "stop", len(tokens) + 1)
+
+
+async def test_a_failure_nobody_resumes_is_raised(tokenizer: LoadedTokenizer) -> None:
+    tokens = ids(tokenizer, "Cut short")
+    resumer = Resumer()
+    with pytest.raises(DecodeError):
+        await relay(tokenizer, [TokenLine(tokens), BROKEN], first=tokens[0], resume=resumer)
+    assert resumer.asked == [tokens]
+    with pytest.raises(DecodeError):  # nothing generated yet: nothing to continue
+        await relay(tokenizer, [BROKEN], first=tokens[0], resume=Resumer())

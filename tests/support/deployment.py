@@ -47,16 +47,15 @@ def latency_model(
     nodes: list[NodeInfo] | None = None,
     tokenizer: str = "deepseek",
     tilert: str = "0.1.6",
+    continuations: int | None = None,
     **entry: Any,
 ) -> dict[str, Any]:
     """A model entry served on the latency path by `nodes` (all of `stack`'s by default),
     of TileRT release `tilert`; `entry` adds to it (`output_parser`, `throughput`)."""
-    return {
-        "name": name,
-        "tokenizer": tokenizer,
-        "latency": latency_section(stack, nodes=nodes, tilert=tilert),
-        **entry,
-    }
+    latency = latency_section(stack, nodes=nodes, tilert=tilert)
+    if continuations is not None:
+        latency["continuations"] = continuations
+    return {"name": name, "tokenizer": tokenizer, "latency": latency, **entry}
 
 
 def gateway_config(

@@ -28,12 +28,14 @@ def nixl_prefill_body(body: dict[str, Any]) -> dict[str, Any]:
 
 def tilert_prefill_body(body: dict[str, Any], node: NodeInfo) -> dict[str, Any]:
     """The prefill leg of a chat `body` on the latency path: one token with its id, the
-    sampling made explicit (vLLM's defaults, for a body that sets none), and the TileRT
-    node the KV state goes to."""
+    sampling made explicit (vLLM's defaults, for a body that sets none), the prompt's ids
+    asked for (to continue the output should its node fail), and the TileRT node the KV
+    state goes to."""
     return {
         **body,
         "max_tokens": 1,
         "stream": False,
+        "return_token_ids": True,
         "logprobs": True,
         "top_logprobs": 1,
         "temperature": 1.0,

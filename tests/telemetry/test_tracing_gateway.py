@@ -71,6 +71,7 @@ async def gateway(stack: SimStack, tmp_path: Path) -> AsyncIterator[httpx.AsyncC
             stack,
             MODEL,
             tilert=VERSION,
+            continuations=0,  # a broken stream ends as an error
             throughput={"mode": "pull", "prefill": [prefill.url], "decode": [decode.url]},
         ),
         {
