@@ -6,7 +6,9 @@ test under tests/e2e/ is marked here, other modules mark themselves (`pytestmark
 without the marker fails at once, so nothing slow slips into that loop unnoticed.
 
 pytest-xdist runs the suite on one worker per CPU, a module at a time per worker; tests
-marked `serial` (they assert timings) run while no other test does.
+marked `serial` (they assert timings) run while no other test does. Gateway processes run
+on the container image's Python where it is installed (tests.support.gateway_python),
+which the run's header names.
 """
 
 from __future__ import annotations
@@ -25,9 +27,15 @@ from tests.support import serial
 from tests.support.classify_fixtures import Sims, observed
 from tests.support.deployment import TILERT_VERSIONS, corruptions, reset
 from tests.support.gateway import GatewayProcess
+from tests.support.gateway_python import report_header
 from tests.support.stacks import StackPool
 
 E2E_DIR = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_report_header() -> str:
+    """Which Python the gateway's processes run on (tests.support.gateway_python)."""
+    return report_header()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

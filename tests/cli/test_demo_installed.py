@@ -8,8 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,11 +18,14 @@ import pytest
 from router.config import load_config
 from router.demo.plan import plan_stacks
 from router.demo.run import bundled_config
+from tests.support.gateway_python import gateway_python
+from tests.support.processes import process_group
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 USAGE_END = "Ctrl-C stops the gateway and every simulator."
+PURELIB = "import sysconfig; print(sysconfig.get_path('purelib'))"
 Install = Callable[[list[str]], Path]
 
 
@@ -51,14 +52,16 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Install:
                 shutil.copytree(ROOT / name, where / "src" / name, ignore=ignore)
             else:
                 shutil.copy(ROOT / name, where / "src" / name)
-        pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+        pip = [gateway_python(), "-m", "pip", "-q", "--disable-pip-version-check"]
         run([*pip, "wheel", "--no-deps", "-w", str(where / "dist"), str(where / "src")])
-        run([sys.executable, "-m", "venv", "--without-pip", str(where / "venv")])
+        run([gateway_python(), "-m", "venv", "--without-pip", str(where / "venv")])
         python = where / "venv" / "bin" / "python"
-        purelib = run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
-        # A path in a .pth file: this venv's dependencies, without its own .pth files (the
-        # editable install of the checkout among them).
-        Path(purelib.strip(), "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+        # A path in a .pth file: the gateway's venv's dependencies, without its own .pth
+        # files (the editable install of the checkout among them).
+        dependencies = run([gateway_python(), "-c", PURELIB]).strip()
+        Path(run([str(python), "-c", PURELIB]).strip(), "dependencies.pth").write_text(
+            dependencies + "\n"
+        )
         (wheel,) = (where / "dist").glob("*.whl")
         run([*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)])
         return python.parent
@@ -119,9 +122,11 @@ def test_the_demo_runs_from_a_wheel_in_another_folder(install: Install, tmp_path
             stdout=sink,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,
             **outside(),
         )
-    try:
+    # Stopped or not, nothing of it is left: its group is killed, its children die with it.
+    with process_group(demo, sig=signal.SIGKILL):
         deadline = time.monotonic() + 120
         while USAGE_END not in out.read_text() and demo.poll() is None:
             assert time.monotonic() < deadline, out.read_text()[-3000:]
@@ -129,7 +134,6 @@ def test_the_demo_runs_from_a_wheel_in_another_folder(install: Install, tmp_path
         text = out.read_text()
         assert USAGE_END in text, text[-3000:]
         assert "Base URL: http://127.0.0.1:" in text
-    finally:
         demo.send_signal(signal.SIGINT)
         try:
             code = demo.wait(timeout=60)
