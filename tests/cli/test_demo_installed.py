@@ -18,6 +18,7 @@ import pytest
 from router.config import load_config
 from router.demo.plan import plan_stacks
 from router.demo.run import bundled_config
+from tests.support.demo import as_a_background_job
 from tests.support.gateway_python import gateway_python
 from tests.support.processes import process_group
 
@@ -123,6 +124,7 @@ def test_the_demo_runs_from_a_wheel_in_another_folder(install: Install, tmp_path
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=as_a_background_job,
             **outside(),
         )
     # Stopped or not, nothing of it is left: its group is killed, its children die with it.

@@ -39,6 +39,7 @@ class Demo:
                 stderr=log,
                 text=True,
                 start_new_session=True,
+                preexec_fn=as_a_background_job,
             )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.output: list[str] = []
@@ -104,6 +105,12 @@ def running_demo(stderr: Path, *args: str, ready: str, timeout_s: float) -> Iter
             what="the demo's children to end",
             timeout_s=10,
         )
+
+
+def as_a_background_job() -> None:
+    """Start with SIGINT ignored, as a shell starts a background job (and every process
+    a test run started from one): Ctrl-C's SIGINT must stop the demo all the same."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def descendants(root: int) -> set[int]:
