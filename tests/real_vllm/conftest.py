@@ -2,9 +2,11 @@
 tiny random-weight model built here (tests.support.tiny_model).
 
 `python -m tests.real_vllm.install` puts vLLM in `.venv-vllm/`; without it these tests
-fail and say so. Each xdist worker starts one server the first time a test asks for it
-and keeps it for the rest of the run. `PD_REAL_VLLM_URL` points the tier at a server
-already running on the tiny model instead (served name `tiny`, `--max-model-len 2048`).
+fail and say so. The tier runs on one xdist worker (tests.support.scheduling), so each
+server configuration starts once per run: the shared one (`real_vllm`) the first time a
+test asks for it, kept for the rest of the run; the others (a connector, a second model,
+KV events) for their module alone. `PD_REAL_VLLM_URL` points the tier at a server already
+running on the tiny model instead (served name `tiny`, `--max-model-len 2048`).
 """
 
 from __future__ import annotations
