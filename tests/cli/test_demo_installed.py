@@ -107,19 +107,29 @@ def test_the_bundled_configuration_is_the_repositorys_router_yaml() -> None:
         )
 
 
+@pytest.fixture(scope="module")
+def wheel(install: Install) -> Path:
+    """The gateway installed from a wheel of the whole project, outside the checkout."""
+    return install(["pyproject.toml", "README.md", "router", "policies", "sim", "bench"])
+
+
+# Builds the wheel the next test starts the demo from, before that test takes the run
+# for itself (building and installing a wheel takes a minute or two on a loaded machine).
+def test_the_wheel_runs_from_another_folder(wheel: Path) -> None:
+    imported = run([str(wheel / "python"), "-c", "import router, sim; print(router.__file__)"])
+    assert not Path(imported.strip()).is_relative_to(ROOT)
+    assert "--config" in run([str(wheel / "pd-gateway"), "demo", "--help"])
+
+
 # Its start and stop are bounded in time: not under other tests' load (a whole demo
 # stack, gateway and simulators, competes for the same cores).
 @pytest.mark.serial
 @pytest.mark.timeout(240)
-def test_the_demo_runs_from_a_wheel_in_another_folder(install: Install, tmp_path: Path) -> None:
-    bin_dir = install(["pyproject.toml", "README.md", "router", "policies", "sim", "bench"])
-    imported = run([str(bin_dir / "python"), "-c", "import router, sim; print(router.__file__)"])
-    assert not Path(imported.strip()).is_relative_to(ROOT)
-    assert "--config" in run([str(bin_dir / "pd-gateway"), "demo", "--help"])
+def test_the_demo_runs_from_a_wheel_in_another_folder(wheel: Path, tmp_path: Path) -> None:
     out = tmp_path / "demo.out"
     with out.open("w") as sink:
         demo = subprocess.Popen(
-            [str(bin_dir / "pd-gateway"), "demo", "--free-ports"],
+            [str(wheel / "pd-gateway"), "demo", "--free-ports"],
             stdout=sink,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
