@@ -6,10 +6,10 @@ test under tests/e2e/ is marked here, other modules mark themselves (`pytestmark
 without the marker fails at once, so nothing slow slips into that loop unnoticed.
 
 pytest-xdist runs the suite on one worker per CPU, a module at a time per worker (the
-real_vllm tier's modules together, tests.support.scheduling); tests marked `serial` (they
-assert timings) run while no other test does. Gateway processes run on the container
-image's Python where it is installed (tests.support.gateway_python), which the run's header
-names.
+modules on the real_vllm tier's shared server together, tests.support.scheduling); tests
+marked `serial` (they assert timings) run while no other test does. Gateway processes run
+on the container image's Python where it is installed (tests.support.gateway_python),
+which the run's header names.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def pytest_report_header() -> str:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """A module per worker at a time, the real_vllm tier as one (tests.support.scheduling)."""
+    """A module per worker at a time; the shared vLLM server's modules as one."""
     return scheduling.make_scheduler(config, log)
 
 
