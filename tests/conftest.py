@@ -48,7 +48,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(E2E_DIR):
             item.add_marker(pytest.mark.e2e)
-    scheduling.longest_first(items)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -46,19 +46,3 @@ def make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling | Non
     if config.getvalue("dist") != "loadscope":
         return None
     return ModuleScheduling(config, log)  # type: ignore[arg-type]
-
-
-def longest_first(items: list[pytest.Item]) -> None:
-    """Order the run's modules (each kept whole and as it was) so that xdist hands out the
-    longest units first: the real_vllm tier's (each starts a vLLM server), then those that
-    start processes, then the in-process ones, which fill the gaps at the end."""
-
-    def rank(module: str) -> int:
-        if module.startswith("tests/real_vllm/"):
-            return 0
-        return 1 if module in with_processes else 2
-
-    with_processes = {
-        item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("e2e")
-    }
-    items.sort(key=lambda item: rank(item.nodeid.split("::", 1)[0]))
