@@ -89,6 +89,9 @@ def run_demo(
         port = 0 if free_ports else config.server.port
     remove_stale_dirs()  # what demos killed outright (kill -9) had to leave behind
     redis = LocalRedis() if replicas > 1 else None  # DemoError now if there is no binary
+    # Ctrl-C stops the demo however it was started: a shell starts a background job with
+    # SIGINT ignored, and Python then leaves it ignored.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
     previous_hup = signal.signal(signal.SIGHUP, _raise_stopped)  # the terminal closed
     stacks: list[SimStack] = []
@@ -146,7 +149,7 @@ def run_demo(
         if redis is not None:
             redis.close()
         workdir.cleanup()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, previous_int)
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGHUP, previous_hup)
 

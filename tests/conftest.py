@@ -5,8 +5,11 @@ test under tests/e2e/ is marked here, other modules mark themselves (`pytestmark
 `pytest -m "not e2e"` is then the fast in-process loop, and a test that starts a process
 without the marker fails at once, so nothing slow slips into that loop unnoticed.
 
-pytest-xdist runs the suite on one worker per CPU, a module at a time per worker; tests
-marked `serial` (they assert timings) run while no other test does.
+pytest-xdist runs the suite on one worker per CPU, a module at a time per worker (the
+modules on the real_vllm tier's shared server together, tests.support.scheduling); tests
+marked `serial` (they assert timings) run while no other test does. Gateway processes run
+on the container image's Python where it is installed (tests.support.gateway_python),
+which the run's header names.
 """
 
 from __future__ import annotations
@@ -21,13 +24,24 @@ import openai
 import pytest
 
 from sim.stack import SimStack
-from tests.support import serial
+from tests.support import scheduling, serial
 from tests.support.classify_fixtures import Sims, observed
 from tests.support.deployment import TILERT_VERSIONS, corruptions, reset
 from tests.support.gateway import GatewayProcess
+from tests.support.gateway_python import report_header
 from tests.support.stacks import StackPool
 
 E2E_DIR = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_report_header() -> str:
+    """Which Python the gateway's processes run on (tests.support.gateway_python)."""
+    return report_header()
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """A module per worker at a time; the shared vLLM server's modules as one."""
+    return scheduling.make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -3,12 +3,14 @@ send each later turn where its context is, and the report names its targets."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
 
 from bench.agents import POLICIES, AgentOptions, measure, report
 from bench.report import embedded, markers
+from tests.support.gateway_python import gateway_python
 
 
 def test_the_scenario_has_its_own_place_in_a_report() -> None:
@@ -18,7 +20,12 @@ def test_the_scenario_has_its_own_place_in_a_report() -> None:
 
 
 @pytest.mark.e2e
-def test_prefix_affinity_sends_each_turn_where_its_context_is() -> None:
+def test_prefix_affinity_sends_each_turn_where_its_context_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The scenario starts its gateway and simulators with this process's interpreter: the
+    # gateway's Python, as in every test that starts a gateway.
+    monkeypatch.setattr(sys, "executable", gateway_python())
     # Two conversations never wait for an encoding slot (there are two).
     options = replace(AgentOptions.quick(), conversations=2)
     results = measure(options)

@@ -3,18 +3,18 @@ finite, and the Markdown shows every target. Timing itself is never asserted."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.report import REPORT_END, REPORT_START
+from tests.support.gateway_python import gateway_python, gateway_python_has
+from tests.support.processes import run_in_group
 
 pytestmark = pytest.mark.e2e
 
@@ -62,11 +62,9 @@ def bench(out: Path, *, timeout_s: float) -> subprocess.CompletedProcess[str]:
     """`pd-gateway bench --quick` writing to `out`, its table into `out`'s benchmarks.md; run
     from `out`'s parent with relative paths, as a user runs it in a checkout."""
     command = ["bench", "--quick", "--out", out.name, "--report", f"{out.name}/benchmarks.md"]
-    return subprocess.run(
-        [sys.executable, "-m", "router.cli", *command],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
+    return run_in_group(
+        [gateway_python(), "-m", "router.cli", *command],
+        timeout_s=timeout_s,
         stdin=subprocess.DEVNULL,
         cwd=out.parent,
     )
@@ -180,7 +178,7 @@ def test_markdown_shows_every_target_and_plots_are_drawn_or_explained(
     assert len(redis) == 2 and all(line.endswith(("| yes |", "| no |")) for line in redis)
     assert table in done.stdout
     plots = ["ttft_cdf.png", "gap_cdf.png", "overhead.png", "handoff_cdf.png"]
-    if importlib.util.find_spec("matplotlib") is not None:
+    if gateway_python_has("matplotlib"):
         for name in plots:
             assert (out / name).read_bytes().startswith(b"\x89PNG")
     else:
@@ -217,9 +215,9 @@ def test_a_peer_that_cannot_start_is_an_error_naming_its_log(tmp_path: Path) -> 
     fake.chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(
+    done = run_in_group(
         [
-            sys.executable,
+            gateway_python(),
             "-m",
             "router.cli",
             "bench",
@@ -228,9 +226,7 @@ def test_a_peer_that_cannot_start_is_an_error_naming_its_log(tmp_path: Path) -> 
             "--out",
             str(out),
         ],
-        capture_output=True,
-        text=True,
-        timeout=100,
+        timeout_s=100,
         stdin=subprocess.DEVNULL,
         env=env,
     )

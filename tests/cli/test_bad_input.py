@@ -6,13 +6,13 @@ import hashlib
 import io
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from router.cli import main
+from tests.support.gateway_python import gateway_python
+from tests.support.processes import run_in_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
@@ -253,12 +253,8 @@ def test_no_traceback_from_the_real_command(tmp_path: Path) -> None:
     request = write(tmp_path, "body.json", "{")
     config = write(tmp_path, "router.yaml", GOOD_CONFIG)
     argv = ["classify", "--config", str(config), "--request", str(request)]
-    result = subprocess.run(
-        [sys.executable, "-m", "router.cli", *argv],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT_ROOT,
-        timeout=60,
+    result = run_in_group(
+        [gateway_python(), "-m", "router.cli", *argv], cwd=PROJECT_ROOT, timeout_s=60
     )
     assert result.returncode == 2
     assert result.stderr.startswith("error: ")
@@ -401,13 +397,11 @@ def test_a_reader_that_leaves_early_ends_no_command_in_a_traceback(
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "router.cli", *argv],
+        result = run_in_group(
+            [gateway_python(), "-m", "router.cli", *argv],
             stdout=write_end,
-            stderr=subprocess.PIPE,
-            text=True,
             cwd=PROJECT_ROOT,
-            timeout=120,
+            timeout_s=120,
         )
     finally:
         os.close(write_end)

@@ -8,8 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,11 +18,15 @@ import pytest
 from demo.plan import plan_stacks
 from demo.run import bundled_config
 from router.config import load_config
+from tests.support.demo import as_a_background_job
+from tests.support.gateway_python import gateway_python
+from tests.support.processes import process_group
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 USAGE_END = "Ctrl-C stops the gateway and every simulator."
+PURELIB = "import sysconfig; print(sysconfig.get_path('purelib'))"
 Install = Callable[[list[str]], Path]
 
 
@@ -51,14 +53,16 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Install:
                 shutil.copytree(ROOT / name, where / "src" / name, ignore=ignore)
             else:
                 shutil.copy(ROOT / name, where / "src" / name)
-        pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+        pip = [gateway_python(), "-m", "pip", "-q", "--disable-pip-version-check"]
         run([*pip, "wheel", "--no-deps", "-w", str(where / "dist"), str(where / "src")])
-        run([sys.executable, "-m", "venv", "--without-pip", str(where / "venv")])
+        run([gateway_python(), "-m", "venv", "--without-pip", str(where / "venv")])
         python = where / "venv" / "bin" / "python"
-        purelib = run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
-        # A path in a .pth file: this venv's dependencies, without its own .pth files (the
-        # editable install of the checkout among them).
-        Path(purelib.strip(), "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+        # A path in a .pth file: the gateway's venv's dependencies, without its own .pth
+        # files (the editable install of the checkout among them).
+        dependencies = run([gateway_python(), "-c", PURELIB]).strip()
+        Path(run([str(python), "-c", PURELIB]).strip(), "dependencies.pth").write_text(
+            dependencies + "\n"
+        )
         (wheel,) = (where / "dist").glob("*.whl")
         run([*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)])
         return python.parent
@@ -103,25 +107,38 @@ def test_the_bundled_configuration_is_the_repositorys_router_yaml() -> None:
         )
 
 
+@pytest.fixture(scope="module")
+def wheel(install: Install) -> Path:
+    """The gateway installed from a wheel of the whole project, outside the checkout."""
+    return install(["pyproject.toml", "README.md", "router", "policies", "sim", "bench", "demo"])
+
+
+# Builds the wheel the next test starts the demo from, before that test takes the run
+# for itself (building and installing a wheel takes a minute or two on a loaded machine).
+def test_the_wheel_runs_from_another_folder(wheel: Path) -> None:
+    imported = run([str(wheel / "python"), "-c", "import router, sim; print(router.__file__)"])
+    assert not Path(imported.strip()).is_relative_to(ROOT)
+    assert "--config" in run([str(wheel / "pd-gateway"), "demo", "--help"])
+
+
 # Its start and stop are bounded in time: not under other tests' load (a whole demo
 # stack, gateway and simulators, competes for the same cores).
 @pytest.mark.serial
 @pytest.mark.timeout(240)
-def test_the_demo_runs_from_a_wheel_in_another_folder(install: Install, tmp_path: Path) -> None:
-    bin_dir = install(["pyproject.toml", "README.md", "router", "policies", "sim", "bench", "demo"])
-    imported = run([str(bin_dir / "python"), "-c", "import router, sim; print(router.__file__)"])
-    assert not Path(imported.strip()).is_relative_to(ROOT)
-    assert "--config" in run([str(bin_dir / "pd-gateway"), "demo", "--help"])
+def test_the_demo_runs_from_a_wheel_in_another_folder(wheel: Path, tmp_path: Path) -> None:
     out = tmp_path / "demo.out"
     with out.open("w") as sink:
         demo = subprocess.Popen(
-            [str(bin_dir / "pd-gateway"), "demo", "--free-ports"],
+            [str(wheel / "pd-gateway"), "demo", "--free-ports"],
             stdout=sink,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=as_a_background_job,
             **outside(),
         )
-    try:
+    # Stopped or not, nothing of it is left: its group is killed, its children die with it.
+    with process_group(demo, sig=signal.SIGKILL):
         deadline = time.monotonic() + 120
         while USAGE_END not in out.read_text() and demo.poll() is None:
             assert time.monotonic() < deadline, out.read_text()[-3000:]
@@ -129,7 +146,6 @@ def test_the_demo_runs_from_a_wheel_in_another_folder(install: Install, tmp_path
         text = out.read_text()
         assert USAGE_END in text, text[-3000:]
         assert "Base URL: http://127.0.0.1:" in text
-    finally:
         demo.send_signal(signal.SIGINT)
         try:
             code = demo.wait(timeout=60)

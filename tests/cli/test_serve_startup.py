@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.gateway_python import gateway_python
+from tests.support.processes import run_in_group
 
 pytestmark = pytest.mark.e2e
 
@@ -34,13 +36,11 @@ server: {workers: 2}
 def serve(
     config: Path, *flags: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(config), *flags],
-        capture_output=True,
-        text=True,
+    return run_in_group(
+        [gateway_python(), "-m", "router.cli", "serve", "--config", str(config), *flags],
         cwd=PROJECT_ROOT,
         env={**os.environ, **(env or {})},
-        timeout=120,
+        timeout_s=120,
     )
 
 

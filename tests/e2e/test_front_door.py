@@ -155,6 +155,7 @@ def stream_in_background(
     return thread, lines, ended
 
 
+@pytest.mark.serial  # asserts when each client was dropped, to within SLACK_S
 def test_slow_clients_are_dropped_on_time_while_streams_and_health_carry_on(
     gateways: dict[str, GatewayProcess],
 ) -> None:

@@ -403,7 +403,7 @@ def _node_id(node: NodeInfo) -> str:
 # -- Redis outage ------------------------------------------------------------------------------
 
 
-OUTAGE_S = 30.0
+OUTAGE_S = 3 * LEASE_TTL_S  # every lease expires meanwhile, with time to spare
 RECOVERY_S = 5.0
 
 

