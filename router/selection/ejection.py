@@ -116,10 +116,10 @@ class HealthBook:
             self._eject(url, server)
 
     def adopt(self, old: HealthBook) -> None:
-        """Take over the record `old` (the book of the set this one's replaces on a reload)
-        keeps of each server both hold: its failures, ejection and back-off go on, and a
-        call still in flight in the old set reports to the same record. A server `old`
-        does not hold keeps its fresh record."""
+        """Take over the record `old`, the book this one replaces on a reload, keeps of each
+        server both hold: its failures, ejection and back-off go on, and a call still in
+        flight in the old set reports to the same record. A server `old` does not hold
+        keeps its fresh record."""
         for url in self._servers:
             if (record := old._servers.get(url)) is not None:
                 self._servers[url] = record

@@ -264,9 +264,9 @@ class ServerSet:
     def adopt(self, old: ServerSet) -> None:
         """Take over what `old`, the set this one replaces on a reload, learned of the
         servers both name: their health record (shared with `old` from now on, so a call
-        still in flight there reports to it), load figures and prefix index, each taken
-        by the filter or scorer of the same name. A server `old` did not name starts
-        fresh; requests in flight stay counted where they were held."""
+        still in flight there reports to it), and what each learning scorer knows (load
+        figures, a prefix index), from `old`'s scorer of the same name. A server `old`
+        did not name starts fresh; requests in flight stay counted where they were held."""
         urls = [url for url in self._urls if url in old._outstanding]
         if self.health is not None and old.health is not None:
             self.health.adopt(old.health)
