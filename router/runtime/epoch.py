@@ -5,7 +5,9 @@ A reload builds everything that can fail first (keys, rules, tokenizers): a conf
 that does not load leaves the running epoch untouched. Only then does it touch the
 pools, which live on across epochs: a kept model keeps its runtime, a changed one
 keeps its pool (its node list updated: new nodes join, removed ones finish their request
-and leave). Requests in flight hold their own epoch's objects and are unaffected.
+and leave) and what its server sets learned of the vLLM servers it still names (their
+health, load figures and prefix index). Requests in flight hold their own epoch's objects
+and are unaffected.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from router.latency.sampling import SamplingDefaults
 from router.node import Node, configured_nodes
 from router.runtime.auth import Keys
 from router.runtime.models import ModelRuntime, build_model
-from router.selection import KvEventsHub, ServerSet, sets_of
+from router.selection import KvEventsHub, ServerSet
 from router.tokens.prompt_tokens import PromptCounter
 from router.tokens.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_path
 
@@ -45,10 +47,7 @@ class ConfigEpoch:
 
     def server_sets(self) -> dict[str, list[ServerSet]]:
         """The vLLM server sets of every model's paths."""
-        return {
-            name: sets_of([model.latency, *model.paths.values()])
-            for name, model in self.models.items()
-        }
+        return {name: model.server_sets() for name, model in self.models.items()}
 
 
 @dataclass(slots=True)
@@ -105,6 +104,8 @@ async def build_epoch(
             sampling_defaults=sampling[model.name],
             kv_events=kv_events,
         )
+        if before is not None:
+            runtime.adopt_servers(before)
         models[model.name] = runtime
         changes.models[model.name] = "changed" if before is not None else "added"
         if runtime.gate is not None and runtime.gate is not gate:

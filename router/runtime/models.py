@@ -16,7 +16,14 @@ from router.latency.prompt_ids import PromptIds
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
 from router.node import configured_nodes
-from router.selection import AffinityKeys, KvEventsHub, PathSelection, Weights
+from router.selection import (
+    AffinityKeys,
+    KvEventsHub,
+    PathSelection,
+    ServerSet,
+    Weights,
+    sets_of,
+)
 from router.serving import Fallback, ServePath
 from router.throughput import make_throughput_path
 from router.tokens.prompt_tokens import PromptCounter
@@ -38,6 +45,20 @@ class ModelRuntime:
     @property
     def gate(self) -> Gate | None:
         return self.latency.gate if self.latency is not None else None
+
+    def server_sets(self) -> list[ServerSet]:
+        """The vLLM server sets of the model's paths."""
+        return sets_of([self.latency, *self.paths.values()])
+
+    def adopt_servers(self, before: ModelRuntime) -> None:
+        """On a reload that rebuilt the model: each of its server sets takes over what the
+        set of the same name in `before` (`latency:prefill:<pool>`, `pull:decode`, ...)
+        learned of the servers both name, so a server that stays keeps its health, load
+        figures and prefix index; one the reload added starts fresh."""
+        replaced = {servers.name: servers for servers in before.server_sets()}
+        for servers in self.server_sets():
+            if (old := replaced.get(servers.name)) is not None:
+                servers.adopt(old)
 
 
 def build_model(

@@ -15,7 +15,7 @@ import hashlib
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -71,6 +71,11 @@ class BlockIndex(Protocol):
 
     def size(self, url: str) -> int: ...
 
+    def adopt(self, old: BlockIndex, urls: Collection[str]) -> None:
+        """Take over what `old` (the index this one replaces on a reload) holds of `urls`,
+        if it is an index of the same kind."""
+        ...
+
 
 class PrefixIndex:
     """The blocks each server was sent recently: an LRU per server, bounded in size and age."""
@@ -113,6 +118,13 @@ class PrefixIndex:
     def size(self, url: str) -> int:
         return len(self._blocks.get(url, ()))
 
+    def adopt(self, old: BlockIndex, urls: Collection[str]) -> None:
+        if not isinstance(old, PrefixIndex):
+            return
+        for url in urls:
+            if (held := old._blocks.get(url)) is not None:
+                self._blocks[url] = held  # shared, not copied: up to 100,000 blocks each
+
     def _evict(self, held: OrderedDict[bytes, float], now: float) -> None:
         while len(held) > self._max_blocks:
             held.popitem(last=False)
@@ -151,6 +163,10 @@ class PrefixAffinity:
 
     def sent(self, url: str, request: Affinity) -> None:
         self.index.record(url, request.blocks)
+
+    def adopt(self, old: object, urls: Collection[str]) -> None:
+        if isinstance(old, PrefixAffinity):
+            self.index.adopt(old.index, urls)
 
 
 class SessionAffinity:

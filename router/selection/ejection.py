@@ -115,6 +115,15 @@ class HealthBook:
         if on_probation or server.consecutive_failures >= self.policy.consecutive_failures:
             self._eject(url, server)
 
+    def adopt(self, old: HealthBook) -> None:
+        """Take over the record `old`, the book this one replaces on a reload, keeps of each
+        server both hold: its failures, ejection and back-off go on, and a call still in
+        flight in the old set reports to the same record. A server `old` does not hold
+        keeps its fresh record."""
+        for url in self._servers:
+            if (record := old._servers.get(url)) is not None:
+                self._servers[url] = record
+
     def readmit(self, url: str) -> None:
         """A probe found the server answering: eligible now, still on probation."""
         server = self._servers.get(url)

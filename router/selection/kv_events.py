@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -29,7 +29,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from router.selection.affinity import ROOT_HASH, PrefixIndex, block_hashes
+from router.selection.affinity import ROOT_HASH, BlockIndex, PrefixIndex, block_hashes
 
 log = logging.getLogger("pd_gateway.kv_events")
 
@@ -422,3 +422,10 @@ class KvEventsIndex:
         if server is None or not server.live:
             return self._sent.size(url)
         return server.size()
+
+    def adopt(self, old: BlockIndex, urls: Collection[str]) -> None:
+        """What the servers' events say is the hub's, which outlives a reload; what was
+        sent to them is taken over."""
+        if isinstance(old, KvEventsIndex):
+            self._sent.adopt(old._sent, urls)
+            self._provisional.adopt(old._provisional, urls)

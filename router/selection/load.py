@@ -16,7 +16,7 @@ reading as someone else's).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,15 @@ class LoadBook:
         self._figures[url] = (load, self._clock())
         self._own[url] = own
         self._valid_s[url] = valid_s
+
+    def adopt(self, old: LoadBook, urls: Iterable[str]) -> None:
+        """Take over the figures `old` (the book this one replaces on a reload) last read
+        from `urls`, as old as they were."""
+        for url in urls:
+            if (entry := old._figures.get(url)) is not None:
+                self._figures[url] = entry
+                self._own[url] = old._own[url]
+                self._valid_s[url] = old._valid_s[url]
 
     def fresh(self, url: str) -> Load | None:
         """The figures of `url`, unless there are none or they are too old."""
@@ -151,3 +160,7 @@ class ServerLoad:
             + figures.waiting * w.waiting
             + figures.kv_cache_usage * w.kv_cache_usage
         )
+
+    def adopt(self, old: object, urls: Collection[str]) -> None:
+        if isinstance(old, ServerLoad):
+            self.book.adopt(old.book, urls)

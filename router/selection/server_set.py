@@ -5,6 +5,7 @@ picker takes the best (ties rotate). Every choice says why it was made.
       .pick()          -> Choice(url, reason)
       .hold(url)       counts a request in flight for as long as it runs
       .report(url, o)  tells the health book how a call went
+      .adopt(old)      on a reload: takes over what the set it replaces learned
 
 Reasons: `only_server` (a set of one), `only_<filter>` (the filters left one server, e.g.
 `only_healthy`), the name of the scorer that separated the winner from the runner-up
@@ -31,7 +32,7 @@ import random
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from router.selection.affinity import Affinity
 from router.selection.ejection import HealthBook, Outcome
@@ -84,6 +85,18 @@ class RequestScorer(Protocol):
 
     def sent(self, url: str, request: Affinity) -> None:
         """The request was sent to `url`."""
+        ...
+
+
+@runtime_checkable
+class Learning(Protocol):
+    """A scorer that learns about each server as it goes (load figures, a prefix index)."""
+
+    name: str
+
+    def adopt(self, old: object, urls: Collection[str]) -> None:
+        """Take over what `old`, the scorer this one replaces on a reload, learned of
+        `urls`, if it is a scorer of the same kind."""
         ...
 
 
@@ -247,6 +260,22 @@ class ServerSet:
                 self._unsized[url] -= 1
             else:
                 self._work[url] -= work
+
+    def adopt(self, old: ServerSet) -> None:
+        """Take over what `old`, the set this one replaces on a reload, learned of the
+        servers both name: their health record (shared with `old` from now on, so a call
+        still in flight there reports to it), and what each learning scorer knows (load
+        figures, a prefix index), from `old`'s scorer of the same name. A server `old`
+        did not name starts fresh; requests in flight stay counted where they were held."""
+        urls = [url for url in self._urls if url in old._outstanding]
+        if self.health is not None and old.health is not None:
+            self.health.adopt(old.health)
+        theirs: dict[str, Scorer | RequestScorer] = {s.name: s for s in old._scorers}
+        theirs.update((s.name, s) for s in old._request_scorers)
+        mine: list[Scorer | RequestScorer] = [*self._scorers, *self._request_scorers]
+        for scorer in mine:
+            if isinstance(scorer, Learning) and scorer.name in theirs:
+                scorer.adopt(theirs[scorer.name], urls)
 
     def report(self, url: str, outcome: Outcome) -> None:
         if self.health is not None:

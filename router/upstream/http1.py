@@ -10,12 +10,14 @@ URL's part of it prepared once per pool.
 It speaks what the gateway needs: requests whose body is in hand, answers framed by
 length, by chunks or by the connection's end; no HEAD, no upgrades, no pipelining, no
 proxy. Nothing after an answer's end is read as part of it: the connection is closed
-instead. Its failures are `transport`'s.
+instead, and an idle connection is taken from the pool only if nothing has arrived on it
+since (`_Connection.quiet`). Its failures are `transport`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -294,11 +296,17 @@ class _Connection(asyncio.Protocol):
         self.drained: asyncio.Future[None] | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
         self.reading_paused = False
+        # Its socket, asked whether anything waits to be read before it serves again.
+        self._poll: select.poll | None = None
 
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self._poll = select.poll()
+            self._poll.register(sock.fileno(), select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
         exchange = self.exchange
@@ -361,6 +369,13 @@ class _Connection(asyncio.Protocol):
             raise TimedOut(f"the request was not sent within {timeout_s} s") from None
         if self.closed:
             raise Broken("the connection closed while the request was sent")
+
+    def quiet(self) -> bool:
+        """Open, and nothing has arrived since its last answer: what an idle connection must
+        be to serve again. The event loop may not have read what is waiting in the socket
+        yet (a second answer nobody asked for, or the server's close), so the socket itself
+        is asked, without waiting: one poll(2). Without a socket to ask, never."""
+        return not self.closed and self._poll is not None and not self._poll.poll(0)
 
     def resume_reading(self) -> None:
         if self.transport is not None and not self.closed:
@@ -447,8 +462,9 @@ class Http1Pool:
                 if connection.idle_timer is not None:
                     connection.idle_timer.cancel()
                     connection.idle_timer = None
-                if not connection.closed:
+                if connection.quiet():
                     return connection
+                connection.close()  # closed by its server, or holding what nobody asked for
                 self._open -= 1
             if self._open < self._limits.max_connections:
                 self._open += 1

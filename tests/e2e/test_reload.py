@@ -1,10 +1,12 @@
 """Reloading the configuration while a stream runs: the stream is untouched, new requests
-follow the new rules and nodes, a configuration that does not load changes nothing, and
-SIGHUP does what `POST /admin/reload` does."""
+follow the new rules and nodes, a configuration that does not load changes nothing, a vLLM
+server the gateway ejected stays ejected through a reload that still names it, and SIGHUP
+does what `POST /admin/reload` does."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -46,10 +48,18 @@ def stack(sim_stacks: StackPool) -> SimStack:
     )
 
 
-def config(stack: SimStack, *, node: int, rules: dict[str, Any] | None) -> dict[str, Any]:
-    model = latency_model(
-        stack, "ds", nodes=[stack.nodes[node]], throughput=proxy_throughput(stack)
-    )
+def config(
+    stack: SimStack,
+    *,
+    node: int,
+    rules: dict[str, Any] | None,
+    proxies: list[str] | None = None,
+) -> dict[str, Any]:
+    """`proxies`: the proxy URLs (the stack's one proxy by default)."""
+    throughput = proxy_throughput(stack)
+    if proxies is not None:
+        throughput["urls"] = proxies
+    model = latency_model(stack, "ds", nodes=[stack.nodes[node]], throughput=throughput)
     classification = {"rules": rules} if rules is not None else {}
     return gateway_config([model], classification=classification, admin={"api_key": "operator-key"})
 
@@ -149,6 +159,52 @@ def test_a_configuration_that_does_not_load_changes_nothing(
     assert error["code"] == "config_invalid" and "did you mean 'classification'" in error["message"]
     batch = chat(gateway, "ok", **{"x-workload": "batch"})
     assert batch.headers["x-pd-rule"] == "batch", "the last good configuration still serves"
+
+
+def test_an_ejected_server_stays_ejected_through_a_reload_and_starts_fresh_once_removed(
+    gateway: GatewayProcess, stack: SimStack
+) -> None:
+    assert stack.proxy is not None
+    live = stack.proxy.url
+    with socket.socket() as held:  # a port bound, never listened on: refused at once
+        held.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{held.getsockname()[1]}"
+        both = [dead, live]
+
+        def reload_with(node: int, proxies: list[str]) -> None:
+            rewrite(gateway, config(stack, node=node, rules=BATCH_RULE, proxies=proxies))
+            answer = plain().post(gateway.url + "/admin/reload", headers=ADMIN, timeout=30)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["models"] == {"ds": "changed"}
+
+        reload_with(0, both)
+        for i in range(40):  # half of them tried on the dead server first, then retried
+            if proxy_servers(gateway)[dead]["state"] == "ejected":
+                break
+            batch = chat(gateway, f"ok {i}", **{"x-workload": "batch"})
+            assert batch.status_code == 200, batch.text
+        before = proxy_servers(gateway)[dead]
+        assert before["state"] == "ejected", before
+
+        reload_with(1, both)  # another node: the model changes, the proxies do not
+        after = proxy_servers(gateway)[dead]
+        # Out, or between two ejections (a back-off that ended a moment ago).
+        assert after["state"] in ("ejected", "probation"), after
+        assert after["ejections"] >= before["ejections"] >= 1
+        assert after["failures"] >= before["failures"] >= 5
+
+        reload_with(1, [live])
+        reload_with(1, both)  # removed, then added back: a server never judged
+        again = proxy_servers(gateway)[dead]
+        assert again["ejections"] == 0 and again["state"] in ("healthy", "failing"), again
+
+
+def proxy_servers(gateway: GatewayProcess) -> dict[str, dict[str, Any]]:
+    """The proxy URLs of the model as `GET /admin/upstreams` shows them."""
+    answer = plain().get(gateway.url + "/admin/upstreams", headers=ADMIN, timeout=30)
+    assert answer.status_code == 200, answer.text
+    servers: dict[str, dict[str, Any]] = answer.json()["models"]["ds"]["proxy"]
+    return servers
 
 
 def test_reloading_needs_the_admin_key(gateway: GatewayProcess) -> None:

@@ -56,6 +56,18 @@ def test_index_is_bounded_in_size_and_age() -> None:
     assert index.size(A) == 0
 
 
+def test_an_index_that_replaces_another_keeps_the_blocks_of_the_servers_it_names() -> None:
+    old = PrefixIndex()
+    blocks = block_hashes(list(range(64)))
+    old.record(A, blocks)
+    old.record(B, blocks)
+    new = PrefixIndex()
+    new.adopt(old, [A, C])
+    assert (new.matched(A, blocks), new.matched(B, blocks)) == (4, 0)
+    old.record(A, block_hashes(list(range(80))))  # sent by a request of the replaced set
+    assert new.matched(A, block_hashes(list(range(80)))) == 5
+
+
 def prefix_set(urls: list[str]) -> tuple[ServerSet, PrefixAffinity]:
     prefix = PrefixAffinity()
     servers = ServerSet(urls, scorers=[LeastOutstanding()], request_scorers=[prefix])

@@ -117,6 +117,34 @@ def test_an_unknown_url_is_ignored() -> None:
     assert list(book.snapshot()) == [A]
 
 
+def test_a_book_that_replaces_another_keeps_the_record_of_the_servers_both_hold() -> None:
+    old, clock = book_of(A, B, C)
+    fail(old, A, 5)
+    fail(old, B, 2, "timeout")
+    new = HealthBook([A, B, D], clock=clock)
+    new.adopt(old)
+    assert new.state(A) == "ejected" and not new.eligible(A)
+    assert new.snapshot()[B]["consecutive_failures"] == 2
+    assert new.snapshot()[D] == HealthBook([D]).snapshot()[D]  # a new server: fresh
+    old.report(B, "error")  # a call still in flight in the replaced set
+    assert new.snapshot()[B]["consecutive_failures"] == 3
+    clock.now += 10  # the back-off goes on where it was: on probation, one failure ejects
+    fail(new, A, 1)
+    assert new.state(A) == "ejected" and new.snapshot()[A]["ejected_for_s"] == 20.0
+
+
+def test_a_server_dropped_by_one_book_starts_fresh_in_the_next_that_holds_it() -> None:
+    first, clock = book_of(A, B, C, D)
+    fail(first, A, 5)
+    fail(first, B, 5)
+    second = HealthBook([A, C, D], clock=clock)  # B removed
+    second.adopt(first)
+    third = HealthBook([A, B, C, D], clock=clock)  # and added back
+    third.adopt(second)
+    assert third.state(A) == "ejected"
+    assert third.state(B) == "healthy" and third.snapshot()[B]["failures"] == 0
+
+
 def test_ejections_are_announced() -> None:
     ejected: list[str] = []
     book = HealthBook([A, B], clock=Clock(), on_ejected=ejected.append)

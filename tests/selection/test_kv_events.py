@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.config import SelectionConfig
-from router.selection import PrefixAffinity
+from router.selection import PrefixAffinity, PrefixIndex
 from router.selection.affinity import block_hashes
 from router.selection.kv_events import (
     BLOCKS_PER_STEP,
@@ -260,11 +260,29 @@ def test_an_index_falls_back_to_the_blocks_sent_while_events_do_not_flow() -> No
     assert index.size(URL) == 4
 
 
+def test_an_index_that_replaces_another_keeps_the_blocks_sent_and_the_hubs_events() -> None:
+    hub = KvEventsHub()
+    old = KvEventsIndex(hub)
+    blocks = block_hashes(list(range(16)), BS)
+    old.record(URL, blocks)
+    new = KvEventsIndex(hub)
+    new.adopt(old, [URL])
+    assert new.matched(URL, blocks) == 4  # not followed: the blocks sent there
+    server = ServerBlocks(BS)
+    hub._followed[URL] = (Source("tcp://x:1", "", BS), server, None)  # type: ignore[assignment]
+    server.follows(0)
+    server.apply_now([stored([1, 2], list(range(8)))])
+    assert new.matched(URL, blocks) == 4  # live: the hub's two, and just sent: provisional
+    sent = PrefixIndex()
+    sent.record(URL, blocks)
+    other = KvEventsIndex(hub)
+    other.adopt(sent, [URL])  # an index of another kind (the mode changed): nothing taken
+    assert other.matched(URL, blocks) == 2  # what the hub's events say alone
+
+
 def test_sent_blocks_count_on_a_live_server_only_while_provisional() -> None:
     now = [0.0]
     hub = KvEventsHub()
-    from router.selection import PrefixIndex
-
     index = KvEventsIndex(hub, provisional=PrefixIndex(ttl_s=2.0, clock=lambda: now[0]))
     server = ServerBlocks(BS)
     hub._followed[URL] = (Source("tcp://x:1", "", BS), server, None)  # type: ignore[assignment]

@@ -103,6 +103,29 @@ def test_figures_hold_for_their_validity_and_then_go_stale() -> None:
     assert book.fresh(A) is None and book.snapshot([A]) == {}
 
 
+def test_a_book_that_replaces_another_keeps_the_figures_of_the_servers_it_names() -> None:
+    clock = Clock()
+    old = LoadBook(clock=clock)
+    old.record(A, Load(running=1, waiting=2, kv_cache_usage=0.5), valid_s=6, own=1)
+    old.record(B, Load(running=3, waiting=0, kv_cache_usage=0.0), valid_s=6)
+    clock.now += 2
+    new = LoadBook(clock=clock)
+    new.adopt(old, [A, "http://c"])
+    assert new.snapshot([A, B]) == {
+        A: {
+            "running": 1,
+            "waiting": 2,
+            "own_when_read": 1,
+            "kv_cache_usage": 0.5,
+            "age_s": 2.0,  # as old as they were
+            "stale": False,
+        }
+    }
+    assert new.foreign(A) == 2.0
+    clock.now += 4.5
+    assert new.fresh(A) is None  # and they go stale when they would have
+
+
 def test_the_score_weighs_foreign_and_waiting_requests_and_kv_use() -> None:
     book = LoadBook(clock=Clock())
     scorer = ServerLoad(book)

@@ -6,9 +6,22 @@ from collections.abc import Mapping
 
 import pytest
 
-from router.selection import Choice, HealthBook, ServerSet, default_set
+from router.selection import (
+    Affinity,
+    Choice,
+    HealthBook,
+    Load,
+    LoadBook,
+    PrefixAffinity,
+    ServerLoad,
+    ServerSet,
+    SessionAffinity,
+    default_set,
+    load_snapshot,
+)
+from router.selection.affinity import block_hashes
 
-A, B, C = "http://a:8000", "http://b:8000", "http://c:8000"
+A, B, C, D = "http://a:8000", "http://b:8000", "http://c:8000", "http://d:8000"
 
 
 class Clock:
@@ -102,3 +115,53 @@ def test_the_snapshot_shows_load_and_health() -> None:
     assert snapshot[A]["state"] == "failing"
     assert snapshot[A]["consecutive_failures"] == 1
     assert snapshot[B]["outstanding"] == 1
+
+
+def learning_set(urls: list[str], clock: Clock) -> ServerSet:
+    """The default set with what it learns: health, load figures, a prefix index."""
+    return default_set(
+        urls,
+        health=HealthBook(urls, clock=clock),
+        load=LoadBook(clock=clock),
+        request_scorers=[PrefixAffinity(), SessionAffinity()],
+    )
+
+
+def test_a_set_that_replaces_another_takes_over_what_it_learned_of_the_servers_both_name() -> None:
+    clock = Clock()
+    old = learning_set([A, B, C], clock)
+    for _ in range(5):
+        old.report(A, "unreachable")
+    load_book(old).record(B, Load(running=4, waiting=4, kv_cache_usage=1.0), valid_s=6)
+    prompt = Affinity(block_hashes(list(range(64))), tokens=64)
+    with old.hold(C, prompt):
+        pass
+    new = learning_set([A, B, C, D], clock)
+    new.adopt(old)
+    assert new.snapshot()[A]["state"] == "ejected"
+    assert load_snapshot(new)[B]["waiting"] == 4
+    # D, which the old set did not name, starts fresh.
+    assert new.snapshot()[D] == {"outstanding": 0, **HealthBook([D]).snapshot()[D]}
+    assert D not in load_snapshot(new)
+    # The request goes where its prefix is, never to the ejected server nor the busy one.
+    assert new.pick(request=prompt) == Choice(C, "prefix:4 blocks")
+    assert {new.pick().url for _ in range(6)} == {C, D}
+
+
+def test_a_server_a_set_dropped_starts_fresh_when_the_next_names_it_again() -> None:
+    clock = Clock()
+    first = learning_set([A, B, C, D], clock)
+    for url in (A, B):
+        for _ in range(5):
+            first.report(url, "unreachable")
+    second = learning_set([A, C, D], clock)
+    second.adopt(first)
+    third = learning_set([A, B, C, D], clock)
+    third.adopt(second)
+    assert third.snapshot()[A]["state"] == "ejected"
+    assert third.snapshot()[B]["state"] == "healthy" and third.snapshot()[B]["failures"] == 0
+
+
+def load_book(servers: ServerSet) -> LoadBook:
+    (book,) = [s.book for s in servers.scorers if isinstance(s, ServerLoad)]
+    return book
