@@ -25,11 +25,10 @@ from tests.support.deployment import (
     request_decodes,
     sim_get,
     sim_post,
-    version_args,
 )
 from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.http import plain
-from tests.support.stacks import StackPool
+from tests.support.stacks import StackPool, latency_stack
 
 pytestmark = pytest.mark.usefixtures("fresh_sims", "all_slots_free")
 
@@ -40,14 +39,7 @@ CLOSED_PORT = 9  # discard: nothing listens there on a test machine
 
 @pytest.fixture(scope="module")
 def stack(tilert_version: str, sim_stacks: StackPool) -> SimStack:
-    version = version_args(tilert_version)
-    return sim_stacks.get(
-        nodes=4,
-        prefills=1,
-        model=["ds", "solo"],
-        node_args=["--step-ms", "1", *version["node_args"]],
-        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0", *version["prefill_args"]],
-    )
+    return latency_stack(sim_stacks, tilert_version)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from router.latency.path import answer_facts
 from router.latency.sampling import SamplingDefaults, resolve
 from router.node import Node
 from router.openai.render import (
+    AnswerHead,
     ChatRenderer,
     CompletionRenderer,
     Renderer,
@@ -92,11 +93,9 @@ class Backend:
     ) -> Any:
         facts = answer_facts(parsed, prefilled, resolve(parsed, self.defaults), max_seq_len=2048)
         return kind(
-            response_id=prefilled.response_id,
-            created=prefilled.created,
-            model=self.model,
-            client_body=client_body,
-            facts=facts,
+            AnswerHead(
+                prefilled.response_id, prefilled.created, self.model, client_body or {}, facts
+            )
         )
 
 

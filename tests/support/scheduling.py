@@ -17,6 +17,7 @@ from xdist.scheduler import LoadScopeScheduling
 SHARED_VLLM_MODULES = frozenset(
     f"tests/real_vllm/{name}.py"
     for name in (
+        "test_continuation",
         "test_latency_shapes",
         "test_native_proxy",
         "test_requests_accepted",

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from sim.stack import SimStack
-from tests.support.deployment import reset
+from tests.support.deployment import reset, version_args
 
 
 class StackPool:
@@ -38,3 +38,16 @@ class StackPool:
         stacks, self._stacks = list(self._stacks.values()), {}
         for stack in stacks:
             stack.stop()
+
+
+def latency_stack(pool: StackPool, tilert_version: str) -> SimStack:
+    """Four fast nodes of one TileRT release and one prefill server serving `ds` and
+    `solo`: the latency path's modules share it."""
+    version = version_args(tilert_version)
+    return pool.get(
+        nodes=4,
+        prefills=1,
+        model=["ds", "solo"],
+        node_args=["--step-ms", "1", *version["node_args"]],
+        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0", *version["prefill_args"]],
+    )

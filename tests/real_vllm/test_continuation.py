@@ -1,0 +1,65 @@
+"""What continuing an answer relies on, held to real vLLM: a prefill asked for
+`return_token_ids` names the prompt's ids, and a greedy model given the prompt's ids and
+the start of its own answer (chat: `kv_transfer_params.prompt_token_ids`; completions: the
+ids as the prompt) generates the rest of that answer, token for token. The simulated vLLM
+holds itself to the same (tests/sim/test_sim_vllm_answers.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.real_vllm.conftest import RealVllm
+
+pytestmark = [pytest.mark.real_vllm, pytest.mark.e2e]
+
+GREEDY = {"temperature": 0, "max_tokens": 24, "ignore_eos": True, "return_token_ids": True}
+CHAT = {"messages": [{"role": "user", "content": "Tell me about the sea."}], **GREEDY}
+COMPLETION = {"prompt": "The sea is", **GREEDY}
+
+
+def post(real_vllm: RealVllm, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = httpx.post(
+        f"{real_vllm.url}{path}", json={"model": real_vllm.model, **body}, timeout=120
+    )
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+@pytest.mark.parametrize("written", [1, 7, 23])
+def test_a_chat_prompt_and_the_start_of_its_answer_continue_the_answer(
+    real_vllm: RealVllm, written: int
+) -> None:
+    whole = post(real_vllm, "/v1/chat/completions", CHAT)
+    prompt, output = whole["prompt_token_ids"], whole["choices"][0]["token_ids"]
+    assert len(prompt) == whole["usage"]["prompt_tokens"] and len(output) == 24
+    rest = post(
+        real_vllm,
+        "/v1/chat/completions",
+        {
+            **CHAT,
+            "max_tokens": 24 - written,
+            "kv_transfer_params": {"prompt_token_ids": [*prompt, *output[:written]]},
+        },
+    )
+    assert rest["usage"]["prompt_tokens"] == len(prompt) + written
+    assert rest["choices"][0]["token_ids"] == output[written:]
+
+
+@pytest.mark.parametrize("written", [1, 7, 23])
+def test_a_completions_prompt_and_the_start_of_its_answer_continue_the_answer(
+    real_vllm: RealVllm, written: int
+) -> None:
+    whole = post(real_vllm, "/v1/completions", COMPLETION)
+    choice = whole["choices"][0]
+    prompt, output = choice["prompt_token_ids"], choice["token_ids"]
+    assert len(prompt) == whole["usage"]["prompt_tokens"] and len(output) == 24
+    rest = post(
+        real_vllm,
+        "/v1/completions",
+        {**COMPLETION, "max_tokens": 24 - written, "prompt": [*prompt, *output[:written]]},
+    )
+    assert rest["choices"][0]["token_ids"] == output[written:]
