@@ -2,7 +2,7 @@
 serve`, `demo`, `bench` and the other commands, through `python -m router.cli`).
 
 The container image runs the gateway on Python 3.13, so the tests do too where
-`.venv-3.13/` is there (`python -m tests.install` makes it); in-process tests run on the
+`.venv-3.13/` is there (`python -m tests.prepare` makes it); in-process tests run on the
 Python running pytest. `PD_GATEWAY_PYTHON` names another interpreter (one with the
 project and its dependencies installed). Without either, the gateway runs on pytest's own
 Python, so a checkout without 3.13 still gets a whole run; the run's header says which.
@@ -47,7 +47,7 @@ def report_header() -> str:
     """The line the run's header gives it."""
     python = gateway_python()
     if python == sys.executable:
-        where = "this Python (no .venv-3.13: `python -m tests.install` makes it)"
+        where = "this Python (no .venv-3.13: `python -m tests.prepare` makes it)"
     else:
         where = python + (f" (from {OVERRIDE})" if os.environ.get(OVERRIDE) else "")
     return f"gateway processes: Python {gateway_python_version()}, {where}"

@@ -1,6 +1,7 @@
-"""`python -m tests.install`: its steps run side by side, each line of theirs prefixed with
-the step's name, and a failure names its step. The vLLM step installs a fixed list of
-packages, which holds the releases it names and none of the packages it leaves out."""
+"""`python -m tests.prepare`: its steps run side by side, each once the steps it comes after
+have succeeded, each line of theirs prefixed with the step's name, and a failure names its
+step and the steps it kept from running. The vLLM step installs a fixed list of packages,
+which holds the releases it names and none of the packages it leaves out."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.install import run_steps
+from tests.prepare import STEPS, Step, run_steps
 from tests.real_vllm.install import (
     REQUIREMENTS,
     SIMULATOR_NEEDS,
@@ -38,7 +39,8 @@ def waits_for(mine: Path, theirs: Path) -> list[str]:
 def test_the_steps_run_at_once_each_named_in_its_output(tmp_path: Path) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
     out = io.StringIO()
-    failed = run_steps({"one": waits_for(first, second), "two": waits_for(second, first)}, out)
+    steps = {"one": Step([waits_for(first, second)]), "two": Step([waits_for(second, first)])}
+    failed = run_steps(steps, out)
     assert failed == []
     lines = out.getvalue().splitlines()
     assert "[one] saw it" in lines and "[two] saw it" in lines
@@ -51,12 +53,47 @@ def test_a_failed_step_is_named_and_the_others_finish() -> None:
     out = io.StringIO()
     failing = [sys.executable, "-c", "import sys; print('no network'); sys.exit(3)"]
     fine = [sys.executable, "-c", "print('ready')"]
-    failed = run_steps({"broken": failing, "fine": fine}, out)
-    assert failed == ["broken"]
+    steps = {
+        "broken": Step([failing, fine]),
+        "fine": Step([fine]),
+        "later": Step([fine], after=("fine", "broken")),
+    }
+    failed = run_steps(steps, out)
+    assert failed == ["broken", "later"]
     lines = out.getvalue().splitlines()
     assert "[broken] no network" in lines and "[fine  ] ready" in lines
+    assert "[broken] ready" not in lines  # a step stops at its first failing command
     assert any(line.startswith("[broken] failed (exit status 3) after ") for line in lines)
     assert any(line.startswith("[fine  ] done after ") for line in lines)
+    assert "[later ] not run: broken failed" in lines
+
+
+def appends(log: Path, word: str) -> list[str]:
+    code = f"open({str(log)!r}, 'a').write({word!r} + ' ')"
+    return [sys.executable, "-c", code]
+
+
+@pytest.mark.e2e
+def test_a_step_starts_once_the_steps_it_comes_after_are_done(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    steps = {
+        "last": Step([appends(log, "last")], after=("first", "second")),
+        "second": Step([appends(log, "second")], after=("first",)),
+        "first": Step([appends(log, "first"), appends(log, "first-again")]),
+    }
+    assert run_steps(steps, io.StringIO()) == []
+    assert log.read_text().split() == ["first", "first-again", "second", "last"]
+
+
+def test_a_step_after_a_step_that_does_not_exist_is_refused() -> None:
+    with pytest.raises(ValueError, match="nowhere"):
+        run_steps({"lost": Step([["true"]], after=("nowhere",))}, io.StringIO())
+
+
+def test_the_checks_and_the_newer_python_wait_for_the_project() -> None:
+    assert STEPS["checks"].after == ("project",)
+    assert STEPS["python3.13"].after == ("project",)  # its relinking needs patchelf
+    assert {"vllm", "promtool"} <= {name for name, step in STEPS.items() if not step.after}
 
 
 def test_the_vllm_requirements_pin_every_package_and_hold_the_named_releases() -> None:
