@@ -264,11 +264,12 @@ class LatencyPath:
                 ended("too_long")
                 return None
             with tracing.stage(tracing.CONTINUATION, reason=reason, tokens=len(output_ids)):
+                rid = new_request_id()  # the lease names the request its node serves
                 try:
                     lease = await self.gate.acquire(
                         priority=request.decision.priority,
                         wait_s=self._config.continuation_wait_ms / 1000,
-                        holder=request.request_id,
+                        holder=rid,
                     )
                 except GateRejected:
                     ended("no_node")
@@ -276,7 +277,7 @@ class LatencyPath:
                 servers = await self._prefill_servers(lease)
                 choice = servers.pick(request=affinity)
                 session, _ = self._session(request, lease, choice, stack)
-                prompt = PrefillPrompt(token_ids=ids, rid=new_request_id(), budget=left)
+                prompt = PrefillPrompt(token_ids=ids, rid=rid, budget=left)
                 try:
                     prefilled = await self._prefill(
                         session, servers, choice, request, options, affinity, prompt

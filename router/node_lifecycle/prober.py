@@ -33,11 +33,13 @@ async def probe_pool_forever(
     facts: NodeFactsBook,
     metrics: Metrics,
     *,
+    model: str,
     interval_s: float,
     facts_every_s: float,
 ) -> None:
     """Run until cancelled: every interval, probe the nodes out of service that are due;
-    every `facts_every_s`, ask every node for its facts again."""
+    every `facts_every_s`, ask every node for its facts again. `model`: the pool's, for the
+    metrics."""
     facts_due = time.monotonic() + facts_every_s
     while True:
         await asyncio.sleep(interval_s)
@@ -48,7 +50,7 @@ async def probe_pool_forever(
                 await asyncio.gather(*(learn(pool, upstreams, facts, n) for n in nodes))
             due = await pool.due_for_probe()
             await asyncio.gather(
-                *(_probe_out_node(pool, upstreams, facts, metrics, n) for n in due)
+                *(_probe_out_node(pool, upstreams, facts, metrics, model, n) for n in due)
             )
         except Exception:  # nothing may end the prober: out nodes would never come back
             log.exception("probing the nodes failed")
@@ -76,7 +78,12 @@ async def learn(pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, nod
 
 
 async def _probe_out_node(
-    pool: PoolAdmin, upstreams: Upstreams, facts: NodeFactsBook, metrics: Metrics, node: Node
+    pool: PoolAdmin,
+    upstreams: Upstreams,
+    facts: NodeFactsBook,
+    metrics: Metrics,
+    model: str,
+    node: Node,
 ) -> None:
     if not await learn(pool, upstreams, facts, node):
         return
@@ -85,6 +92,8 @@ async def _probe_out_node(
     )
     if claim is None:
         return
+    if claim.stale_rid is not None:
+        await _cancel_orphaned_decode(upstreams, metrics, model, node, claim.stale_rid)
     outcome = await flushed_and_ready(upstreams, metrics, node, rid=claim.stale_rid)
     if outcome == "clean":
         log.info("node %s is back in service", node.id)
@@ -93,6 +102,34 @@ async def _probe_out_node(
         # Nothing of this flush can reach the node any more: the next probe round (of any
         # replica) tries again, rather than after the claim's whole lifetime.
         await pool.release_probe_claim(node.id)
+
+
+async def _cancel_orphaned_decode(
+    upstreams: Upstreams, metrics: Metrics, model: str, node: Node, rid: str
+) -> None:
+    """The decode of a request whose lease expired, if the node still runs it, is cancelled,
+    and the node waited for until idle (at most a connect timeout; the flush that follows
+    finds it idle or not). Nobody may read that decode any more: its holder died, or is
+    paused and stops at its next line once it finds its lease lost. Left running, it would
+    keep the node out until its last token (minutes, for a long answer).
+
+    A TileRT 0.1.5 node cancels only once its first line is out; during its wait for the
+    transfer, the decode ends when that wait does (which the claim's quiet time covers). A
+    holder paused with its connection's buffers full keeps a node's response from ending
+    until it reads again or its connection drops: nothing on the node's API frees it.
+    """
+    if not await tilert.decoding(upstreams, node, rid):
+        return
+    cancelled = await tilert.cancel(upstreams, node, rid)
+    log.warning(
+        "node %s: the decode of %s ran on past its lease; %s",
+        node.id,
+        rid,
+        "cancelled" if cancelled else "the node did not take the cancel",
+    )
+    if cancelled:
+        metrics.cancelled(model, "lease_expired")
+        await tilert.wait_idle(upstreams, node, limit_s=upstreams.timeouts.connect_s)
 
 
 def _stale_transfer_quiet_s(upstreams: Upstreams, facts: NodeFactsBook, node: Node) -> float:

@@ -146,6 +146,7 @@ class BackgroundLoops:
                     deps.upstreams,
                     deps.facts,
                     deps.metrics,
+                    model=model,
                     interval_s=config.probe_interval_s,
                     facts_every_s=config.capabilities_interval_s,
                 ),

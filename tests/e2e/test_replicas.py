@@ -392,6 +392,89 @@ def test_a_node_still_decoding_when_its_lease_expires_is_back_a_probe_after_it_i
     assert_no_overlap(stack.nodes)
 
 
+@pytest.mark.parametrize("holder", ["killed", "paused"])
+def test_a_decode_left_running_past_its_lease_is_cancelled_and_its_node_serves_again(
+    holder: str,
+    stack: SimStack,
+    replicas: list[GatewayProcess],
+    config: dict[str, Any],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The victim's node stalls mid-answer (silent until cancelled: a decode that would run
+    on for as long as anyone let it) and the victim dies or freezes: the replica that finds
+    the lease expired cancels the decode the lease names, and the node serves again at once,
+    not when the decode ends (never, here)."""
+    node = stack.nodes[3]
+    node_id = _node_id(node)
+    sim_post(node.url, "/sim/faults", {"stall_after": 6, "count": 1})
+    body = {
+        "model": "one",
+        "messages": [{"role": "user", "content": directive(words(40))}],
+        "stream": True,
+    }
+    watcher = replicas[1]
+    cancels_before = lease_expired_cancels(replicas)
+    with (
+        start_gateway(tmp_path_factory, config["models"], **_options(config)) as victim,
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", victim.base_url + "/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        lines = response.iter_lines()  # kept open: leaving the loop must not close it
+        for line in lines:
+            if line.startswith("data: ") and '"content":"w' in line:
+                break  # the node is decoding for the victim, and stalls now
+        else:
+            raise AssertionError("the victim's stream ended before its node decoded")
+        (stalled,) = request_decodes(sim_get(node.url, "/sim/records")["decodes"])
+        if holder == "killed":
+            victim.kill()
+        else:
+            victim.pause()
+        try:
+            wait_until(
+                lambda: watcher.pool()["models"]["one"]["out"].get(node_id) == "lease_expired",
+                what="the lease to expire",
+            )
+            wait_until(
+                lambda: node_id not in watcher.pool()["models"]["one"]["out"],
+                what="the node back in service",
+            )
+            reply = chat(watcher, "one", "low", directive("served while the holder is gone"))
+        finally:
+            if holder == "paused":
+                victim.resume()
+        assert reply.status_code == 200, reply.text
+        if holder == "paused":
+            # Thawed, the victim finds its lease lost: its client's answer ends, saying so.
+            rest = [line for line in lines if line]
+            assert rest[-1] == "data: [DONE]", rest[-2:]
+            assert '"code":"lease_lost"' in rest[-2], rest[-2:]
+
+    decodes = request_decodes(sim_get(node.url, "/sim/records")["decodes"])
+    (cancelled,) = [d for d in decodes if d["rid"] == stalled["rid"] and d["stream"]]
+    assert cancelled["finish_reason"] == "cancelled", cancelled
+    assert cancelled["n"] == 6
+    rids = [d["rid"] for d in decodes]
+    # The stale rid reached the node twice: its decode, and the prober's flush in its name.
+    assert rids.count(stalled["rid"]) == 2, rids
+    all_quiet(stack, replicas)
+    assert_no_overlap(stack.nodes)
+    assert lease_expired_cancels(replicas) == cancels_before + 1
+
+
+def lease_expired_cancels(replicas: list[GatewayProcess]) -> float:
+    """Decodes the replicas' probers cancelled because their lease had expired, summed."""
+    return sum(
+        sample.value
+        for gateway in replicas
+        for family in text_string_to_metric_families(plain().get(gateway.url + "/metrics").text)
+        for sample in family.samples
+        if sample.name == "pd_gateway_cancellations_total"
+        and sample.labels["reason"] == "lease_expired"
+    )
+
+
 def _options(config: dict[str, Any]) -> dict[str, Any]:
     return {k: config[k] for k in ("gate", "timeouts", "classification")}
 

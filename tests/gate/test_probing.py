@@ -30,10 +30,10 @@ async def test_a_node_busy_at_its_first_probe_is_readmitted_at_the_next(
     lease = await gate.acquire(priority=0, wait_s=1, holder="a")
     await lease.release(UNFINISHED)
     node.status = "busy"
-    await _probe_out_node(gate, upstreams(node), facts, METRICS, NODE)
+    await _probe_out_node(gate, upstreams(node), facts, METRICS, "glm", NODE)
     assert node.decodes == [] and NODE.id in (await gate.snapshot()).out
     node.status = "idle"
-    await _probe_out_node(gate, upstreams(node), facts, METRICS, NODE)
+    await _probe_out_node(gate, upstreams(node), facts, METRICS, "glm", NODE)
     assert len(node.decodes) == 1
     assert (await gate.snapshot()).out == {}
 

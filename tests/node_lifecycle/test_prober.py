@@ -19,6 +19,7 @@ from tests.support.scripted_node import ScriptedNode, upstreams
 
 NODE = Node(host="node", http_port=5557, tilert="0.1.6")
 METRICS = Metrics()
+MODEL = "glm"
 
 
 async def test_start_up_learns_the_facts_and_flushes_each_node_it_owns() -> None:
@@ -46,7 +47,9 @@ async def test_a_node_of_another_release_is_taken_out_with_the_reason() -> None:
         NODE.id: "tilert_version_mismatch: node runs 0.1.5, pool is 0.1.6"
     }
     assert node.decodes == [] and facts.get(NODE.id) is None
-    await _probe_out_node(gate, upstreams(node), facts, METRICS, NODE)  # still 0.1.5: stays out
+    await _probe_out_node(
+        gate, upstreams(node), facts, METRICS, MODEL, NODE
+    )  # still 0.1.5: stays out
     assert NODE.id in (await gate.snapshot()).out
 
 
@@ -55,11 +58,11 @@ async def test_an_out_node_is_flushed_then_readmitted_once_idle() -> None:
     gate = make_gate(GateConfig(node_cooldown_s=0), [NODE])
     await gate.take_out(NODE.id, "decode_unfinished")
     node.status = "busy"
-    await _probe_out_node(gate, upstreams(node), facts, METRICS, NODE)
+    await _probe_out_node(gate, upstreams(node), facts, METRICS, MODEL, NODE)
     assert node.decodes == [] and NODE.id in (await gate.snapshot()).out  # busy: not touched
     node.status = "idle"
     metrics = Metrics()
-    await _probe_out_node(gate, upstreams(node), facts, metrics, NODE)
+    await _probe_out_node(gate, upstreams(node), facts, metrics, MODEL, NODE)
     assert len(node.decodes) == 1
     assert (await gate.snapshot()).out == {}
     flushes = {"node": NODE.id, "outcome": "clean"}
@@ -69,7 +72,7 @@ async def test_an_out_node_is_flushed_then_readmitted_once_idle() -> None:
 async def test_a_node_in_service_is_never_flushed_by_the_prober() -> None:
     node = ScriptedNode()
     gate = make_gate(GateConfig(), [NODE])
-    await _probe_out_node(gate, upstreams(node), NodeFactsBook(), METRICS, NODE)
+    await _probe_out_node(gate, upstreams(node), NodeFactsBook(), METRICS, MODEL, NODE)
     assert node.decodes == []
 
 
@@ -114,7 +117,46 @@ async def test_a_node_whose_lease_expired_is_flushed_in_the_stale_requests_name(
         Node(host="node", http_port=5557, tilert=release),
     )
     scripted = upstreams(node)
-    await _probe_out_node(pool, scripted, NodeFactsBook(), METRICS, pinned)  # type: ignore[arg-type]
+    await _probe_out_node(pool, scripted, NodeFactsBook(), METRICS, MODEL, pinned)  # type: ignore[arg-type]
     assert pool.quiet_s == [quiet_s]
     assert [d["rid"] for d in node.decodes] == ["stalerid"]
     assert pool.readmitted == [pinned.id]
+    assert node.cancels == []  # nothing of it was running
+
+
+@pytest.mark.parametrize("release", ["0.1.5", "0.1.6"])
+async def test_a_decode_running_on_past_its_lease_is_cancelled_and_the_node_readmitted(
+    release: TileRTVersion,
+) -> None:
+    """Its holder died or is paused: nobody may read it, and left running it would keep the
+    node out until its last token."""
+    node = ScriptedNode(running="stalerid")
+    if release == "0.1.5":
+        node.capabilities = (404, {"detail": "Not Found"})
+    pool, pinned = (
+        StalePool(stale_rid="stalerid"),
+        Node(host="node", http_port=5557, tilert=release),
+    )
+    metrics = Metrics()
+    await _probe_out_node(pool, upstreams(node), NodeFactsBook(), metrics, MODEL, pinned)  # type: ignore[arg-type]
+    assert node.cancels == ["stalerid"]
+    assert [d["rid"] for d in node.decodes] == ["stalerid"]  # then flushed in its name
+    assert pool.readmitted == [pinned.id]
+    labels = {"model": MODEL, "reason": "lease_expired"}
+    assert metrics.registry.get_sample_value("pd_gateway_cancellations_total", labels) == 1
+
+
+async def test_another_requests_decode_is_never_cancelled() -> None:
+    """The node is busy with a decode the expired lease does not name (e.g. a request of a
+    replica that does not share this pool's store): it is left alone, and the node stays out."""
+    node = ScriptedNode(running="someone-else")
+    pool = StalePool(stale_rid="stalerid")
+    released: list[str] = []
+
+    async def release_probe_claim(node_id: str) -> None:
+        released.append(node_id)
+
+    pool.release_probe_claim = release_probe_claim  # type: ignore[method-assign]
+    await _probe_out_node(pool, upstreams(node), NodeFactsBook(), METRICS, MODEL, NODE)  # type: ignore[arg-type]
+    assert node.cancels == [] and node.decodes == []
+    assert pool.readmitted == [] and released == [NODE.id]

@@ -17,13 +17,18 @@ CAPABILITIES = {"profile": "glm5", "engine": "Stub", "capabilities": {"logprobs"
 
 
 class ScriptedNode:
-    """A node's probe endpoints; records the paths asked and the decodes sent."""
+    """A node's probe endpoints; records the paths asked, the decodes sent and the rids
+    cancelled. `running`: the rid of a decode the node runs (busy until it is cancelled)."""
 
-    def __init__(self, *, capabilities: tuple[int, Any] = (200, CAPABILITIES)) -> None:
+    def __init__(
+        self, *, capabilities: tuple[int, Any] = (200, CAPABILITIES), running: str | None = None
+    ) -> None:
         self.capabilities = capabilities
-        self.status = "idle"
+        self.status = "busy" if running else "idle"
+        self.running = running
         self.calls: list[str] = []
         self.decodes: list[dict[str, Any]] = []
+        self.cancels: list[str] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -34,7 +39,15 @@ class ScriptedNode:
         if path == "/health":
             return httpx.Response(200, content=b'{"status": "ok"}')
         if path == "/decode_status":
-            return httpx.Response(200, content=orjson.dumps({"status": self.status}))
+            status = {"status": self.status, "current_rid": self.running}
+            return httpx.Response(200, content=orjson.dumps(status))
+        if path == "/pd/cancel":
+            rid = orjson.loads(request.content)["rid"]
+            self.cancels.append(rid)
+            if rid != self.running:
+                return httpx.Response(404, content=b'{"error": "not in flight"}')
+            self.status, self.running = "idle", None
+            return httpx.Response(200, content=orjson.dumps({"cancelled": rid}))
         if path == "/pd/decode":
             self.decodes.append(orjson.loads(request.content))
             return httpx.Response(504, content=b'{"error": "kv_transfer_timeout"}')
