@@ -6,7 +6,7 @@ test under tests/e2e/ is marked here, other modules mark themselves (`pytestmark
 without the marker fails at once, so nothing slow slips into that loop unnoticed.
 
 pytest-xdist runs the suite on one worker per CPU, a module at a time per worker (the
-modules on the real_vllm tier's shared server together, tests.support.scheduling); tests
+real_vllm tier as one unit, on one worker, from the run's start: tests.support.scheduling); tests
 marked `serial` (they assert timings) run while no other test does. Gateway processes run
 on the container image's Python where it is installed (tests.support.gateway_python),
 which the run's header names.
@@ -40,7 +40,7 @@ def pytest_report_header() -> str:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """A module per worker at a time; the shared vLLM server's modules as one."""
+    """A module per worker at a time; the real_vllm tier as one, handed out first."""
     return scheduling.make_scheduler(config, log)
 
 
@@ -48,6 +48,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(E2E_DIR):
             item.add_marker(pytest.mark.e2e)
+    scheduling.in_handout_order(items)
 
 
 @pytest.hookimpl(wrapper=True)

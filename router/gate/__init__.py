@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from router.config import GateConfig
 from router.gate.base import (
+    CONTINUING,
     Gate,
     GateRejected,
     GateSnapshot,
@@ -19,6 +20,7 @@ from router.gate.redis import make_redis_gate
 from router.node import Node
 
 __all__ = [
+    "CONTINUING",
     "Gate",
     "GateRejected",
     "GateSnapshot",

@@ -62,6 +62,11 @@ class Lease(Protocol):
         ...
 
 
+CONTINUING = 0.5
+"""What an answer continued on another node adds to its rule's priority: a client mid-answer
+waits for a node before the requests that have not started, not before higher priorities."""
+
+
 @dataclass(frozen=True, slots=True)
 class ProbeClaim:
     """The prober alone may flush an out-of-service node now."""
@@ -83,8 +88,10 @@ class GateSnapshot:
 class SlotGate(Protocol):
     """What a request sees: a slot to wait for, and how long a refused client should wait."""
 
-    async def acquire(self, *, priority: int, wait_s: float, holder: str) -> Lease:
-        """Wait for a slot: higher priority first, then arrival order.
+    async def acquire(self, *, priority: float, wait_s: float, holder: str) -> Lease:
+        """Wait for a slot: higher priority first, then arrival order. A rule's priorities
+        are whole numbers; an answer continued on another node asks with its rule's priority
+        and a half (`CONTINUING`): ahead of its own priority's waiters, behind a higher one.
 
         Raises GateRejected when the queue is full, when `wait_s` passes, or when no node can
         serve. A cancelled caller never keeps a slot.

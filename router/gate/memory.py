@@ -23,7 +23,7 @@ from router.node import Node
 
 @dataclass(order=True, slots=True)
 class _Waiter:
-    key: tuple[int, int]  # (-priority, arrival): heap order is service order
+    key: tuple[float, int]  # (-priority, arrival): heap order is service order
     future: asyncio.Future[Node] = field(compare=False)
     holder: str = field(compare=False)
     active: bool = field(default=True, compare=False)
@@ -91,7 +91,7 @@ class MemoryGate:
         self._held_since: dict[str, float] = {}  # node id -> when its holder got it
         self._leaving: set[str] = set()  # removed by a reload, still held
 
-    async def acquire(self, *, priority: int, wait_s: float, holder: str) -> MemoryLease:
+    async def acquire(self, *, priority: float, wait_s: float, holder: str) -> MemoryLease:
         if self._free and self._waiting == 0:
             return self._grant(self._free.popleft(), holder)
         if self._health.expected == 0:

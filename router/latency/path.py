@@ -13,7 +13,7 @@ import orjson
 
 from router.config import LatencyConfig
 from router.errors import DecodeError, GatewayError, Overloaded, PrefillError, UpstreamError
-from router.gate import Gate, GateRejected, Lease
+from router.gate import CONTINUING, Gate, GateRejected, Lease
 from router.latency.prompt_ids import PromptIds
 from router.latency.protocol import CONTINUABLE, LatencyDeps, NodeSession, PrefillPrompt
 from router.latency.relay import DecodeRelay, RelayEnd, Resume
@@ -267,7 +267,7 @@ class LatencyPath:
                 rid = new_request_id()  # the lease names the request its node serves
                 try:
                     lease = await self.gate.acquire(
-                        priority=request.decision.priority,
+                        priority=request.decision.priority + CONTINUING,
                         wait_s=self._config.continuation_wait_ms / 1000,
                         holder=rid,
                     )

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from router.gate import GateRejected
+from router.gate import CONTINUING, GateRejected
 from tests.gate.conftest import MakeGate, eventually, nodes, waiting
 
 
@@ -36,6 +36,28 @@ async def test_service_order_is_priority_then_arrival(gate_of: MakeGate) -> None
     await held.release()
     await asyncio.gather(*tasks)
     assert order == ["high1", "high2", "mid", "low1", "low2"]
+
+
+async def test_a_continuing_answer_waits_ahead_of_its_own_priority_only(
+    gate_of: MakeGate,
+) -> None:
+    gate = gate_of(nodes(1), max_queue=10)
+    held = await gate.acquire(priority=0, wait_s=1, holder="first")
+    order: list[str] = []
+
+    async def wait(name: str, priority: float) -> None:
+        lease = await gate.acquire(priority=priority, wait_s=5, holder=name)
+        order.append(name)
+        await lease.release()
+
+    tasks = []
+    queued = [("low", 0), ("mid", 2), ("high", 5), ("mid-continuing", 2 + CONTINUING)]
+    for name, priority in queued:
+        tasks.append(asyncio.create_task(wait(name, priority)))
+        await waiting(gate, len(tasks))  # queued in this order
+    await held.release()
+    await asyncio.gather(*tasks)
+    assert order == ["high", "mid-continuing", "mid", "low"]
 
 
 async def test_release_hands_the_slot_to_the_waiter_immediately(gate_of: MakeGate) -> None:

@@ -87,6 +87,7 @@ def test_no_process_of_a_group_outlives_its_test_however_it_ends(tmp_path: Path)
     pids_file = tmp_path / "pids"
     pids_file.touch()
     env = {**os.environ, "PIDS": str(pids_file), "PYTHONPATH": str(ROOT)}
+    env.pop("PYTEST_ADDOPTS", None)  # the options of the run around this one are not its own
     done = run_in_group(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q"],
         cwd=tmp_path,

@@ -4,8 +4,8 @@ tiny random-weight model built here (tests.support.tiny_model).
 `python -m tests.real_vllm.install` puts vLLM in `.venv-vllm/`; without it these tests
 fail and say so. Each server configuration starts once per run: the shared one
 (`real_vllm`) the first time a test asks for it, kept for the rest of the run, on the one
-xdist worker that runs every module using it (tests.support.scheduling); the others (a
-connector, a second model, KV events) for their module alone. `PD_REAL_VLLM_URL` points
+xdist worker that runs the whole tier (tests.support.scheduling); the others (a connector,
+a second model, KV events) for their module alone, one after another. `PD_REAL_VLLM_URL` points
 the tier at a server already running on the tiny model instead (served name `tiny`,
 `--max-model-len 2048`).
 """
@@ -22,7 +22,6 @@ import pytest
 
 from tests.real_vllm.install import VLLM_RELEASE, installed_release, simulator_ready, vllm_python
 from tests.real_vllm.server import MODEL, START_TIMEOUT_S, VllmServer
-from tests.support.scheduling import SHARED_VLLM_MODULES
 from tests.support.tiny_model import write_model
 
 REAL_VLLM_DIR = Path(__file__).resolve().parent
@@ -42,12 +41,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
             # A test's first use starts a server: allow for a slow start.
             item.add_marker(pytest.mark.timeout(START_TIMEOUT_S + 120))
-            module = item.nodeid.split("::", 1)[0]
-            if "real_vllm" in item.fixturenames and module not in SHARED_VLLM_MODULES:
-                raise pytest.UsageError(
-                    f"{module} uses the shared vLLM server: add it to SHARED_VLLM_MODULES"
-                    " (tests/support/scheduling.py), so that one worker runs all its users"
-                )
 
 
 @functools.cache

@@ -1,42 +1,55 @@
 """How pytest-xdist shares the suite among its workers: a module at a time (`--dist
-loadscope`, so that a module's simulators and gateway start once), except the modules of
-the real_vllm tier that use its shared vLLM server (the `real_vllm` fixture), which go to
-one worker as one unit. A vLLM server takes 25-100 s to start and 3 GB to run: on one
-worker, the shared server starts once per run, where each worker running one of those
-modules would start its own. The tier's other modules each start a server of their own
-configuration, once, wherever they run.
+loadscope`, so that a module's simulators and gateway start once), except the real_vllm
+tier, whose modules go to one worker as one unit, handed out first.
+
+A vLLM server takes 25-100 s to start and 3 GB to run. On one worker, the tier's servers
+start one after another (its shared server once per run, each other configuration once),
+never two at once; handed out first, the tier runs beside the other modules from the
+run's start. Handed out in xdist's own order (the modules with the most tests first), its
+small modules came last and made the run's tail, each starting a server while the other
+worker had nothing left to do; handed out first but spread over the workers, two servers
+started at once and slowed each other and everything else.
+
+The other modules follow in xdist's own order: the most tests first.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
-# Every module whose tests use the `real_vllm` fixture (tests/real_vllm/conftest.py refuses
-# a run where another does).
-SHARED_VLLM_MODULES = frozenset(
-    f"tests/real_vllm/{name}.py"
-    for name in (
-        "test_continuation",
-        "test_latency_shapes",
-        "test_native_proxy",
-        "test_requests_accepted",
-        "test_server_signals",
-        "test_sim_differential",
-    )
-)
-SHARED_VLLM_SCOPE = "tests/real_vllm: the modules on the shared vLLM server"
+REAL_VLLM_TIER = "tests/real_vllm/"
+TIER_SCOPE = "tests/real_vllm: the real-vLLM tier, on one worker"
 
 
 def scope_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module (or class), or the shared server's."""
-    if nodeid.split("::", 1)[0] in SHARED_VLLM_MODULES:
-        return SHARED_VLLM_SCOPE
+    """The unit of work a test belongs to: its module (or class), or the real_vllm tier."""
+    if nodeid.startswith(REAL_VLLM_TIER):
+        return TIER_SCOPE
     return nodeid.rsplit("::", 1)[0]
 
 
+def in_handout_order(items: list[pytest.Item]) -> None:
+    """Order the collected tests as xdist hands their units out: the real_vllm tier first,
+    then the units with the most tests (each unit kept whole, its tests in their order)."""
+    sizes = Counter(scope_of(item.nodeid) for item in items)
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        scope = scope_of(item.nodeid)
+        return scope != TIER_SCOPE, -sizes[scope]
+
+    items.sort(key=rank)  # stable: each unit's tests stay together and in order
+
+
 class ModuleScheduling(LoadScopeScheduling):
-    """`--dist loadscope` with the shared vLLM server's modules as one scope."""
+    """`--dist loadscope` with the real_vllm tier as one unit, the units handed out in the
+    order of the collection (`in_handout_order`), not re-sorted by size."""
+
+    def __init__(self, config: pytest.Config, log: object) -> None:
+        config.option.loadscopereorder = False
+        super().__init__(config, log)  # type: ignore[arg-type]
 
     def _split_scope(self, nodeid: str) -> str:
         return scope_of(nodeid)
@@ -46,4 +59,4 @@ def make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling | Non
     """The scheduler for `--dist loadscope` (None: xdist's own for any other mode)."""
     if config.getvalue("dist") != "loadscope":
         return None
-    return ModuleScheduling(config, log)  # type: ignore[arg-type]
+    return ModuleScheduling(config, log)

@@ -37,7 +37,8 @@ from router.node import Node
 
 log = logging.getLogger("pd_gateway.gate")
 
-# Scores are doubles: priority times 2^40 plus an arrival count must stay exact.
+# Scores are doubles: priority (whole, or a half for a continuation) times 2^40 plus an
+# arrival count must stay exact.
 _MAX_PRIORITY = 2047
 # Connections to Redis per replica (per node on a Cluster); the wake-up listener holds one,
 # the node registry a few, and script calls wait their turn for the rest.
@@ -113,7 +114,7 @@ class RedisGate:
 
     # -- SlotGate -----------------------------------------------------------------------
 
-    async def acquire(self, *, priority: int, wait_s: float, holder: str) -> RedisLease:
+    async def acquire(self, *, priority: float, wait_s: float, holder: str) -> RedisLease:
         await self._start()
         owner = f"{self.replica}|{next(self._arrivals)}"
         priority = max(-_MAX_PRIORITY, min(_MAX_PRIORITY, priority))
@@ -126,7 +127,7 @@ class RedisGate:
             self._waiters.unregister(owner)
 
     async def _acquire(
-        self, owner: str, holder: str, priority: int, wait_s: float, event: asyncio.Event
+        self, owner: str, holder: str, priority: float, wait_s: float, event: asyncio.Event
     ) -> RedisLease:
         deadline = time.monotonic() + wait_s
         cancellations = _cancellations()

@@ -40,7 +40,7 @@ from router.gate.redis.keys import KeyLayout, PoolKeys
 NAMES = ("acquire", "claim", "collect", "abandon", "release", "renew", "admin", "state", "close")
 _EPOCH_RETRIES = 3
 _ARGV = re.compile(r"^-- ARGV:(.*)$", re.MULTILINE)
-ArgValue = str | int
+ArgValue = str | int | float
 
 
 def load_sources() -> dict[str, tuple[str, tuple[str, ...]]]:

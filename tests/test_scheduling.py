@@ -1,0 +1,46 @@
+"""The order xdist hands the suite's units out in: the real_vllm tier first, as one unit,
+then the units with the most tests, each unit whole and in its own order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tests.support.scheduling import TIER_SCOPE, in_handout_order, scope_of
+
+
+@dataclass
+class Collected:
+    nodeid: str
+
+
+def test_the_tier_goes_first_as_one_unit_then_the_largest_units() -> None:
+    ids = [
+        "tests/a/test_small.py::test_one",
+        "tests/b/test_big.py::test_one",
+        "tests/b/test_big.py::test_two",
+        "tests/b/test_big.py::test_three",
+        "tests/real_vllm/test_x.py::test_one",
+        "tests/c/test_mid.py::Case::test_one",
+        "tests/c/test_mid.py::Case::test_two",
+        "tests/real_vllm/test_y.py::test_one",
+    ]
+    items: list[Any] = [Collected(nodeid) for nodeid in ids]
+    in_handout_order(items)
+    assert [item.nodeid for item in items] == [
+        "tests/real_vllm/test_x.py::test_one",
+        "tests/real_vllm/test_y.py::test_one",
+        "tests/b/test_big.py::test_one",
+        "tests/b/test_big.py::test_two",
+        "tests/b/test_big.py::test_three",
+        "tests/c/test_mid.py::Case::test_one",
+        "tests/c/test_mid.py::Case::test_two",
+        "tests/a/test_small.py::test_one",
+    ]
+
+
+def test_every_module_of_the_tier_is_one_unit_and_others_are_their_own() -> None:
+    assert scope_of("tests/real_vllm/test_x.py::test_one[a]") == TIER_SCOPE
+    assert scope_of("tests/real_vllm/test_y.py::test_two") == TIER_SCOPE
+    assert scope_of("tests/e2e/test_z.py::test_one") == "tests/e2e/test_z.py"
+    assert scope_of("tests/c/test_mid.py::Case::test_one") == "tests/c/test_mid.py::Case"
