@@ -20,10 +20,11 @@ def register(commands: Subcommands) -> None:
     bench.add_argument("--quick", action="store_true", help="a run of seconds (for a test)")
     bench.add_argument(
         "--scenario",
-        choices=["paths", "agents"],
+        choices=["paths", "agents", "failover"],
         default="paths",
         help="paths: what the gateway adds on each path (default); agents: multi-turn"
-        " conversations under each way of choosing a prefill server",
+        " conversations under each way of choosing a prefill server; failover: answers"
+        " continued on another node when theirs fails mid-stream, and the gap at the seam",
     )
     bench.add_argument(
         "--conversations", type=_positive, help="agents: conversations side by side (default 32)"
@@ -137,6 +138,10 @@ def _bench(args: argparse.Namespace) -> int:
         from bench.agents import run_agents
 
         return run_agents(args, command or "pd-gateway bench --scenario agents")
+    if args.scenario == "failover":
+        from bench.failover import run_failover
+
+        return run_failover(args, command or "pd-gateway bench --scenario failover")
     from bench.command import run_bench
     from bench.options import BenchOptions, quick
 

@@ -46,7 +46,9 @@ class Step:
 
 
 STEPS = {
-    "project": Step([[PYTHON, "-m", "pip", "install", "-q", "-e", ".[test]"]]),
+    # No bytecode at install, as for vLLM (tests/real_vllm/install.py): what the tests
+    # import is compiled once, when first imported.
+    "project": Step([[PYTHON, "-m", "pip", "install", "-q", "--no-compile", "-e", ".[test]"]]),
     "checks": Step(
         [
             [PYTHON, "-m", "ruff", "check", "."],

@@ -1,5 +1,7 @@
 """The order xdist hands the suite's units out in: the real_vllm tier first, as one unit,
-then the units with the most tests, each unit whole and in its own order."""
+then the units that start processes (those holding a `serial` test last among them), then
+the in-process units, the most tests first within each group, each unit whole and in its
+own order."""
 
 from __future__ import annotations
 
@@ -12,24 +14,41 @@ from tests.support.scheduling import TIER_SCOPE, in_handout_order, scope_of
 @dataclass
 class Collected:
     nodeid: str
+    e2e: bool = False
+    serial: bool = False
+
+    def get_closest_marker(self, name: str) -> object:
+        marked = (name == "e2e" and (self.e2e or self.serial)) or (name == "serial" and self.serial)
+        return object() if marked else None
 
 
-def test_the_tier_goes_first_as_one_unit_then_the_largest_units() -> None:
-    ids = [
-        "tests/a/test_small.py::test_one",
-        "tests/b/test_big.py::test_one",
-        "tests/b/test_big.py::test_two",
-        "tests/b/test_big.py::test_three",
-        "tests/real_vllm/test_x.py::test_one",
-        "tests/c/test_mid.py::Case::test_one",
-        "tests/c/test_mid.py::Case::test_two",
-        "tests/real_vllm/test_y.py::test_one",
+def test_the_tier_goes_first_as_one_unit_then_processes_then_the_largest_units() -> None:
+    items: list[Any] = [
+        Collected("tests/a/test_small.py::test_one"),
+        Collected("tests/b/test_big.py::test_one"),
+        Collected("tests/b/test_big.py::test_two"),
+        Collected("tests/b/test_big.py::test_three"),
+        Collected("tests/real_vllm/test_x.py::test_one"),
+        Collected("tests/e2e/test_timed.py::test_one", e2e=True),
+        Collected("tests/e2e/test_timed.py::test_two", serial=True),
+        Collected("tests/e2e/test_timed.py::test_three", e2e=True),
+        Collected("tests/c/test_mid.py::Case::test_one"),
+        Collected("tests/c/test_mid.py::Case::test_two"),
+        Collected("tests/e2e/test_one.py::test_one", e2e=True),
+        Collected("tests/real_vllm/test_y.py::test_one"),
+        Collected("tests/e2e/test_two.py::test_one", e2e=True),
+        Collected("tests/e2e/test_two.py::test_two", e2e=True),
     ]
-    items: list[Any] = [Collected(nodeid) for nodeid in ids]
     in_handout_order(items)
     assert [item.nodeid for item in items] == [
         "tests/real_vllm/test_x.py::test_one",
         "tests/real_vllm/test_y.py::test_one",
+        "tests/e2e/test_two.py::test_one",
+        "tests/e2e/test_two.py::test_two",
+        "tests/e2e/test_one.py::test_one",
+        "tests/e2e/test_timed.py::test_one",
+        "tests/e2e/test_timed.py::test_two",
+        "tests/e2e/test_timed.py::test_three",
         "tests/b/test_big.py::test_one",
         "tests/b/test_big.py::test_two",
         "tests/b/test_big.py::test_three",

@@ -10,7 +10,13 @@ small modules came last and made the run's tail, each starting a server while th
 worker had nothing left to do; handed out first but spread over the workers, two servers
 started at once and slowed each other and everything else.
 
-The other modules follow in xdist's own order: the most tests first.
+The other units follow longest first, as far as the collection tells: those that start
+processes (simulators, gateways) before those that run in-process, which fill the gaps at
+the end; within each group the most tests first. Handed out in xdist's own order (the most
+tests first, whatever they do), units of a few end-to-end tests each came last and made a
+tail of minutes. Among the units that start processes, those holding a `serial` test come
+last: a `serial` test waits for the test beside it to end, which in the tier may be a
+vLLM server's start of a minute, its own worker idle meanwhile.
 """
 
 from __future__ import annotations
@@ -32,13 +38,23 @@ def scope_of(nodeid: str) -> str:
 
 
 def in_handout_order(items: list[pytest.Item]) -> None:
-    """Order the collected tests as xdist hands their units out: the real_vllm tier first,
-    then the units with the most tests (each unit kept whole, its tests in their order)."""
+    """Order the collected tests as xdist hands their units out (each unit kept whole, its
+    tests in their order): the real_vllm tier first; then the units that start processes
+    (marked `e2e`), those holding a `serial` test last among them; then the in-process
+    units, which fill the gaps at the end; within each group, the most tests first."""
     sizes = Counter(scope_of(item.nodeid) for item in items)
+    processes = {scope_of(i.nodeid) for i in items if i.get_closest_marker("e2e")}
+    with_serial = {scope_of(i.nodeid) for i in items if i.get_closest_marker("serial")}
 
-    def rank(item: pytest.Item) -> tuple[bool, int]:
+    def rank(item: pytest.Item) -> tuple[int, int]:
         scope = scope_of(item.nodeid)
-        return scope != TIER_SCOPE, -sizes[scope]
+        if scope == TIER_SCOPE:
+            group = 0
+        elif scope in processes:
+            group = 2 if scope in with_serial else 1
+        else:
+            group = 3
+        return group, -sizes[scope]
 
     items.sort(key=rank)  # stable: each unit's tests stay together and in order
 

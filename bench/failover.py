@@ -1,0 +1,314 @@
+"""`pd-gateway bench --scenario failover`: what a TileRT node failing mid-answer costs a
+client whose answer is continued on another node.
+
+16 streams at a time on 4 simulated nodes, each client asking for its own greedy answer
+again and again, while one node after another, one at a time, is made to break its next
+decode a few tokens in: `died` (its stream cut) in one round, `stalled` (silent, given up after
+`timeouts.decode_stall_s`) in another; on a TileRT 0.1.5 pool and a 0.1.6 pool. What it
+reports, per pool and round:
+
+* answers whole: every answer's text against the same client's uninterrupted answer
+  (greedy), and how many were continued (the gateway's `pd_gateway_continuations_total`);
+* the gap at the seam: the longest waits between two pieces of an answer's text, one per
+  continuation, p50 and p99, beside the prefill time of the continuations themselves (the
+  prefill server's own record of each prefill that named the prompt and the output so far
+  as token ids) and TTFT of the uninterrupted answers. The target: a `died` seam's p50
+  within one continuation prefill plus 50 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import uvloop
+
+from bench.experiments.harness import BenchGateway, latency_model
+from bench.stats import percentile
+from sim.stack import SimStack
+
+MODEL = "failover"
+RELEASES = ("0.1.5", "0.1.6")
+FAULTS = {"died": "die_after", "stalled": "stall_after"}
+STALL_S = 1.0
+TARGET_SEAM_OVER_PREFILL_MS = 50.0
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverOptions:
+    clients: int = 16
+    nodes: int = 4
+    answers_each: int = 6
+    answer_words: int = 60
+    chaos_every_s: float = 0.25
+    prefill_ms_per_token: float = 0.2
+    """A continuation's prefill grows with the answer so far: at 5k tokens a second, its
+    cost shows beside the gateway's own."""
+    step_ms: float = 4.0
+
+    @classmethod
+    def quick(cls) -> FailoverOptions:
+        return cls(clients=8, answers_each=2, answer_words=30)
+
+
+@dataclass(slots=True)
+class Round:
+    release: str
+    fault: str
+    answers: int = 0
+    whole: int = 0
+    continued: int = 0
+    failed: list[str] = field(default_factory=list)
+    gaps_s: list[float] = field(default_factory=list)  # every wait between two text pieces
+    ttft_s: list[float] = field(default_factory=list)  # the uninterrupted answers'
+    prefill_s: list[float] = field(default_factory=list)  # the continuations' prefills
+
+    @property
+    def seams_s(self) -> list[float]:
+        """The longest waits, one per continuation: where the answers went on elsewhere."""
+        return sorted(self.gaps_s, reverse=True)[: self.continued]
+
+
+def answer_text(client: int, words: int) -> str:
+    return " ".join(f"c{client}w{i}" for i in range(words)) + " done."
+
+
+async def stream(
+    http: httpx.AsyncClient, base_url: str, text: str
+) -> tuple[str, list[float], float]:
+    """One streamed answer: its text, the waits between its pieces, and its TTFT."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"[[sim-output]]{text}[[/sim-output]]"}],
+        "stream": True,
+    }
+    sent = time.perf_counter()
+    times: list[float] = []
+    parts: list[str] = []
+    async with http.stream("POST", base_url + "/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            error = orjson.loads(await response.aread()).get("error") or {}
+            raise RuntimeError(f"answered {response.status_code} {error.get('code')}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = orjson.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(f"stream error {event['error'].get('code')}")
+            for choice in event.get("choices") or ():
+                if content := choice.get("delta", {}).get("content"):
+                    times.append(time.perf_counter())
+                    parts.append(content)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    return "".join(parts), gaps, (times[0] - sent) if times else float("nan")
+
+
+async def chaos(stack: SimStack, fault: str, every_s: float, done: asyncio.Event) -> None:
+    """Every `every_s`, unless a fault is still waiting on some node, one node is made to
+    break its next decode a few tokens in: one node failing at a time."""
+    rng = random.Random(fault)
+    async with httpx.AsyncClient(timeout=10) as http:
+        while True:
+            try:
+                await asyncio.wait_for(done.wait(), every_s)
+                return
+            except TimeoutError:
+                pass
+            waiting = [
+                (await http.get(n.url + "/sim/faults")).json()["faults"] for n in stack.nodes
+            ]
+            if not any(waiting):
+                node = rng.choice(stack.nodes)
+                arm = {FAULTS[fault]: rng.randint(2, 40), "count": 1}
+                await http.post(node.url + "/sim/faults", json=arm)
+
+
+async def one_round(
+    base_url: str, metrics_url: str, stack: SimStack, options: FailoverOptions, result: Round
+) -> None:
+    texts = [answer_text(i, options.answer_words) for i in range(options.clients)]
+    limits = httpx.Limits(max_connections=options.clients * 2)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        await every_node_in_service(http, base_url)
+        for text in texts:  # uninterrupted: the reference, and TTFT
+            got, _, ttft = await stream(http, base_url, text)
+            if got != text:
+                raise RuntimeError("an uninterrupted answer is not its script")
+            result.ttft_s.append(ttft)
+        before = await continued(http, metrics_url)
+        await http.post(stack.prefills[0].url + "/sim/reset")
+        done = asyncio.Event()
+        breaking = asyncio.create_task(chaos(stack, result.fault, options.chaos_every_s, done))
+
+        async def client(text: str) -> None:
+            for _ in range(options.answers_each):
+                result.answers += 1
+                try:
+                    got, gaps, _ = await stream(http, base_url, text)
+                except (RuntimeError, httpx.HTTPError) as exc:
+                    result.failed.append(str(exc))
+                    continue
+                result.gaps_s.extend(gaps)
+                result.whole += got == text
+
+        try:
+            await asyncio.gather(*(client(text) for text in texts))
+        finally:
+            done.set()
+            await breaking
+            for node in stack.nodes:
+                await http.post(
+                    node.url + "/sim/faults", json={name: None for name in FAULTS.values()}
+                )
+        result.continued = round(await continued(http, metrics_url) - before)
+        requests = (await http.get(stack.prefills[0].url + "/sim/requests")).json()["requests"]
+        result.prefill_s = [
+            r["finished"] - r["received"]
+            for r in requests
+            if r.get("finished")
+            and "prompt_token_ids" in (r["body"].get("kv_transfer_params") or {})
+        ]
+
+
+async def every_node_in_service(http: httpx.AsyncClient, base_url: str) -> None:
+    """Until no node is out (the last round's failures probed back in)."""
+    pool = base_url.removesuffix("/v1") + "/admin/pool"
+    while (await http.get(pool)).json()["models"][MODEL]["out"]:  # noqa: ASYNC110 (another process)
+        await asyncio.sleep(0.1)
+
+
+async def continued(http: httpx.AsyncClient, metrics_url: str) -> float:
+    text = (await http.get(metrics_url)).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("pd_gateway_continuations_total{") and 'outcome="continued"' in line
+    )
+
+
+@contextmanager
+def pool_of(release: str, options: FailoverOptions) -> Iterator[tuple[SimStack, BenchGateway]]:
+    version = ["--protocol", release]
+    stack = SimStack(
+        nodes=options.nodes,
+        prefills=1,
+        model=MODEL,
+        node_args=["--step-ms", str(options.step_ms), *version],
+        prefill_args=[
+            "--itl-ms",
+            "0",
+            "--prefill-ms-per-token",
+            str(options.prefill_ms_per_token),
+            "--tilert-protocol",
+            release,
+        ],
+    )
+    with stack, tempfile.TemporaryDirectory(prefix="pd-gateway-failover-") as workdir:
+        model = latency_model(stack, MODEL)  # the stack's addresses, once it runs
+        model["latency"].update(tilert=release, continuations=8, continuation_wait_ms=30_000)
+        config = {
+            "models": [model],
+            # A node that failed is back as soon as a probe finds it idle.
+            "gate": {
+                "max_queue": 256,
+                "max_queue_wait_ms": 60_000,
+                "node_cooldown_s": 0,
+                "probe_interval_s": 0.1,
+            },
+            "timeouts": {"decode_stall_s": STALL_S},
+        }
+        gateway = BenchGateway(config, Path(workdir))
+        try:
+            gateway.wait_ready()
+            yield stack, gateway
+        finally:
+            gateway.stop()
+
+
+def measure(options: FailoverOptions) -> list[Round]:
+    rounds = []
+    for release in RELEASES:
+        with pool_of(release, options) as (stack, gateway):
+            metrics_url = gateway.base_url.removesuffix("/v1") + "/metrics"
+            for fault in FAULTS:
+                result = Round(release, fault)
+                uvloop.run(one_round(gateway.base_url, metrics_url, stack, options, result))
+                rounds.append(result)
+    return rounds
+
+
+def _ms(values: list[float], q: float) -> str:
+    return f"{percentile(values, q) * 1e3:.0f}" if values else "-"
+
+
+def report(rounds: list[Round], options: FailoverOptions, command: str) -> str:
+    lines = [
+        f"`{command}`: {options.clients} streams on {options.nodes} nodes, a node made to"
+        f" break its next decode every {options.chaos_every_s:g} s; a stall is given up"
+        f" after {STALL_S:g} s.",
+        "",
+        "| pool | fault | answers | whole | failed | continued | seam p50 ms | seam p99 ms"
+        " | continuation prefill p50 ms | TTFT p50 ms | seam p50 − prefill p50 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rounds:
+        seams = r.seams_s
+        over = (
+            f"{(statistics.median(seams) - statistics.median(r.prefill_s)) * 1e3:.0f}"
+            if seams and r.prefill_s
+            else "-"
+        )
+        lines.append(
+            f"| TileRT {r.release} | {r.fault} | {r.answers} | {r.whole} | {len(r.failed)}"
+            f" | {r.continued} | {_ms(seams, 0.5)} | {_ms(seams, 0.99)} | {_ms(r.prefill_s, 0.5)}"
+            f" | {_ms(r.ttft_s, 0.5)} | {over} |"
+        )
+    lines += ["", *_target_lines(rounds)]
+    return "\n".join(lines) + "\n"
+
+
+def _target_lines(rounds: list[Round]) -> list[str]:
+    lines = ["| target | measured | met |", "|---|---|---|"]
+    for r in rounds:
+        whole = r.whole == r.answers and not r.failed
+        lines.append(
+            f"| TileRT {r.release} {r.fault}: every answer whole | {r.whole}/{r.answers}"
+            f" | {'yes' if whole else 'no'} |"
+        )
+        if r.fault == "died" and r.seams_s and r.prefill_s:
+            over_ms = (statistics.median(r.seams_s) - statistics.median(r.prefill_s)) * 1e3
+            met = over_ms <= TARGET_SEAM_OVER_PREFILL_MS
+            lines.append(
+                f"| TileRT {r.release} died: seam p50 within a continuation prefill"
+                f" + {TARGET_SEAM_OVER_PREFILL_MS:g} ms | +{over_ms:.0f} ms"
+                f" | {'yes' if met else 'no'} |"
+            )
+    return lines
+
+
+def run_failover(args: Any, command: str) -> int:
+    """`pd-gateway bench --scenario failover`: measure, print the table, write it to the
+    output directory and, with `--report`, into that page."""
+    from bench.report import embedded, markers
+
+    options = FailoverOptions.quick() if args.quick else FailoverOptions()
+    table = report(measure(options), options, command)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "failover.md").write_text(table, encoding="utf-8")
+    if args.report is not None:
+        page = args.report.read_text(encoding="utf-8")
+        args.report.write_text(embedded(page, table, *markers("failover")), encoding="utf-8")
+    return 0

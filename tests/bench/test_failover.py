@@ -1,0 +1,35 @@
+"""`pd-gateway bench --scenario failover`, briefly: on both TileRT releases, with nodes
+dying and stalling mid-answer, every answer comes out whole, the continuations are
+counted, each has its seam, and the report names its targets."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from bench.failover import FAULTS, RELEASES, FailoverOptions, measure, report
+from tests.support.gateway_python import gateway_python
+
+
+@pytest.mark.e2e
+def test_every_answer_comes_out_whole_and_each_continuation_has_its_seam(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The scenario starts its gateway and simulators with this process's interpreter: the
+    # gateway's Python, as in every test that starts a gateway.
+    monkeypatch.setattr(sys, "executable", gateway_python())
+    options = FailoverOptions.quick()
+    rounds = measure(options)
+
+    assert [(r.release, r.fault) for r in rounds] == [(v, f) for v in RELEASES for f in FAULTS]
+    for r in rounds:
+        assert r.failed == [] and r.whole == r.answers == options.clients * options.answers_each
+        assert r.continued >= 1, (r.release, r.fault)  # the chaos broke something
+        assert len(r.seams_s) == r.continued
+        assert len(r.prefill_s) >= r.continued  # each continuation's own prefill
+        if r.fault == "stalled":  # a stall is given up after decode_stall_s
+            assert min(r.seams_s) >= 1.0
+    table = report(rounds, options, "pd-gateway bench --scenario failover --quick")
+    assert "| seam p50 ms |" in table and "| target | measured | met |" in table
+    assert "TileRT 0.1.6 died: seam p50 within a continuation prefill + 50 ms" in table
