@@ -4,10 +4,11 @@ nothing leaked."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
-from router.gate import CONTINUING, GateRejected
+from router.gate import CONTINUING, Gate, GateRejected
 from tests.gate.conftest import MakeGate, eventually, nodes, waiting
 
 
@@ -19,29 +20,9 @@ async def test_free_nodes_are_granted_at_once_one_each(gate_of: MakeGate) -> Non
     assert (await gate.snapshot()).busy == {"127.0.0.1:6000": "a", "127.0.0.1:6001": "b"}
 
 
-async def test_service_order_is_priority_then_arrival(gate_of: MakeGate) -> None:
-    gate = gate_of(nodes(1), max_queue=10)
-    held = await gate.acquire(priority=0, wait_s=1, holder="first")
-    order: list[str] = []
-
-    async def wait(name: str, priority: int) -> None:
-        lease = await gate.acquire(priority=priority, wait_s=5, holder=name)
-        order.append(name)
-        await lease.release()
-
-    tasks = []
-    for name, priority in [("low1", 0), ("high1", 5), ("low2", 0), ("high2", 5), ("mid", 2)]:
-        tasks.append(asyncio.create_task(wait(name, priority)))
-        await waiting(gate, len(tasks))  # queued in this order
-    await held.release()
-    await asyncio.gather(*tasks)
-    assert order == ["high1", "high2", "mid", "low1", "low2"]
-
-
-async def test_a_continuing_answer_waits_ahead_of_its_own_priority_only(
-    gate_of: MakeGate,
-) -> None:
-    gate = gate_of(nodes(1), max_queue=10)
+async def served_in_order(gate: Gate, queued: Sequence[tuple[str, float]]) -> list[str]:
+    """The order in which waiters queued in `queued`'s order (name, priority) are served,
+    once the pool's one node, held meanwhile, is released."""
     held = await gate.acquire(priority=0, wait_s=1, holder="first")
     order: list[str] = []
 
@@ -51,13 +32,26 @@ async def test_a_continuing_answer_waits_ahead_of_its_own_priority_only(
         await lease.release()
 
     tasks = []
-    queued = [("low", 0), ("mid", 2), ("high", 5), ("mid-continuing", 2 + CONTINUING)]
     for name, priority in queued:
         tasks.append(asyncio.create_task(wait(name, priority)))
         await waiting(gate, len(tasks))  # queued in this order
     await held.release()
     await asyncio.gather(*tasks)
-    assert order == ["high", "mid-continuing", "mid", "low"]
+    return order
+
+
+async def test_service_order_is_priority_then_arrival(gate_of: MakeGate) -> None:
+    gate = gate_of(nodes(1), max_queue=10)
+    queued = [("low1", 0), ("high1", 5), ("low2", 0), ("high2", 5), ("mid", 2)]
+    assert await served_in_order(gate, queued) == ["high1", "high2", "mid", "low1", "low2"]
+
+
+async def test_a_continuing_answer_waits_ahead_of_its_own_priority_only(
+    gate_of: MakeGate,
+) -> None:
+    gate = gate_of(nodes(1), max_queue=10)
+    queued = [("low", 0), ("mid", 2), ("high", 5), ("mid-continuing", 2 + CONTINUING)]
+    assert await served_in_order(gate, queued) == ["high", "mid-continuing", "mid", "low"]
 
 
 async def test_release_hands_the_slot_to_the_waiter_immediately(gate_of: MakeGate) -> None:
