@@ -46,9 +46,7 @@ class Step:
 
 
 STEPS = {
-    # No bytecode at install, as for vLLM (tests/real_vllm/install.py): what the tests
-    # import is compiled once, when first imported.
-    "project": Step([[PYTHON, "-m", "pip", "install", "-q", "--no-compile", "-e", ".[test]"]]),
+    "project": Step([[PYTHON, "-m", "pip", "install", "-q", "-e", ".[test]"]]),
     "checks": Step(
         [
             [PYTHON, "-m", "ruff", "check", "."],

@@ -135,8 +135,7 @@ def _environment() -> None:
         print(f"{VENV} is ready")
         return
     print(f"installing the project and its test dependencies in {VENV}")
-    # No bytecode at install: the gateway's processes compile what they import, once.
-    pip = [str(python), "-m", "pip", "install", "-q", "--no-compile", "-e", f"{ROOT}[test]"]
+    pip = [str(python), "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"]
     if subprocess.run(pip).returncode != 0:
         raise Unavailable(f"pip install -e '.[test]' failed in {VENV}")
     STAMP.write_text(wanted)
