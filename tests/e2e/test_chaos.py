@@ -34,8 +34,8 @@ from tests.support.stacks import StackPool
 pytestmark = pytest.mark.usefixtures("fresh_sims")
 
 CLIENTS = 16
-ANSWERS_EACH = 2
-CHAOS_EVERY_S = 0.3
+ANSWERS_EACH = 3
+CHAOS_EVERY_S = 0.2
 # A broken decode's last words, as each node reports them.
 BROKEN = {"died": "died", "stalled": "cancelled"}
 
@@ -133,7 +133,7 @@ def test_every_answer_survives_nodes_failing_mid_stream_under_load(
 
     gateway.wait_all_free()
     broken = broken_decodes(stack, fault) - broken_before
-    assert broken >= 5, f"the chaos broke only {broken} decodes"
+    assert broken >= 4, f"the chaos broke only {broken} decodes"
     # Every broken decode was continued, once: the gateway's count is the nodes'.
     assert continued(gateway) - continued_before == broken
     for node in stack.nodes:
