@@ -37,9 +37,6 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
         yield running
 
 
-# Its start and stop are bounded in time: not under other tests' load (a whole demo
-# stack, gateway and simulators, competes for the same cores).
-@pytest.mark.serial
 @pytest.mark.timeout(180)
 def test_demo_serves_both_paths_and_stops_everything_on_sigint(demo: Demo) -> None:
     base_url = demo.announced(READY_PREFIX)

@@ -51,9 +51,6 @@ def ask(client: OpenAI, **extra: object) -> tuple[str, str]:
     return raw.headers["x-pd-route"], raw.parse().choices[0].message.content or ""
 
 
-# Its start and stop are bounded in time: not under other tests' load (a whole demo
-# stack, gateway and simulators, competes for the same cores).
-@pytest.mark.serial
 @pytest.mark.timeout(300)
 def test_killing_a_replica_breaks_nothing_behind_the_demo_address(demo: Demo) -> None:
     base_url = next(line for line in demo.output if line.startswith("Base URL: "))[10:]

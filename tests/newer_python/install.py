@@ -6,8 +6,11 @@ the 3.11 it is developed on, with nothing but Debian's archive and PyPI:
 `.python-3.13/` holds Debian trixie's own Python 3.13 with the libraries it needs (trixie's
 glibc among them), unpacked from the packages, not installed: the interpreter is relinked to
 that glibc's dynamic loader and to those libraries, so nothing on the host changes and the
-host's programs keep their own. `.venv-3.13/` is a virtual environment of it holding the
-project and its test dependencies. Each step is skipped when what it makes is already there.
+host's programs keep their own. Its standard library is compiled to bytecode, as Debian's
+package scripts would: the packages ship none, and where PYTHONDONTWRITEBYTECODE is set
+(as on CI) every process would compile what it imports again (0.4 s of CPU for each
+gateway). `.venv-3.13/` is a virtual environment of it holding the project and its test
+dependencies. Each step is skipped when what it makes is already there.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Unavailable(Exception):
 def install() -> None:
     try:
         _interpreter()
+        _compile_standard_library()
         _environment()
     except (Unavailable, PackageIndexError, subprocess.CalledProcessError) as failure:
         sys.exit(f"Python {RELEASE} install failed: {failure}")
@@ -96,6 +100,18 @@ def _interpreter() -> None:
     if not _runs(INTERPRETER, SMOKE):
         raise Unavailable(f"{INTERPRETER} does not run its standard library")
     print(f"Python {RELEASE} is ready: {INTERPRETER}")
+
+
+def _compile_standard_library() -> None:
+    """Bytecode for every module of the standard library that lacks it (quick when all have)."""
+    library = PYTHON_HOME / "usr" / "lib" / f"python{RELEASE}"
+    compiling = subprocess.run(
+        [str(INTERPRETER), "-m", "compileall", "-q", "-j", "0", str(library)],
+        capture_output=True,
+        text=True,
+    )
+    if compiling.returncode != 0:
+        raise Unavailable(f"compiling {library} failed:\n{compiling.stdout}{compiling.stderr}")
 
 
 def _relink(binary: Path, tree: Path) -> None:
