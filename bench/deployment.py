@@ -16,15 +16,16 @@ on the Redis gate, a local redis-server).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from bench.options import BenchOptions
 from bench.peers import VllmRouterChild, vllm_router_executable
-from bench.processes import GatewayChild
+from bench.processes import GatewayChild, StartFailure
 from demo.redis import LocalRedis
 from router.process.lifeline import die_with_parent
 from sim.stack import NodeInfo, SimStack
@@ -51,6 +52,28 @@ class Deployment:
     def proxy_url(self) -> str:
         assert self.stack.proxy is not None
         return self.stack.proxy.url
+
+
+class Child(Protocol):
+    log_path: Path
+
+    def wait_ready(self) -> str: ...
+
+
+def all_ready(children: Sequence[Child]) -> None:
+    """Return once every child is ready; the first that fails to start raises at once
+    (the caller's clean-up stops the others, and with them their threads' waits)."""
+    pool = ThreadPoolExecutor(len(children))
+    try:
+        futures = [pool.submit(child.wait_ready) for child in children]
+        done, pending = wait(futures, timeout=READY_TIMEOUT_S, return_when=FIRST_EXCEPTION)
+        for future in done:
+            future.result()
+        if pending:
+            late = children[futures.index(next(iter(pending)))]
+            raise StartFailure(f"not ready within {READY_TIMEOUT_S:.0f} s", late.log_path)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def latency_model(stack: SimStack, nodes: list[NodeInfo]) -> dict[str, Any]:
@@ -205,9 +228,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
             router = VllmRouterChild(peer, prefill, decode, work / "vllm-router.log")
             cleanup.callback(router.stop)
             children["vllm-router"] = router
-        with ThreadPoolExecutor(len(children)) as pool:
-            for ready in [pool.submit(child.wait_ready) for child in children.values()]:
-                ready.result(timeout=READY_TIMEOUT_S)
+        all_ready(list(children.values()))
         gateways = {k: v for k, v in children.items() if isinstance(v, GatewayChild)}
         yield Deployment(
             stack,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from router.serving import RoutedRequest
-from router.throughput.sse_events import EVENT_END, MAX_PENDING_EVENT_BYTES, EventCutter
+from router.upstream.sse_events import EVENT_END, MAX_PENDING_EVENT_BYTES, EventCutter
 
 if TYPE_CHECKING:
     from router.throughput.answer import ChunkFilter

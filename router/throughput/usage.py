@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from router.throughput.sse_events import EVENT_END, MAX_PENDING_EVENT_BYTES, EventCutter
+from router.upstream.sse_events import EVENT_END, MAX_PENDING_EVENT_BYTES, EventCutter
 
 _MARK = b'"cached_tokens"'
 _DATA = b"data: "

@@ -1,5 +1,6 @@
-"""Whole SSE events out of a stream whose bytes arrive in arbitrary chunks, for the filters
-that judge an event whole (`usage.py`, `stream_usage.py`).
+"""Whole SSE events out of an upstream's stream, whose bytes arrive in arbitrary chunks, for
+what judges an event whole (the throughput path's usage filters, `throughput/usage.py` and
+`stream_usage.py`; the latency path's `native_decode.py`).
 
 An event is held until its end arrives, up to `max_pending` bytes; one growing past that is
 handed on untouched as it comes (the client loses no byte of it, only the filter's look at
