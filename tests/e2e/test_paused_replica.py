@@ -43,8 +43,10 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.serial
 
 LEASE_TTL_S = 2.0
-QUEUED_S = 8.0  # how long the paused replica's prefill waits at vLLM before it runs
-PREFILL_S = 10.0  # the gateway's prefill deadline: how long a 0.1.5 node stays out
+# How long the paused replica's prefill waits at vLLM before it runs: past the lease's
+# expiry and the prober's flush (0.1.6), within the deadline after it (0.1.5).
+QUEUED_S = 5.0
+PREFILL_S = 6.0  # the gateway's prefill deadline: how long a 0.1.5 node stays out
 
 
 @pytest.fixture(scope="module")

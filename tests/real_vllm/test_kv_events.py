@@ -4,10 +4,7 @@ the block size configured."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,39 +14,14 @@ import zmq
 
 from router.selection.affinity import block_hashes
 from router.selection.kv_events import ServerBlocks
-from tests.real_vllm.conftest import require_vllm
-from tests.real_vllm.server import VllmServer, free_port
-
-BLOCK = 32  # the CPU build's attention takes multiples of 32 only (GPUs also take 16)
-TOPIC = "kv"
+from tests.real_vllm.conftest import BLOCK, KV_EVENTS_TOPIC, ConnectorVllm
+from tests.real_vllm.server import VllmServer
 
 
 @pytest.fixture(scope="module")
-def server_and_events(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[VllmServer, int]]:
-    """One vLLM server caching prefixes in `BLOCK`-token blocks and publishing its events."""
-    require_vllm()
-    port = free_port()
-    events = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{port}",  # a wildcard host: vLLM binds (else it connects)
-        "topic": TOPIC,
-    }
-    args = [
-        "--enable-prefix-caching",
-        "--block-size",
-        str(BLOCK),
-        "--kv-events-config",
-        json.dumps(events),
-    ]
-    log = tmp_path_factory.mktemp("vllm-kv-events") / "vllm.log"
-    server = VllmServer(tiny_model_dir, log, extra_args=args).start()
-    try:
-        yield server, port
-    finally:
-        server.stop()
+def server_and_events(connector_vllm: ConnectorVllm) -> tuple[VllmServer, int]:
+    """A vLLM server caching prefixes in `BLOCK`-token blocks and publishing its events."""
+    return connector_vllm.server, connector_vllm.events_port
 
 
 def complete(server: VllmServer, prompt: str) -> list[int]:
@@ -65,7 +37,7 @@ def batches(socket: zmq.Socket[bytes], seen: list[dict[str, Any]]) -> None:
     """Every batch waiting on `socket`, its events added to `seen` in order."""
     while socket.poll(0):
         topic, seq, payload = socket.recv_multipart()
-        assert topic == TOPIC.encode() and len(seq) == 8
+        assert topic == KV_EVENTS_TOPIC.encode() and len(seq) == 8
         _ts, events, *_ = msgpack.unpackb(payload)
         seen += events
 
@@ -76,7 +48,7 @@ def test_stored_blocks_rehashed_are_the_prompts_block_hashes(
     server, port = server_and_events
     context = zmq.Context()
     socket = context.socket(zmq.SUB)
-    socket.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())
+    socket.setsockopt(zmq.SUBSCRIBE, KV_EVENTS_TOPIC.encode())
     socket.connect(f"tcp://127.0.0.1:{port}")
     try:
         seen: list[dict[str, Any]] = []

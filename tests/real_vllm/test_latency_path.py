@@ -10,7 +10,6 @@ order, the same types, the same events, with the differences listed in the READM
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,13 +25,12 @@ from tests.real_vllm.compare import (
     stream_outline,
     textless,
 )
-from tests.real_vllm.conftest import require_vllm
+from tests.real_vllm.conftest import ConnectorVllm
 from tests.real_vllm.server import VllmServer
 from tests.support.deployment import node_entry
 from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.tiny_model import MAX_MODEL_LEN
 
-ROOT = Path(__file__).resolve().parents[2]
 LATENCY_HEADER = "x-pd-path"
 USAGE = {"include_usage": True}
 CASES = {
@@ -53,25 +51,9 @@ KNOWN = {
 }
 
 
-def connector_args(protocol: str) -> list[str]:
-    config = {
-        "kv_connector": "TileRTControlConnector",
-        "kv_connector_module_path": "sim.tilert_kv_connector",
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"tilert_protocol": protocol},
-    }
-    return ["--return-tokens-as-token-ids", "--kv-transfer-config", json.dumps(config)]
-
-
 @pytest.fixture(scope="module")
-def prefill(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    require_vllm()
-    log = tmp_path_factory.mktemp("prefill") / "vllm.log"
-    server = VllmServer(tiny_model_dir, log, connector_args("0.1.6"), env={"PYTHONPATH": str(ROOT)})
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+def prefill(connector_vllm: ConnectorVllm) -> VllmServer:
+    return connector_vllm.server
 
 
 @pytest.fixture(scope="module")

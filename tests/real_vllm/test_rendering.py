@@ -28,9 +28,8 @@ from router.tokens.prompt_tokens import PromptCounter
 from router.tokens.tokenizer import load_tokenizer
 from sim.stack import SimStack
 from tests.real_vllm.compare import exchange, stream_ending, textless
-from tests.real_vllm.conftest import require_vllm
+from tests.real_vllm.conftest import connector_args, require_vllm
 from tests.real_vllm.server import VllmServer
-from tests.real_vllm.test_latency_path import connector_args
 from tests.support.deployment import node_entry
 from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.tiny_model import CHAT_TEMPLATE, MAX_MODEL_LEN, write_model
