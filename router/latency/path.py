@@ -14,11 +14,13 @@ import orjson
 from router.config import LatencyConfig
 from router.errors import DecodeError, GatewayError, Overloaded, PrefillError, UpstreamError
 from router.gate import CONTINUING, Gate, GateRejected, Lease
+from router.latency.native_decode import NativeDecode, WholeServers
 from router.latency.prompt_ids import PromptIds
 from router.latency.protocol import CONTINUABLE, LatencyDeps, NodeSession, PrefillPrompt
-from router.latency.relay import DecodeRelay, RelayEnd, Resume
+from router.latency.relay import DecodeRelay, DecodeSource, RelayEnd, Resume
 from router.latency.sampling import DecodeOptions, Sampling, SamplingDefaults, decode_options
 from router.latency.token_ids_proof import TokenIdsProof
+from router.openai.endpoints import WIRE_PATHS
 from router.openai.render import AnswerFacts, AnswerHead, Renderer, Usage
 from router.openai.requests import ChatRequest, CompletionRequest
 from router.selection import (
@@ -32,6 +34,7 @@ from router.serving import Answer, LastChunk, RoutedRequest, json_answer, new_re
 from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
 from router.tokens.tokenizer import LoadedTokenizer
+from router.upstream import vllm
 from router.upstream.vllm import Prefilled
 
 log = logging.getLogger("pd_gateway.latency")
@@ -65,10 +68,13 @@ class LatencyPath:
         default_wait_ms: int,
         sampling_defaults: SamplingDefaults,
         prompt_ids: PromptIds | None = None,
+        native: WholeServers | None = None,
     ) -> None:
         """`prompt_ids`: the model's own rendering and encoding, for
         `prefill_input: token_ids` (chat prompts then go as ids to the prefill servers
-        proven to render as the gateway does)."""
+        proven to render as the gateway does). `native`: the model's native path's servers
+        that serve whole, which go on with an answer whose node failed when no other node
+        is free in time."""
         self._model = model
         self._config = config
         self._output_parser = output_parser
@@ -88,6 +94,7 @@ class LatencyPath:
             pool.tilert: self._prefill_of_pool[pool.name] for pool in config.pools
         }
         self._live: set[NodeSession] = set()  # sessions whose slot is not yet released
+        self._native = native
         self._prompt_ids: PromptIds | None = None
         self._proof: TokenIdsProof | None = None
         if config.prefill_input == "token_ids" and prompt_ids is not None:
@@ -230,15 +237,17 @@ class LatencyPath:
     ) -> Resume:
         """How this request's output goes on after its node failed mid-stream: on another
         node of the pool, the prompt and the output so far prefilled as ids, with what is
-        left of its budget, at most `continuations` times."""
+        left of its budget; with no node free in time, on a server of the native path that
+        serves whole (not for a grammar, which vLLM would start afresh); at most
+        `continuations` times."""
         limit, access, metrics = self._config.continuations, request.access, self._deps.metrics
         budget = request.parsed.token_budget
 
         async def resume(
             failure: DecodeError, output_ids: list[int]
-        ) -> tuple[NodeSession, Prefilled] | None:
+        ) -> tuple[DecodeSource, Prefilled | None] | None:
             reason = failure.code or "decode_failed"
-            broken = access.node or "?"
+            broken = access.native_decode or access.node or "?"
             access.broken_nodes = ",".join(filter(None, [access.broken_nodes, broken]))
 
             def ended(outcome: str) -> None:
@@ -272,8 +281,20 @@ class LatencyPath:
                         holder=rid,
                     )
                 except GateRejected:
-                    ended("no_node")
-                    return None
+                    if self._native is None or options.grammar_spec is not None:
+                        ended("no_node")
+                        return None
+                    try:
+                        native = await self._continue_natively(
+                            request, options, ids, left, rid, stack
+                        )
+                    except GatewayError as exc:
+                        log.warning("request %s: continuing failed: %s", request.request_id, exc)
+                        ended("failed")
+                        return None
+                    access.continued += 1
+                    ended("continued_native")
+                    return native, None
                 servers = await self._prefill_servers(lease)
                 choice = servers.pick(request=affinity)
                 session, _ = self._session(request, lease, choice, stack)
@@ -287,10 +308,40 @@ class LatencyPath:
                     ended("failed")
                     return None
             access.continued += 1
+            access.native_decode = None
             ended("continued")
             return session, prefilled
 
         return resume
+
+    async def _continue_natively(
+        self,
+        request: RoutedRequest,
+        options: DecodeOptions,
+        ids: list[int],
+        budget: int | None,
+        rid: str,
+        stack: AsyncExitStack,
+    ) -> NativeDecode:
+        """The rest of the output from a server of the native path that serves whole."""
+        assert self._native is not None
+        sampling = {**options.sampling.for_prefill(), **options.native_options}
+        body = vllm.continuation_body(
+            request.model,
+            ids,
+            # Without a budget, what the pool's context leaves, as a node would have had
+            # (vLLM's completions default to 16 tokens).
+            max_tokens=self._config.max_seq_len - len(ids) if budget is None else budget,
+            sampling=sampling,
+            stop_token_ids=request.parsed.stop_token_ids,
+        )
+        path = WIRE_PATHS["completions"]
+        reply, choice = await self._native.open_stream(path, body, request_id=rid, stack=stack)
+        access = request.access
+        access.native_decode = access.upstream = choice.url
+        access.upstream_reason = choice.reason
+        tracing.annotate(upstream=choice.url)
+        return NativeDecode(reply, self._deps.spawn)
 
     @property
     def token_ids_proof(self) -> TokenIdsProof | None:

@@ -13,22 +13,37 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from router.detokenize.pipeline import TextPipeline
 from router.errors import DecodeError
 from router.latency.logprobs import LogprobTrack
-from router.latency.protocol import NodeSession
 from router.openai.render import StopReason, TokenLogprob
 from router.parsers import ParsedDelta, ParsedMessage, ToolCallDelta, finish_reason
 from router.serving import RoutedRequest
 from router.telemetry.metrics import Metrics
 from router.tokens.tokenizer import LoadedTokenizer
-from router.upstream.tilert import DoneLine, TokenLine
+from router.upstream.tilert import DoneLine, NodeLine, TokenLine
 from router.upstream.vllm import Prefilled
 
-Resume = Callable[[DecodeError, list[int]], Awaitable[tuple[NodeSession, Prefilled] | None]]
-"""Continues an output whose node failed: (the failure, the ids so far) -> the session that
-generates the rest and its prefill, or None."""
+
+class DecodeSource(Protocol):
+    """Where an output's ids come from: a node's session (`NodeSession`), or a server of the
+    native path going on with an output whose node failed (`NativeDecode`)."""
+
+    async def next_line(self) -> NodeLine | None:
+        """The next ids or the done line; None once the output has ended. Raises
+        DecodeError."""
+        ...
+
+    def close(self, *, stopped: bool = False) -> None:
+        """Done with it (`stopped`: the relay matched a stop); idempotent."""
+        ...
+
+
+Resume = Callable[[DecodeError, list[int]], Awaitable[tuple[DecodeSource, Prefilled | None] | None]]
+"""Continues an output whose node failed: (the failure, the ids so far) -> the source of
+the rest and, if a prefill sampled its first token for a node, that prefill; or None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +90,13 @@ class DecodeRelay:
             )
 
     async def events(
-        self, session: NodeSession, resume: Resume | None = None
+        self, session: DecodeSource, resume: Resume | None = None
     ) -> AsyncIterator[ParsedDelta | RelayEnd]:
         """Message deltas as the node's lines arrive, then one RelayEnd. Raises DecodeError
         if the node fails mid-stream and `resume` does not continue the output elsewhere:
-        asked with the failure and the ids generated so far, it gives the session that
-        generates the rest (already started), or None. Ending early (a stop, the client
-        gone) closes the session, which cancels the node."""
+        asked with the failure and the ids generated so far, it gives the source of the
+        rest (already started), or None. Ending early (a stop, the client gone) closes the
+        session, which cancels the node."""
         pipeline, metrics, model = self._pipeline, self._metrics, self._request.model
         node_finish = "stop"
         first_output = True
@@ -99,8 +114,10 @@ class DecodeRelay:
                     if resumed is None:
                         raise
                     session, prefilled = resumed
-                    tokens_seen, self._first_token_id = False, prefilled.first_token_id
-                    self._eos_first = prefilled.finish_reason == "stop"
+                    tokens_seen, self._eos_first = False, False
+                    if prefilled is not None:  # a node's: its prefill sampled the first id
+                        self._first_token_id = prefilled.first_token_id
+                        self._eos_first = prefilled.finish_reason == "stop"
                     continue
                 if line is None:
                     break

@@ -87,13 +87,9 @@ def resolve(parsed: ChatRequest | CompletionRequest, defaults: SamplingDefaults)
 NODE_OPTIONS = ("repetition_penalty", "presence_penalty", "ignore_eos")
 
 
-def node_sampling(parsed: ChatRequest | CompletionRequest, sampling: Sampling) -> dict[str, Any]:
-    out = sampling.for_node()
-    for name in NODE_OPTIONS:
-        value = getattr(parsed, name)
-        if value is not None:
-            out[name] = value
-    return out
+def decode_side_options(parsed: ChatRequest | CompletionRequest) -> dict[str, Any]:
+    """The `NODE_OPTIONS` the client set, by the names vLLM and the node both take."""
+    return {name: value for name in NODE_OPTIONS if (value := getattr(parsed, name)) is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,17 +102,22 @@ class DecodeOptions:
     """Logprobs asked for, with this many top candidates per token; None: not asked."""
     grammar_spec: dict[str, Any] | None
     """The node's grammar for `response_format` json_object / json_schema."""
+    native_options: dict[str, Any]
+    """The decode-side options the client set (`NODE_OPTIONS`), for a vLLM server going on
+    with the output."""
 
 
 def decode_options(
     parsed: ChatRequest | CompletionRequest, body: dict[str, Any], defaults: SamplingDefaults
 ) -> DecodeOptions:
     sampling = resolve(parsed, defaults)
+    native_options = decode_side_options(parsed)
     return DecodeOptions(
         sampling=sampling,
-        node_sampling=node_sampling(parsed, sampling),
+        node_sampling={**sampling.for_node(), **native_options},
         top_logprobs=_top_logprobs(parsed),
         grammar_spec=grammar_spec(body.get("response_format")),
+        native_options=native_options,
     )
 
 

@@ -103,6 +103,7 @@ def build_model(
             default_wait_ms=gate_config.max_queue_wait_ms,
             sampling_defaults=sampling_defaults,
             prompt_ids=PromptIds(counter) if config.latency.prefill_input == "token_ids" else None,
+            native=None if throughput is None else throughput.whole,
         )
         paths["latency"] = (
             latency if throughput is None else Fallback(latency, throughput, metrics=deps.metrics)

@@ -33,6 +33,9 @@ class AccessRecord:
     broken_nodes: str | None = None
     """The nodes whose streams broke, in order (comma-separated); `node` is the last one's
     successor."""
+    native_decode: str | None = None
+    """The vLLM server of the native path that went on with the output when no node was free
+    (then also `upstream`)."""
     upstream: str | None = None
     """The vLLM server (or proxy) whose answer the client got: on the latency path the
     prefill server, on the native path the decode instance or the proxy."""

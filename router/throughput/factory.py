@@ -3,6 +3,8 @@ that reads it, so the modes work on their server sets alone."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from router.config import ProxyConfig, PullConfig, PushConfig
 from router.selection import PathSelection
 from router.serving import ServePath
@@ -11,8 +13,14 @@ from router.throughput.legs import NativeDeps
 from router.throughput.proxy import ProxyPath
 from router.throughput.pull import PullPath
 from router.throughput.push import PushPath
+from router.throughput.whole import WholeServing
 from router.upstream import Upstreams
 from router.upstream.vllm import PrefillEngine
+
+
+class ThroughputPath(ServePath, Protocol):
+    whole: WholeServing
+    """Its servers that serve a request whole (the decode instances, or the proxy)."""
 
 
 def make_throughput_path(
@@ -21,7 +29,7 @@ def make_throughput_path(
     upstreams: Upstreams,
     selection: PathSelection | None = None,
     metrics: Metrics | None = None,
-) -> ServePath:
+) -> ThroughputPath:
     """The throughput path for one model, one of proxy, pull or push."""
     selection = selection or PathSelection()
     deps = NativeDeps(upstreams, metrics)

@@ -14,6 +14,7 @@ from router.telemetry.metrics import Metrics
 from router.throughput.answer import forward, read_unless_streamed
 from router.throughput.stream_usage import asks_for_usage, with_usage
 from router.throughput.usage import CachedTokensRewriter
+from router.throughput.whole import WholeServing
 from router.upstream import Reply, Upstreams, vllm
 from router.upstream.vllm import NixlPrefilled
 
@@ -37,6 +38,7 @@ class SplitPath:
         self._selection = selection
         self._upstreams = deps.upstreams
         self._metrics = deps.metrics
+        self.whole = WholeServing(decode, vllm.DECODE, deps.upstreams)
 
     def server_sets(self) -> list[ServerSet]:
         return [self._prefill, self._decode]

@@ -15,6 +15,7 @@ from router.telemetry import tracing
 from router.throughput.answer import forward, read_unless_streamed
 from router.throughput.legs import NativeDeps, chosen
 from router.throughput.stream_usage import asks_for_usage, with_usage
+from router.throughput.whole import WholeServing
 from router.upstream import Reply
 from router.upstream.failures import BODILESS, bodiless_failure
 from router.upstream.vllm import PROXY
@@ -27,6 +28,7 @@ class ProxyPath:
         self._upstreams = deps.upstreams
         self._metrics = deps.metrics
         self._proxy = proxy
+        self.whole = WholeServing(proxy, PROXY, deps.upstreams)
 
     def server_sets(self) -> list[ServerSet]:
         return [self._proxy]

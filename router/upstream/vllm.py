@@ -8,7 +8,7 @@ Bodies change the client's request in exactly the ways the protocol lists and no
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -94,6 +94,31 @@ def prefill_body(
             kv_transfer_params = {**kv_transfer_params, "prompt_token_ids": prompt_token_ids}
     out["kv_transfer_params"] = kv_transfer_params
     return out
+
+
+def continuation_body(
+    model: str,
+    token_ids: list[int],
+    *,
+    max_tokens: int,
+    sampling: Mapping[str, Any],
+    stop_token_ids: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """The rest of an output from a server that serves whole: a streamed completions
+    request whose prompt is `token_ids` (a prompt and its output so far), each chunk naming
+    its ids (`return_token_ids`). Stop strings stay the gateway's to match on the ids; stop
+    token ids end it as they end a node's."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": token_ids,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "return_token_ids": True,
+        **sampling,
+    }
+    if stop_token_ids:
+        body["stop_token_ids"] = list(stop_token_ids)
+    return body
 
 
 def tilert_params(node: Node) -> dict[str, Any]:

@@ -10,6 +10,7 @@ client sees one answer, one finish and the whole answer's usage.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -216,3 +217,93 @@ def test_past_its_continuations_an_answer_ends_with_an_error_event(
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert SCRIPTED.startswith(text)
     until(lambda: len(decodes(stack, 1)) == 1, "the second node's decode recorded")
+
+
+@pytest.fixture(scope="module")
+def native_stack(sim_stacks: StackPool) -> SimStack:
+    """The native path of `both` below: one vLLM server serving whole (standing in for a
+    disaggregation proxy), whose model continues a context as the nodes' does."""
+    return sim_stacks.get(nodes=0, prefills=0, proxy=True, model="ds", proxy_args=["--itl-ms", "0"])
+
+
+@pytest.fixture(scope="module")
+def both(
+    stack: SimStack,
+    native_stack: SimStack,
+    tilert_version: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[GatewayProcess]:
+    """`ds` on a pool of node 3 alone, with a native path: a continuation that finds no
+    node free within its wait goes on there."""
+    assert native_stack.proxy is not None
+    model = latency_model(
+        stack,
+        "ds",
+        nodes=stack.nodes[3:4],
+        output_parser="deepseek_v32",
+        tilert=tilert_version,
+        throughput={"mode": "proxy", "urls": [native_stack.proxy.url]},
+    )
+    model["latency"]["continuation_wait_ms"] = 200
+    with start_gateway(tmp_path_factory, [model], admin={"api_key": "sk-admin"}) as running:
+        yield running
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_with_no_node_free_the_answer_goes_on_on_the_native_path(
+    both: GatewayProcess, stack: SimStack, native_stack: SimStack, stream: bool
+) -> None:
+    """Node 3 stalls mid-answer and is drained meanwhile: the rest comes from the native
+    path's server, the prompt and the output so far sent as token ids, and the client sees
+    the answer it would have had."""
+    assert native_stack.proxy is not None
+    native = native_stack.proxy.url
+    sim_post(native, "/sim/reset")
+    client = openai.OpenAI(base_url=both.base_url, api_key="unused", max_retries=0, timeout=60)
+    messages = user(directive(SCRIPTED))
+    whole = client.chat.completions.create(model="ds", messages=messages)
+    assert sim_get(native, "/sim/requests")["requests"] == []  # served by the node
+    node = node_id(stack, 3)
+    sim_post(stack.nodes[3].url, "/sim/faults", {"stall_after": 4, "count": 1})
+    if stream:
+        chunks_stream = client.chat.completions.create(
+            model="ds", messages=messages, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = [next(chunks_stream)]
+        drain(both, node, drained=True)
+        chunks += list(chunks_stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert finishes[-1] == "stop" and set(finishes[:-1]) == {None}
+        usage = chunks[-1].usage
+    else:
+        answers: list[Any] = []
+        asking = threading.Thread(
+            target=lambda: answers.append(
+                client.chat.completions.create(model="ds", messages=messages)
+            )
+        )
+        asking.start()
+        # Drained once its decode has started, well before its stall is found (2 s).
+        until(lambda: len(decodes(stack, 3)) == 2, "the second decode started")
+        drain(both, node, drained=True)
+        asking.join(timeout=60)
+        (again,) = answers
+        text, usage = again.choices[0].message.content, again.usage
+        assert again.choices[0].finish_reason == "stop"
+    drain(both, node, drained=False)
+    client.close()
+    assert text == SCRIPTED == whole.choices[0].message.content
+    assert usage == whole.usage  # the prompt is the client's, and the EOS counted once
+    (continued,) = sim_get(native, "/sim/requests")["requests"]
+    body = continued["body"]
+    assert body["stream"] is True and body["return_token_ids"] is True
+    assert len(body["prompt"]) > whole.usage.prompt_tokens  # the prompt and the output so far
+    both.wait_all_free()
+    metrics = plain().get(both.url + "/metrics", timeout=10).text
+    assert any(
+        line.startswith("pd_gateway_continuations_total{")
+        and 'outcome="continued_native"' in line
+        and float(line.rsplit(" ", 1)[1]) >= 1
+        for line in metrics.splitlines()
+    )

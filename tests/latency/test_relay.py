@@ -164,3 +164,25 @@ async def test_a_failure_nobody_resumes_is_raised(tokenizer: LoadedTokenizer) ->
     assert resumer.asked == [tokens]
     with pytest.raises(DecodeError):  # nothing generated yet: nothing to continue
         await relay(tokenizer, [BROKEN], first=tokens[0], resume=Resumer())
+
+
+async def test_a_broken_stream_goes_on_from_a_source_without_a_prefill(
+    tokenizer: LoadedTokenizer,
+) -> None:
+    """A server of the native path goes on: its ids are the output's next, none sampled
+    by a prefill of its own; an EOS first token of the broken node's prefill is no matter."""
+    tokens = ids(tokenizer, "Told by a node, then by a server of the native path.")
+    cut = 4
+    native = Lines([TokenLine(tokens[cut:7]), TokenLine(tokens[7:]), DoneLine(9, "stop")])
+    asked: list[list[int]] = []
+
+    async def resume(failure: DecodeError, output: list[int]) -> Any:
+        asked.append(output)
+        return native, None
+
+    lines: list[NodeLine | DecodeError] = [TokenLine(tokens[:cut]), BROKEN]
+    text, end = await relay(tokenizer, lines, first=tokens[0], resume=resume)
+    assert text == "Told by a node, then by a server of the native path."
+    assert asked == [tokens[:cut]]
+    assert (end.finish_reason, end.completion_tokens) == ("stop", len(tokens) + 1)
+    assert native.closed

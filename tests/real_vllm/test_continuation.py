@@ -6,6 +6,7 @@ holds itself to the same (tests/sim/test_sim_vllm_answers.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -63,3 +64,29 @@ def test_a_completions_prompt_and_the_start_of_its_answer_continue_the_answer(
         {**COMPLETION, "max_tokens": 24 - written, "prompt": [*prompt, *output[:written]]},
     )
     assert rest["choices"][0]["token_ids"] == output[written:]
+
+
+def test_a_streamed_continuation_names_its_ids_chunk_by_chunk(real_vllm: RealVllm) -> None:
+    """What a native-path continuation reads (`router.latency.native_decode`): the chunks'
+    `token_ids`, in order, are the rest of the answer, and the last names its finish."""
+    whole = post(real_vllm, "/v1/completions", COMPLETION)
+    choice = whole["choices"][0]
+    prompt, output = choice["prompt_token_ids"], choice["token_ids"]
+    body = {
+        **COMPLETION,
+        "model": real_vllm.model,
+        "prompt": [*prompt, *output[:7]],
+        "max_tokens": 24 - 7,
+        "stream": True,
+    }
+    ids: list[int] = []
+    finishes = []
+    with httpx.stream("POST", f"{real_vllm.url}/v1/completions", json=body, timeout=120) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[len("data: ") :])["choices"][0]
+                ids += chunk["token_ids"]
+                finishes.append(chunk["finish_reason"])
+    assert ids == output[7:]
+    assert finishes[-1] == "length" and set(finishes[:-1]) <= {None}
