@@ -237,6 +237,19 @@ class ProxyConfig(StrictModel):
         return [_check_url(u) for u in urls]
 
 
+class ConditionalConfig(StrictModel):
+    """Conditional disaggregation: `pull` and `push` serve a request whole on the decode
+    server chosen for it (prefill included) when splitting it would not pay."""
+
+    min_uncached_tokens: Annotated[int, Field(ge=0)] = 0
+    """Split only when more of the prompt than this is not cached at that decode server
+    (from the prefix index: `selection.prefix_affinity`); 0: only a prompt it holds whole
+    is served whole for this reason."""
+    prefill_busier_by: Annotated[int, Field(ge=1)] | None = None
+    """Serve whole when even the least busy prefill server has this many more requests in
+    flight than that decode server; none: never for this reason."""
+
+
 class PullConfig(StrictModel):
     """Throughput by orchestrating vLLM's NIXL pull legs (docs/protocols.md §2.2)."""
 
@@ -245,6 +258,8 @@ class PullConfig(StrictModel):
     decode: Annotated[list[str], Field(min_length=1)]
     selection: SelectionConfig | None = None
     """The model's `selection`, changed for the native path."""
+    conditional: ConditionalConfig | None = None
+    """When a request is served whole instead of split; none: always split."""
 
     @field_validator("prefill", "decode")
     @classmethod
@@ -276,6 +291,8 @@ class PushConfig(StrictModel):
     decode: Annotated[list[str], Field(min_length=1)]
     selection: SelectionConfig | None = None
     """The model's `selection`, changed for the native path."""
+    conditional: ConditionalConfig | None = None
+    """When a request is served whole instead of split; none: always split."""
 
     @field_validator("decode")
     @classmethod

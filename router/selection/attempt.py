@@ -25,12 +25,14 @@ async def call_on(
     hold_on: AsyncExitStack | None = None,
     judge: Callable[[T], Outcome] | None = None,
     request: Affinity | None = None,
+    first: Choice | None = None,
 ) -> T:
     """`call` on the chosen server. The server stays held until `hold_on` closes (for an
     answer still being relayed), else until the call returns. `judge` says what a returned
     value tells of the server (an error status relayed as it came); by default, success.
-    `request`: what the request offers request-aware scorers."""
-    choice = servers.pick(request=request)
+    `request`: what the request offers request-aware scorers. `first`: the server already
+    chosen for it."""
+    choice = first or servers.pick(request=request)
     tried: list[str] = []
     while True:
         hold = ExitStack()

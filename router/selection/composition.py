@@ -32,9 +32,12 @@ class PathSelection:
         endpoint: str,
         body: dict[str, Any],
         headers: Mapping[str, str],
+        *,
+        always: bool = False,
     ) -> Affinity | None:
-        """What the request offers, or None where no set would look at it."""
-        if self._keys is None or not any(s.request_aware for s in sets):
+        """What the request offers, or None where no set would look at it (`always`: the
+        caller looks at it itself)."""
+        if self._keys is None or not (always or any(s.request_aware for s in sets)):
             return None
         return await self._keys.of(endpoint, body, headers)
 

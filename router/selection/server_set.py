@@ -234,6 +234,15 @@ class ServerSet:
         assert request is not None
         return self._request_scorers[decider - len(self._scorers)].reason(best, request)
 
+    def cached_tokens(self, url: str, request: Affinity) -> int:
+        """How much of the request's prompt `url` is expected to hold (0 without a prefix
+        index)."""
+        return max((s.cached_tokens(url, request) for s in self._request_scorers), default=0)
+
+    def least_outstanding(self) -> int:
+        """Requests in flight on the least busy server of the set."""
+        return min(self._outstanding.values())
+
     @contextmanager
     def hold(self, url: str, request: Affinity | None = None) -> Iterator[str]:
         """Counts a request in flight on `url` while held; `request` is remembered as sent
@@ -241,10 +250,7 @@ class ServerSet:
         work = None
         if request is not None:
             if request.tokens:
-                cached = max(
-                    (s.cached_tokens(url, request) for s in self._request_scorers), default=0
-                )
-                work = request.tokens - cached
+                work = request.tokens - self.cached_tokens(url, request)
             for scorer in self._request_scorers:
                 scorer.sent(url, request)
         self._outstanding[url] += 1

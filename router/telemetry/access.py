@@ -41,6 +41,10 @@ class AccessRecord:
     prefill server, on the native path the decode instance or the proxy."""
     upstream_reason: str | None = None
     """Why that server was chosen (`load`, `only_healthy`, `rotation`, `retry_...`)."""
+    native_way: str | None = None
+    """`pull` and `push`: `split` into legs, or `whole` on the decode server."""
+    native_way_reason: str | None = None
+    """Why (`uncached`, `cached`, `prefill_busy`, `scores_prompt`, `not_split`, `always`)."""
     queue_wait_ms: float | None = None
     ttft_ms: float | None = None
     prompt_tokens: int | None = None

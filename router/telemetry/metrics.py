@@ -136,11 +136,19 @@ class Metrics:
             ["model", "code"],
             registry=r,
         )
+        self._native_ways = Counter(
+            "pd_gateway_native_requests",
+            "Requests of the native path in `pull` and `push` mode by how they were served:"
+            " `split` into a prefill and a decode leg, or `whole` on a decode server, and why.",
+            ["model", "way", "reason"],
+            registry=r,
+        )
         self._continuations = Counter(
             "pd_gateway_continuations",
             "Answers whose decode broke mid-stream, by the node's failure and what became of"
-            " the answer: `continued` on another node, or ended in error (`no_node` free in"
-            " time, `too_long` for the pool, `limit` of continuations reached, `failed`).",
+            " the answer: `continued` on another node, `continued_native` on the native path,"
+            " or ended in error (`no_node` free in time, `too_long` for the pool, `limit` of"
+            " continuations reached, `failed`).",
             ["model", "reason", "outcome"],
             registry=r,
         )
@@ -239,6 +247,9 @@ class Metrics:
             self._prompt_tokens.labels(model, path, key).inc(record.prompt_tokens)
         if record.completion_tokens:
             self._completion_tokens.labels(model, path, key).inc(record.completion_tokens)
+        if record.native_way is not None:
+            reason = record.native_way_reason or ""
+            self._native_ways.labels(model, record.native_way, reason).inc()
 
     def in_flight(self, path: str) -> Gauge:
         """The gauge of the requests in flight on `path`, for the response to raise and lower."""

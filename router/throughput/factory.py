@@ -9,7 +9,7 @@ from router.config import ProxyConfig, PullConfig, PushConfig
 from router.selection import PathSelection
 from router.serving import ServePath
 from router.telemetry.metrics import Metrics
-from router.throughput.legs import NativeDeps
+from router.throughput.legs import NativeDeps, WholeWhen
 from router.throughput.proxy import ProxyPath
 from router.throughput.pull import PullPath
 from router.throughput.push import PushPath
@@ -38,12 +38,17 @@ def make_throughput_path(
             return ProxyPath(selection.server_set(config.urls, "proxy", request_aware=False), deps)
         case PullConfig():
             prefill = selection.server_set(config.prefill, "pull:prefill")
-            return PullPath(
-                prefill, selection.server_set(config.decode, "pull:decode"), selection, deps
-            )
+            decode = selection.server_set(config.decode, "pull:decode")
+            return PullPath(prefill, decode, selection, deps, _whole_when(config))
         case PushConfig():
             engines = [PrefillEngine(**engine.model_dump()) for engine in config.prefill]
-            return PushPath(
-                engines, selection.server_set(config.decode, "push:decode"), selection, deps
-            )
+            decode = selection.server_set(config.decode, "push:decode")
+            return PushPath(engines, decode, selection, deps, _whole_when(config))
     raise TypeError(f"not a throughput configuration: {type(config).__name__}")
+
+
+def _whole_when(config: PullConfig | PushConfig) -> WholeWhen | None:
+    conditional = config.conditional
+    if conditional is None:
+        return None
+    return WholeWhen(conditional.min_uncached_tokens, conditional.prefill_busier_by)

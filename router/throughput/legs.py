@@ -20,6 +20,15 @@ from router.upstream.vllm import NixlPrefilled
 
 
 @dataclass(frozen=True, slots=True)
+class WholeWhen:
+    """When a split mode serves a request whole on its decode server (conditional
+    disaggregation; the configuration's `conditional`)."""
+
+    min_uncached_tokens: int = 0
+    prefill_busier_by: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NativeDeps:
     """What every native mode calls with."""
 
@@ -31,13 +40,19 @@ class SplitPath:
     """What pull and push share: a prefill set and a decode set, chosen by one selection."""
 
     def __init__(
-        self, prefill: ServerSet, decode: ServerSet, selection: PathSelection, deps: NativeDeps
+        self,
+        prefill: ServerSet,
+        decode: ServerSet,
+        selection: PathSelection,
+        deps: NativeDeps,
+        whole_when: WholeWhen | None = None,
     ) -> None:
         self._prefill = prefill
         self._decode = decode
         self._selection = selection
         self._upstreams = deps.upstreams
         self._metrics = deps.metrics
+        self._whole_when = whole_when
         self.whole = WholeServing(decode, vllm.DECODE, deps.upstreams)
 
     def server_sets(self) -> list[ServerSet]:
@@ -45,8 +60,48 @@ class SplitPath:
 
     async def _affinity(self, request: RoutedRequest) -> Affinity | None:
         return await self._selection.affinity(
-            self.server_sets(), request.endpoint.wire, request.body, request.client_headers
+            self.server_sets(),
+            request.endpoint.wire,
+            request.body,
+            request.client_headers,
+            always=self._whole_when is not None,  # the prompt's length decides
         )
+
+    def _whole_on(self, request: RoutedRequest, affinity: Affinity | None) -> Choice | None:
+        """The decode server to serve `request` whole on, prefill included, when splitting
+        it would not pay (or cannot be done); None: split. The way and why are recorded."""
+        if not request.splits:
+            _served(
+                request, "whole", "scores_prompt" if request.parsed.scores_prompt else "not_split"
+            )
+            return self._decode.pick(request=affinity)
+        rule = self._whole_when
+        if rule is None:
+            _served(request, "split", "always")
+            return None
+        choice = self._decode.pick(request=affinity)
+        if affinity is not None and affinity.tokens:
+            uncached = affinity.tokens - self._decode.cached_tokens(choice.url, affinity)
+            if uncached <= rule.min_uncached_tokens:
+                _served(request, "whole", "cached")
+                return choice
+        if rule.prefill_busier_by is not None:
+            busier_by = self._prefill.least_outstanding() - self._decode.outstanding()[choice.url]
+            if busier_by >= rule.prefill_busier_by:
+                _served(request, "whole", "prefill_busy")
+                return choice
+        _served(request, "split", "uncached")
+        return None
+
+
+NATIVE_HEADER = "x-pd-native"
+
+
+def _served(request: RoutedRequest, way: str, reason: str) -> None:
+    """How a request of the split modes is served, and why: in its access record and its
+    answer's `x-pd-native`."""
+    request.access.native_way, request.access.native_way_reason = way, reason
+    request.headers[NATIVE_HEADER] = f"{way}; reason={reason}"
 
 
 def chosen(request: RoutedRequest, choice: Choice) -> None:
@@ -99,8 +154,8 @@ async def whole_on_decode(
     request: RoutedRequest,
     metrics: Metrics | None,
 ) -> Answer:
-    """A request not split into legs (`RoutedRequest.splits`): the decode instance at
-    `url` serves the client's body whole, prefill included."""
+    """A request not split into legs (`SplitPath._whole_on`): the decode instance at `url`
+    serves the client's body whole, prefill included."""
     reply = await send_decode(upstreams, stack, url, request, request.native_body)
     return forward(reply, request, metrics)
 

@@ -2,7 +2,9 @@
 
 The prefill's `kv_transfer_params` names where the KV state waits; the decode leg carries it
 verbatim along with the client's original body, and its answer is the client's. Either leg
-whose server was unreachable is sent once more to another server of its set.
+whose server was unreachable is sent once more to another server of its set. With
+`conditional`, a request whose prompt the chosen decode server mostly holds, or that the
+prefill servers are too busy for, is served whole there (`SplitPath._whole_on`).
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ class PullPath(SplitPath):
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         upstreams = self._upstreams
         affinity = await self._affinity(request)
-        if not request.splits:
+        if (decode_choice := self._whole_on(request, affinity)) is not None:
 
             async def whole(choice: Choice) -> Answer:
                 chosen(request, choice)
                 return await whole_on_decode(upstreams, stack, choice.url, request, self._metrics)
 
-            return await call_on(self._decode, whole, hold_on=stack, request=affinity)
+            return await call_on(
+                self._decode, whole, hold_on=stack, request=affinity, first=decode_choice
+            )
 
         async def prefill_leg(choice: Choice) -> NixlPrefilled:
             request.access.prefill = choice.url

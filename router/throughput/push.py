@@ -22,6 +22,7 @@ from router.serving import Answer, RoutedRequest
 from router.throughput.legs import (
     NativeDeps,
     SplitPath,
+    WholeWhen,
     chosen,
     decode_answer,
     run_prefill,
@@ -41,14 +42,16 @@ class PushPath(SplitPath):
         decode: ServerSet,
         selection: PathSelection,
         deps: NativeDeps,
+        whole_when: WholeWhen | None = None,
     ) -> None:
         self._engines = {engine.url: engine for engine in engines}
         prefill = selection.server_set(list(self._engines), "push:prefill")
-        super().__init__(prefill, decode, selection, deps)
+        super().__init__(prefill, decode, selection, deps, whole_when)
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         affinity = await self._affinity(request)
-        if not request.splits:  # one leg: sent again elsewhere if its server was unreachable
+        if (whole_choice := self._whole_on(request, affinity)) is not None:
+            # One leg: sent again elsewhere if its server was unreachable.
 
             async def whole(choice: Choice) -> Answer:
                 chosen(request, choice)
@@ -56,7 +59,9 @@ class PushPath(SplitPath):
                     self._upstreams, stack, choice.url, request, self._metrics
                 )
 
-            return await call_on(self._decode, whole, hold_on=stack, request=affinity)
+            return await call_on(
+                self._decode, whole, hold_on=stack, request=affinity, first=whole_choice
+            )
         decode_choice = self._decode.pick(request=affinity)
         decode_url = stack.enter_context(self._decode.hold(decode_choice.url, affinity))
         chosen(request, decode_choice)

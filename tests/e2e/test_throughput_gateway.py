@@ -41,6 +41,7 @@ from tests.support.stacks import StackPool
 
 PULL = "sim-pull"
 PUSH = "sim-push"
+WHOLE = "sim-whole"  # pull mode that serves prompts of up to 4096 uncached tokens whole
 TEXT = "naïve 日本語 🙂 done"
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 RULES = {
@@ -59,7 +60,7 @@ def stack(sim_stacks: StackPool) -> SimStack:
         prefills=1,
         decodes=1,
         proxy=True,
-        model=[MODEL, PULL, PUSH],
+        model=[MODEL, PULL, PUSH, WHOLE],
         node_args=["--step-ms", "5"],
         prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "1"],
         decode_args=["--itl-ms", "2", "--prefill-ms-per-token", "0"],
@@ -87,6 +88,16 @@ def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "name": PUSH,
             "tokenizer": "deepseek",
             "throughput": {"mode": "push", "prefill": [engine], "decode": [decode.url]},
+        },
+        {
+            "name": WHOLE,
+            "tokenizer": "deepseek",
+            "throughput": {
+                "mode": "pull",
+                "prefill": [prefill.url],
+                "decode": [decode.url],
+                "conditional": {"min_uncached_tokens": 4096},
+            },
         },
     ]
     with start_gateway(tmp_path_factory, models, classification={"rules": RULES}) as running:
@@ -354,3 +365,25 @@ async def test_a_native_responses_answer_is_counted_from_its_own_usage(
     assert grown["pd_gateway_prompt_tokens_total"] == usage.input_tokens > 0
     assert grown["pd_gateway_completion_tokens_total"] == usage.output_tokens > 0
     assert grown["pd_gateway_request_seconds_count"] == 1
+
+
+async def test_a_prompt_that_does_not_pay_for_a_split_is_served_whole_and_said_so(
+    sims: Sims, gateway: GatewayProcess
+) -> None:
+    body = {**say(TEXT), "model": WHOLE}
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as http:
+        whole = await http.post("/chat/completions", json=body)
+        split = await http.post("/chat/completions", json={**body, "model": PULL})
+    assert whole.status_code == split.status_code == 200
+    assert whole.json()["choices"][0]["message"]["content"] == TEXT
+    assert whole.headers["x-pd-native"] == "whole; reason=cached"
+    assert split.headers["x-pd-native"] == "split; reason=always"
+    stack = sims.stack
+    prefilled = await sims.requests(stack.prefills[0].url)
+    assert [r["body"]["model"] for r in prefilled] == [PULL]  # none for the whole one
+    decoded = await sims.requests(stack.decodes[0].url)
+    assert [r["body"]["model"] for r in decoded] == [WHOLE, PULL]
+    assert decoded[0]["body"] == body  # the client's own, prefill included
+    metrics = (await asyncio.to_thread(httpx.get, gateway.url + "/metrics")).text
+    line = 'pd_gateway_native_requests_total{model="sim-whole",reason="cached",way="whole"} 1.0'
+    assert line in metrics.splitlines()

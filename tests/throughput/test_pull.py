@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-from router.config import PullConfig
+from router.config import ConditionalConfig, PullConfig
+from router.selection import PathSelection
+from router.selection.request_keys import AffinityKeys
+from router.serving import RoutedRequest
 from router.throughput.factory import make_throughput_path
 from router.throughput.pull import PullPath
 from tests.support.legs import NIXL_PREFILL_PARAMS
@@ -297,3 +301,87 @@ async def test_the_access_record_names_the_decode_and_the_prefill() -> None:
         "http://d1:8000",
         "rotation",
     )
+
+
+def conditional_pull(up: Upstreams, **conditional: int) -> PullPath:
+    """Pull over one prefill and one decode server, with a prefix index whose token ids
+    are the prompt's characters, serving whole by `conditional`."""
+    config = PullConfig(
+        mode="pull",
+        prefill=["http://p:8000"],
+        decode=["http://d:8000"],
+        conditional=ConditionalConfig(**conditional),
+    )
+    selection = PathSelection(AffinityKeys(lambda endpoint, body: prompt_chars(body)))
+    return made(make_throughput_path(config, upstreams=up.pool(), selection=selection), PullPath)
+
+
+def prompt_chars(body: dict[str, Any]) -> list[int]:
+    return [ord(c) for c in body["messages"][0]["content"]]
+
+
+def asking(text: str) -> dict[str, Any]:
+    return {**CHAT, "messages": [{"role": "user", "content": text}]}
+
+
+def both_answer(up: Upstreams) -> None:
+    up.on("p", answer(prefill_answer()))
+    up.on("d", answer(decode_answer()))
+
+
+async def served(path: PullPath, body: dict[str, Any]) -> RoutedRequest:
+    request = routed(body)
+    async with AsyncExitStack() as stack:
+        await path.open(request, stack)
+    return request
+
+
+LONG = "a long prompt, well over the few tokens a split must save " * 4  # 232 tokens
+
+
+async def test_a_prompt_with_few_uncached_tokens_is_served_whole_on_the_decode() -> None:
+    up = Upstreams()
+    both_answer(up)
+    path = conditional_pull(up, min_uncached_tokens=64)
+    short = await served(path, asking("a short question"))
+    assert [seen.host for seen in up.seen] == ["d"]
+    assert up.seen[0].body == asking("a short question")  # the client's body, whole
+    assert (short.access.native_way, short.access.native_way_reason) == ("whole", "cached")
+    long = await served(path, asking(LONG))
+    assert [seen.host for seen in up.seen] == ["d", "p", "d"]
+    assert (long.access.native_way, long.access.native_way_reason) == ("split", "uncached")
+
+
+async def test_a_prompt_the_decode_server_holds_is_served_whole_there() -> None:
+    """Its second turn: all but the last partial block was sent to that decode server."""
+    up = Upstreams()
+    both_answer(up)
+    path = conditional_pull(up, min_uncached_tokens=15)
+    first = await served(path, asking(LONG))
+    again = await served(path, asking(LONG))
+    assert [seen.host for seen in up.seen] == ["p", "d", "d"]
+    assert first.access.native_way == "split"
+    assert (again.access.native_way, again.access.native_way_reason) == ("whole", "cached")
+
+
+async def test_busy_prefill_servers_send_the_request_whole_to_the_decode() -> None:
+    up = Upstreams()
+    both_answer(up)
+    path = conditional_pull(up, min_uncached_tokens=0, prefill_busier_by=2)
+    (prefill_set, decode_set) = path.server_sets()
+    with prefill_set.hold("http://p:8000"):
+        assert (await served(path, asking(LONG))).access.native_way == "split"
+        with prefill_set.hold("http://p:8000"), decode_set.hold("http://d:8000"):
+            assert (await served(path, asking(LONG))).access.native_way == "split"  # 2 - 1
+        with prefill_set.hold("http://p:8000"):
+            busy = await served(path, asking(LONG))
+    assert (busy.access.native_way, busy.access.native_way_reason) == ("whole", "prefill_busy")
+    assert [seen.host for seen in up.seen] == ["p", "d", "p", "d", "d"]
+
+
+async def test_without_conditional_every_request_is_split() -> None:
+    up = Upstreams()
+    both_answer(up)
+    request = await served(pull(up), asking("a short question"))
+    assert [seen.host for seen in up.seen] == ["p", "d"]
+    assert (request.access.native_way, request.access.native_way_reason) == ("split", "always")

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from router.config import PrefillEngineConfig, PushConfig
+from router.config import ConditionalConfig, PrefillEngineConfig, PushConfig
 from router.throughput.factory import make_throughput_path
 from router.throughput.push import PushPath
 from tests.throughput.support import made
@@ -185,3 +185,26 @@ async def test_a_request_served_whole_goes_to_the_other_decode_if_one_refused() 
         response = await client.post("/v1/completions", json=body)
     assert response.status_code == 200, response.text
     assert [seen.host for seen in up.seen] == ["d1", "d2"]
+
+
+async def test_busy_prefill_engines_send_the_request_whole_to_the_decode() -> None:
+    """Conditional disaggregation in push mode: the decode instance serves the client's
+    body whole, and no engine is named to it."""
+    up = Upstreams()
+    up.on("p0", answer(PREFILL_ANSWER))
+    up.on("d", answer(DECODE_ANSWER))
+    conditional = ConditionalConfig(prefill_busier_by=1)
+    config = PushConfig(mode="push", prefill=ENGINES[:1], decode=["http://d:8000"])
+    path = made(
+        make_throughput_path(
+            config.model_copy(update={"conditional": conditional}), upstreams=up.pool()
+        ),
+        PushPath,
+    )
+    prefill_set, _ = path.server_sets()
+    with prefill_set.hold("http://p0:8000"):
+        async with asgi_client(path) as client:
+            response = await client.post("/v1/completions", json={**CHAT, "prompt": "hi"})
+    assert response.status_code == 200
+    (decode,) = up.seen
+    assert decode.host == "d" and "kv_transfer_params" not in decode.body
