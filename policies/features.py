@@ -93,6 +93,7 @@ class RequestFeatures:
     headers: Mapping[str, str] = field(default_factory=dict)
     api_key_name: str | None = None
     user: str | None = None
+    service_tier: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     stream: bool = False
     max_tokens: int | None = None
@@ -123,6 +124,7 @@ def features_from_request(
         size = measure_completion(body.get("prompt"))
         budget = _first_int(body.get("max_tokens"))
     user = body.get("user")
+    service_tier = body.get("service_tier")
     metadata = body.get("metadata")
     return RequestFeatures(
         model=str(body.get("model", "")),
@@ -130,6 +132,7 @@ def features_from_request(
         headers={name.lower(): value for name, value in headers.items()},
         api_key_name=api_key_name,
         user=user if isinstance(user, str) else None,
+        service_tier=service_tier if isinstance(service_tier, str) else None,
         metadata=metadata if isinstance(metadata, Mapping) else {},
         stream=body.get("stream") is True,
         max_tokens=budget,

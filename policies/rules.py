@@ -75,8 +75,8 @@ class RangeSpec(_Strict):
 class MatchSpec(_Strict):
     """Conditions, all optional and ANDed; an empty `match` matches every request.
 
-    `model`, `api_key_name`, `user`, each header (name → condition) and each metadata field
-    take a value, a list of values, or operators `present`, `prefix`, `regex`.
+    `model`, `api_key_name`, `user`, `service_tier`, each header (name → condition) and each
+    metadata field take a value, a list of values, or operators `present`, `prefix`, `regex`.
     `prompt_tokens` and `max_tokens` take `{min, max}`; `stream` and `tools` a boolean.
     """
 
@@ -85,6 +85,9 @@ class MatchSpec(_Strict):
     headers: dict[str, TextSpec] | None = None
     api_key_name: TextSpec | None = None
     user: TextSpec | None = None
+    service_tier: TextSpec | None = None
+    """OpenAI's `service_tier` as the client sent it (`priority`, `flex`, `auto`, `default`,
+    `scale`); a request without one has none (`present: false` matches it)."""
     metadata: dict[str, TextSpec] | None = None
     stream: bool | None = None
     prompt_tokens: RangeSpec | None = None
@@ -117,6 +120,8 @@ class MatchSpec(_Strict):
             out.append(TextCondition("api_key_name", _read_api_key, self.api_key_name))
         if self.user is not None:
             out.append(TextCondition("user", _read_user, self.user))
+        if self.service_tier is not None:
+            out.append(TextCondition("service_tier", _read_service_tier, self.service_tier))
         for key, match in (self.metadata or {}).items():
             out.append(TextCondition(f"metadata.{key}", read_metadata(key), match))
         if self.stream is not None:
@@ -139,6 +144,10 @@ def _read_api_key(features: RequestFeatures) -> str | None:
 
 def _read_user(features: RequestFeatures) -> str | None:
     return features.user
+
+
+def _read_service_tier(features: RequestFeatures) -> str | None:
+    return features.service_tier
 
 
 def _read_stream(features: RequestFeatures) -> bool:

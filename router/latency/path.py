@@ -45,6 +45,10 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 
+LATENCY_SERVICE_TIER = "priority"
+"""The tier a latency answer reports to a client that asked for one (OpenAI's
+`service_tier`)."""
+
 _REJECTED = {
     "queue_full": "all TileRT decode nodes are busy and the queue is full; retry later",
     "wait_timeout": "no TileRT decode node became free within the wait budget; retry later",
@@ -508,6 +512,8 @@ def answer_facts(
         top_p=sampling.top_p,
         # vLLM's own limit when the client set none: what the context leaves.
         max_tokens=parsed.token_budget or max(1, max_seq_len - prefilled.prompt_tokens),
+        # A TileRT node is the priority tier; vLLM answers none, so none unless asked.
+        service_tier=None if parsed.service_tier is None else LATENCY_SERVICE_TIER,
     )
 
 

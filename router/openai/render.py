@@ -84,6 +84,8 @@ class AnswerFacts:
     top_p: float | None = None
     max_tokens: int | None = None
     """The sampling the output was generated with (the Responses object reports them)."""
+    service_tier: str | None = None
+    """The tier that served it, for a client that asked for one (vLLM says none)."""
 
 
 StopReason = str | int | None
@@ -184,7 +186,7 @@ class _Base:
             **self._head,
             "object": obj,
             "choices": [choice],
-            "service_tier": None,
+            "service_tier": self._facts.service_tier,
             "system_fingerprint": self._facts.system_fingerprint,
             "usage": usage.as_dict(),
         }

@@ -67,6 +67,8 @@ TokenBudget = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
 # logprobs) and nothing is generated, as evaluation harnesses ask.
 EchoBudget = Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
+"""OpenAI's `service_tier` values (vLLM 0.32's too)."""
 # vLLM's default --max-logprobs; OpenAI allows up to 20 top logprobs too.
 MAX_LOGPROBS = 20
 
@@ -92,6 +94,8 @@ class _Generation(_Open):
     min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT)] | None = None
     ignore_eos: bool | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    service_tier: ServiceTier | None = None
+    """OpenAI's processing tier, as the client asks for it (a rule may match it)."""
 
     def check_together(self) -> None:
         """Raise InvalidRequest for fields each valid alone but not together."""
@@ -223,6 +227,7 @@ class ResponsesRequest(_Open):
     reasoning: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    service_tier: ServiceTier | None = None
 
 
 Request = ChatRequest | CompletionRequest | ResponsesRequest

@@ -37,7 +37,6 @@ _RESPONSES_ONLY = frozenset(
         "conversation",
         "prompt",
         "truncation",
-        "service_tier",
         "stream_options",
         "max_tool_calls",
         "prompt_cache_key",

@@ -596,6 +596,9 @@ def test_stop_reason_and_vllms_fields_as_vllm_sends_them(gateway: GatewayProcess
     assert answer["system_fingerprint"].startswith("vllm-") and answer["service_tier"] is None
     plain = post_chat(gateway, {"model": "ds", "messages": user(directive("hi"))}).json()
     assert plain["choices"][0]["stop_reason"] is None, "EOS: no stop string or id"
+    # A client that names a tier is told the one that served it: a node is `priority`.
+    tiered = {"model": "ds", "messages": user(directive("hi")), "service_tier": "auto"}
+    assert post_chat(gateway, tiered).json()["service_tier"] == "priority"
 
 
 def test_continuous_usage_stats_puts_the_running_count_on_every_chunk(

@@ -70,6 +70,9 @@ def test_malformed_bodies(raw: bytes, needle: str) -> None:
         ("completions", {**PROMPT, "max_tokens": 0}, "max_tokens"),
         ("completions", {**PROMPT, "max_tokens": 0, "echo": False}, "max_tokens"),
         ("completions", {**PROMPT, "max_tokens": -1, "echo": True}, "max_tokens"),
+        ("chat", {**CHAT, "service_tier": "ultra"}, "service_tier"),
+        ("completions", {**PROMPT, "service_tier": 1}, "service_tier"),
+        ("responses", {"model": "m", "input": "hi", "service_tier": "fast"}, "service_tier"),
     ],
 )
 def test_invalid_fields_are_named(endpoint: str, body: dict, param: str) -> None:

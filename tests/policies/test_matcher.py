@@ -74,6 +74,11 @@ H = {"x-workload": "agent", "user-agent": "code-assist/1.4 (vscode)"}
         ({"api_key_name": {"prefix": "premium-"}}, {"api_key_name": "premium-acme"}, True),
         ({"user": ["alice", "bob"]}, {"user": "bob"}, True),
         ({"user": {"regex": "^svc-"}}, {"user": "alice"}, False),
+        # service_tier, as the client sent it
+        ({"service_tier": "priority"}, {"service_tier": "priority"}, True),
+        ({"service_tier": ["flex", "scale"]}, {"service_tier": "priority"}, False),
+        ({"service_tier": "priority"}, {"service_tier": None}, False),
+        ({"service_tier": {"present": False}}, {"service_tier": None}, True),
         # metadata: values compare as text, operators
         ({"metadata": {"workload": "eval"}}, {"metadata": {"workload": "eval"}}, True),
         ({"metadata": {"workload": "eval"}}, {"metadata": {}}, False),

@@ -24,6 +24,12 @@ def chat(content: Any, **body: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": content}], **body}
 
 
+def test_the_service_tier_the_client_asked_for() -> None:
+    assert extract(chat("hi", service_tier="priority")).service_tier == "priority"
+    assert extract(chat("hi")).service_tier is None
+    assert extract({"prompt": "hi", "service_tier": "flex"}, "completions").service_tier == "flex"
+
+
 def test_plain_chat_request() -> None:
     features = extract(
         chat("hello", user="u1", metadata={"tier": "gold"}, stream=True),
