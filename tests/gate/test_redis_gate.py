@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -1024,4 +1025,35 @@ async def test_a_cluster_client_closed_under_many_callers_recovers(
         lease = await gate.acquire(priority=0, wait_s=5, holder="after")
         await lease.release()
     finally:
+        await gate.close()
+
+
+async def test_a_wake_up_channel_lost_is_heard_again_long_before_the_poll(
+    own_server: Callable[..., RedisServer], key_prefix: str
+) -> None:
+    """The server drops the replicas' subscriptions (a busy moment, a failover): each
+    subscribes again at once, so a release wakes the other replica's waiter now, not at
+    its poll 30 s away."""
+    server = own_server()
+    built: list[RedisGate] = []
+    replica = replicas_on(server.url, key_prefix, built)
+    pool = nodes(1)
+    a, b = replica(pool), replica(pool, poll_s=30)
+    held = await a.acquire(priority=0, wait_s=1, holder="held")
+    remote = asyncio.create_task(b.acquire(priority=0, wait_s=20, holder="remote"))
+    await waiting(a, 1)
+    subscriptions = [a._waiters.subscribed, b._waiters.subscribed]
+    assert all(s.is_set() for s in subscriptions)
+    raw = Redis.from_url(server.url)
+    try:
+        assert await raw.client_kill_filter(_type="pubsub") >= 2
+    finally:
+        await raw.aclose()
+    await eventually(lambda: not b._waiters.subscribed.is_set())
+    await eventually(lambda: all(s.is_set() for s in subscriptions))
+    await held.release()
+    lease = await asyncio.wait_for(remote, 5)
+    assert lease.holder == "remote"
+    await lease.release()
+    for gate in built:
         await gate.close()

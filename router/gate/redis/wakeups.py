@@ -20,6 +20,9 @@ from router.gate.redis.client import CONNECTION_LOST, GateRedis
 
 log = logging.getLogger("pd_gateway.gate")
 
+RECONNECT_FIRST_S = 0.05
+"""The wait before subscribing again after the first failure in a row."""
+
 
 class WakeUps:
     def __init__(
@@ -81,14 +84,19 @@ class WakeUps:
             await self._left.wait()
 
     async def listen(self, *, backoff_s: float, closing: asyncio.Event) -> None:
-        """Until `closing` is set, reconnecting after a failure; each (re)subscription wakes
-        every waiter, as a message may have been missed meanwhile."""
+        """Until `closing` is set, reconnecting after a failure: at once, then twice as long
+        after each failure in a row, `backoff_s` apart at most (a connection lost to a busy
+        moment is back before the waiters' next poll; an unreachable server is not
+        hammered). Each (re)subscription wakes every waiter, as a message may have been
+        missed meanwhile."""
+        wait_s = RECONNECT_FIRST_S
         while not closing.is_set():
             pubsub: PubSub | None = None
             try:
                 pubsub = await self._redis.pubsub()
                 await self._subscribe(pubsub)
                 self.subscribed.set()
+                wait_s = RECONNECT_FIRST_S
                 self.wake(["*"])
                 while not closing.is_set():
                     message = await pubsub.get_message(timeout=self._idle_s)
@@ -104,8 +112,9 @@ class WakeUps:
                     with contextlib.suppress(*CONNECTION_LOST):
                         await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8
             with contextlib.suppress(TimeoutError):  # reconnect backoff; waiters poll
-                async with asyncio.timeout(backoff_s):
+                async with asyncio.timeout(min(wait_s, backoff_s)):
                     await closing.wait()
+            wait_s *= 2
 
     def _heard(self, owners: list[str]) -> None:
         if "*" in owners:
