@@ -70,7 +70,7 @@ class Unavailable(Exception):
 def install() -> None:
     try:
         _interpreter()
-        _compile_standard_library()
+        compile_library(INTERPRETER, PYTHON_HOME / "usr" / "lib" / f"python{RELEASE}")
         _environment()
     except (Unavailable, PackageIndexError, subprocess.CalledProcessError) as failure:
         sys.exit(f"Python {RELEASE} install failed: {failure}")
@@ -102,11 +102,11 @@ def _interpreter() -> None:
     print(f"Python {RELEASE} is ready: {INTERPRETER}")
 
 
-def _compile_standard_library() -> None:
-    """Bytecode for every module of the standard library that lacks it (quick when all have)."""
-    library = PYTHON_HOME / "usr" / "lib" / f"python{RELEASE}"
+def compile_library(interpreter: Path, library: Path) -> None:
+    """Bytecode from `interpreter` for every module below `library` that lacks it (quick
+    when all have it)."""
     compiling = subprocess.run(
-        [str(INTERPRETER), "-m", "compileall", "-q", "-j", "0", str(library)],
+        [str(interpreter), "-m", "compileall", "-q", "-j", "0", str(library)],
         capture_output=True,
         text=True,
     )

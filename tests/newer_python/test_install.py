@@ -1,24 +1,27 @@
-"""What `python -m tests.newer_python.install` leaves behind."""
+"""What `python -m tests.newer_python.install` does to the Python it unpacks: Debian's
+packages ship no bytecode, and where PYTHONDONTWRITEBYTECODE is set every process on that
+Python would compile what it imports again, so the install compiles the standard library."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from tests.newer_python.install import INTERPRETER, PYTHON_HOME, RELEASE
+from tests.newer_python.install import compile_library
 
 
-def test_the_unpacked_standard_library_is_compiled() -> None:
-    """Debian's packages ship no bytecode: without it, where PYTHONDONTWRITEBYTECODE is set,
-    every process on this Python compiles what it imports again."""
-    if not INTERPRETER.exists():
-        pytest.fail("no Python 3.13 here: run `python -m tests.prepare`", pytrace=False)
-    library = PYTHON_HOME / "usr" / "lib" / f"python{RELEASE}"
-    tag = f"cpython-{RELEASE.replace('.', '')}"
-    # Less Debian's sitecustomize.py, a link to /etc that compileall leaves alone.
-    sources = [source for source in library.rglob("*.py") if not source.is_symlink()]
+@pytest.mark.e2e  # compileall runs as a process of its own
+def test_every_module_of_a_library_gets_its_bytecode(tmp_path: Path) -> None:
+    library = tmp_path / "lib"
+    (library / "json").mkdir(parents=True)
+    modules = [library / "os_like.py", library / "json" / "__init__.py", library / "json" / "x.py"]
+    for module in modules:
+        module.write_text("VALUE = 1\n")
+    compile_library(Path(sys.executable), library)
+    tag = sys.implementation.cache_tag
     uncompiled = [
-        str(source.relative_to(library))
-        for source in sources
-        if not (source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc").exists()
+        m for m in modules if not (m.parent / "__pycache__" / f"{m.stem}.{tag}.pyc").exists()
     ]
-    assert sources and uncompiled == []
+    assert uncompiled == []
