@@ -89,14 +89,14 @@ class WakeUps:
         moment is back before the waiters' next poll; an unreachable server is not
         hammered). Each (re)subscription wakes every waiter, as a message may have been
         missed meanwhile."""
-        wait_s = RECONNECT_FIRST_S
+        wait_s = min(RECONNECT_FIRST_S, backoff_s)
         while not closing.is_set():
             pubsub: PubSub | None = None
             try:
                 pubsub = await self._redis.pubsub()
                 await self._subscribe(pubsub)
                 self.subscribed.set()
-                wait_s = RECONNECT_FIRST_S
+                wait_s = min(RECONNECT_FIRST_S, backoff_s)
                 self.wake(["*"])
                 while not closing.is_set():
                     message = await pubsub.get_message(timeout=self._idle_s)
@@ -112,9 +112,9 @@ class WakeUps:
                     with contextlib.suppress(*CONNECTION_LOST):
                         await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8
             with contextlib.suppress(TimeoutError):  # reconnect backoff; waiters poll
-                async with asyncio.timeout(min(wait_s, backoff_s)):
+                async with asyncio.timeout(wait_s):
                     await closing.wait()
-            wait_s *= 2
+            wait_s = min(2 * wait_s, backoff_s)
 
     def _heard(self, owners: list[str]) -> None:
         if "*" in owners:
