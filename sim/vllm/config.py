@@ -51,6 +51,7 @@ class ServerConfig:
     kv_events_endpoint: str | None = None  # publish KV-cache events when set
     kv_events_topic: str = ""
     itl_ms: float = 5.0
+    itl_ms_per_running: float = 0.0
     default_output_tokens: int = 48
     sender_ranks: tuple[int, ...] = (0,)
     layout_version: int = 1
@@ -137,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM's JSON: enable_kv_cache_events, publisher, endpoint, topic",
     )
     add("--itl-ms", type=float, default=5.0, help="time per output token")
+    add(
+        "--itl-ms-per-running",
+        type=float,
+        default=0.0,
+        help="added to each output token's time per other request running (a larger batch "
+        "makes a slower engine step); default: the time per token ignores the load",
+    )
     add("--default-output-tokens", type=int, default=48)
     add("--sender-ranks", type=_ranks, default=(0,), help="TileRT connector ranks, e.g. 0,1")
     add("--layout-version", type=int, default=1, help="TileRT layout version expected")
@@ -208,6 +216,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
         kv_events_endpoint=str(events.get("endpoint", "tcp://*:5557")) if events_on else None,
         kv_events_topic=str(events.get("topic", "")),
         itl_ms=args.itl_ms,
+        itl_ms_per_running=args.itl_ms_per_running,
         default_output_tokens=args.default_output_tokens,
         sender_ranks=(
             tuple(range(args.tilert_senders))

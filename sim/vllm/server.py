@@ -292,13 +292,35 @@ class VllmServer:
             return self._stream(
                 formatter, choices, usage_body, request, record, after_response, run
             )
-        await asyncio.sleep(max(len(choices[0]) - 1, 0) * self.config.itl_ms / 1000)
+        await self._decode(len(choices[0]))
         self._generated(run, choices)
         record.status, record.finished = 200, time.time()
         return JSONResponse(
             formatter.response(choices, usage_body, kv_out),
             background=BackgroundTask(after_response) if after_response else None,
         )
+
+    def _gap_s(self) -> float:
+        """The time to the next output token: ``--itl-ms``, plus ``--itl-ms-per-running`` for
+        every other request running (as ``vllm:num_requests_running`` counts them) when the
+        gap starts, as a vLLM engine step computes a token for each request in its batch and
+        takes longer the larger the batch."""
+        others = max(self.load.running - 1, 0)
+        return (self.config.itl_ms + self.config.itl_ms_per_running * others) / 1000
+
+    async def _next_token(self) -> None:
+        """The gap before the next output token."""
+        await asyncio.sleep(self._gap_s())
+
+    async def _decode(self, tokens: int) -> None:
+        """The time a whole (not streamed) answer of ``tokens`` tokens takes after its first.
+        Token by token when the gap follows the load (the batch changes while it generates);
+        one sleep otherwise."""
+        if not self.config.itl_ms_per_running:
+            await asyncio.sleep(max(tokens - 1, 0) * self.config.itl_ms / 1000)
+            return
+        for _ in range(tokens - 1):
+            await self._next_token()
 
     async def _compute_prefill(self, seconds: float) -> None:
         """A prefill's time; with --serial-prefill, after the prefills that arrived before
@@ -422,7 +444,6 @@ class VllmServer:
         run: Run,
     ) -> Response:
         """The answer to ``/v1/responses``."""
-        itl_s = self.config.itl_ms / 1000
         if not request.stream:
             self._generated(run, [steps])
             record.status, record.finished = 200, time.time()
@@ -433,7 +454,7 @@ class VllmServer:
         async def events() -> AsyncIterator[bytes]:
             sent = 0
             try:
-                async for event in view.events(steps, usage_body, lambda: asyncio.sleep(itl_s)):
+                async for event in view.events(steps, usage_body, self._next_token):
                     if die_after is not None and sent >= die_after:
                         raise SimulatedDeath("simulated server death mid-stream")
                     sent += 1
@@ -628,7 +649,6 @@ class VllmServer:
         """vLLM's stream: per engine step one chunk per choice still running (chat first
         sends each choice's role chunk), then the usage chunk if asked, then [DONE]."""
         die_after = self.faults.take("die_after", int)
-        itl_s = self.config.itl_ms / 1000
         chat = formatter.endpoint == "chat"
         prompt_tokens = usage_body["prompt_tokens"]
 
@@ -672,7 +692,7 @@ class VllmServer:
             offsets = [0] * len(choices)
             for position in range(max(len(steps) for steps in choices)):
                 if position:
-                    await asyncio.sleep(itl_s)
+                    await self._next_token()
                 for index, steps in enumerate(choices):
                     if position >= len(steps):
                         continue

@@ -41,3 +41,29 @@ async def test_concurrent_prefills_wait_for_each_other(
     # Three prefills in turn: the last one ends after all three prefill times (a lower bound,
     # which a slow machine cannot break); side by side, all three would end after one.
     assert max(finished) - started >= 3 * PREFILL_S
+
+
+async def _first_token_s(client: httpx.AsyncClient, url: str, started: float) -> float:
+    body = {"model": "sim-model", "prompt": PROMPT, "max_tokens": 2, "stream": True}
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        first = None
+        async for line in response.aiter_lines():
+            if first is None and line.startswith("data: "):
+                first = time.perf_counter() - started
+    assert first is not None, "no token streamed"
+    return first
+
+
+async def test_the_second_prefill_waits_for_the_first_one(
+    client: httpx.AsyncClient, stack: SimStack
+) -> None:
+    assert stack.proxy is not None
+    started = time.perf_counter()
+    firsts = await asyncio.gather(
+        *(_first_token_s(client, stack.proxy.url, started) for _ in range(2))
+    )
+    # The time to first token grows with the prefill work ahead: the later stream's first
+    # token comes after both prefills (a lower bound); side by side it would after one.
+    assert min(firsts) >= PREFILL_S
+    assert max(firsts) >= 2 * PREFILL_S
