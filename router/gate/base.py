@@ -1,4 +1,5 @@
-"""The gate's interface: one slot per TileRT node, waited for in a bounded priority queue.
+"""The gate's interface: one slot per TileRT node, waited for in a bounded queue served by
+priority, then earliest deadline.
 
 Callers (the latency path) see only `Gate` and `Lease`; the state behind them lives in a
 backend (`memory` for one process; a shared store for several replicas) chosen by config.
@@ -88,10 +89,19 @@ class GateSnapshot:
 class SlotGate(Protocol):
     """What a request sees: a slot to wait for, and how long a refused client should wait."""
 
-    async def acquire(self, *, priority: float, wait_s: float, holder: str) -> Lease:
-        """Wait for a slot: higher priority first, then arrival order. A rule's priorities
-        are whole numbers; an answer continued on another node asks with its rule's priority
-        and a half (`CONTINUING`): ahead of its own priority's waiters, behind a higher one.
+    async def acquire(
+        self, *, priority: float, wait_s: float, holder: str, deadline_s: float | None = None
+    ) -> Lease:
+        """Wait for a slot: higher priority first, then earliest deadline first. A rule's
+        priorities are whole numbers; an answer continued on another node asks with its
+        rule's priority and a half (`CONTINUING`): ahead of its own priority's waiters,
+        behind a higher one.
+
+        `deadline_s`: seconds from now by which the caller must have its node to meet its
+        objective. It only orders the queue: the caller gives up when `wait_s` passes, so one
+        that must leave at its deadline passes `min(wait_s, deadline_s)` as `wait_s`. Without
+        it the caller is due when its wait budget ends, so waiters of one priority and one
+        budget are served in arrival order.
 
         Raises GateRejected when the queue is full, when `wait_s` passes, or when no node can
         serve. A cancelled caller never keeps a slot.
@@ -100,6 +110,13 @@ class SlotGate(Protocol):
 
     async def retry_after_s(self) -> int:
         """A Retry-After estimate from recent slot hold times and the queue ahead."""
+        ...
+
+    async def expected_wait_s(self) -> float:
+        """How long a newcomer is expected to wait for a slot, for a prediction: 0 with a
+        slot free and nobody waiting; else from the median hold time, how long the holders
+        have held theirs and every waiter queued (whatever its priority); infinite while no
+        node can serve or the pool's state cannot be read."""
         ...
 
 

@@ -24,10 +24,13 @@ class HoldTimeEstimator:
 
     @property
     def typical_s(self) -> float:
+        return self._quantile(self.QUANTILE)
+
+    def _quantile(self, quantile: float) -> float:
         if len(self._recent) < self.MIN_SAMPLES:
             return self._initial_s
-        ordered = sorted(self._recent)  # only when a client is refused: ~128 items
-        return ordered[min(len(ordered) - 1, int(self.QUANTILE * len(ordered)))]
+        ordered = sorted(self._recent)  # only when asked: ~128 items
+        return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
 
     def observe(self, held_s: float) -> None:
         self._recent.append(held_s)
@@ -42,9 +45,19 @@ class HoldTimeEstimator:
         """
         if nodes <= 0:
             return 60
-        mean = self.typical_s
-        remaining = sorted(max(mean - elapsed, mean / 10) for elapsed in held_for[:nodes])
-        free_at = [0.0] * (nodes - len(remaining)) + remaining
-        turns, slot = divmod(waiting, nodes)
-        wait = free_at[slot] + turns * mean
+        wait = _wait(self.typical_s, waiting=waiting, nodes=nodes, held_for=held_for)
         return max(1, min(600, math.ceil(wait)))
+
+    def expected_wait_s(self, *, waiting: int, nodes: int, held_for: Sequence[float] = ()) -> float:
+        """The same estimate for a prediction: the median hold rather than the cautious
+        upper quartile, and not rounded (0 when a slot is free and nobody waits)."""
+        if nodes <= 0:
+            return math.inf
+        return _wait(self._quantile(0.5), waiting=waiting, nodes=nodes, held_for=held_for)
+
+
+def _wait(typical_s: float, *, waiting: int, nodes: int, held_for: Sequence[float]) -> float:
+    remaining = sorted(max(typical_s - elapsed, typical_s / 10) for elapsed in held_for[:nodes])
+    free_at = [0.0] * (nodes - len(remaining)) + remaining
+    turns, slot = divmod(waiting, nodes)
+    return free_at[slot] + turns * typical_s

@@ -23,7 +23,10 @@ from router.node import Node
 
 @dataclass(order=True, slots=True)
 class _Waiter:
-    key: tuple[float, int]  # (-priority, arrival): heap order is service order
+    """`due` (monotonic): when the waiter must have its node, its deadline or else the end of
+    its wait budget; `arrival` keeps equal ones first come, first served."""
+
+    key: tuple[float, float, int]  # (-priority, due, arrival): heap order is service order
     future: asyncio.Future[Node] = field(compare=False)
     holder: str = field(compare=False)
     active: bool = field(default=True, compare=False)
@@ -91,7 +94,9 @@ class MemoryGate:
         self._held_since: dict[str, float] = {}  # node id -> when its holder got it
         self._leaving: set[str] = set()  # removed by a reload, still held
 
-    async def acquire(self, *, priority: float, wait_s: float, holder: str) -> MemoryLease:
+    async def acquire(
+        self, *, priority: float, wait_s: float, holder: str, deadline_s: float | None = None
+    ) -> MemoryLease:
         if self._free and self._waiting == 0:
             return self._grant(self._free.popleft(), holder)
         if self._health.expected == 0:
@@ -100,8 +105,11 @@ class MemoryGate:
             raise GateRejected("queue_full", self._retry_after_s())
         if wait_s <= 0:
             raise GateRejected("pool_saturated", self._retry_after_s())
+        due = time.monotonic() + (wait_s if deadline_s is None else deadline_s)
         waiter = _Waiter(
-            (-priority, next(self._arrivals)), asyncio.get_running_loop().create_future(), holder
+            (-priority, due, next(self._arrivals)),
+            asyncio.get_running_loop().create_future(),
+            holder,
         )
         heapq.heappush(self._waiters, waiter)
         self._waiting += 1
@@ -119,17 +127,28 @@ class MemoryGate:
     async def retry_after_s(self) -> int:
         return self._retry_after_s()
 
-    def _retry_after_s(self) -> int:
+    async def expected_wait_s(self) -> float:
+        if self._free and self._waiting == 0:
+            return 0.0
         if self._health.in_service == 0:
-            return max(1, math.ceil(self._health.seconds_until_probe()) + 1)
+            return math.inf
+        return self._hold_times.expected_wait_s(
+            waiting=self._waiting, nodes=self._health.in_service, held_for=self._held_for()
+        )
+
+    def _held_for(self) -> list[float]:
         now = time.monotonic()
-        held_for = [
+        return [
             now - since
             for node_id, since in self._held_since.items()
             if self._health.usable(node_id)
         ]
+
+    def _retry_after_s(self) -> int:
+        if self._health.in_service == 0:
+            return max(1, math.ceil(self._health.seconds_until_probe()) + 1)
         return self._hold_times.retry_after_s(
-            waiting=self._waiting, nodes=self._health.in_service, held_for=held_for
+            waiting=self._waiting, nodes=self._health.in_service, held_for=self._held_for()
         )
 
     async def snapshot(self) -> GateSnapshot:

@@ -1,5 +1,5 @@
-"""The gate interface, on every backend: one slot per node, priority-then-arrival service,
-nothing leaked."""
+"""The gate interface, on every backend: one slot per node, served by priority then earliest
+deadline (arrival order among equals), nothing leaked."""
 
 from __future__ import annotations
 
@@ -23,17 +23,26 @@ async def test_free_nodes_are_granted_at_once_one_each(gate_of: MakeGate) -> Non
 async def served_in_order(gate: Gate, queued: Sequence[tuple[str, float]]) -> list[str]:
     """The order in which waiters queued in `queued`'s order (name, priority) are served,
     once the pool's one node, held meanwhile, is released."""
+    return await served_by_deadline(gate, [(name, priority, 5, None) for name, priority in queued])
+
+
+async def served_by_deadline(
+    gate: Gate, queued: Sequence[tuple[str, float, float, float | None]]
+) -> list[str]:
+    """`served_in_order` for waiters that give (name, priority, wait_s, deadline_s)."""
     held = await gate.acquire(priority=0, wait_s=1, holder="first")
     order: list[str] = []
 
-    async def wait(name: str, priority: float) -> None:
-        lease = await gate.acquire(priority=priority, wait_s=5, holder=name)
+    async def wait(name: str, priority: float, wait_s: float, deadline_s: float | None) -> None:
+        lease = await gate.acquire(
+            priority=priority, wait_s=wait_s, holder=name, deadline_s=deadline_s
+        )
         order.append(name)
         await lease.release()
 
     tasks = []
-    for name, priority in queued:
-        tasks.append(asyncio.create_task(wait(name, priority)))
+    for waiter in queued:
+        tasks.append(asyncio.create_task(wait(*waiter)))
         await waiting(gate, len(tasks))  # queued in this order
     await held.release()
     await asyncio.gather(*tasks)
@@ -52,6 +61,41 @@ async def test_a_continuing_answer_waits_ahead_of_its_own_priority_only(
     gate = gate_of(nodes(1), max_queue=10)
     queued = [("low", 0), ("mid", 2), ("high", 5), ("mid-continuing", 2 + CONTINUING)]
     assert await served_in_order(gate, queued) == ["high", "mid-continuing", "mid", "low"]
+
+
+async def test_within_a_priority_the_earliest_deadline_is_served_first(
+    gate_of: MakeGate,
+) -> None:
+    gate = gate_of(nodes(1), max_queue=10)
+    queued = [("late", 0, 60, 40), ("soon", 0, 60, 10), ("no-deadline", 0, 60, None)]
+    assert await served_by_deadline(gate, queued) == ["soon", "late", "no-deadline"]
+
+
+async def test_a_waiter_without_a_deadline_is_due_when_its_wait_budget_ends(
+    gate_of: MakeGate,
+) -> None:
+    gate = gate_of(nodes(1), max_queue=10)
+    queued = [("patient", 0, 60, None), ("deadline-30", 0, 60, 30), ("hurried", 0, 20, None)]
+    assert await served_by_deadline(gate, queued) == ["hurried", "deadline-30", "patient"]
+
+
+async def test_a_higher_priority_is_served_before_an_earlier_deadline(gate_of: MakeGate) -> None:
+    """A continuation's half priority too: ahead of its own priority's deadlines only."""
+    gate = gate_of(nodes(1), max_queue=10)
+    queued = [
+        ("low-urgent", 0, 60, 1),
+        ("mid", 2, 60, None),
+        ("mid-continuing", 2 + CONTINUING, 60, 50),
+        ("mid-urgent", 2, 60, 5),
+        ("high", 5, 60, None),
+    ]
+    assert await served_by_deadline(gate, queued) == [
+        "high",
+        "mid-continuing",
+        "mid-urgent",
+        "mid",
+        "low-urgent",
+    ]
 
 
 async def test_release_hands_the_slot_to_the_waiter_immediately(gate_of: MakeGate) -> None:
@@ -210,3 +254,19 @@ async def test_a_reload_adds_nodes_at_once_and_lets_removed_ones_finish(
     with pytest.raises(GateRejected):
         await gate.acquire(priority=0, wait_s=0, holder="c")
     assert held.node not in await gate.nodes()
+
+
+async def test_the_expected_wait_is_none_with_a_node_free_and_grows_with_the_queue(
+    gate_of: MakeGate,
+) -> None:
+    gate = gate_of(nodes(1), max_queue=4)
+    assert await gate.expected_wait_s() == 0.0
+    held = await gate.acquire(priority=0, wait_s=1, holder="a")
+    alone = await gate.expected_wait_s()
+    assert alone > 0.0
+    queued = asyncio.create_task(gate.acquire(priority=0, wait_s=5, holder="b"))
+    await waiting(gate, 1)
+    assert await gate.expected_wait_s() > alone  # a turn more
+    await held.release()
+    await (await queued).release()
+    assert await gate.expected_wait_s() == 0.0

@@ -47,3 +47,14 @@ def test_the_typical_hold_is_the_upper_quartile_of_recent_holds() -> None:
     for _ in range(200):
         hold.observe(2.0)
     assert hold.typical_s == 2.0, "old holds age out"
+
+
+def test_the_expected_wait_is_the_median_hold_unrounded() -> None:
+    hold = HoldTimeEstimator()
+    for held_s in (1.0, 1.0, 1.0, 9.0, 9.0):  # median 1 s, upper quartile 9 s
+        hold.observe(held_s)
+    assert hold.expected_wait_s(waiting=0, nodes=2, held_for=[]) == 0.0
+    assert hold.expected_wait_s(waiting=0, nodes=1, held_for=[0.25]) == pytest.approx(0.75)
+    assert hold.retry_after_s(waiting=0, nodes=1, held_for=[0.25]) == 9
+    assert hold.expected_wait_s(waiting=1, nodes=1, held_for=[0.25]) == pytest.approx(1.75)
+    assert hold.expected_wait_s(waiting=0, nodes=0) == float("inf")

@@ -194,6 +194,31 @@ async def test_service_order_is_global_priority_then_arrival(replica: Replica) -
     assert order == ["high1", "high2", "mid", "low1", "low2"]
 
 
+async def test_service_order_is_global_earliest_deadline_within_a_priority(
+    replica: Replica,
+) -> None:
+    """Each replica's waiters are placed by when they are due on the server's one clock."""
+    pool = nodes(1)
+    a, b = replica(pool), replica(pool)
+    held = await a.acquire(priority=0, wait_s=1, holder="first")
+    order: list[str] = []
+
+    async def wait(gate: RedisGate, name: str, wait_s: float, deadline_s: float | None) -> None:
+        lease = await gate.acquire(priority=0, wait_s=wait_s, holder=name, deadline_s=deadline_s)
+        order.append(name)
+        await lease.release()
+
+    arrivals = [(a, "late", 60, 40), (b, "patient", 60, None), (b, "soon", 60, 10)]
+    arrivals += [(a, "hurried", 20, None)]
+    tasks = []
+    for gate, name, wait_s, deadline_s in arrivals:
+        tasks.append(asyncio.create_task(wait(gate, name, wait_s, deadline_s)))
+        await waiting(a, len(tasks))
+    await held.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert order == ["soon", "hurried", "late", "patient"]
+
+
 async def test_a_release_hands_the_node_to_a_waiter_of_its_own_replica_in_its_reply(
     replica: Replica,
 ) -> None:
@@ -315,7 +340,13 @@ async def test_a_place_left_without_its_waiter_passes_its_node_on_when_named(
     await eventually(b._waiters.subscribed.is_set)
     place = f"{b.replica}|left"
     queued = await b.scripts.run(
-        "acquire", owner=place, holder="left", priority=0, wait_ms=60_000, max_queue=64
+        "acquire",
+        owner=place,
+        holder="left",
+        priority=0,
+        wait_ms=60_000,
+        due_ms=0,  # ahead of `behind`
+        max_queue=64,
     )
     assert queued[0] == "queued"
     behind = asyncio.create_task(a.acquire(priority=0, wait_s=30, holder="behind"))

@@ -24,7 +24,14 @@ _BUILT_KEY = re.compile(r'"[^"\n]*:[^"\n]*"\s*\.\.|\.\.\s*"[^"\n]*:')
 def test_every_script_is_shipped_and_names_its_arguments() -> None:
     sources = load_sources()
     assert set(sources) == set(NAMES)
-    assert sources["acquire"][1] == ("owner", "holder", "priority", "wait_ms", "max_queue")
+    assert sources["acquire"][1] == (
+        "owner",
+        "holder",
+        "priority",
+        "wait_ms",
+        "due_ms",
+        "max_queue",
+    )
     assert sources["state"][1] == ()
     for source, _ in sources.values():
         constants, common = source.split("\n", 1)

@@ -2,10 +2,10 @@
 
 A node is held through a lease (owner, fencing token, TTL) that the replica renews while
 its request runs (`upkeep.py`); the waiting queue is one sorted set for all replicas, served
-in priority then arrival order by the scripts in `lua/`, which hand a freed node straight to
-the head of the queue. A waiter learns of its grant from a message on its replica's channel,
-or failing that from its own bounded poll. If Redis cannot be reached, `acquire`
-refuses with `gate_unavailable`: no node is ever handed out on a guess.
+by priority, then earliest deadline, by the scripts in `lua/`, which hand a freed node
+straight to the head of the queue. A waiter learns of its grant from a message on its
+replica's channel, or failing that from its own bounded poll. If Redis cannot be reached,
+`acquire` refuses with `gate_unavailable`: no node is ever handed out on a guess.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
 import secrets
 import socket
@@ -37,9 +38,12 @@ from router.node import Node
 
 log = logging.getLogger("pd_gateway.gate")
 
-# Scores are doubles: priority (whole, or a half for a continuation) times 2^40 plus an
-# arrival count must stay exact.
+# Scores are doubles: priority (whole, or a half for a continuation) times 2^40 plus when the
+# waiter is due (ms, lua/acquire.lua) must stay exact, and the due times queued together must
+# differ by less than half a priority (2^39 ms, 17 years): each is at most _MAX_DUE_MS from
+# the clock of the script that queued it, either way (about 25 days, beyond any wait).
 _MAX_PRIORITY = 2047
+_MAX_DUE_MS = 2**31
 # Connections to Redis per replica (per node on a Cluster); the wake-up listener holds one,
 # the node registry a few, and script calls wait their turn for the rest.
 _MAX_CONNECTIONS = 32
@@ -114,20 +118,31 @@ class RedisGate:
 
     # -- SlotGate -----------------------------------------------------------------------
 
-    async def acquire(self, *, priority: float, wait_s: float, holder: str) -> RedisLease:
+    async def acquire(
+        self, *, priority: float, wait_s: float, holder: str, deadline_s: float | None = None
+    ) -> RedisLease:
         await self._start()
-        owner = f"{self.replica}|{next(self._arrivals)}"
+        # Fixed width: waiters due in the same millisecond are served in member order, which
+        # is then this replica's arrival order.
+        owner = f"{self.replica}|{next(self._arrivals):012d}"
         priority = max(-_MAX_PRIORITY, min(_MAX_PRIORITY, priority))
+        due_ms = _due_ms(wait_s, deadline_s)
         # Registered before it can be queued: a release of this replica's that grants it a
         # node right after the acquire script hands that node over here, not back.
         event = self._waiters.register(owner)
         try:
-            return await self._acquire(owner, holder, priority, wait_s, event)
+            return await self._acquire(owner, holder, priority, wait_s, due_ms, event)
         finally:
             self._waiters.unregister(owner)
 
     async def _acquire(
-        self, owner: str, holder: str, priority: float, wait_s: float, event: asyncio.Event
+        self,
+        owner: str,
+        holder: str,
+        priority: float,
+        wait_s: float,
+        due_ms: int,
+        event: asyncio.Event,
     ) -> RedisLease:
         deadline = time.monotonic() + wait_s
         cancellations = _cancellations()
@@ -140,6 +155,7 @@ class RedisGate:
                     holder=holder,
                     priority=priority,
                     wait_ms=int(wait_s * 1000),
+                    due_ms=due_ms,
                     max_queue=self._max_queue,
                 ),
             )
@@ -165,6 +181,14 @@ class RedisGate:
         except UNAVAILABLE:
             return self.admin.unavailable_retry_after_s()
         return state.retry_after_s()
+
+    async def expected_wait_s(self) -> float:
+        await self._start()
+        try:
+            state = await self.admin.state()
+        except UNAVAILABLE:
+            return math.inf
+        return state.expected_wait_s()
 
     # -- PoolAdmin ----------------------------------------------------------------------
 
@@ -360,6 +384,13 @@ class RedisGate:
     def _rejected_unavailable(self, exc: BaseException) -> GateRejected:
         log.warning("gate state unreachable, request refused: %s", exc)
         return GateRejected("gate_unavailable", self.admin.unavailable_retry_after_s())
+
+
+def _due_ms(wait_s: float, deadline_s: float | None) -> int:
+    """When a waiter is due, in ms from now: its deadline, or else the end of its wait
+    budget (bounded by _MAX_DUE_MS)."""
+    due_s = wait_s if deadline_s is None else deadline_s
+    return int(max(-_MAX_DUE_MS, min(_MAX_DUE_MS, due_s * 1000)))
 
 
 def _reason(reply: str) -> RejectReason:

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class PoolKeys:
-    """One pool's keys, in the order every script declares them (KEYS[1..8])."""
+    """One pool's keys, in the order every script declares them (KEYS[1..7])."""
 
-    queue: str  # zset: waiters, score -priority * 2^40 + arrival
-    wait: str  # hash: waiter -> "<deadline ms>|<holder>"
-    seq: str  # string: the arrival counter
+    queue: str  # zset: waiters, score -priority * 2^40 + when due (ms since 2024-01-01)
+    wait: str  # hash: waiter -> "<expires ms>|<holder>"
     held: str  # list: recent hold times (seconds), newest first
     epoch: str  # string: set when the pool's state is first found empty
     grants: str  # hash: queued waiter -> "<expires ms>|<node id>", until it claims it
@@ -32,7 +31,6 @@ class PoolKeys:
         return [
             self.queue,
             self.wait,
-            self.seq,
             self.held,
             self.epoch,
             self.grants,
@@ -61,7 +59,6 @@ class KeyLayout:
         return PoolKeys(
             queue=queue,
             wait=f"{queue}:wait",
-            seq=f"{queue}:seq",
             held=f"{queue}:held",
             epoch=f"{queue}:epoch",
             grants=f"{queue}:grants",

@@ -75,6 +75,19 @@ class PoolState:
             waiting=self.waiting, nodes=self.health.in_service, held_for=self.held_for
         )
 
+    def expected_wait_s(self) -> float:
+        free = any(
+            holder is None and self.health.usable(node_id)
+            for node_id, holder in self.holders.items()
+        )
+        if free and self.waiting == 0:
+            return 0.0
+        if self.health.in_service == 0:
+            return math.inf
+        return self.hold_times.expected_wait_s(
+            waiting=self.waiting, nodes=self.health.in_service, held_for=self.held_for
+        )
+
     def snapshot(self) -> GateSnapshot:
         return GateSnapshot(
             nodes=len(self.holders),

@@ -1,8 +1,8 @@
--- ARGV: owner holder priority wait_ms max_queue
+-- ARGV: owner holder priority wait_ms due_ms max_queue
 -- A free node goes to the caller only if nobody waits; else it queues (or is refused).
 local owner, holder = ARG.owner, ARG.holder
 local priority, wait_ms = tonumber(ARG.priority), tonumber(ARG.wait_ms)
-local max_queue = tonumber(ARG.max_queue)
+local due_ms, max_queue = tonumber(ARG.due_ms), tonumber(ARG.max_queue)
 beat()
 if is_gone(owner) then return {"gone"} end
 fill()
@@ -14,7 +14,13 @@ end
 if in_service() == 0 then return finish({"no_node"}) end
 if redis.call("ZCARD", QUEUE) >= max_queue then return finish({"queue_full"}) end
 if wait_ms <= 0 then return finish({"pool_saturated"}) end
-local arrival = redis.call("INCR", SEQ)
-local score = string.format("%.17g", -priority * 2^40 + arrival)
+-- Served by priority, then earliest due: the waiter's deadline, or the end of its wait
+-- budget (`due_ms` from now), on this server's clock (NOW) so that every replica's waiters
+-- are ordered by one clock, in ms since 2024-01-01 UTC. The score is an exact integer in a
+-- double: |priority| <= 2047 (gate.py clamps it), and the offset fits in 2^40 ms until
+-- 2058-11-03, so |score| < 2047 * 2^40 + 2^40 < 2^53. Waiters due in the same millisecond
+-- have equal scores, which Redis orders by member (`<replica>|<arrival>`, byte by byte).
+local DUE_EPOCH_MS = 1704067200000  -- 2024-01-01T00:00:00Z
+local score = string.format("%.17g", -priority * 2^40 + (NOW - DUE_EPOCH_MS + due_ms))
 enqueue(owner, holder, score, wait_ms)
 return finish({"queued", score})

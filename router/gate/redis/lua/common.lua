@@ -1,8 +1,8 @@
 -- Prepended to every script: the call's declared keys and arguments, the server's clock,
 -- the helpers the scripts share, and the check that the pool's state was not lost.
 --
--- KEYS: the pool's queue, wait, seq, held, epoch, grants and gone keys, the deployment's
--- alive key, then three keys (state, lease, probe) for each node named in ARGV[6] and
+-- KEYS: the pool's queue, wait, held, epoch, grants and gone keys, the deployment's alive
+-- key, then three keys (state, lease, probe) for each node named in ARGV[6] and
 -- ARGV[7], in that order. No other key is touched.
 -- ARGV: the wake-up channel, the lease TTL (ms), the failure threshold, the caller's
 -- replica, the pool's epoch as the caller knows it ("" at first), the pool's node ids in
@@ -10,7 +10,7 @@
 -- waiter has to claim a node granted to it, then the script's own arguments as name, value
 -- pairs (its header's `ARGV:` line names them).
 
-local QUEUE, WAIT, SEQ, HELD, EPOCH_KEY, GRANTS, GONE, ALIVE = unpack(KEYS, 1, 8)
+local QUEUE, WAIT, HELD, EPOCH_KEY, GRANTS, GONE, ALIVE = unpack(KEYS, 1, 7)
 local CHANNEL, TTL, THRESHOLD = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local REPLICA, KNOWN_EPOCH = ARGV[4], ARGV[5]
 
@@ -27,7 +27,7 @@ for i = 9, #ARGV, 2 do ARG[ARGV[i]] = ARGV[i + 1] end
 
 local DECLARED = {}
 do
-  local k = 8
+  local k = 7
   for _, ids in ipairs({NODES, OTHERS}) do
     for _, id in ipairs(ids) do
       DECLARED[id] = {KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]}
