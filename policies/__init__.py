@@ -21,18 +21,23 @@ from policies.errors import PolicyError, PromptTokensRequired, RulesError
 from policies.features import DecodingOptions, RequestFeatures, features_from_request
 from policies.guard import NO_THROUGHPUT_PATH, RerouteReason
 from policies.matcher import classify, needs_prompt_tokens
+from policies.objectives import WAYS, ClientObjectiveError, Objective, OnMiss, Way
 from policies.rules import load_rules, parse_rules
 from policies.ruleset import Action, Rule, RuleSet
 from policies.types import Endpoint, OnSaturation, Path
 
 __all__ = [
     "NO_THROUGHPUT_PATH",
+    "WAYS",
     "Action",
     "Capabilities",
+    "ClientObjectiveError",
     "Decision",
     "DecodingOptions",
     "Endpoint",
     "ModelCapabilities",
+    "Objective",
+    "OnMiss",
     "OnSaturation",
     "Path",
     "PolicyError",
@@ -44,6 +49,7 @@ __all__ = [
     "RulesError",
     "TokenBounds",
     "TokenRange",
+    "Way",
     "classify",
     "features_from_request",
     "load_rules",

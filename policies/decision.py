@@ -8,12 +8,14 @@ from policies.capabilities import TokenRange
 from policies.conditions import Condition
 from policies.features import RequestFeatures
 from policies.guard import RerouteReason
+from policies.objectives import Objective, OnMiss, Way
 from policies.ruleset import Rule
 from policies.types import OnSaturation, Path
 
 ROUTE_HEADER = "x-pd-route"
 RULE_HEADER = "x-pd-rule"
 REROUTE_HEADER = "x-pd-reroute-reason"
+OBJECTIVE_HEADER = "x-pd-objective"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +49,23 @@ class Decision:
     rule_path: Path | None = None
     client_route: str | None = None
     client_route_honoured: bool = False
+    objective: Objective | None = None
+    """The rule's objective, as the client tightened it; None for a fixed path (a rule
+    without one, or a client's honoured `x-pd-route`)."""
+    ways: tuple[Way, ...] = ()
+    """With an objective: the ways it may be served, cheapest first (those the guard and the
+    model's paths leave of the rule's)."""
+    on_miss: OnMiss = "best"
     trace: Trace | None = field(default=None, compare=False, repr=False)
 
     def response_headers(self) -> dict[str, str]:
-        """`x-pd-route`, `x-pd-rule` and, when the guard re-routed, `x-pd-reroute-reason`."""
+        """`x-pd-route`, `x-pd-rule`, when the guard re-routed `x-pd-reroute-reason`, and
+        the objective the request is served to (`x-pd-objective`)."""
         headers = {ROUTE_HEADER: self.path, RULE_HEADER: self.rule}
         if self.reroute_reason is not None:
             headers[REROUTE_HEADER] = self.reroute_reason.value
+        if self.objective is not None:
+            headers[OBJECTIVE_HEADER] = self.objective.describe()
         return headers
 
     def explain(self) -> str:
@@ -69,10 +81,17 @@ class Decision:
                     f" wanted {condition.describe()}"
                 )
             lines.extend(_describe_match(trace))
-        lines.append(
-            f"action: path {self.rule_path}, priority {self.priority},"
-            f" on_saturation {self.on_saturation}, max_queue_wait_ms {self.max_queue_wait_ms}"
-        )
+        if self.objective is not None:
+            lines.append(
+                f"action: objective {self.objective.describe()}, ways {', '.join(self.ways)},"
+                f" on_miss {self.on_miss}, priority {self.priority},"
+                f" max_queue_wait_ms {self.max_queue_wait_ms}"
+            )
+        else:
+            lines.append(
+                f"action: path {self.rule_path}, priority {self.priority},"
+                f" on_saturation {self.on_saturation}, max_queue_wait_ms {self.max_queue_wait_ms}"
+            )
         if self.client_route is not None:
             verdict = "honoured" if self.client_route_honoured else "ignored (not allowed)"
             lines.append(f"client route: {ROUTE_HEADER}: {self.client_route!r} {verdict}")
@@ -81,6 +100,8 @@ class Decision:
         else:
             lines.append("guard: passed")
         result = f"result: {self.path}"
+        if self.objective is not None:
+            result = f"result: the first of {', '.join(self.ways)} predicted to meet the objective"
         if self.unavailable is not None:
             result += f", unavailable ({self.unavailable})"
         lines.append(result)

@@ -24,7 +24,8 @@ from policies.conditions import Condition
 from policies.decision import ROUTE_HEADER, Decision, Trace
 from policies.errors import PromptTokensRequired
 from policies.features import RequestFeatures
-from policies.guard import apply_guard
+from policies.guard import GuardResult, apply_guard
+from policies.objectives import Objective, Way
 from policies.ruleset import Action, Rule, RuleSet
 from policies.types import PATHS, Path
 
@@ -71,9 +72,18 @@ def _decide(
     action = matched.action if matched is not None else rules.default
     requested, honoured = _client_route(features, action)
     path: Path = requested if honoured and requested is not None else action.path
-    guard = apply_guard(path, features, capabilities.for_model(features.model), tokens)
+    model = capabilities.for_model(features.model)
+    guard = apply_guard(path, features, model, tokens)
     if guard is None:
         return None
+    objective: Objective | None = None
+    ways: tuple[Way, ...] = ()
+    if action.objective is not None and not honoured:
+        goal = action.objective
+        objective = goal.objective.tightened(features.headers, goal.client_floor)
+        ways = _ways_left(goal.ways, guard, has_throughput=model.has_throughput)
+        if not ways:  # none of the rule's ways can serve it: where the guard sends it
+            objective = None
     return Decision(
         path=guard.path,
         rule=action.name,
@@ -85,7 +95,20 @@ def _decide(
         rule_path=action.path,
         client_route=features.headers.get(ROUTE_HEADER),
         client_route_honoured=honoured,
+        objective=objective,
+        ways=ways,
+        on_miss=action.objective.on_miss if action.objective is not None else "best",
         trace=Trace(features, tokens, tuple(skipped), matched),
+    )
+
+
+def _ways_left(
+    ways: tuple[Way, ...], guard: GuardResult, *, has_throughput: bool
+) -> tuple[Way, ...]:
+    """The rule's ways the request may take: a TileRT node only where the guard kept it on
+    the latency path, the native ways only where the model has a throughput path."""
+    return tuple(
+        way for way in ways if (guard.path == "latency" if way == "tilert" else has_throughput)
     )
 
 

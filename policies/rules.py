@@ -10,7 +10,8 @@
         max_queue_wait_ms: 250
         allow_client_route: [throughput]
 
-The file may also be a bare list of rules. See `MatchSpec` for the conditions.
+The file may also be a bare list of rules. See `MatchSpec` for the conditions. A rule may give
+an `objective` instead of a `path` (`policies.objectives`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from policies.conditions import (
 )
 from policies.errors import RulesError
 from policies.features import RequestFeatures
+from policies.objectives import MAX_OBJECTIVE_MS, WAYS, Objective, ObjectiveAction, OnMiss, Way
 from policies.operators import EndpointSpec, TextSpec
 from policies.ruleset import Action, Rule, RuleSet
 from policies.types import OnSaturation, Path
@@ -162,24 +164,83 @@ def _range(spec: RangeSpec) -> IntRange:
     return IntRange(min=spec.min, max=spec.max)
 
 
+class ObjectiveSpec(_Strict):
+    """Time to first token and mean gap between tokens, in milliseconds (either or both)."""
+
+    ttft_ms: int | None = Field(default=None, gt=0, le=MAX_OBJECTIVE_MS)
+    itl_ms: int | None = Field(default=None, gt=0, le=MAX_OBJECTIVE_MS)
+
+    @model_validator(mode="after")
+    def _check(self) -> ObjectiveSpec:
+        if self.ttft_ms is None and self.itl_ms is None:
+            raise ValueError("give ttft_ms, itl_ms or both")
+        return self
+
+    def objective(self) -> Objective:
+        return Objective(self.ttft_ms, self.itl_ms)
+
+
 class ActionSpec(_Strict):
-    """What a rule decides. See `ruleset.Action` for the meaning of each field."""
+    """What a rule decides. See `ruleset.Action` for the meaning of each field; a rule gives
+    a `path` or an `objective` (with `ways`, `on_miss`, `allow_client_objective`)."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    path: Path
+    path: Path | None = None
     priority: int = 0
     on_saturation: OnSaturation = "queue"
     max_queue_wait_ms: int | None = Field(default=None, ge=0)
     allow_client_route: list[Path] = Field(default_factory=list)
+    objective: ObjectiveSpec | None = None
+    ways: list[Way] | None = None
+    on_miss: OnMiss | None = None
+    allow_client_objective: ObjectiveSpec | None = None
+
+    @model_validator(mode="after")
+    def _check_objective(self) -> ActionSpec:
+        if self.objective is None:
+            if self.path is None:
+                raise ValueError("give a path or an objective")
+            extra = [
+                name
+                for name in ("ways", "on_miss", "allow_client_objective")
+                if getattr(self, name) is not None
+            ]
+            if extra:
+                verb = "needs" if len(extra) == 1 else "need"
+                raise ValueError(f"{', '.join(extra)} {verb} an objective")
+            return self
+        if self.path is not None:
+            raise ValueError("give a path or an objective, not both")
+        if "on_saturation" in self.model_fields_set:
+            raise ValueError("on_saturation does not apply with an objective: on_miss says")
+        if self.ways is not None:
+            if not self.ways:
+                raise ValueError("ways: name at least one way")
+            if len(set(self.ways)) != len(self.ways):
+                raise ValueError("ways: each way once")
+        return self
 
     def action(self) -> Action:
+        objective = None
+        path: Path = self.path or "throughput"
+        if self.objective is not None:
+            ways = tuple(self.ways) if self.ways is not None else WAYS
+            floor = self.allow_client_objective
+            objective = ObjectiveAction(
+                self.objective.objective(),
+                ways=ways,
+                on_miss=self.on_miss or "best",
+                client_floor=floor.objective() if floor is not None else None,
+            )
+            path = "latency" if "tilert" in ways else "throughput"
         return Action(
             name=self.name,
-            path=self.path,
+            path=path,
             priority=self.priority,
             on_saturation=self.on_saturation,
             max_queue_wait_ms=self.max_queue_wait_ms,
             allow_client_route=frozenset(self.allow_client_route),
+            objective=objective,
         )
 
 
@@ -190,10 +251,16 @@ class RuleSpec(ActionSpec):
 
 
 class DefaultSpec(ActionSpec):
-    """The action when no rule matches."""
+    """The action when no rule matches (the throughput path unless it says otherwise)."""
 
     name: str = Field(default="default", pattern=NAME_PATTERN)
-    path: Path = "throughput"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _throughput_unless_said(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "path" not in data and "objective" not in data:
+            return {**data, "path": "throughput"}
+        return data
 
 
 _TOP_LEVEL = ("rules", "default")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from policies.conditions import Condition, PromptTokens
+from policies.objectives import ObjectiveAction
 from policies.types import OnSaturation, Path
 
 
@@ -15,6 +16,8 @@ class Action:
     `priority`: higher is served first by the TileRT pool's queue. `max_queue_wait_ms`:
     the wait budget for a TileRT slot, None for the gateway's default.
     `allow_client_route`: the paths a client may force with the `x-pd-route` header.
+    `objective`: the rule's objective instead of a fixed path (`path` is then the path the
+    capability guard checks: `latency` when the objective's ways include a TileRT node).
     """
 
     name: str
@@ -23,6 +26,7 @@ class Action:
     on_saturation: OnSaturation = "queue"
     max_queue_wait_ms: int | None = None
     allow_client_route: frozenset[Path] = frozenset()
+    objective: ObjectiveAction | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from policies import (
     Capabilities,
+    ClientObjectiveError,
     Decision,
     ModelCapabilities,
     PromptTokensRequired,
@@ -21,6 +22,7 @@ from policies import (
 )
 from policies.types import Endpoint
 from router.config import GatewayConfig, ModelConfig
+from router.errors import InvalidRequest
 from router.node_lifecycle.facts import NodeFactsBook
 from router.tokens.prompt_tokens import PromptCounter
 from router.upstream.tilert import RELEASE_FEATURES
@@ -112,15 +114,18 @@ class Classifier:
         features = features_from_request(
             body, endpoint=endpoint, headers=headers, api_key_name=api_key_name
         )
-        try:  # one pass over the rules when the cheap bounds decide, as they mostly do
+        try:
+            try:  # one pass over the rules when the cheap bounds decide, as they mostly do
+                return classify(features, self._rules, self._capabilities)
+            except PromptTokensRequired:
+                counter = self._counters[features.model]
+                async with self._counting:
+                    features.prompt_tokens = await counter.count(
+                        endpoint, body, cap=self._caps[features.model]
+                    )
             return classify(features, self._rules, self._capabilities)
-        except PromptTokensRequired:
-            counter = self._counters[features.model]
-            async with self._counting:
-                features.prompt_tokens = await counter.count(
-                    endpoint, body, cap=self._caps[features.model]
-                )
-        return classify(features, self._rules, self._capabilities)
+        except ClientObjectiveError as exc:
+            raise InvalidRequest(str(exc), param=exc.header, code="invalid_objective") from None
 
     def _refresh_features(self) -> None:
         self._facts_seen = self._facts.version

@@ -31,6 +31,7 @@ from router.upstream.tilert import FEATURES, RELEASE_FEATURES
 if TYPE_CHECKING:
     from policies import Decision
     from router.runtime.epoch import ConfigEpoch
+    from router.upstream import Upstreams
 
 T = TypeVar("T")
 
@@ -119,6 +120,12 @@ def _parser() -> argparse.ArgumentParser:
         f" {', '.join(FEATURES)}, or none (default: what nodes of the pools' release report:"
         f" {_release_features()})",
     )
+    explain.add_argument(
+        "--probe",
+        action="store_true",
+        help="for a rule with an objective, predict from the servers' load as their /metrics"
+        " report it and, with gate.backend redis, the pool's queue (else an idle deployment)",
+    )
     explain.set_defaults(run=_classify)
 
     add_installed(commands)  # demo and bench, where installed
@@ -195,19 +202,22 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _nothing(epoch: ConfigEpoch) -> None:
+async def _nothing(epoch: ConfigEpoch, upstreams: Upstreams) -> None:
     return None
 
 
-async def _prepared(config: GatewayConfig, use: Callable[[ConfigEpoch], Awaitable[T]]) -> T:
+async def _prepared(
+    config: GatewayConfig, use: Callable[[ConfigEpoch, Upstreams], Awaitable[T]]
+) -> T:
     """`use` the configuration's objects as `serve` builds them at start-up (every file it
-    names read: secrets, tokenizers, chat templates), with nothing started or contacted."""
+    names read: secrets, tokenizers, chat templates), with nothing started or contacted,
+    and the upstream connections a probe may use."""
     from router.runtime.state import AppState
 
     state = AppState(config)
     try:
         await state.prepare()
-        return await use(state.epoch)
+        return await use(state.epoch, state.upstreams)
     finally:
         await state.discard()
 
@@ -217,7 +227,7 @@ def _classify(args: argparse.Namespace) -> int:
     from router.errors import GatewayError, ModelNotFound
     from router.openai.endpoints import ENDPOINTS
     from router.openai.requests import parse_body
-    from router.runtime.intake import decide, take_in
+    from router.runtime.intake import decide, explain_plan, take_in
 
     config = load_config(args.config)
     source = "stdin" if args.request == "-" else args.request
@@ -230,7 +240,9 @@ def _classify(args: argparse.Namespace) -> int:
     # Offline, the key-name header stands for the name of a verified client key.
     key_name = headers.get(config.classification.api_key_name_header.lower())
 
-    async def explain(epoch: ConfigEpoch) -> tuple[str | None, Decision]:
+    async def explain(
+        epoch: ConfigEpoch, upstreams: Upstreams
+    ) -> tuple[str | None, Decision, list[str], dict[str, str]]:
         try:
             intake = take_in(epoch, raw, ENDPOINTS[endpoint])
         except ModelNotFound:
@@ -244,15 +256,28 @@ def _classify(args: argparse.Namespace) -> int:
         model = intake.model.config
         assumed, assumption = _assumed_features(model, args.features)
         epoch = replace(epoch, classifier=epoch.classifier.assuming({model.name: assumed}))
-        decision = await decide(epoch, intake, headers=headers, api_key_name=key_name)
-        return assumption, decision
+        try:
+            decision = await decide(epoch, intake, headers=headers, api_key_name=key_name)
+        except GatewayError as exc:
+            raise UsageError(f"{source}: {exc.message}") from None
+        plan: list[str] = []
+        answer_headers = decision.response_headers()
+        if decision.objective is not None:
+            probe = upstreams if args.probe else None
+            plan, planned = await explain_plan(
+                epoch, intake, decision, headers=headers, probe=probe
+            )
+            answer_headers.update(planned)
+        return assumption, decision, plan, answer_headers
 
-    assumption, decision = asyncio.run(_prepared(config, explain))
+    assumption, decision, plan, answer_headers = asyncio.run(_prepared(config, explain))
     if assumption is not None:
         print(assumption)
     print(decision.explain())
+    for line in plan:
+        print(line)
     print("response headers:")
-    for name, value in decision.response_headers().items():
+    for name, value in answer_headers.items():
         print(f"  {name}: {value}")
     return 0
 

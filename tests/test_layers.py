@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {"runtime"},
     {"latency", "throughput"},
     {"serving"},
+    {"objectives"},
     {"classify"},
     {"node_lifecycle"},
     {"telemetry"},

@@ -536,6 +536,27 @@ class TimeoutsConfig(StrictModel):
     cancel_s: Annotated[float, Field(gt=0)] = 5.0
 
 
+class ObjectivesConfig(StrictModel):
+    """What the predictor of rules' objectives assumes of the model's servers and nodes
+    until it has measured them, and how much history it weighs (docs/rules.md#objectives)."""
+
+    prefill_ms_per_token: Annotated[float, Field(ge=0, le=1000)] = 0.1
+    """Prefill time per prompt token a server has to compute (not already cached)."""
+    prefill_base_ms: Annotated[float, Field(ge=0, le=60_000)] = 20.0
+    """Prefill time of an empty prompt: the call's own cost."""
+    itl_ms: Annotated[float, Field(gt=0, le=60_000)] = 20.0
+    """A vLLM decode server's gap between tokens with one request running."""
+    itl_ms_per_running: Annotated[float, Field(ge=0, le=60_000)] = 1.0
+    """What each further running request adds to that gap."""
+    tilert_itl_ms: Annotated[float, Field(gt=0, le=60_000)] = 5.0
+    """A TileRT node's gap between tokens."""
+    handoff_ms: Annotated[float, Field(ge=0, le=60_000)] = 20.0
+    """From a prefill's end to the first token from the decode side (the KV transfer and
+    the first decode step)."""
+    memory: Annotated[int, Field(ge=4, le=10_000)] = 50
+    """How many recent observations a learned figure mostly rests on (older ones fade)."""
+
+
 class ModelConfig(StrictModel):
     """One served model as clients see it."""
 
@@ -548,6 +569,8 @@ class ModelConfig(StrictModel):
     latency: LatencyConfig | None = None
     throughput: ThroughputConfig | None = None
     selection: SelectionConfig = SelectionConfig()
+    objectives: ObjectivesConfig = ObjectivesConfig()
+    """For rules with an objective: the predictor's assumptions until it has measured."""
 
     def selection_of(self, path: Literal["latency", "throughput"]) -> SelectionConfig:
         """The selection for one path: the model's, changed by the path's own."""

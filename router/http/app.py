@@ -138,6 +138,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
         state.epoch.keys.admin.check(request.headers)
         return json_response({"models": state.upstream_servers()})
 
+    @app.get("/admin/timings")
+    async def timings(request: Request) -> Response:
+        state.epoch.keys.admin.check(request.headers)
+        models = {name: model.timings.snapshot() for name, model in state.epoch.models.items()}
+        return json_response({"models": models})
+
     @app.post("/admin/reload")
     async def reload(request: Request) -> Response:
         state.epoch.keys.admin.check(request.headers)

@@ -6,18 +6,23 @@ the paths' business (`router.serving.Fallback`); nothing here depends on the pat
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from policies import Decision
+from policies import Decision, Objective
 from router.errors import ClientGone, GatewayError, InvalidRequest
+from router.objectives import Timings
+from router.objectives.learning import learn
 from router.openai.endpoints import EndpointSpec
 from router.runtime.intake import decide, take_in
 from router.runtime.state import AppState
 from router.serving import PathResponse, RoutedRequest, new_request_id
 from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
+from router.telemetry.metrics import Metrics
 
 
 class Dispatcher:
@@ -42,7 +47,7 @@ class Dispatcher:
         headers = decision.response_headers()
         if decision.reroute_reason is not None:
             state.metrics.reroute(parsed.model, decision.reroute_reason.value, spill=False)
-        path = model.paths.get(decision.path)
+        path = model.objective if decision.objective is not None else model.paths.get(decision.path)
         if decision.unavailable is not None or path is None:
             error = _unavailable(decision)
             error.headers = {**headers, **error.headers}
@@ -59,7 +64,24 @@ class Dispatcher:
             intake.client_body,
             request.headers,
         )
+        routed.on_end = partial(
+            learn_from, model.timings, routed, decision.objective, state.metrics
+        )
         return PathResponse(path, routed, state.live, state.metrics.in_flight(decision.path))
+
+
+def learn_from(
+    timings: Timings, routed: RoutedRequest, objective: Objective | None, metrics: Metrics
+) -> None:
+    """What the request's answer taught, once it has ended."""
+    learn(
+        timings,
+        routed.access,
+        routed.planned,
+        objective=objective,
+        rule=routed.decision.rule,
+        metrics=metrics,
+    )
 
 
 def _unavailable(decision: Decision) -> GatewayError:

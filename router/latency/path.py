@@ -20,6 +20,7 @@ from router.latency.protocol import CONTINUABLE, LatencyDeps, NodeSession, Prefi
 from router.latency.relay import DecodeRelay, DecodeSource, RelayEnd, Resume
 from router.latency.sampling import DecodeOptions, Sampling, SamplingDefaults, decode_options
 from router.latency.token_ids_proof import TokenIdsProof
+from router.objectives import WayFacts
 from router.openai.endpoints import WIRE_PATHS
 from router.openai.render import AnswerFacts, AnswerHead, Renderer, Usage
 from router.openai.requests import ChatRequest, CompletionRequest
@@ -44,6 +45,9 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+
+OBJECTIVE_DEADLINE = "objective_deadline"
+"""A request planned for a node found none free by its objective's deadline."""
 
 LATENCY_SERVICE_TIER = "priority"
 """The tier a latency answer reports to a client that asked for one (OpenAI's
@@ -201,6 +205,26 @@ class LatencyPath:
             relay.all_logprobs(),
         )
         return json_answer(orjson.dumps(body))
+
+    async def tilert_facts(
+        self, request: RoutedRequest, tokens: int, *, wait_s: float | None = None
+    ) -> WayFacts:
+        """For an objective: the wait for a node of the pool (`wait_s`: as assumed), and the
+        prefill server of the first pool the request would be sent to with what it holds of
+        the prompt."""
+        affinity = await self._affinity(request)
+        servers = next(iter(self._prefill_of_pool.values()))
+        choice = servers.pick(request=affinity)
+        held = 0
+        if affinity is not None and affinity.tokens:
+            tokens = affinity.tokens
+            held = servers.cached_tokens(choice.url, affinity)
+        if wait_s is None:
+            wait_s = await self.gate.expected_wait_s()
+        return WayFacts("tilert", max(0, tokens - held), prefill=choice, wait_s=wait_s)
+
+    async def retry_after_s(self) -> int:
+        return await self.gate.retry_after_s()
 
     async def _affinity(self, request: RoutedRequest) -> Affinity | None:
         return await self._selection.affinity(
@@ -418,15 +442,30 @@ class LatencyPath:
         else:
             wait_ms = decision.max_queue_wait_ms
             wait_s = (self._default_wait_ms if wait_ms is None else wait_ms) / 1000
+        deadline_s, by_deadline = _node_deadline(request, started)
+        if by_deadline and deadline_s is not None and deadline_s < wait_s:
+            wait_s = deadline_s
+        else:
+            by_deadline = False
         metrics = self._deps.metrics
         try:
             with tracing.stage(tracing.QUEUE_WAIT, priority=decision.priority):
                 lease = await self.gate.acquire(
-                    priority=decision.priority, wait_s=wait_s, holder=request.request_id
+                    priority=decision.priority,
+                    wait_s=wait_s,
+                    holder=request.request_id,
+                    deadline_s=deadline_s,
                 )
                 tracing.annotate(node=lease.node.id)
         except GateRejected as exc:
             metrics.queue_wait(self._model, time.monotonic() - started, granted=False)
+            if by_deadline and exc.reason == "wait_timeout":
+                raise Overloaded(
+                    "no TileRT decode node became free in time to meet the request's"
+                    " objective; retry later",
+                    retry_after_s=exc.retry_after_s,
+                    code=OBJECTIVE_DEADLINE,
+                ) from None
             raise Overloaded(
                 _REJECTED[exc.reason], retry_after_s=exc.retry_after_s, code=exc.reason
             ) from None
@@ -487,6 +526,16 @@ class LatencyPath:
         requests may have been cut off before their own cleanup could start)."""
         for session in list(self._live):
             session.close()
+
+
+def _node_deadline(request: RoutedRequest, started: float) -> tuple[float | None, bool]:
+    """For a request planned for a node by its objective: the seconds left until it must
+    have one (from `started`), and whether it leaves the queue then."""
+    planned = request.planned
+    if planned is None or planned.node_deadline_s is None:
+        return None, False
+    left = planned.node_deadline_s - (time.monotonic() - started)
+    return max(0.0, left), planned.leave_at_deadline
 
 
 async def _set_within(event: asyncio.Event, limit_s: float) -> bool:

@@ -13,6 +13,7 @@ end so the node frees its lock) and only then releases the slot.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -138,6 +139,7 @@ class NodeSession:
             prompt_token_ids=prompt.token_ids,
             return_token_ids=prompt.return_token_ids,
         )
+        started = time.monotonic()
         with tracing.stage(tracing.PREFILL, upstream=self._prefill_url, node=node.id):
             data = await vllm.prefill(
                 deps.upstreams,
@@ -148,6 +150,8 @@ class NodeSession:
             )
         # Parsed only after the 200: an unusable answer still claimed the transfer.
         prefilled = self._prefilled = vllm.parse_prefilled(data, request.endpoint.wire)
+        computed = prefilled.prompt_tokens - (prefilled.cached_tokens or 0)
+        request.access.prefilled(time.monotonic() - started, computed)
         if self._abandoned:
             return prefilled
         budget = request.parsed.token_budget if prompt.budget is None else prompt.budget

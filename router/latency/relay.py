@@ -98,6 +98,7 @@ class DecodeRelay:
         rest (already started), or None. Ending early (a stop, the client gone) closes the
         session, which cancels the node."""
         pipeline, metrics, model = self._pipeline, self._metrics, self._request.model
+        access = self._request.access
         node_finish = "stop"
         first_output = True
         tokens_seen = False  # of this session's stream
@@ -128,9 +129,11 @@ class DecodeRelay:
                     # A node whose budget held only the first token ends with `done` alone
                     # (docs/protocols.md §1.5): that token is still the output's first.
                     line = TokenLine([self._first_token_id])
-                tokens_seen = True
                 now = time.monotonic()
                 metrics.token_gap(model, "latency", now - last_line, len(line.ids))
+                if tokens_seen:  # the first line's wait is the decode's start, not a gap
+                    access.token_gap(now - last_line, len(line.ids))
+                tokens_seen = True
                 last_line = now
                 counted = pipeline.completion_tokens
                 if self._eos_first:

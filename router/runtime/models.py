@@ -16,6 +16,7 @@ from router.latency.prompt_ids import PromptIds
 from router.latency.protocol import LatencyDeps
 from router.latency.sampling import SamplingDefaults
 from router.node import configured_nodes
+from router.objectives import Timings
 from router.selection import (
     AffinityKeys,
     KvEventsHub,
@@ -25,6 +26,7 @@ from router.selection import (
     sets_of,
 )
 from router.serving import Fallback, ServePath
+from router.serving.objective import ObjectivePath
 from router.throughput import make_throughput_path
 from router.tokens.prompt_tokens import PromptCounter
 from router.tokens.tokenizer import LoadedTokenizer
@@ -41,6 +43,13 @@ class ModelRuntime:
     vocab_size: int
     """Token ids a request may name: 0 to vocab_size - 1 (asked of the tokenizer once: it
     counts its added tokens on every call)."""
+    objective: ObjectivePath
+    """What serves a request whose rule gives an objective."""
+
+    @property
+    def timings(self) -> Timings:
+        """What the model's servers and nodes have shown of their speed."""
+        return self.objective.timings
 
     @property
     def gate(self) -> Gate | None:
@@ -59,6 +68,7 @@ class ModelRuntime:
         for servers in self.server_sets():
             if (old := replaced.get(servers.name)) is not None:
                 servers.adopt(old)
+        self.timings.adopt(before.timings)
 
 
 def build_model(
@@ -109,7 +119,16 @@ def build_model(
             latency if throughput is None else Fallback(latency, throughput, metrics=deps.metrics)
         )
     vocab_size = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
-    return ModelRuntime(config, tokenizer, counter, MappingProxyType(paths), latency, vocab_size)
+    objective = ObjectivePath(
+        Timings(config.objectives),
+        latency=paths.get("latency"),
+        nodes=latency,
+        throughput=throughput,
+        native=throughput,
+    )
+    return ModelRuntime(
+        config, tokenizer, counter, MappingProxyType(paths), latency, vocab_size, objective
+    )
 
 
 def path_selection(

@@ -161,6 +161,11 @@ class ServerLoad:
             + figures.kv_cache_usage * w.kv_cache_usage
         )
 
+    def others(self, url: str) -> float:
+        """Requests `url` runs or queues that are not the gateway's (0 without fresh
+        figures)."""
+        return self.book.foreign(url) if self.book.fresh(url) is not None else 0.0
+
     def adopt(self, old: object, urls: Collection[str]) -> None:
         if isinstance(old, ServerLoad):
             self.book.adopt(old.book, urls)

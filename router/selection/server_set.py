@@ -89,6 +89,13 @@ class RequestScorer(Protocol):
 
 
 @runtime_checkable
+class Foreign(Protocol):
+    """A scorer that knows of a server's requests beyond the gateway's own."""
+
+    def others(self, url: str) -> float: ...
+
+
+@runtime_checkable
 class Learning(Protocol):
     """A scorer that learns about each server as it goes (load figures, a prefix index)."""
 
@@ -157,6 +164,7 @@ class ServerSet:
         self._urls = list(dict.fromkeys(urls))
         self._filters = list(filters)
         self._scorers = list(scorers)
+        self._foreign = [s for s in self._scorers if isinstance(s, Foreign)]
         self._request_scorers = list(request_scorers)
         self._outstanding = dict.fromkeys(self._urls, 0)
         self._unsized = dict.fromkeys(self._urls, 0)  # in flight, length unknown
@@ -299,6 +307,13 @@ class ServerSet:
 
     def outstanding(self) -> dict[str, int]:
         return dict(self._outstanding)
+
+    def running(self, url: str) -> int:
+        """Requests `url` is serving: the gateway's in flight there, and where the server's
+        own figures are fresh, those of other replicas and clients (0 for a server not of
+        the set)."""
+        others = max((s.others(url) for s in self._foreign), default=0.0)
+        return self._outstanding.get(url, 0) + round(others)
 
     def snapshot(self) -> dict[str, Any]:
         """Each server's requests in flight and health, for the admin API and metrics."""

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from policies import Decision
 from router.errors import GatewayError, error_json
+from router.objectives import Planned
 from router.openai.endpoints import EndpointSpec
 from router.openai.requests import ChatRequest, CompletionRequest
+from router.selection import Affinity
 from router.telemetry.access import AccessRecord
 
 
@@ -41,6 +43,12 @@ class RoutedRequest:
     """The client's request headers (a session key may be among them)."""
     arrived: float = field(default_factory=time.monotonic)
     """When the request was routed (monotonic), for the time to its first bytes."""
+    planned: Planned | None = None
+    """The way its objective chose (None: no objective, the path's own choices)."""
+    affinity: Affinity | None = None
+    """What it offers request-aware scorers, once computed for the native path."""
+    on_end: Callable[[], None] | None = None
+    """Called once the answer has ended, however it ended (what it taught is learned)."""
 
     @property
     def model(self) -> str:

@@ -107,6 +107,11 @@ class PathResponse(Response):
             with anyio.CancelScope(shield=True):
                 await asyncio.wait((exchange, watch))
                 await stack.aclose()
+            if (ended := self._request.on_end) is not None:
+                try:
+                    ended()
+                except Exception:  # a bug in learning must not touch the answer
+                    log.exception("learning from an answer failed")
         if self._cut and exchange.cancelled():
             with contextlib.suppress(OSError):
                 await self._end_cut(send)

@@ -45,7 +45,23 @@ class AccessRecord:
     """`pull` and `push`: `split` into legs, or `whole` on the decode server."""
     native_way_reason: str | None = None
     """Why (`uncached`, `cached`, `prefill_busy`, `scores_prompt`, `not_split`, `always`)."""
+    way: str | None = None
+    """With an objective: the way it chose (`whole`, `split`, `tilert`, `proxy`)."""
+    way_reason: str | None = None
+    """Why (`meets`, `least_miss`, `queue`, `none_meets`)."""
+    predicted_ttft_ms: float | None = None
+    predicted_itl_ms: float | None = None
+    objective_met: bool | None = None
+    """Whether the measured first-token time and mean gap met the objective."""
+    uncached_tokens: int | None = None
+    """Prompt tokens the serving side had to compute, where the gateway knew it."""
+    running: int | None = None
+    """Requests the vLLM server answering it had in flight, this one included, when sent."""
     queue_wait_ms: float | None = None
+    prefill_ms: float | None = None
+    """The prefill leg's time (latency path, split native path)."""
+    prefill_tokens: int | None = None
+    """The tokens that prefill computed (its prompt less its cache hits)."""
     ttft_ms: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -57,6 +73,23 @@ class AccessRecord:
     """The code of the error the answer carried, if any (`shutting_down` for a cut)."""
     duration_ms: float | None = None
     client_gone: bool = False
+    _gap_s: float = 0.0
+    _gap_tokens: int = 0
+
+    def prefilled(self, seconds: float, computed_tokens: int | None) -> None:
+        """The prefill leg took `seconds` and computed that many of the prompt's tokens."""
+        self.prefill_ms = round(seconds * 1e3, 3)
+        self.prefill_tokens = computed_tokens
+
+    def token_gap(self, seconds: float, tokens: int) -> None:
+        """`tokens` more arrived `seconds` after the ones before them."""
+        self._gap_s += seconds
+        self._gap_tokens += tokens
+
+    @property
+    def itl_s(self) -> float | None:
+        """The mean gap between the answer's tokens after its first (None: no gap seen)."""
+        return self._gap_s / self._gap_tokens if self._gap_tokens else None
 
     def ended_with(self, error: GatewayError) -> None:
         """The answer ended with `error`: before it started, or as its last event."""
@@ -65,7 +98,10 @@ class AccessRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name, for the log line (flat values: no deep copy needed)."""
-        return {name: getattr(self, name) for name in _FIELDS}
+        line = {name: getattr(self, name) for name in _FIELDS}
+        itl_s = self.itl_s
+        line["itl_ms"] = None if itl_s is None else round(itl_s * 1e3, 3)
+        return line
 
 
-_FIELDS = tuple(field.name for field in fields(AccessRecord))
+_FIELDS = tuple(field.name for field in fields(AccessRecord) if not field.name.startswith("_"))

@@ -43,6 +43,11 @@ mode): set by the supervisor, read by each worker's metrics."""
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 ROUND_TRIP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+PREDICTION_ERROR_BUCKETS = (
+    *(-b for b in (10, 2.5, 1, 0.5, 0.25, 0.1, 0.05, 0.025, 0.01, 0.005, 0.001)),
+    *(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+)
+"""Signed: actual minus predicted, early and late alike."""
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -141,6 +146,22 @@ class Metrics:
             "Requests of the native path in `pull` and `push` mode by how they were served:"
             " `split` into a prefill and a decode leg, or `whole` on a decode server, and why.",
             ["model", "way", "reason"],
+            registry=r,
+        )
+        self._objectives = Counter(
+            "pd_gateway_objective_requests",
+            "Requests of rules with an objective, by rule, the way their plan chose and the"
+            " outcome: `met` or `missed` (the measured first-token time and mean gap against the"
+            " objective), `refused` (no way was predicted to meet it, `on_miss: reject`).",
+            ["model", "rule", "way", "outcome"],
+            registry=r,
+        )
+        self._prediction_error = Histogram(
+            "pd_gateway_prediction_error_seconds",
+            "Actual minus predicted, for requests of rules with an objective: the first-token"
+            " time (`quantity` ttft) and the mean gap between tokens (itl), by the way taken.",
+            ["model", "way", "quantity"],
+            buckets=PREDICTION_ERROR_BUCKETS,
             registry=r,
         )
         self._continuations = Counter(
@@ -260,6 +281,12 @@ class Metrics:
 
     def upstream_error(self, model: str, code: str) -> None:
         self._upstream_errors.labels(model, code).inc()
+
+    def objective(self, model: str, rule: str, way: str, outcome: str) -> None:
+        self._objectives.labels(model, rule, way, outcome).inc()
+
+    def prediction_error(self, model: str, way: str, quantity: str, seconds: float) -> None:
+        self._prediction_error.labels(model, way, quantity).observe(seconds)
 
     def continuation(self, model: str, reason: str, outcome: str) -> None:
         self._continuations.labels(model, reason, outcome).inc()

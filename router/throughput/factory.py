@@ -8,6 +8,7 @@ from typing import Protocol
 from router.config import ProxyConfig, PullConfig, PushConfig
 from router.selection import PathSelection
 from router.serving import ServePath
+from router.serving.objective import NativeWays
 from router.telemetry.metrics import Metrics
 from router.throughput.legs import NativeDeps, WholeWhen
 from router.throughput.proxy import ProxyPath
@@ -18,7 +19,7 @@ from router.upstream import Upstreams
 from router.upstream.vllm import PrefillEngine
 
 
-class ThroughputPath(ServePath, Protocol):
+class ThroughputPath(ServePath, NativeWays, Protocol):
     whole: WholeServing
     """Its servers that serve a request whole (the decode instances, or the proxy)."""
 

@@ -3,10 +3,12 @@ push: the prefill leg, and the decode leg whose answer is the client's."""
 
 from __future__ import annotations
 
+import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from router.objectives import WayFacts
 from router.selection import Affinity, Choice, PathSelection, ServerSet
 from router.serving import Answer, RoutedRequest
 from router.telemetry import tracing
@@ -58,18 +60,45 @@ class SplitPath:
     def server_sets(self) -> list[ServerSet]:
         return [self._prefill, self._decode]
 
-    async def _affinity(self, request: RoutedRequest) -> Affinity | None:
-        return await self._selection.affinity(
-            self.server_sets(),
-            request.endpoint.wire,
-            request.body,
-            request.client_headers,
-            always=self._whole_when is not None,  # the prompt's length decides
-        )
+    async def affinity(self, request: RoutedRequest, *, always: bool = False) -> Affinity | None:
+        """What `request` offers the scorers (computed once: kept on the request)."""
+        if request.affinity is None:
+            request.affinity = await self._selection.affinity(
+                self.server_sets(),
+                request.endpoint.wire,
+                request.body,
+                request.client_headers,
+                # The prompt's length decides whether to split.
+                always=always or self._whole_when is not None,
+            )
+        return request.affinity
+
+    def native_facts(
+        self, request: RoutedRequest, affinity: Affinity | None, tokens: int
+    ) -> list[WayFacts]:
+        """For an objective: what is known of serving `request` (`tokens` long) whole on
+        the decode server it would be sent to, and of splitting it (where it can be)."""
+        decode = self._decode.pick(request=affinity)
+        held = self._decode.cached_tokens(decode.url, affinity) if affinity is not None else 0
+        running = self._decode.running(decode.url) + 1
+        facts = [WayFacts("whole", max(0, tokens - held), decode, running=running)]
+        if request.splits:
+            prefill = self._prefill.pick(request=affinity)
+            held = self._prefill.cached_tokens(prefill.url, affinity) if affinity else 0
+            facts.append(WayFacts("split", max(0, tokens - held), decode, prefill, running=running))
+        return facts
 
     def _whole_on(self, request: RoutedRequest, affinity: Affinity | None) -> Choice | None:
         """The decode server to serve `request` whole on, prefill included, when splitting
-        it would not pay (or cannot be done); None: split. The way and why are recorded."""
+        it would not pay (or cannot be done), or its objective chose it; None: split. The
+        way and why are recorded."""
+        native = request.planned.native if request.planned is not None else None
+        if native is not None and request.splits:
+            _served(request, native.way, "objective")
+            request.access.uncached_tokens = native.facts.uncached
+            if native.way == "split":
+                return None
+            return native.facts.decode or self._decode.pick(request=affinity)
         if not request.splits:
             _served(
                 request, "whole", "scores_prompt" if request.parsed.scores_prompt else "not_split"
@@ -82,6 +111,7 @@ class SplitPath:
         choice = self._decode.pick(request=affinity)
         if affinity is not None and affinity.tokens:
             uncached = affinity.tokens - self._decode.cached_tokens(choice.url, affinity)
+            request.access.uncached_tokens = uncached
             if uncached <= rule.min_uncached_tokens:
                 _served(request, "whole", "cached")
                 return choice
@@ -104,19 +134,28 @@ def _served(request: RoutedRequest, way: str, reason: str) -> None:
     request.headers[NATIVE_HEADER] = f"{way}; reason={reason}"
 
 
-def chosen(request: RoutedRequest, choice: Choice) -> None:
-    """Record the server whose answer the client gets, and why it was chosen."""
-    request.access.upstream, request.access.upstream_reason = choice.url, choice.reason
+def chosen(request: RoutedRequest, choice: Choice, servers: ServerSet) -> None:
+    """Record the server whose answer the client gets, why it was chosen, and how many
+    requests it has in flight with this one (called once it is held for the request)."""
+    access = request.access
+    access.upstream, access.upstream_reason = choice.url, choice.reason
+    access.running = servers.running(choice.url)
 
 
 async def run_prefill(upstreams: Upstreams, url: str, request: RoutedRequest) -> NixlPrefilled:
     """Send the prefill leg for the client's request and read what the decode leg needs."""
     body = vllm.prefill_body(request.body, vllm.nixl_prefill_params())
+    started = time.monotonic()
     with tracing.stage(tracing.PREFILL, upstream=url):
         data = await vllm.prefill(
             upstreams, url, request.endpoint.path, body, request_id=request.request_id
         )
-    return vllm.parse_nixl_prefilled(data, url=url, request_id=request.request_id)
+    prefilled = vllm.parse_nixl_prefilled(data, url=url, request_id=request.request_id)
+    computed = None
+    if prefilled.prompt_tokens is not None:
+        computed = prefilled.prompt_tokens - prefilled.cached_tokens
+    request.access.prefilled(time.monotonic() - started, computed)
+    return prefilled
 
 
 async def send_decode(
@@ -168,3 +207,12 @@ def decode_answer(
     if reply.content is not None:
         return forward(reply, request, metrics, body=rewriter.body(reply.content))
     return forward(reply, request, metrics, rewrite=rewriter)
+
+
+def planned_servers(request: RoutedRequest) -> tuple[Choice | None, Choice | None]:
+    """The decode and prefill servers a split request's objective was predicted for (none
+    without one: the legs choose)."""
+    native = request.planned.native if request.planned is not None else None
+    if native is None:
+        return None, None
+    return native.facts.decode, native.facts.prefill

@@ -47,8 +47,10 @@ class AnswerMeter:
             self._access.ttft_ms = round(ttft_s * 1e3, 3)
             if self._metrics is not None:
                 self._metrics.first_token(self._request.model, "throughput", ttft_s)
-        elif self._metrics is not None:
-            self._metrics.token_gap(self._request.model, "throughput", now - self._last, events)
+        else:
+            self._access.token_gap(now - self._last, events)
+            if self._metrics is not None:
+                self._metrics.token_gap(self._request.model, "throughput", now - self._last, events)
         self._last = now
         # An event may be split anywhere, its mark in a later chunk: the unfinished one
         # waits (chunks mostly end on an event's end, so little ever does).

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from router.selection import Choice, ServerSet, call_on, status_outcome
+from router.objectives import WayFacts
+from router.selection import Affinity, Choice, ServerSet, call_on, status_outcome
 from router.serving import Answer, RoutedRequest
 from router.telemetry import tracing
 from router.throughput.answer import forward, read_unless_streamed
@@ -33,6 +34,19 @@ class ProxyPath:
     def server_sets(self) -> list[ServerSet]:
         return [self._proxy]
 
+    async def affinity(self, request: RoutedRequest, *, always: bool = False) -> Affinity | None:
+        """Nothing: the proxy chooses its own servers."""
+        return None
+
+    def native_facts(
+        self, request: RoutedRequest, affinity: Affinity | None, tokens: int
+    ) -> list[WayFacts]:
+        """For an objective: one native way, the proxy's (whole or split, as it decides),
+        predicted as whole on the proxy it would be sent to."""
+        choice = self._proxy.pick()
+        running = self._proxy.running(choice.url) + 1
+        return [WayFacts("whole", tokens, choice, running=running, label="proxy")]
+
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         # A non-stream answer only arrives when generation ends: it is bounded as a whole.
         prefill_s = self._upstreams.timeouts.prefill_s
@@ -42,7 +56,7 @@ class ProxyPath:
             body = with_usage(body)
 
         async def send(choice: Choice) -> Reply:
-            chosen(request, choice)
+            chosen(request, choice, self._proxy)
             with tracing.stage(tracing.PROXY, upstream=choice.url):
                 reply = await self._upstreams.open(
                     PROXY,
@@ -60,7 +74,12 @@ class ProxyPath:
                     raise bodiless_failure(reply.target, reply.status)
                 return await read_unless_streamed(reply)
 
+        planned = request.planned.native if request.planned is not None else None
         reply = await call_on(
-            self._proxy, send, hold_on=stack, judge=lambda r: status_outcome(r.status)
+            self._proxy,
+            send,
+            hold_on=stack,
+            judge=lambda r: status_outcome(r.status),
+            first=planned.facts.decode if planned is not None else None,
         )
         return forward(reply, request, self._metrics)

@@ -17,6 +17,7 @@ from router.throughput.legs import (
     SplitPath,
     chosen,
     decode_answer,
+    planned_servers,
     run_prefill,
     send_decode,
     whole_on_decode,
@@ -30,11 +31,11 @@ class PullPath(SplitPath):
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         upstreams = self._upstreams
-        affinity = await self._affinity(request)
+        affinity = await self.affinity(request)
         if (decode_choice := self._whole_on(request, affinity)) is not None:
 
             async def whole(choice: Choice) -> Answer:
-                chosen(request, choice)
+                chosen(request, choice, self._decode)
                 return await whole_on_decode(upstreams, stack, choice.url, request, self._metrics)
 
             return await call_on(
@@ -45,12 +46,19 @@ class PullPath(SplitPath):
             request.access.prefill = choice.url
             return await run_prefill(upstreams, choice.url, request)
 
-        prefill = await call_on(self._prefill, prefill_leg, request=affinity)
+        decode_first, prefill_first = planned_servers(request)
+        prefill = await call_on(self._prefill, prefill_leg, request=affinity, first=prefill_first)
         body = pull_decode_body(request.body, prefill.kv_transfer_params)
 
         async def decode_leg(choice: Choice) -> Reply:
-            chosen(request, choice)
+            chosen(request, choice, self._decode)
             return await send_decode(upstreams, stack, choice.url, request, body)
 
-        reply = await call_on(self._decode, decode_leg, hold_on=stack, request=affinity)
+        reply = await call_on(
+            self._decode,
+            decode_leg,
+            hold_on=stack,
+            request=affinity,
+            first=decode_first,
+        )
         return decode_answer(reply, prefill, request, self._metrics)

@@ -25,6 +25,7 @@ from router.throughput.legs import (
     WholeWhen,
     chosen,
     decode_answer,
+    planned_servers,
     run_prefill,
     send_decode,
     whole_on_decode,
@@ -49,12 +50,12 @@ class PushPath(SplitPath):
         super().__init__(prefill, decode, selection, deps, whole_when)
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
-        affinity = await self._affinity(request)
+        affinity = await self.affinity(request)
         if (whole_choice := self._whole_on(request, affinity)) is not None:
             # One leg: sent again elsewhere if its server was unreachable.
 
             async def whole(choice: Choice) -> Answer:
-                chosen(request, choice)
+                chosen(request, choice, self._decode)
                 return await whole_on_decode(
                     self._upstreams, stack, choice.url, request, self._metrics
                 )
@@ -62,14 +63,15 @@ class PushPath(SplitPath):
             return await call_on(
                 self._decode, whole, hold_on=stack, request=affinity, first=whole_choice
             )
-        decode_choice = self._decode.pick(request=affinity)
+        decode_first, prefill_first = planned_servers(request)
+        decode_choice = decode_first or self._decode.pick(request=affinity)
         decode_url = stack.enter_context(self._decode.hold(decode_choice.url, affinity))
-        chosen(request, decode_choice)
+        chosen(request, decode_choice, self._decode)
         # The prefill engine is held only while its leg runs; the callback covers a leg
         # cancelled before it started.
         prefill_hold = ExitStack()
         stack.callback(prefill_hold.close)
-        prefill_choice = self._prefill.pick(request=affinity)
+        prefill_choice = prefill_first or self._prefill.pick(request=affinity)
         prefill_url = prefill_hold.enter_context(self._prefill.hold(prefill_choice.url, affinity))
         request.access.prefill = prefill_url
         engine = self._engines[prefill_url]

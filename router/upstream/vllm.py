@@ -351,6 +351,8 @@ class NixlPrefilled:
     """Opaque: whatever the prefill returned at the top level, None if nothing."""
     cached_tokens: int
     """The prefill's own prefix-cache hits; 0 when it did not report them."""
+    prompt_tokens: int | None = None
+    """The prompt's length as the prefill counted it; None when it did not say."""
 
 
 def parse_nixl_prefilled(data: Any, *, url: str, request_id: str) -> NixlPrefilled:
@@ -371,7 +373,13 @@ def parse_nixl_prefilled(data: Any, *, url: str, request_id: str) -> NixlPrefill
             url,
             request_id,
         )
-    return NixlPrefilled(kv_transfer_params=params, cached_tokens=_cached_tokens(data))
+    usage = data.get("usage")
+    prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return NixlPrefilled(
+        kv_transfer_params=params,
+        cached_tokens=_cached_tokens(data),
+        prompt_tokens=prompt if isinstance(prompt, int) and prompt >= 0 else None,
+    )
 
 
 def _cached_tokens(data: dict[str, Any]) -> int:

@@ -311,3 +311,38 @@ def test_endpoint_flag_overrides_the_guess(
     assert ", completions, " in capsys.readouterr().out.splitlines()[1]
     assert run_classify(tmp_path, config, body, {}, "--endpoint", "chat") == 2
     assert "not a valid chat request (messages)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("workload", "way"),
+    [("voice", "tilert"), ("chat", "proxy")],  # proxy: the native path's one way here
+)
+def test_an_objective_shows_each_way_predicted_and_the_choice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], workload: str, way: str
+) -> None:
+    config = write_config(tmp_path, "objectives.yaml")
+    code = run_classify(tmp_path, config, chat(max_tokens=100), {"x-workload": workload})
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert any(line.startswith("timings: as models[].objectives assumes them") for line in out)
+    assert "signals: assumed idle (no request in flight, no node busy, nothing cached)" in out
+    predicted = [
+        line for line in out if line.startswith("  proxy on ") or line.startswith("  tilert:")
+    ]
+    assert len(predicted) == 2  # one line a way, with its verdict
+    assert f"way: {way} (meets)" in out
+    route = "latency" if way == "tilert" else "throughput"
+    assert f"  x-pd-route: {route}" in out
+    assert any(line.startswith(f"  x-pd-way: {way}; ttft_ms=") for line in out)
+
+
+def test_a_malformed_objective_header_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, "objectives.yaml")
+    headers = {"x-workload": "chat", "x-pd-objective-ttft-ms": "soon"}
+    code = run_classify(tmp_path, config, chat(), headers)
+    assert code != 0
+    assert (
+        "x-pd-objective-ttft-ms must be a whole number of milliseconds" in capsys.readouterr().err
+    )

@@ -56,6 +56,7 @@ def test_every_example_loads() -> None:
         "api-key-tiers.yaml",
         "interactive.yaml",
         "latency-first.yaml",
+        "objectives.yaml",
     ]
     for file in files:
         assert load_rules(file).rules
@@ -259,3 +260,19 @@ def test_latency_first(
 ) -> None:
     decision = route(LATENCY_FIRST, counted=counted, **request_args)
     assert (decision.rule, decision.path, decision.reroute_reason) == (rule, path, reason)
+
+
+OBJECTIVES = load_rules(EXAMPLES / "objectives.yaml")
+
+
+def test_objectives_example() -> None:
+    voice = route(OBJECTIVES, headers={"x-workload": "voice"})
+    assert voice.objective == policies.Objective(300, 15)
+    assert (voice.on_miss, voice.priority) == ("queue", 20)
+    chat = route(OBJECTIVES, headers={"x-workload": "chat", "x-pd-objective-ttft-ms": "100"})
+    assert chat.objective == policies.Objective(300, 40)  # the rule's floor
+    assert chat.ways == ("whole", "split", "tilert")
+    agent = route(OBJECTIVES, headers={"x-workload": "agent-3"})
+    assert (agent.ways, agent.on_miss) == (("whole", "tilert"), "reject")
+    batch = route(OBJECTIVES, headers={"x-workload": "batch"})
+    assert (batch.objective, batch.path) == (None, "throughput")

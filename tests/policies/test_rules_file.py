@@ -149,7 +149,7 @@ def test_action_defaults() -> None:
         ([rule("x", max_queue_wait_ms=-1)], "rule 'x': max_queue_wait_ms: Input should be"),
         ([rule("x", allow_client_route=["any"])], "rule 'x': allow_client_route.0: Input"),
         ([{"path": "latency"}], "rule #1: name: required"),
-        ([{"name": "x"}], "rule 'x': path: required"),
+        ([{"name": "x"}], "rule 'x': give a path or an objective"),
         ([rule("ok"), {"name": "bad name", **LATENCY}], "rule #2: name: String should match"),
         (["latency"], "rule #1: expected a mapping"),
         (

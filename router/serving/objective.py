@@ -1,0 +1,162 @@
+"""Serving a request whose rule gives an objective: predict each way the rule allows (from
+what the gateway has measured of its servers and nodes, `router.objectives`), take the
+cheapest predicted to meet it, or what `on_miss` says, and hand the request to that way's
+path with the servers the prediction was made for.
+
+The plan is in the answer's `x-pd-way` and the access record; what happened is compared
+with it when the answer ends (`router.objectives.learning`). A request planned for a node
+waits in the queue by its deadline and, unless `on_miss: queue`, leaves at that deadline
+for the best native way (`best`) or a 429 (`reject`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import AsyncExitStack
+from typing import Protocol
+
+from policies import Decision, OnSaturation, TokenRange
+from policies.decision import ROUTE_HEADER
+from policies.features import RequestFeatures
+from router.errors import Overloaded
+from router.objectives import Plan, Timings, WayFacts, choose, planned, predict
+from router.selection import Affinity
+from router.serving.base import Answer, RoutedRequest, ServePath
+
+WAY_HEADER = "x-pd-way"
+BYTES_PER_TOKEN = 4
+"""For a prompt not encoded (no prefix index): its length in tokens, from its size."""
+
+
+class NativeWays(Protocol):
+    """The native path's part in a plan."""
+
+    async def affinity(self, request: RoutedRequest, *, always: bool = False) -> Affinity | None:
+        """What the request offers the scorers (its prompt's blocks and length), kept on it."""
+        ...
+
+    def native_facts(
+        self, request: RoutedRequest, affinity: Affinity | None, tokens: int
+    ) -> list[WayFacts]:
+        """Each native way's facts for `request`, on the servers it would be sent to."""
+        ...
+
+
+class NodeWays(Protocol):
+    """The latency path's part in a plan."""
+
+    async def tilert_facts(
+        self, request: RoutedRequest, tokens: int, *, wait_s: float | None = None
+    ) -> WayFacts:
+        """The wait for a node (`wait_s`: as assumed, else the pool's expected wait) and the
+        prefill server the request would be sent to."""
+        ...
+
+    async def retry_after_s(self) -> int:
+        """When a node is likely free, for a refused client."""
+        ...
+
+
+class ObjectivePath:
+    def __init__(
+        self,
+        timings: Timings,
+        *,
+        latency: ServePath | None,
+        nodes: NodeWays | None,
+        throughput: ServePath | None,
+        native: NativeWays | None,
+    ) -> None:
+        """`latency`: the latency path as a fixed rule reaches it (spilling to `throughput`
+        where the model has one); `nodes`, `native`: what the two paths know for a plan."""
+        self.timings = timings
+        self._latency = latency
+        self._nodes = nodes
+        self._throughput = throughput
+        self._native = native
+
+    async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
+        decision = request.decision
+        plan = await self.plan(request)
+        if plan.chosen is None:
+            retry_after_s = await self._nodes.retry_after_s() if self._nodes is not None else 1
+            raise Overloaded(
+                f"no way of serving this request is predicted to meet its objective"
+                f" ({plan.objective.describe()}); retry later",
+                retry_after_s=retry_after_s,
+                code="objective_unattainable",
+            )
+        request.planned = told = planned(plan, decision.on_miss)
+        if told is not None and told.way == "tilert" and self._latency is not None:
+            spill = told.native is not None and decision.on_miss == "best"
+            request.decision = _saturating(decision, "spill" if spill else "queue")
+            return await self._latency.open(request, stack)
+        assert self._throughput is not None
+        return await self._throughput.open(request, stack)
+
+    async def plan(self, request: RoutedRequest, *, node_wait_s: float | None = None) -> Plan:
+        """Each allowed way predicted, cheapest first, and the choice; written into the
+        answer's `x-pd-way` and the access record. `node_wait_s`: the wait for a node as
+        assumed (`pd-gateway classify`), instead of asking the pool."""
+        decision = request.decision
+        assert decision.objective is not None
+        ways = decision.ways
+        affinity = None
+        native_ways = [w for w in ways if w != "tilert"]
+        if native_ways and self._native is not None:
+            affinity = await self._native.affinity(request, always=True)
+        tokens = (
+            affinity.tokens if affinity is not None and affinity.tokens else _estimate(decision)
+        )
+        facts: list[WayFacts] = []
+        if native_ways and self._native is not None:
+            offered = {f.way: f for f in self._native.native_facts(request, affinity, tokens)}
+            if list(offered) == ["whole"] and offered["whole"].label:  # one way: the proxy's
+                offered["split"] = offered["whole"]
+            for way in native_ways:
+                if (found := offered.get(way)) is not None and found not in facts:
+                    facts.append(found)
+        if "tilert" in ways and self._nodes is not None:
+            node = await self._nodes.tilert_facts(request, tokens, wait_s=node_wait_s)
+            facts.insert(_position(ways, facts, "tilert"), node)
+        predictions = tuple(predict(f, self.timings) for f in facts)
+        plan = choose(decision.objective, predictions, decision.on_miss)
+        _record(request, plan)
+        return plan
+
+
+def _position(ways: tuple[str, ...], facts: list[WayFacts], way: str) -> int:
+    """Where `way` goes among `facts` for them to stay in the rule's order of cost."""
+    rank = ways.index(way)
+    return sum(1 for f in facts if ways.index(f.way) < rank)
+
+
+def _estimate(decision: Decision) -> int:
+    """The prompt's length in tokens as classification bounded it (counted, where a rule
+    needed the count)."""
+    trace = decision.trace
+    if trace is None:
+        return 0
+    tokens: TokenRange = trace.tokens
+    if tokens.exact:
+        return tokens.low
+    features: RequestFeatures = trace.features
+    guess = max(tokens.low, features.prompt_bytes // BYTES_PER_TOKEN)
+    return guess if tokens.high is None else min(tokens.high, guess)
+
+
+def _saturating(decision: Decision, on_saturation: OnSaturation) -> Decision:
+    return dataclasses.replace(decision, on_saturation=on_saturation)
+
+
+def _record(request: RoutedRequest, plan: Plan) -> None:
+    access, chosen = request.access, plan.chosen
+    access.way_reason = plan.reason
+    request.headers[WAY_HEADER] = plan.header()
+    if chosen is None:
+        return
+    request.headers[ROUTE_HEADER] = "latency" if chosen.way == "tilert" else "throughput"
+    access.way = chosen.name
+    access.predicted_ttft_ms = round(chosen.ttft_s * 1e3, 3)
+    access.predicted_itl_ms = round(chosen.itl_s * 1e3, 3)
+    access.uncached_tokens = chosen.facts.uncached
