@@ -154,10 +154,14 @@ class _Base:
             "created": head.created,
             "model": head.model,
         }
+        self._chunk_head = dict(self._head)
+        if head.facts.service_tier is not None:
+            # vLLM's chunks carry none; to a client that named a tier, OpenAI's carry it.
+            self._chunk_head["service_tier"] = head.facts.service_tier
         self._facts = head.facts
 
     def usage(self, usage: Usage) -> bytes:
-        chunk = {**self._head, "choices": [], "usage": usage.final_chunk()}
+        chunk = {**self._chunk_head, "choices": [], "usage": usage.final_chunk()}
         if self._facts.system_fingerprint is not None:
             chunk["system_fingerprint"] = self._facts.system_fingerprint
         return sse(chunk)
@@ -173,7 +177,7 @@ class _Base:
     ) -> bytes:
         """One chunk; `last`: the finishing one, which carries the fingerprint unless the
         usage chunk comes after it; `top`: fields after `usage` (the opening chunk's)."""
-        chunk: dict[str, Any] = {**self._head, "choices": [choice]}
+        chunk: dict[str, Any] = {**self._chunk_head, "choices": [choice]}
         if usage is not None:
             chunk["usage"] = usage.running(chat=self.chat)
         fingerprint = self._facts.system_fingerprint

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from sim.stack import SimStack
@@ -599,6 +600,14 @@ def test_stop_reason_and_vllms_fields_as_vllm_sends_them(gateway: GatewayProcess
     # A client that names a tier is told the one that served it: a node is `priority`.
     tiered = {"model": "ds", "messages": user(directive("hi")), "service_tier": "auto"}
     assert post_chat(gateway, tiered).json()["service_tier"] == "priority"
+    # So is every chunk of its stream (vLLM's chunks have no such field).
+    streamed = post_chat(gateway, {**tiered, "stream": True}).text
+    chunks = [
+        orjson.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")
+    ]
+    assert chunks and all(chunk["service_tier"] == "priority" for chunk in chunks)
+    plain_stream = post_chat(gateway, {**tiered, "service_tier": None, "stream": True}).text
+    assert '"service_tier"' not in plain_stream
 
 
 def test_continuous_usage_stats_puts_the_running_count_on_every_chunk(
