@@ -1,11 +1,13 @@
 """The native path in pull mode over a real vLLM producer/consumer pair (vLLM's
 `ExampleConnector`, which hands the KV over through shared storage): the gateway runs the
 prefill leg on the producer and the decode leg on the consumer, and what reaches the
-client is what the consumer says to the same request sent to it directly."""
+client is what the consumer says to the same request sent to it directly. A request whose
+rule's objective the consumer meets alone is served whole there, the producer untouched."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,8 +67,31 @@ def gateway(
         "tokenizer": str(consumer.model_dir),
         "throughput": {"mode": "pull", "prefill": [producer.url], "decode": [consumer.url]},
     }
-    with start_gateway(tmp_path_factory, [model]) as gateway:
+    with start_gateway(tmp_path_factory, [model], classification={"rules": RULES}) as gateway:
         yield gateway
+
+
+OBJECTIVE_USER = "by-objective"
+RULES = {
+    "rules": [
+        {
+            "name": "objective",
+            "match": {"user": OBJECTIVE_USER},
+            # Generous: every way meets it, so the cheapest is taken.
+            "objective": {"ttft_ms": 600_000, "itl_ms": 60_000},
+            "ways": ["whole", "split"],
+        }
+    ]
+}
+
+
+def finished(server: VllmServer) -> float:
+    """The requests `server` has finished, as its own /metrics counts them."""
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M)
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -91,3 +116,22 @@ def test_the_consumer_loads_what_the_producer_stored(
     stored = producer.log_path.parent / "kv"
     assert any(stored.rglob("*.safetensors")), producer.log_tail()
     assert "External Cache Hit" in consumer.log_path.read_text(errors="replace")
+
+
+def test_an_objective_the_decode_server_meets_alone_is_served_whole_there(
+    pair: tuple[VllmServer, VllmServer], gateway: GatewayProcess
+) -> None:
+    producer, consumer = pair
+    path, body = CASES["chat stream with usage"]
+    body = {**body, "user": OBJECTIVE_USER}
+    before = finished(producer)
+    with httpx.Client(timeout=120) as client:
+        direct, whole = both_ways(client, consumer.url, gateway.url, path, body)
+        headers = client.post(gateway.url + path, json=body).headers
+    assert direct.status == 200, direct.body
+    assert whole == direct
+    assert headers["x-pd-way"].startswith("whole; ") and headers["x-pd-way"].endswith(
+        "reason=meets"
+    )
+    assert headers["x-pd-native"] == "whole; reason=objective"
+    assert finished(producer) == before  # no prefill leg
