@@ -20,11 +20,12 @@ def register(commands: Subcommands) -> None:
     bench.add_argument("--quick", action="store_true", help="a run of seconds (for a test)")
     bench.add_argument(
         "--scenario",
-        choices=["paths", "agents", "failover"],
+        choices=["paths", "agents", "failover", "objectives"],
         default="paths",
         help="paths: what the gateway adds on each path (default); agents: multi-turn"
         " conversations under each way of choosing a prefill server; failover: answers"
-        " continued on another node when theirs fails mid-stream, and the gap at the seam",
+        " continued on another node when theirs fails mid-stream, and the gap at the seam;"
+        " objectives: who gets a TileRT node, by fixed rules or by objectives, at rising load",
     )
     bench.add_argument(
         "--conversations", type=_positive, help="agents: conversations side by side (default 32)"
@@ -142,6 +143,10 @@ def _bench(args: argparse.Namespace) -> int:
         from bench.failover import run_failover
 
         return run_failover(args, command or "pd-gateway bench --scenario failover")
+    if args.scenario == "objectives":
+        from bench.objectives import run_objectives
+
+        return run_objectives(args, command or "pd-gateway bench --scenario objectives")
     from bench.command import run_bench
     from bench.options import BenchOptions, quick
 

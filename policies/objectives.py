@@ -82,13 +82,15 @@ def _tighter(bound: int | None, asked: str | None, floor: int | None, header: st
     if asked is None or bound is None or floor is None:
         return bound
     value = asked.strip()
-    if not value.isdigit() or len(value) > 10 or not 0 < int(value) <= MAX_OBJECTIVE_MS:
+    # ASCII digits only: `isdigit` alone takes superscripts, which `int` refuses.
+    digits = value.isascii() and value.isdigit() and len(value) <= 10
+    if not digits or not 0 < int(value) <= MAX_OBJECTIVE_MS:
         raise ClientObjectiveError(
             header,
             f"{header} must be a whole number of milliseconds from 1 to {MAX_OBJECTIVE_MS},"
             f" not {value[:40]!r}",
         )
-    return max(floor, min(bound, int(value)))
+    return min(bound, max(floor, int(value)))
 
 
 @dataclass(frozen=True, slots=True)

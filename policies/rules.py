@@ -213,6 +213,14 @@ class ActionSpec(_Strict):
             raise ValueError("give a path or an objective, not both")
         if "on_saturation" in self.model_fields_set:
             raise ValueError("on_saturation does not apply with an objective: on_miss says")
+        floor = self.allow_client_objective
+        for bound in ("ttft_ms", "itl_ms") if floor is not None else ():
+            wanted, tightest = getattr(self.objective, bound), getattr(floor, bound)
+            if wanted is not None and tightest is not None and tightest > wanted:
+                raise ValueError(
+                    f"allow_client_objective.{bound} {tightest} is looser than the"
+                    f" objective's {wanted}: a client may only tighten it"
+                )
         if self.ways is not None:
             if not self.ways:
                 raise ValueError("ways: name at least one way")

@@ -17,6 +17,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from policies.types import ENDPOINTS as POLICY_ENDPOINTS
@@ -31,6 +32,7 @@ from router.upstream.tilert import FEATURES, RELEASE_FEATURES
 if TYPE_CHECKING:
     from policies import Decision
     from router.runtime.epoch import ConfigEpoch
+    from router.runtime.intake import Intake
     from router.upstream import Upstreams
 
 T = TypeVar("T")
@@ -124,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
         "--probe",
         action="store_true",
         help="for a rule with an objective, predict from the servers' load as their /metrics"
-        " report it and, with gate.backend redis, the pool's queue (else an idle deployment)",
+        " report it (else an idle deployment); the pool's queue is taken as empty",
     )
     explain.set_defaults(run=_classify)
 
@@ -227,7 +229,7 @@ def _classify(args: argparse.Namespace) -> int:
     from router.errors import GatewayError, ModelNotFound
     from router.openai.endpoints import ENDPOINTS
     from router.openai.requests import parse_body
-    from router.runtime.intake import decide, explain_plan, take_in
+    from router.runtime.intake import decide, take_in
 
     config = load_config(args.config)
     source = "stdin" if args.request == "-" else args.request
@@ -264,9 +266,7 @@ def _classify(args: argparse.Namespace) -> int:
         answer_headers = decision.response_headers()
         if decision.objective is not None:
             probe = upstreams if args.probe else None
-            plan, planned = await explain_plan(
-                epoch, intake, decision, headers=headers, probe=probe
-            )
+            plan, planned = await _explain_plan(intake, decision, headers=headers, probe=probe)
             answer_headers.update(planned)
         return assumption, decision, plan, answer_headers
 
@@ -280,6 +280,49 @@ def _classify(args: argparse.Namespace) -> int:
     for name, value in answer_headers.items():
         print(f"  {name}: {value}")
     return 0
+
+
+async def _explain_plan(
+    intake: Intake,
+    decision: Decision,
+    *,
+    headers: dict[str, str],
+    probe: Upstreams | None,
+) -> tuple[list[str], dict[str, str]]:
+    """For a decision with an objective, each way's prediction and the choice, and the
+    headers the plan adds: the timings the model's `objectives` settings assume (what a
+    running gateway has learned is its own: `GET /admin/timings`), on an idle deployment;
+    with `probe`, the servers' load as their `/metrics` report it. The pool's queue is
+    taken as empty: reading it could change it (a shared pool's state is kept by each read)."""
+    from router.runtime.background import server_load
+    from router.selection import scrape_once
+    from router.serving import RoutedRequest, new_request_id
+
+    model = intake.model
+    assumed = model.config.objectives
+    lines = [
+        "timings: as models[].objectives assumes them"
+        f" (prefill {assumed.prefill_ms_per_token} ms/token + {assumed.prefill_base_ms} ms,"
+        f" itl {assumed.itl_ms} ms + {assumed.itl_ms_per_running} ms per running request,"
+        f" node itl {assumed.tilert_itl_ms} ms, hand-off {assumed.handoff_ms} ms)"
+    ]
+    if probe is not None:
+        await scrape_once(model.server_sets(), partial(server_load, probe), interval_s=60.0)
+        lines.append("signals: the servers' load as their /metrics report it; no node busy")
+    else:
+        lines.append("signals: assumed idle (no request in flight, no node busy, nothing cached)")
+    routed = RoutedRequest(
+        intake.endpoint,
+        intake.parsed,
+        intake.body,
+        decision,
+        new_request_id(),
+        {},
+        client_body=intake.client_body,
+        client_headers=headers,
+    )
+    plan = await model.objective.plan(routed, node_wait_s=0.0)
+    return lines + plan.explain(), routed.headers
 
 
 def _read_body(path: str, source: str, limit: int) -> bytes:

@@ -100,8 +100,9 @@ class SlotGate(Protocol):
         `deadline_s`: seconds from now by which the caller must have its node to meet its
         objective. It only orders the queue: the caller gives up when `wait_s` passes, so one
         that must leave at its deadline passes `min(wait_s, deadline_s)` as `wait_s`. Without
-        it the caller is due when its wait budget ends, so waiters of one priority and one
-        budget are served in arrival order.
+        it the caller is due on arrival: waiters without deadlines keep arrival order, as
+        fixed rules always did, and one with a deadline goes ahead of those that arrive after
+        its deadline, behind those that arrived before it.
 
         Raises GateRejected when the queue is full, when `wait_s` passes, or when no node can
         serve. A cancelled caller never keeps a slot.

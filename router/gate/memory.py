@@ -23,8 +23,8 @@ from router.node import Node
 
 @dataclass(order=True, slots=True)
 class _Waiter:
-    """`due` (monotonic): when the waiter must have its node, its deadline or else the end of
-    its wait budget; `arrival` keeps equal ones first come, first served."""
+    """`due` (monotonic): its deadline, for a waiter that must have its node by then (an
+    objective), else when it arrived; `arrival` keeps equal ones first come, first served."""
 
     key: tuple[float, float, int]  # (-priority, due, arrival): heap order is service order
     future: asyncio.Future[Node] = field(compare=False)
@@ -105,7 +105,7 @@ class MemoryGate:
             raise GateRejected("queue_full", self._retry_after_s())
         if wait_s <= 0:
             raise GateRejected("pool_saturated", self._retry_after_s())
-        due = time.monotonic() + (wait_s if deadline_s is None else deadline_s)
+        due = time.monotonic() + (0.0 if deadline_s is None else deadline_s)
         waiter = _Waiter(
             (-priority, due, next(self._arrivals)),
             asyncio.get_running_loop().create_future(),

@@ -6,23 +6,18 @@ the paths' business (`router.serving.Fallback`); nothing here depends on the pat
 
 from __future__ import annotations
 
-from functools import partial
-
 from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from policies import Decision, Objective
+from policies import Decision
 from router.errors import ClientGone, GatewayError, InvalidRequest
-from router.objectives import Timings
-from router.objectives.learning import learn
 from router.openai.endpoints import EndpointSpec
 from router.runtime.intake import decide, take_in
 from router.runtime.state import AppState
 from router.serving import PathResponse, RoutedRequest, new_request_id
 from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
-from router.telemetry.metrics import Metrics
 
 
 class Dispatcher:
@@ -64,24 +59,8 @@ class Dispatcher:
             intake.client_body,
             request.headers,
         )
-        routed.on_end = partial(
-            learn_from, model.timings, routed, decision.objective, state.metrics
-        )
+        routed.on_end = model.objective.learning(routed)
         return PathResponse(path, routed, state.live, state.metrics.in_flight(decision.path))
-
-
-def learn_from(
-    timings: Timings, routed: RoutedRequest, objective: Objective | None, metrics: Metrics
-) -> None:
-    """What the request's answer taught, once it has ended."""
-    learn(
-        timings,
-        routed.access,
-        routed.planned,
-        objective=objective,
-        rule=routed.decision.rule,
-        metrics=metrics,
-    )
 
 
 def _unavailable(decision: Decision) -> GatewayError:

@@ -135,7 +135,7 @@ class LatencyPath:
         continuable = self._config.continuations > 0 and options.top_logprobs is None
         lease = await self._acquire(request, started)
         servers = await self._prefill_servers(lease)
-        choice = servers.pick(request=affinity)
+        choice = _planned_prefill(request, servers) or servers.pick(request=affinity)
         session, released = self._session(request, lease, choice, stack)
         prompt = self._prompt(choice, ids, continuable)
         try:
@@ -228,7 +228,11 @@ class LatencyPath:
 
     async def _affinity(self, request: RoutedRequest) -> Affinity | None:
         return await self._selection.affinity(
-            self.server_sets(), request.endpoint.wire, request.body, request.client_headers
+            self.server_sets(),
+            request.endpoint.wire,
+            request.body,
+            request.client_headers,
+            known=request.affinities,
         )
 
     async def _token_ids(self, request: RoutedRequest) -> list[int] | None:
@@ -459,7 +463,7 @@ class LatencyPath:
                 tracing.annotate(node=lease.node.id)
         except GateRejected as exc:
             metrics.queue_wait(self._model, time.monotonic() - started, granted=False)
-            if by_deadline and exc.reason == "wait_timeout":
+            if by_deadline and exc.reason in ("wait_timeout", "pool_saturated"):
                 raise Overloaded(
                     "no TileRT decode node became free in time to meet the request's"
                     " objective; retry later",
@@ -526,6 +530,14 @@ class LatencyPath:
         requests may have been cut off before their own cleanup could start)."""
         for session in list(self._live):
             session.close()
+
+
+def _planned_prefill(request: RoutedRequest, servers: ServerSet) -> Choice | None:
+    """The prefill server a request's objective was predicted for, if the node granted is of
+    that server's pool."""
+    planned = request.planned
+    prefill = planned.prediction.facts.prefill if planned is not None else None
+    return prefill if prefill is not None and prefill.url in servers.urls else None
 
 
 def _node_deadline(request: RoutedRequest, started: float) -> tuple[float | None, bool]:

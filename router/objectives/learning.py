@@ -9,6 +9,8 @@ Only answers that ended well teach: a failure's times say nothing of a healthy s
 
 from __future__ import annotations
 
+import math
+
 from policies import Objective
 from router.objectives.prediction import Planned
 from router.objectives.timings import Timings
@@ -24,16 +26,21 @@ def learn(
     objective: Objective | None = None,
     rule: str = "",
     metrics: Metrics | None = None,
+    timed: bool = True,
 ) -> None:
+    """`timed`: the answer's stream events are its tokens (not a Responses stream's, whose
+    first event comes before any token)."""
     ended_well = access.error_code is None and (access.status or 200) < 400
-    if ended_well:
+    if ended_well and timed:
         _teach(timings, access)
     if planned is not None and objective is not None:
-        _judge(access, planned, objective, rule, metrics, ended_well)
+        _judge(access, planned, objective, rule, metrics, ended_well and timed)
 
 
 def _teach(timings: Timings, access: AccessRecord) -> None:
-    ttft_s = None if access.ttft_ms is None else access.ttft_ms / 1e3
+    # A request moved from the latency path (a spill, the guard) started its native answer
+    # late, after a wait for a node perhaps: its first-token time is no server's.
+    ttft_s = None if access.ttft_ms is None or access.reroute_reason else access.ttft_ms / 1e3
     prefill_s = None if access.prefill_ms is None else access.prefill_ms / 1e3
     itl_s = access.itl_s
     if access.prefill is not None and prefill_s is not None and access.prefill_tokens is not None:
@@ -65,29 +72,35 @@ def _judge(
     objective: Objective,
     rule: str,
     metrics: Metrics | None,
-    ended_well: bool,
+    measured: bool,
 ) -> None:
-    """The prediction against what happened, where the answer went the planned way."""
+    """The prediction against what happened: the objective met or missed on every bound that
+    could be measured (a non-streamed answer has no first-token time; an answer that failed
+    missed it); the prediction's error where the answer went the planned way."""
     prediction = planned.prediction
     way = _served_way(access)
-    served_as_planned = way == prediction.name
     ttft_s = None if access.ttft_ms is None else access.ttft_ms / 1e3
     itl_s = access.itl_s
-    met = ended_well and ttft_s is not None
-    if met and objective.ttft_ms is not None and ttft_s is not None:
-        met = ttft_s * 1e3 <= objective.ttft_ms
-    if met and objective.itl_ms is not None and itl_s is not None:
-        met = itl_s * 1e3 <= objective.itl_ms
+    checks = []
+    if objective.ttft_ms is not None and ttft_s is not None:
+        checks.append(ttft_s * 1e3 <= objective.ttft_ms)
+    if objective.itl_ms is not None and itl_s is not None:
+        checks.append(itl_s * 1e3 <= objective.itl_ms)
+    failed = access.error_code is not None or (access.status or 200) >= 400
+    met = False if failed else (all(checks) if checks and measured else None)
     access.objective_met = met
     if metrics is None:
         return
-    metrics.objective(access.model or "", rule, way, "met" if met else "missed")
-    if not (ended_well and served_as_planned):
+    outcome = "unmeasured" if met is None else "met" if met else "missed"
+    metrics.objective(access.model or "", rule, way, outcome)
+    if not measured or way != prediction.name:
         return
-    if ttft_s is not None:
-        metrics.prediction_error(access.model or "", way, "ttft", ttft_s - prediction.ttft_s)
-    if itl_s is not None:
-        metrics.prediction_error(access.model or "", way, "itl", itl_s - prediction.itl_s)
+    for quantity, actual, predicted in (
+        ("ttft", ttft_s, prediction.ttft_s),
+        ("itl", itl_s, prediction.itl_s),
+    ):
+        if actual is not None and math.isfinite(predicted):
+            metrics.prediction_error(access.model or "", way, quantity, actual - predicted)
 
 
 def _served_way(access: AccessRecord) -> str:

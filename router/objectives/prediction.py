@@ -16,7 +16,9 @@ node's (one request at a time).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 from policies import Objective, OnMiss, Way
 from router.objectives.timings import Timings
@@ -75,14 +77,16 @@ class Prediction:
         return max(ratios)
 
     def meets(self, objective: Objective) -> bool:
-        return self.shortfall(objective) <= 1.0
+        """Within every bound set, and with a first token at all (a pool with no node in
+        service has none to give)."""
+        return math.isfinite(self.ttft_s) and self.shortfall(objective) <= 1.0
 
     def node_deadline_s(self, objective: Objective) -> float | None:
         """`tilert`: by when (seconds from now) a node must be had for the first token to
         come in time; None without a first-token objective."""
         if objective.ttft_ms is None:
             return None
-        after_grant = self.ttft_s - self.facts.wait_s
+        after_grant = sum(seconds for name, seconds in self.parts if name != "wait")
         return max(0.0, objective.ttft_ms / 1e3 - after_grant)
 
     def describe(self) -> str:
@@ -117,7 +121,7 @@ def predict(facts: WayFacts, timings: Timings) -> Prediction:
     return Prediction(facts, ttft, timings.node_gap_s(), parts)
 
 
-Reason = str
+Reason = Literal["meets", "least_miss", "queue", "none_meets"]
 """Why a plan took its way: `meets` (the cheapest predicted to meet the objective),
 `least_miss` (none does; the smallest predicted miss), `queue` (none does; a node, waited
 for), `none_meets` (none does; refused)."""

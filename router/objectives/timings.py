@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from router.config import ObjectivesConfig
-from router.objectives.fits import Average, Line, LinearFit
+from router.objectives.fits import MIN_SAMPLES, Average, Line, LinearFit
 
 MAX_KEYS = 4096
 _Learner = TypeVar("_Learner", LinearFit, Average)
@@ -55,7 +55,7 @@ class Timings:
 
     def node_gap_s(self) -> float:
         """A node's gap, not knowing which node: the mean over the pool's measured nodes."""
-        measured = [a.value for a in self._node_gap.values() if a.samples]
+        measured = [a.value for a in self._node_gap.values() if a.samples >= MIN_SAMPLES]
         return sum(measured) / len(measured) if measured else self.node_gap_prior
 
     def handoff_s(self, way: str) -> float:
@@ -88,23 +88,24 @@ class Timings:
         self._handoff.update(old._handoff)
 
     def snapshot(self) -> dict[str, Any]:
-        """The learned lines and means, in milliseconds, for the admin API and `classify`."""
+        """The lines and means predictions use, in milliseconds, for the admin API: each the
+        assumption until it has `MIN_SAMPLES` observations."""
 
         def lines(fits: dict[str, LinearFit], prior: Line) -> dict[str, Any]:
             return {key: _line_ms(fit.line(prior), fit.samples) for key, fit in fits.items()}
+
+        def means(averages: dict[str, Average], prior: float) -> dict[str, Any]:
+            return {
+                key: {"mean": round(a.get(prior) * 1e3, 3), "samples": a.samples}
+                for key, a in averages.items()
+            }
 
         return {
             "prefill_ms": lines(self._prefill, self.prefill_prior),
             "whole_ttft_ms": lines(self._whole, self.whole_prior),
             "gap_ms": lines(self._gap, self.gap_prior),
-            "node_gap_ms": {
-                k: {"mean": round(a.value * 1e3, 3), "samples": a.samples}
-                for k, a in self._node_gap.items()
-            },
-            "handoff_ms": {
-                k: {"mean": round(a.value * 1e3, 3), "samples": a.samples}
-                for k, a in self._handoff.items()
-            },
+            "node_gap_ms": means(self._node_gap, self.node_gap_prior),
+            "handoff_ms": means(self._handoff, self.handoff_prior),
         }
 
     def _learner(

@@ -31,7 +31,7 @@ from router.selection import (
     probe_servers_forever,
     scrape_forever,
 )
-from router.upstream import vllm
+from router.upstream import Upstreams, vllm
 
 log = logging.getLogger("pd_gateway")
 
@@ -176,12 +176,7 @@ class BackgroundLoops:
         interval_s = self._config.upstreams.load_interval_s
         if interval_s <= 0:
             return None
-        upstreams = self._deps.upstreams
-
-        async def read(url: str) -> Load | None:
-            text = await vllm.metrics_text(upstreams, url)
-            return None if text is None else parse_load(text)
-
+        read = functools.partial(server_load, self._deps.upstreams)
         return asyncio.create_task(
             scrape_forever(self._every_set, read, interval_s=interval_s), name="load scraper"
         )
@@ -215,3 +210,9 @@ async def _stopped(tasks: list[asyncio.Task[None]]) -> None:
         task.cancel()
     if tasks:
         await asyncio.wait(tasks)
+
+
+async def server_load(upstreams: Upstreams, url: str) -> Load | None:
+    """What a vLLM server's `/metrics` says of its load (None: it says nothing of it)."""
+    text = await vllm.metrics_text(upstreams, url)
+    return None if text is None else parse_load(text)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from policies import Decision
@@ -26,9 +25,6 @@ from router.openai.requests import (
 from router.openai.responses_input import chat_body
 from router.runtime.epoch import ConfigEpoch
 from router.runtime.models import ModelRuntime
-from router.selection import Load, parse_load, scrape_once
-from router.serving import RoutedRequest, new_request_id
-from router.upstream import Upstreams, vllm
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,59 +72,3 @@ async def decide(
         headers=headers,
         api_key_name=api_key_name,
     )
-
-
-async def explain_plan(
-    epoch: ConfigEpoch,
-    intake: Intake,
-    decision: Decision,
-    *,
-    headers: Mapping[str, str],
-    probe: Upstreams | None = None,
-) -> tuple[list[str], dict[str, str]]:
-    """For a decision with an objective, each way's prediction and the choice, as
-    `pd-gateway classify` prints them: the timings the model's `objectives` settings assume
-    (what a running gateway has learned is its own), on an idle deployment; with `probe`,
-    the servers' load as their `/metrics` report it (asked through `probe`) and, on a shared
-    pool, its queue. Also the headers the plan adds to the answer."""
-    model = intake.model
-    lines = [
-        "timings: as models[].objectives assumes them"
-        f" (prefill {model.config.objectives.prefill_ms_per_token} ms/token,"
-        f" itl {model.config.objectives.itl_ms} ms"
-        f" + {model.config.objectives.itl_ms_per_running} ms per running request,"
-        f" node itl {model.config.objectives.tilert_itl_ms} ms,"
-        f" hand-off {model.config.objectives.handoff_ms} ms)"
-    ]
-    node_wait_s: float | None = 0.0
-    if probe is not None:
-        await scrape_once(model.server_sets(), partial(_load, probe), interval_s=60.0)
-        shared = epoch.config.gate.backend == "redis"
-        node_wait_s = None if shared else 0.0
-        lines.append(
-            "signals: the servers' load as their /metrics report it; "
-            + (
-                "the pool's queue from Redis"
-                if shared
-                else "the pool idle (its queue is the gateway's own)"
-            )
-        )
-    else:
-        lines.append("signals: assumed idle (no request in flight, no node busy, nothing cached)")
-    routed = RoutedRequest(
-        intake.endpoint,
-        intake.parsed,
-        intake.body,
-        decision,
-        new_request_id(),
-        {},
-        client_body=intake.client_body,
-        client_headers=headers,
-    )
-    plan = await model.objective.plan(routed, node_wait_s=node_wait_s)
-    return lines + plan.explain(), routed.headers
-
-
-async def _load(upstreams: Upstreams, url: str) -> Load | None:
-    text = await vllm.metrics_text(upstreams, url)
-    return None if text is None else parse_load(text)

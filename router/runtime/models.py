@@ -125,6 +125,7 @@ def build_model(
         nodes=latency,
         throughput=throughput,
         native=throughput,
+        metrics=deps.metrics,
     )
     return ModelRuntime(
         config, tokenizer, counter, MappingProxyType(paths), latency, vocab_size, objective

@@ -4,7 +4,7 @@ request and only where a set would use it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from router.selection.affinity import Affinity
@@ -34,12 +34,20 @@ class PathSelection:
         headers: Mapping[str, str],
         *,
         always: bool = False,
+        known: dict[Hashable, Affinity] | None = None,
     ) -> Affinity | None:
         """What the request offers, or None where no set would look at it (`always`: the
-        caller looks at it itself)."""
+        caller looks at it itself). `known`: what the request offered paths before, by the
+        way it was worked out: a prompt is encoded once per request, not once per path."""
         if self._keys is None or not (always or any(s.request_aware for s in sets)):
             return None
-        return await self._keys.of(endpoint, body, headers)
+        shape = self._keys.shape
+        if known is not None and (found := known.get(shape)) is not None:
+            return found
+        found = await self._keys.of(endpoint, body, headers)
+        if known is not None:
+            known[shape] = found
+        return found
 
 
 @runtime_checkable

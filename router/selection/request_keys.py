@@ -8,7 +8,7 @@ in the prompt and runs in the same thread.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from router.selection.affinity import (
@@ -47,6 +47,12 @@ class AffinityKeys:
         self._session_header = session_header.lower()
         self._encoding = asyncio.Semaphore(PROMPTS_AT_ONCE)
         self._kv_events = kv_events
+
+    @property
+    def shape(self) -> Hashable:
+        """What an `Affinity` of these keys depends on: keys of one shape make the same one
+        of a request."""
+        return (self._prompt_ids, self._block_size, self._session_header)
 
     async def of(self, endpoint: str, body: dict[str, Any], headers: Mapping[str, str]) -> Affinity:
         blocks: tuple[bytes, ...] = ()

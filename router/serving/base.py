@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Hashable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -45,8 +45,9 @@ class RoutedRequest:
     """When the request was routed (monotonic), for the time to its first bytes."""
     planned: Planned | None = None
     """The way its objective chose (None: no objective, the path's own choices)."""
-    affinity: Affinity | None = None
-    """What it offers request-aware scorers, once computed for the native path."""
+    affinities: dict[Hashable, Affinity] = field(default_factory=dict)
+    """What it offers request-aware scorers, as worked out for a path (its prompt encoded
+    once for all paths whose keys have one shape)."""
     on_end: Callable[[], None] | None = None
     """Called once the answer has ended, however it ended (what it taught is learned)."""
 

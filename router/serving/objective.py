@@ -12,7 +12,10 @@ for the best native way (`best`) or a 429 (`reject`).
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import Protocol
 
 from policies import Decision, OnSaturation, TokenRange
@@ -20,8 +23,10 @@ from policies.decision import ROUTE_HEADER
 from policies.features import RequestFeatures
 from router.errors import Overloaded
 from router.objectives import Plan, Timings, WayFacts, choose, planned, predict
+from router.objectives.learning import learn
 from router.selection import Affinity
 from router.serving.base import Answer, RoutedRequest, ServePath
+from router.telemetry.metrics import Metrics
 
 WAY_HEADER = "x-pd-way"
 BYTES_PER_TOKEN = 4
@@ -66,6 +71,7 @@ class ObjectivePath:
         nodes: NodeWays | None,
         throughput: ServePath | None,
         native: NativeWays | None,
+        metrics: Metrics | None = None,
     ) -> None:
         """`latency`: the latency path as a fixed rule reaches it (spilling to `throughput`
         where the model has one); `nodes`, `native`: what the two paths know for a plan."""
@@ -74,11 +80,21 @@ class ObjectivePath:
         self._nodes = nodes
         self._throughput = throughput
         self._native = native
+        self._metrics = metrics
+
+    def learning(self, request: RoutedRequest) -> Callable[[], None]:
+        """What `request`'s answer teaches once it has ended (any request of the model)."""
+        return partial(_learn, self.timings, request, self._metrics)
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         decision = request.decision
         plan = await self.plan(request)
+        if not plan.predictions:  # none of the rule's ways fits this request: the native path
+            assert self._throughput is not None
+            return await self._throughput.open(request, stack)
         if plan.chosen is None:
+            if self._metrics is not None:
+                self._metrics.objective(request.model, decision.rule, "none", "refused")
             retry_after_s = await self._nodes.retry_after_s() if self._nodes is not None else 1
             raise Overloaded(
                 f"no way of serving this request is predicted to meet its objective"
@@ -109,26 +125,26 @@ class ObjectivePath:
             affinity.tokens if affinity is not None and affinity.tokens else _estimate(decision)
         )
         facts: list[WayFacts] = []
-        if native_ways and self._native is not None:
-            offered = {f.way: f for f in self._native.native_facts(request, affinity, tokens)}
-            if list(offered) == ["whole"] and offered["whole"].label:  # one way: the proxy's
-                offered["split"] = offered["whole"]
-            for way in native_ways:
-                if (found := offered.get(way)) is not None and found not in facts:
-                    facts.append(found)
-        if "tilert" in ways and self._nodes is not None:
-            node = await self._nodes.tilert_facts(request, tokens, wait_s=node_wait_s)
-            facts.insert(_position(ways, facts, "tilert"), node)
+        offered: dict[str, WayFacts] = {}
+        for way in ways:  # in the rule's order of cost
+            if way == "tilert":
+                if self._nodes is not None:
+                    facts.append(
+                        await self._nodes.tilert_facts(request, tokens, wait_s=node_wait_s)
+                    )
+                continue
+            if self._native is None:
+                continue
+            if not offered:
+                offered = {f.way: f for f in self._native.native_facts(request, affinity, tokens)}
+                if list(offered) == ["whole"] and offered["whole"].label:  # the proxy's one way
+                    offered["split"] = offered["whole"]
+            if (found := offered.get(way)) is not None and found not in facts:
+                facts.append(found)
         predictions = tuple(predict(f, self.timings) for f in facts)
         plan = choose(decision.objective, predictions, decision.on_miss)
         _record(request, plan)
         return plan
-
-
-def _position(ways: tuple[str, ...], facts: list[WayFacts], way: str) -> int:
-    """Where `way` goes among `facts` for them to stay in the rule's order of cost."""
-    rank = ways.index(way)
-    return sum(1 for f in facts if ways.index(f.way) < rank)
 
 
 def _estimate(decision: Decision) -> int:
@@ -157,6 +173,23 @@ def _record(request: RoutedRequest, plan: Plan) -> None:
         return
     request.headers[ROUTE_HEADER] = "latency" if chosen.way == "tilert" else "throughput"
     access.way = chosen.name
-    access.predicted_ttft_ms = round(chosen.ttft_s * 1e3, 3)
-    access.predicted_itl_ms = round(chosen.itl_s * 1e3, 3)
+    access.predicted_ttft_ms = _ms(chosen.ttft_s)
+    access.predicted_itl_ms = _ms(chosen.itl_s)
     access.uncached_tokens = chosen.facts.uncached
+
+
+def _ms(seconds: float) -> float | None:
+    """For the access line: None for a time that cannot be told (no node can serve)."""
+    return round(seconds * 1e3, 3) if math.isfinite(seconds) else None
+
+
+def _learn(timings: Timings, request: RoutedRequest, metrics: Metrics | None) -> None:
+    learn(
+        timings,
+        request.access,
+        request.planned,
+        objective=request.decision.objective,
+        rule=request.decision.rule,
+        metrics=metrics,
+        timed=request.endpoint.name != "responses",
+    )

@@ -92,6 +92,16 @@ class PathResponse(Response):
                 self._in_flight.dec()
             if self._live is not None:
                 self._live.discard(self)
+            self._ended()
+
+    def _ended(self) -> None:
+        """The answer is over, however it ended (cut at shutdown included)."""
+        if (ended := self._request.on_end) is None:
+            return
+        try:
+            ended()
+        except Exception:  # a bug in learning must not touch the answer
+            log.exception("learning from an answer failed")
 
     async def _serve(self, receive: Receive, send: Send, server_send: Send) -> None:
         stack = AsyncExitStack()
@@ -107,11 +117,6 @@ class PathResponse(Response):
             with anyio.CancelScope(shield=True):
                 await asyncio.wait((exchange, watch))
                 await stack.aclose()
-            if (ended := self._request.on_end) is not None:
-                try:
-                    ended()
-                except Exception:  # a bug in learning must not touch the answer
-                    log.exception("learning from an answer failed")
         if self._cut and exchange.cancelled():
             with contextlib.suppress(OSError):
                 await self._end_cut(send)

@@ -44,7 +44,8 @@ class AccessRecord:
     native_way: str | None = None
     """`pull` and `push`: `split` into legs, or `whole` on the decode server."""
     native_way_reason: str | None = None
-    """Why (`uncached`, `cached`, `prefill_busy`, `scores_prompt`, `not_split`, `always`)."""
+    """Why (`uncached`, `cached`, `prefill_busy`, `scores_prompt`, `not_split`, `always`,
+    `objective`)."""
     way: str | None = None
     """With an objective: the way it chose (`whole`, `split`, `tilert`, `proxy`)."""
     way_reason: str | None = None
@@ -52,7 +53,8 @@ class AccessRecord:
     predicted_ttft_ms: float | None = None
     predicted_itl_ms: float | None = None
     objective_met: bool | None = None
-    """Whether the measured first-token time and mean gap met the objective."""
+    """Whether the measured first-token time and mean gap met the objective (None where the
+    gateway does not see them: a non-streamed or Responses answer)."""
     uncached_tokens: int | None = None
     """Prompt tokens the serving side had to compute, where the gateway knew it."""
     running: int | None = None

@@ -150,9 +150,11 @@ class Metrics:
         )
         self._objectives = Counter(
             "pd_gateway_objective_requests",
-            "Requests of rules with an objective, by rule, the way their plan chose and the"
+            "Requests of rules with an objective, by rule, the way that served them and the"
             " outcome: `met` or `missed` (the measured first-token time and mean gap against the"
-            " objective), `refused` (no way was predicted to meet it, `on_miss: reject`).",
+            " objective; a failed answer missed it), `unmeasured` (a non-streamed or Responses"
+            " answer, whose token times the gateway does not see), `refused` (no way was"
+            " predicted to meet it under `on_miss: reject`; way `none`).",
             ["model", "rule", "way", "outcome"],
             registry=r,
         )

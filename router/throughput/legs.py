@@ -61,17 +61,16 @@ class SplitPath:
         return [self._prefill, self._decode]
 
     async def affinity(self, request: RoutedRequest, *, always: bool = False) -> Affinity | None:
-        """What `request` offers the scorers (computed once: kept on the request)."""
-        if request.affinity is None:
-            request.affinity = await self._selection.affinity(
-                self.server_sets(),
-                request.endpoint.wire,
-                request.body,
-                request.client_headers,
-                # The prompt's length decides whether to split.
-                always=always or self._whole_when is not None,
-            )
-        return request.affinity
+        """What `request` offers the scorers (worked out once: kept on the request)."""
+        return await self._selection.affinity(
+            self.server_sets(),
+            request.endpoint.wire,
+            request.body,
+            request.client_headers,
+            # The prompt's length decides whether to split.
+            always=always or self._whole_when is not None,
+            known=request.affinities,
+        )
 
     def native_facts(
         self, request: RoutedRequest, affinity: Affinity | None, tokens: int
@@ -93,17 +92,18 @@ class SplitPath:
         it would not pay (or cannot be done), or its objective chose it; None: split. The
         way and why are recorded."""
         native = request.planned.native if request.planned is not None else None
-        if native is not None and request.splits:
-            _served(request, native.way, "objective")
-            request.access.uncached_tokens = native.facts.uncached
-            if native.way == "split":
-                return None
-            return native.facts.decode or self._decode.pick(request=affinity)
+        planned_decode = native.facts.decode if native is not None else None
         if not request.splits:
             _served(
                 request, "whole", "scores_prompt" if request.parsed.scores_prompt else "not_split"
             )
-            return self._decode.pick(request=affinity)
+            return planned_decode or self._decode.pick(request=affinity)
+        if native is not None:
+            _served(request, native.way, "objective")
+            request.access.uncached_tokens = native.facts.uncached
+            if native.way == "split":
+                return None
+            return planned_decode or self._decode.pick(request=affinity)
         rule = self._whole_when
         if rule is None:
             _served(request, "split", "always")

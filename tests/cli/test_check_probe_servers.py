@@ -12,13 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from router.cli import main
 from sim.stack import SimStack
 from tests.gate.redis_server import free_port
-from tests.support.deployment import node_entry, reset, sim_post
+from tests.support.deployment import directive, node_entry, reset, sim_post
 
 pytestmark = pytest.mark.e2e
 
@@ -220,3 +221,54 @@ def test_a_server_that_never_answers_fails_the_check_in_bounded_time(
     assert err == [
         f"error: proxy {hostile.url} (model m, throughput proxy): no answer to /health within 1 s"
     ]
+
+
+def test_classify_probe_predicts_from_the_load_a_server_reports(
+    tmp_path: Path, sims: SimStack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pd-gateway classify --probe`: a decode server running another client's request is
+    predicted with that request running beside (classify alone assumes it idle)."""
+    decode = sims.decodes[0].url
+    models = deployment(sims)
+    models[0]["objectives"] = {"itl_ms": 10, "itl_ms_per_running": 5}
+    rules = {"rules": [{"name": "chat", "objective": {"itl_ms": 12}, "ways": ["whole"]}]}
+    path = write_config(tmp_path, models, classification={"rules": rules})
+    request = tmp_path / "body.json"
+    request.write_text('{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+    argv = ["classify", "--config", str(path), "--request", str(request)]
+
+    def whole_line() -> str:
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  whole on ")]
+        return line
+
+    assert main(argv) == 0
+    idle = whole_line()
+    assert "itl 10.00 ms" in idle and idle.endswith(": meets")
+    long = directive(" ".join(["word"] * 4000))  # 20 s of output at 5 ms a token
+    body = {"model": "m", "messages": [{"role": "user", "content": long}], "max_tokens": 4000}
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream(
+            "POST", decode + "/v1/chat/completions", json={**body, "stream": True}
+        ) as stream,
+    ):
+        assert stream.status_code == 200, stream.read()
+        chunks = stream.iter_bytes()  # kept: a generator collected would close the stream
+        next(chunks)
+        running(decode, 1)
+        assert main([*argv, "--probe"]) == 0
+        line = whole_line()
+    assert line.startswith(f"  whole on {decode}: ")
+    assert "itl 15.00 ms" in line and line.endswith(": misses")
+
+
+def running(url: str, count: int, timeout_s: float = 10.0) -> None:
+    """Until the server's /metrics says `count` requests are running."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = httpx.get(url + "/metrics", timeout=5).text
+        lines = [x for x in text.splitlines() if x.startswith("vllm:num_requests_running")]
+        if sum(float(x.rsplit(" ", 1)[1]) for x in lines) == count:  # over its models
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{url} never ran {count} requests")

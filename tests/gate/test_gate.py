@@ -67,16 +67,28 @@ async def test_within_a_priority_the_earliest_deadline_is_served_first(
     gate_of: MakeGate,
 ) -> None:
     gate = gate_of(nodes(1), max_queue=10)
-    queued = [("late", 0, 60, 40), ("soon", 0, 60, 10), ("no-deadline", 0, 60, None)]
-    assert await served_by_deadline(gate, queued) == ["soon", "late", "no-deadline"]
+    queued = [("late", 0, 60, 40), ("soon", 0, 60, 10), ("passed", 0, 60, -5)]
+    assert await served_by_deadline(gate, queued) == ["passed", "soon", "late"]
 
 
-async def test_a_waiter_without_a_deadline_is_due_when_its_wait_budget_ends(
+async def test_a_waiter_without_a_deadline_is_due_on_arrival_whatever_its_budget(
     gate_of: MakeGate,
 ) -> None:
+    """Fixed rules keep arrival order whatever their budgets; a deadline goes behind the
+    waiters that arrived before it, ahead of those that come after it."""
     gate = gate_of(nodes(1), max_queue=10)
-    queued = [("patient", 0, 60, None), ("deadline-30", 0, 60, 30), ("hurried", 0, 20, None)]
-    assert await served_by_deadline(gate, queued) == ["hurried", "deadline-30", "patient"]
+    queued = [
+        ("patient", 0, 60, None),
+        ("deadline-30", 0, 60, 30),
+        ("hurried", 0, 20, None),
+        ("passed", 0, 60, -30),
+    ]
+    assert await served_by_deadline(gate, queued) == [
+        "passed",
+        "patient",
+        "hurried",
+        "deadline-30",
+    ]
 
 
 async def test_a_higher_priority_is_served_before_an_earlier_deadline(gate_of: MakeGate) -> None:
@@ -92,8 +104,8 @@ async def test_a_higher_priority_is_served_before_an_earlier_deadline(gate_of: M
     assert await served_by_deadline(gate, queued) == [
         "high",
         "mid-continuing",
+        "mid",  # arrived before mid-urgent's deadline
         "mid-urgent",
-        "mid",
         "low-urgent",
     ]
 

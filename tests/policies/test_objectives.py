@@ -108,7 +108,7 @@ def test_a_client_adds_no_bound_the_rule_does_not_set() -> None:
     assert classify(request, only_ttft, BOTH).objective == Objective(800, None)
 
 
-@pytest.mark.parametrize("value", ["fast", "-5", "0", "1.5", "9" * 40, "3600001"])
+@pytest.mark.parametrize("value", ["fast", "-5", "0", "1.5", "9" * 40, "3600001", "²", "١٢"])
 def test_a_malformed_objective_header_is_named(value: str) -> None:
     request = features(headers={"x-pd-objective-ttft-ms": value})
     with pytest.raises(ClientObjectiveError) as caught:
@@ -130,6 +130,14 @@ def test_a_malformed_objective_header_is_named(value: str) -> None:
         ({"name": "x", "objective": {"ttft_ms": 5}, "ways": ["whole", "whole"]}, "each way once"),
         ({"name": "x", "objective": {"ttft_ms": 5}, "ways": ["fast"]}, "ways.0"),
         ({"name": "x", "objective": {"ttft_ms": 5}, "on_saturation": "spill"}, "on_miss"),
+        (
+            {
+                "name": "x",
+                "objective": {"ttft_ms": 300},
+                "allow_client_objective": {"ttft_ms": 900},
+            },
+            "allow_client_objective.ttft_ms 900 is looser than the objective's 300",
+        ),
     ],
 )
 def test_invalid_objective_rules_are_named(rule: dict[str, Any], problem: str) -> None:

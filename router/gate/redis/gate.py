@@ -48,6 +48,7 @@ _MAX_DUE_MS = 2**31
 # the node registry a few, and script calls wait their turn for the rest.
 _MAX_CONNECTIONS = 32
 _MAX_SCRIPT_CALLS = 24
+_WAIT_FRESH_S = 0.05
 
 
 class RedisGate:
@@ -115,6 +116,7 @@ class RedisGate:
         )
         self._background: list[asyncio.Task[None]] = []
         self._closing = asyncio.Event()
+        self._wait_s, self._wait_read_at = 0.0, -math.inf
 
     # -- SlotGate -----------------------------------------------------------------------
 
@@ -122,11 +124,12 @@ class RedisGate:
         self, *, priority: float, wait_s: float, holder: str, deadline_s: float | None = None
     ) -> RedisLease:
         await self._start()
+        self._wait_read_at = -math.inf  # the queue changes: the next prediction reads it
         # Fixed width: waiters due in the same millisecond are served in member order, which
         # is then this replica's arrival order.
         owner = f"{self.replica}|{next(self._arrivals):012d}"
         priority = max(-_MAX_PRIORITY, min(_MAX_PRIORITY, priority))
-        due_ms = _due_ms(wait_s, deadline_s)
+        due_ms = _due_ms(deadline_s)
         # Registered before it can be queued: a release of this replica's that grants it a
         # node right after the acquire script hands that node over here, not back.
         event = self._waiters.register(owner)
@@ -183,12 +186,19 @@ class RedisGate:
         return state.retry_after_s()
 
     async def expected_wait_s(self) -> float:
-        await self._start()
+        """Read from the pool's shared state at most every `_WAIT_FRESH_S` (and after each of
+        this replica's acquires and grants): a prediction per request need not cost a script
+        run each."""
+        now = time.monotonic()
+        if now - self._wait_read_at < _WAIT_FRESH_S:
+            return self._wait_s
         try:
+            await self._start()
             state = await self.admin.state()
-        except UNAVAILABLE:
+        except (GateRejected, *UNAVAILABLE):  # closing, or Redis out of reach
             return math.inf
-        return state.expected_wait_s()
+        self._wait_s, self._wait_read_at = state.expected_wait_s(), now
+        return self._wait_s
 
     # -- PoolAdmin ----------------------------------------------------------------------
 
@@ -302,6 +312,7 @@ class RedisGate:
     async def _granted(self, owner: str, holder: str, reply: list[Any]) -> RedisLease:
         """The lease of a granted node. Another replica may have granted a node this one has
         not discovered yet: its settings come from the deployment's node registry."""
+        self._wait_read_at = -math.inf
         node_id = reply[1]
         node = self.admin.known.get(node_id)
         if node is None:
@@ -386,10 +397,10 @@ class RedisGate:
         return GateRejected("gate_unavailable", self.admin.unavailable_retry_after_s())
 
 
-def _due_ms(wait_s: float, deadline_s: float | None) -> int:
-    """When a waiter is due, in ms from now: its deadline, or else the end of its wait
-    budget (bounded by _MAX_DUE_MS)."""
-    due_s = wait_s if deadline_s is None else deadline_s
+def _due_ms(deadline_s: float | None) -> int:
+    """When a waiter is due, in ms from now: its deadline, or else now, its arrival (bounded
+    by _MAX_DUE_MS)."""
+    due_s = 0.0 if deadline_s is None else deadline_s
     return int(max(-_MAX_DUE_MS, min(_MAX_DUE_MS, due_s * 1000)))
 
 

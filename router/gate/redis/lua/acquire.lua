@@ -14,8 +14,8 @@ end
 if in_service() == 0 then return finish({"no_node"}) end
 if redis.call("ZCARD", QUEUE) >= max_queue then return finish({"queue_full"}) end
 if wait_ms <= 0 then return finish({"pool_saturated"}) end
--- Served by priority, then earliest due: the waiter's deadline, or the end of its wait
--- budget (`due_ms` from now), on this server's clock (NOW) so that every replica's waiters
+-- Served by priority, then earliest due: the waiter's deadline, or else its arrival
+-- (`due_ms` from now: 0), on this server's clock (NOW) so that every replica's waiters
 -- are ordered by one clock, in ms since 2024-01-01 UTC. The score is an exact integer in a
 -- double: |priority| <= 2047 (gate.py clamps it), and the offset fits in 2^40 ms until
 -- 2058-11-03, so |score| < 2047 * 2^40 + 2^40 < 2^53. Waiters due in the same millisecond
