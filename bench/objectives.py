@@ -4,8 +4,10 @@ time or by each request's objective, at a load that rises.
 One simulated deployment, timing-faithful where the choice depends on it: 4 TileRT nodes
 (a decode step of 5 ms, about 3 tokens, streamed as it comes), a prefill server and two
 decode servers in `pull` mode whose prefill time grows with the prompt tokens they do not
-hold (prefix caches; prefills one at a time) and whose decode gap grows with the requests
-they run (8 ms, and 1.5 ms for each other one).
+hold (prefix caches: the prefill server, which sees every conversation, holds the latest
+16k tokens, each decode server what it served, computed or transferred; prefills one at a
+time) and whose decode gap grows with the requests they run (8 ms, and 1.5 ms for each
+other one).
 Three classes of traffic:
 
 * `chat`: interactive answers of 48 tokens (Poisson arrivals), objective `itl_ms: 20`;
@@ -75,6 +77,9 @@ class ObjectivesOptions:
     agent_first_words: int = 1500
     agent_turn_words: int = 300
     think_s: float = 0.5
+    prefill_cache_blocks: int = 1024
+    """16k tokens: the prefill server, which sees every conversation, holds the latest few;
+    each decode server holds the conversations it serves (16 times that)."""
 
     @classmethod
     def quick(cls) -> ObjectivesOptions:
@@ -323,6 +328,7 @@ async def _queue_waited_s(http: httpx.AsyncClient, metrics_url: str) -> float:
 @contextmanager
 def deployment(options: ObjectivesOptions) -> Iterator[SimStack]:
     caches = ["--enable-prefix-caching", "--block-size", "16", "--serial-prefill"]
+    prefill_cache = ["--num-gpu-blocks", str(options.prefill_cache_blocks)]
     stack = SimStack(
         nodes=options.nodes,
         prefills=1,
@@ -331,8 +337,10 @@ def deployment(options: ObjectivesOptions) -> Iterator[SimStack]:
         # Each decode step's tokens as they come, not 0.1.6's default 200 ms batches: a
         # node's gap is then its step time, which the objectives are about.
         node_args=["--step-ms", "5", "--stream-interval-ms", "5"],
-        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0.05", *caches],
+        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0.05", *caches, *prefill_cache],
         decode_args=[
+            "--num-gpu-blocks",
+            "16384",
             "--itl-ms",
             "8",
             "--itl-ms-per-running",

@@ -555,6 +555,9 @@ class ObjectivesConfig(StrictModel):
     the first decode step)."""
     memory: Annotated[int, Field(ge=4, le=10_000)] = 50
     """How many recent observations a learned figure mostly rests on (older ones fade)."""
+    margin: Annotated[float, Field(ge=0, le=1)] = 0.15
+    """A way meets an objective when its prediction, this share higher, does: room for what
+    a prediction cannot see (requests that join a server during the answer)."""
 
 
 class ModelConfig(StrictModel):

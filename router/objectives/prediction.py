@@ -76,10 +76,10 @@ class Prediction:
             ratios.append(self.itl_s * 1e3 / objective.itl_ms)
         return max(ratios)
 
-    def meets(self, objective: Objective) -> bool:
-        """Within every bound set, and with a first token at all (a pool with no node in
-        service has none to give)."""
-        return math.isfinite(self.ttft_s) and self.shortfall(objective) <= 1.0
+    def meets(self, objective: Objective, margin: float = 0.0) -> bool:
+        """Within every bound set, `margin` (a share) to spare, and with a first token at
+        all (a pool with no node in service has none to give)."""
+        return math.isfinite(self.ttft_s) and self.shortfall(objective) * (1 + margin) <= 1.0
 
     def node_deadline_s(self, objective: Objective) -> float | None:
         """`tilert`: by when (seconds from now) a node must be had for the first token to
@@ -135,10 +135,12 @@ class Plan:
     chosen: Prediction | None
     """None: refused (`on_miss: reject` and no way meets the objective)."""
     reason: Reason
+    margin: float = 0.0
+    """The share a prediction had to spare to meet the objective."""
 
     @property
     def meets(self) -> bool:
-        return self.chosen is not None and self.chosen.meets(self.objective)
+        return self.chosen is not None and self.chosen.meets(self.objective, self.margin)
 
     def header(self) -> str:
         """`x-pd-way`: the way, its prediction, and why."""
@@ -153,7 +155,7 @@ class Plan:
     def explain(self) -> list[str]:
         lines = [f"objective: {self.objective.describe()}"]
         for prediction in self.predictions:
-            verdict = "meets" if prediction.meets(self.objective) else "misses"
+            verdict = "meets" if prediction.meets(self.objective, self.margin) else "misses"
             lines.append(f"  {prediction.describe()}: {verdict}")
         if self.chosen is None:
             lines.append(f"way: none ({self.reason}): refused with 429")
@@ -162,21 +164,23 @@ class Plan:
         return lines
 
 
-def choose(objective: Objective, predictions: tuple[Prediction, ...], on_miss: OnMiss) -> Plan:
-    """The first of `predictions` (cheapest first) that meets `objective`; else by
-    `on_miss`: the smallest shortfall (the cheaper on a tie), a node to wait for (where a
-    node is among the ways), or none."""
+def choose(
+    objective: Objective, predictions: tuple[Prediction, ...], on_miss: OnMiss, margin: float = 0.0
+) -> Plan:
+    """The first of `predictions` (cheapest first) that meets `objective` with `margin` to
+    spare; else by `on_miss`: the smallest shortfall (the cheaper on a tie), a node to wait
+    for (where a node is among the ways), or none."""
     for prediction in predictions:
-        if prediction.meets(objective):
-            return Plan(objective, predictions, prediction, "meets")
+        if prediction.meets(objective, margin):
+            return Plan(objective, predictions, prediction, "meets", margin)
     if on_miss == "reject" or not predictions:
-        return Plan(objective, predictions, None, "none_meets")
+        return Plan(objective, predictions, None, "none_meets", margin)
     if on_miss == "queue":
         node = next((p for p in predictions if p.way == "tilert"), None)
         if node is not None:
-            return Plan(objective, predictions, node, "queue")
+            return Plan(objective, predictions, node, "queue", margin)
     best = min(predictions, key=lambda p: p.shortfall(objective))
-    return Plan(objective, predictions, best, "least_miss")
+    return Plan(objective, predictions, best, "least_miss", margin)
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,7 +142,8 @@ class ObjectivePath:
             if (found := offered.get(way)) is not None and found not in facts:
                 facts.append(found)
         predictions = tuple(predict(f, self.timings) for f in facts)
-        plan = choose(decision.objective, predictions, decision.on_miss)
+        margin = self.timings.config.margin
+        plan = choose(decision.objective, predictions, decision.on_miss, margin)
         _record(request, plan)
         return plan
 

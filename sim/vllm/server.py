@@ -39,7 +39,7 @@ from sim.vllm.kv_events import KvEventPublisher, admission_events, all_cleared
 from sim.vllm.load import EngineLoad, Ticket
 from sim.vllm.metrics import ServerCounters
 from sim.vllm.parsers import NativeParser, thinks
-from sim.vllm.prefix_cache import PrefixCache
+from sim.vllm.prefix_cache import Admission, PrefixCache
 from sim.vllm.records import RequestRecord, ServerRecords, TransferRecord
 from sim.vllm.responses import ResponsesFormatter
 from sim.vllm.validation import (
@@ -338,15 +338,15 @@ class VllmServer:
         counters.prompt_tokens += source.prompt_len
         if not source.local:
             counters.prompt_tokens_cached += source.cached_tokens
+            if self.config.enable_prefix_caching:
+                # The blocks a transfer brought are in this server's cache from now on, as
+                # a vLLM decode instance keeps them for the prompts that share them.
+                self._admit(plan)
             return source
         if not self.config.enable_prefix_caching:
             return source
-        admission = self.prefix_cache.admit(plan.prompt_ids)
+        admission = self._admit(plan)
         cached = admission.cached_tokens
-        if self.kv_events is not None:
-            self.kv_events.publish(
-                admission_events(plan.prompt_ids, self.config.block_size, admission)
-            )
         counters.prefix_cache_queries += source.prompt_len
         counters.prefix_cache_hits += cached
         counters.prompt_tokens_cached += cached
@@ -363,6 +363,14 @@ class VllmServer:
             for _ in steps:
                 run.token()
         run.finish([steps[-1].finish_reason if steps else "stop" for steps in choices])
+
+    def _admit(self, plan: Plan) -> Admission:
+        admission = self.prefix_cache.admit(plan.prompt_ids)
+        if self.kv_events is not None:
+            self.kv_events.publish(
+                admission_events(plan.prompt_ids, self.config.block_size, admission)
+            )
+        return admission
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached block (announced as vLLM announces a prefix-cache reset)."""
