@@ -54,7 +54,7 @@ def test_the_readmes_performance_figures_are_those_of_the_benchmarks_page() -> N
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     tables = [
         page.split(f"\n{start}\n")[1].split(f"\n{end}")[0]
-        for start, end in (markers("paths"), markers("agents"))
+        for start, end in (markers("paths"), markers("agents"), markers("objectives"))
     ]
     table = "\n".join(tables)
     figures = re.findall(r"[-+]?\d+\.\d+", section)
