@@ -16,6 +16,8 @@ ROUTE_HEADER = "x-pd-route"
 RULE_HEADER = "x-pd-rule"
 REROUTE_HEADER = "x-pd-reroute-reason"
 OBJECTIVE_HEADER = "x-pd-objective"
+BYTES_PER_TOKEN = 4
+"""A prompt's typical size per token, for an estimate where it was not counted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,18 @@ class Decision:
     model's paths leave of the rule's)."""
     on_miss: OnMiss = "best"
     trace: Trace | None = field(default=None, compare=False, repr=False)
+
+    def prompt_tokens_estimate(self) -> int:
+        """The prompt's length in tokens as classification bounded it: the count where a
+        rule needed it, else its size at four bytes a token within the bounds."""
+        trace = self.trace
+        if trace is None:
+            return 0
+        tokens = trace.tokens
+        if tokens.exact:
+            return tokens.low
+        guess = max(tokens.low, trace.features.prompt_bytes // BYTES_PER_TOKEN)
+        return guess if tokens.high is None else min(tokens.high, guess)
 
     def response_headers(self) -> dict[str, str]:
         """`x-pd-route`, `x-pd-rule`, when the guard re-routed `x-pd-reroute-reason`, and

@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"runtime"},
     {"latency", "throughput"},
     {"serving"},
-    {"objectives"},
+    {"objectives", "tenants"},
     {"classify"},
     {"node_lifecycle"},
     {"telemetry"},

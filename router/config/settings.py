@@ -7,6 +7,7 @@ file into a `GatewayConfig` and names the offending field when one is wrong.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote
@@ -640,6 +641,56 @@ class ClassificationConfig(StrictModel):
         return self
 
 
+TenantSource = Literal["api_key", "header", "user"]
+TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$"
+
+
+class TenantLimitsConfig(StrictModel):
+    """A tenant's rate limits, each per minute; none: no limit of that kind."""
+
+    requests_per_minute: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = None
+    tokens_per_minute: Annotated[int, Field(ge=1, le=1_000_000_000_000)] | None = None
+    """The prompt's tokens and `max_tokens`, taken when the request is admitted, settled
+    with the usage its answer reports."""
+
+
+class TenantsConfig(StrictModel):
+    """Who a request is from, and what each tenant may use (docs/tenants.md)."""
+
+    identify: list[TenantSource] = ["api_key"]
+    """Where the tenant's name is taken from, the first that names one: the client's
+    verified API key name, the `header` (trusted: set it only where a proxy in front sets
+    it), the body's `user`. A request naming none is the `default` tenant."""
+    header: str | None = None
+    every: TenantLimitsConfig = TenantLimitsConfig()
+    """Each tenant's limits alike (each counted per tenant)."""
+    named: dict[Annotated[str, Field(pattern=TENANT_NAME)], TenantLimitsConfig] = {}
+    """Limits of a named tenant, replacing `every`'s where they are set."""
+    on_store_unavailable: Literal["allow", "refuse"] = "allow"
+    """While the limits' shared store (the gate's Redis) cannot be reached: let requests
+    through uncounted, or refuse them (503)."""
+    max_tracked: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    """Tenants whose counts one process keeps at once (the least recently seen are
+    forgotten beyond it: a client inventing names costs bounded memory)."""
+
+    @model_validator(mode="after")
+    def _header_named(self) -> TenantsConfig:
+        if "header" in self.identify and self.header is None:
+            raise ValueError("identify names header: give the header's name in header")
+        if self.header is not None and not re.match(r"^[a-z0-9-]{1,64}$", self.header.lower()):
+            raise ValueError(f"header: {self.header!r} is not a header name")
+        if len(set(self.identify)) != len(self.identify):
+            raise ValueError("identify: each source once")
+        return self
+
+    def limits_of(self, tenant: str) -> TenantLimitsConfig:
+        """`every`'s limits, with those the tenant's own entry sets in their place."""
+        own = self.named.get(tenant)
+        if own is None:
+            return self.every
+        return self.every.model_copy(update=own.model_dump(exclude_unset=True))
+
+
 class LoggingConfig(StrictModel):
     """Log lines on stderr; `serve --log-level` overrides `level`."""
 
@@ -708,6 +759,7 @@ class GatewayConfig(StrictModel):
     admin: AdminConfig = AdminConfig()
     auth: AuthConfig = AuthConfig()
     classification: ClassificationConfig = ClassificationConfig()
+    tenants: TenantsConfig = TenantsConfig()
     gate: GateConfig = GateConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
     upstreams: UpstreamsConfig = UpstreamsConfig()

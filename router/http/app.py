@@ -138,6 +138,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
         state.epoch.keys.admin.check(request.headers)
         return json_response({"models": state.upstream_servers()})
 
+    @app.get("/admin/tenants")
+    async def tenants(request: Request) -> Response:
+        state.epoch.keys.admin.check(request.headers)
+        return json_response(state.tenants.snapshot())
+
     @app.get("/admin/timings")
     async def timings(request: Request) -> Response:
         state.epoch.keys.admin.check(request.headers)

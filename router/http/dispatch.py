@@ -18,6 +18,7 @@ from router.runtime.state import AppState
 from router.serving import PathResponse, RoutedRequest, new_request_id
 from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
+from router.tenants.identity import tenant_of
 
 
 class Dispatcher:
@@ -47,6 +48,21 @@ class Dispatcher:
             error = _unavailable(decision)
             error.headers = {**headers, **error.headers}
             raise error
+        tenants = state.tenants
+        user = intake.body.get("user")
+        access.tenant = tenant = tenant_of(
+            tenants.config,
+            key_name=key_name,
+            headers=request.headers,
+            user=user if isinstance(user, str) else None,
+        )
+        tokens = decision.prompt_tokens_estimate() + (parsed.token_budget or 0)
+        try:
+            admitted = await tenants.admit(tenant, tokens)
+        except GatewayError as error:
+            error.headers = {**headers, **error.headers}
+            raise
+        headers.update(admitted.headers)
         access.upstream_request_id = new_request_id()
         routed = RoutedRequest(
             endpoint,
@@ -59,8 +75,22 @@ class Dispatcher:
             intake.client_body,
             request.headers,
         )
-        routed.on_end = model.objective.learning(routed)
+        learning = model.objective.learning(routed)
+
+        def ended() -> None:
+            learning()
+            tenants.settle(admitted, used_tokens(access))
+
+        routed.on_end = ended
         return PathResponse(path, routed, state.live, state.metrics.in_flight(decision.path))
+
+
+def used_tokens(access: AccessRecord) -> int | None:
+    """The tokens an answer used, prompt and completion, as its usage reported them (None
+    where it reported none)."""
+    if access.prompt_tokens is None or access.completion_tokens is None:
+        return None
+    return access.prompt_tokens + access.completion_tokens
 
 
 def _unavailable(decision: Decision) -> GatewayError:

@@ -25,6 +25,8 @@ from router.selection import KvEventsHub, ServerSet, load_snapshot
 from router.serving.live import LiveResponses
 from router.telemetry import logs
 from router.telemetry.metrics import Metrics
+from router.tenants.admission import Tenants
+from router.tenants.store import make_limiter
 from router.upstream import Timeouts, Upstreams
 
 log = logging.getLogger("pd_gateway")
@@ -65,6 +67,7 @@ class AppState:
         self._reloading = asyncio.Lock()
         self.draining = False  # set on SIGTERM: /ready fails, in-flight requests finish
         self.live = LiveResponses()  # answers being sent, for shutdown to wait for
+        self.tenants = Tenants(config.tenants, make_limiter(config), self.metrics, self.spawn)
 
     @property
     def config(self) -> GatewayConfig:
@@ -107,6 +110,7 @@ class AppState:
                 log.error("the configuration was not reloaded: %s", message)
                 raise ConfigError(message) from None
             self.epoch = epoch
+            self.tenants.reconfigured(config.tenants)
             if config.logging != current.config.logging:
                 logs.configure(config.logging.level, config.logging.format)
             await self.loops.reloaded(changes)
@@ -195,6 +199,7 @@ class AppState:
     async def discard(self) -> None:
         """After `prepare` alone (nothing started): let go of what it built, contacting no
         backend (a Redis pool is left to expire as a dead replica's would, holding nothing)."""
+        await self.tenants.close()
         await self.upstreams.aclose()
 
     async def aclose(self) -> None:
@@ -209,6 +214,7 @@ class AppState:
             await asyncio.wait(list(self._tasks), timeout=grace_s)
         for gate in self.gates.values():
             await gate.close()
+        await self.tenants.close()
         await self.upstreams.aclose()
 
 

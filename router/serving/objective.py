@@ -18,9 +18,8 @@ from contextlib import AsyncExitStack
 from functools import partial
 from typing import Protocol
 
-from policies import Decision, OnSaturation, TokenRange
+from policies import Decision, OnSaturation
 from policies.decision import ROUTE_HEADER
-from policies.features import RequestFeatures
 from router.errors import Overloaded
 from router.objectives import Plan, Timings, WayFacts, choose, planned, predict
 from router.objectives.learning import learn
@@ -29,8 +28,6 @@ from router.serving.base import Answer, RoutedRequest, ServePath
 from router.telemetry.metrics import Metrics
 
 WAY_HEADER = "x-pd-way"
-BYTES_PER_TOKEN = 4
-"""For a prompt not encoded (no prefix index): its length in tokens, from its size."""
 
 
 class NativeWays(Protocol):
@@ -122,7 +119,9 @@ class ObjectivePath:
         if native_ways and self._native is not None:
             affinity = await self._native.affinity(request, always=True)
         tokens = (
-            affinity.tokens if affinity is not None and affinity.tokens else _estimate(decision)
+            affinity.tokens
+            if affinity is not None and affinity.tokens
+            else decision.prompt_tokens_estimate()
         )
         facts: list[WayFacts] = []
         offered: dict[str, WayFacts] = {}
@@ -146,20 +145,6 @@ class ObjectivePath:
         plan = choose(decision.objective, predictions, decision.on_miss, margin)
         _record(request, plan)
         return plan
-
-
-def _estimate(decision: Decision) -> int:
-    """The prompt's length in tokens as classification bounded it (counted, where a rule
-    needed the count)."""
-    trace = decision.trace
-    if trace is None:
-        return 0
-    tokens: TokenRange = trace.tokens
-    if tokens.exact:
-        return tokens.low
-    features: RequestFeatures = trace.features
-    guess = max(tokens.low, features.prompt_bytes // BYTES_PER_TOKEN)
-    return guess if tokens.high is None else min(tokens.high, guess)
 
 
 def _saturating(decision: Decision, on_saturation: OnSaturation) -> Decision:

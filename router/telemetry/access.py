@@ -19,6 +19,8 @@ class AccessRecord:
     """The client's address (the peer's, or what a trusted proxy in front reported)."""
     key_name: str | None = None
     """The API key's name, when the request had one."""
+    tenant: str | None = None
+    """Who the request is from (`tenants.identify`)."""
     stream: bool | None = None
     upstream_request_id: str | None = None
     """The X-Request-Id the backends saw (dash-free, as vLLM and TileRT need it)."""

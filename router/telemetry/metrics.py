@@ -166,6 +166,15 @@ class Metrics:
             buckets=PREDICTION_ERROR_BUCKETS,
             registry=r,
         )
+        self._tenant_requests = Counter(
+            "pd_gateway_tenant_requests",
+            "Requests of each tenant (a name `tenants.named` configures, `default`, else"
+            " `other`) by outcome: `admitted`, `limited_requests` or `limited_tokens` (a 429"
+            " rate_limit_exceeded), `store_unavailable` (the limits' Redis unreachable: let"
+            " through or refused as `tenants.on_store_unavailable` says).",
+            ["tenant", "outcome"],
+            registry=r,
+        )
         self._continuations = Counter(
             "pd_gateway_continuations",
             "Answers whose decode broke mid-stream, by the node's failure and what became of"
@@ -289,6 +298,9 @@ class Metrics:
 
     def prediction_error(self, model: str, way: str, quantity: str, seconds: float) -> None:
         self._prediction_error.labels(model, way, quantity).observe(seconds)
+
+    def tenant_request(self, tenant: str, outcome: str) -> None:
+        self._tenant_requests.labels(tenant, outcome).inc()
 
     def continuation(self, model: str, reason: str, outcome: str) -> None:
         self._continuations.labels(model, reason, outcome).inc()

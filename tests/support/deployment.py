@@ -68,6 +68,7 @@ def gateway_config(
     admin: dict[str, Any] | None = None,
     auth: dict[str, Any] | None = None,
     upstreams: dict[str, Any] | None = None,
+    tenants: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A router.yaml document listening on a free port, with short test timeouts."""
     config: dict[str, Any] = {
@@ -97,6 +98,8 @@ def gateway_config(
         config["auth"] = auth
     if upstreams is not None:
         config["upstreams"] = upstreams
+    if tenants is not None:
+        config["tenants"] = tenants
     return config
 
 

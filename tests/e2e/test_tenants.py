@@ -1,0 +1,119 @@
+"""Tenants' rate limits through running gateways: the OpenAI SDK, as a client, sees the 429
+and OpenAI's `x-ratelimit-*` headers, and its own retry succeeds; three replicas on one real
+Redis keep one rate for a tenant between them."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from sim.stack import SimStack
+from tests.gate.redis_server import RedisServer, running_redis
+from tests.support.classify_fixtures import proxy_throughput, say
+from tests.support.deployment import gateway_config
+from tests.support.gateway import GatewayProcess, running_gateways, start_gateway
+from tests.support.stacks import StackPool
+
+MODEL = "sim-tenants"
+RULES = {"default": {"name": "native", "path": "throughput"}}
+
+
+@pytest.fixture(scope="module")
+def stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(
+        nodes=0, prefills=0, proxy=True, model=[MODEL], proxy_args=["--itl-ms", "0"]
+    )
+
+
+def model(stack: SimStack) -> dict[str, Any]:
+    return {"name": MODEL, "tokenizer": "deepseek", "throughput": proxy_throughput(stack)}
+
+
+@pytest.fixture(scope="module")
+def gateway(stack: SimStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    tenants = {"identify": ["user"], "every": {"requests_per_minute": 60}}
+    with start_gateway(
+        tmp_path_factory, [model(stack)], classification={"rules": RULES}, tenants=tenants
+    ) as running:
+        yield running
+
+
+def chat(user: str) -> dict[str, Any]:
+    return {**say("ok", max_tokens=4), "model": MODEL, "user": user}
+
+
+def test_the_sdk_sees_the_429_and_the_headers_and_its_retry_succeeds(
+    gateway: GatewayProcess,
+) -> None:
+    user = f"acme-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=gateway.base_url, timeout=30) as http:
+        answers = [http.post("/chat/completions", json=chat(user)) for _ in range(60)]
+        assert [a.status_code for a in answers] == [200] * 60  # a minute's worth at once
+        last = answers[-1].headers
+        assert last["x-ratelimit-limit-requests"] == "60"
+        assert last["x-ratelimit-remaining-requests"] == "0"
+        assert last["x-ratelimit-reset-requests"].endswith("s")
+        refused = http.post("/chat/completions", json=chat(user))
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert refused.headers["retry-after"] == "1"  # one request's share of the minute
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    with openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0) as sdk:
+        with pytest.raises(openai.RateLimitError) as seen:
+            sdk.chat.completions.create(**chat(user))
+        assert seen.value.response.headers["x-ratelimit-limit-requests"] == "60"
+    with openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=3) as sdk:
+        raw = sdk.chat.completions.with_raw_response.create(**chat(user))  # waits, retries
+    assert raw.http_response.status_code == 200
+    # Another tenant has its own minute.
+    with httpx.Client(base_url=gateway.base_url, timeout=30) as http:
+        other = http.post("/chat/completions", json=chat(f"other-{uuid.uuid4().hex[:8]}"))
+    assert other.headers["x-ratelimit-remaining-requests"] == "59"
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    stack: SimStack, redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[GatewayProcess]]:
+    config = gateway_config(
+        [model(stack)],
+        classification={"rules": RULES},
+        gate={"backend": "redis", "redis": {"url": redis.url, "key_prefix": "tenants-e2e"}},
+        tenants={"identify": ["user"], "every": {"requests_per_minute": 30}},
+    )
+    names = [f"replica-{i}" for i in range(3)]
+    with running_gateways(tmp_path_factory, dict.fromkeys(names, config)) as running:
+        yield [running[name] for name in names]
+
+
+async def test_three_replicas_on_one_redis_keep_one_rate(
+    replicas: list[GatewayProcess],
+) -> None:
+    user = f"shared-{uuid.uuid4().hex[:8]}"
+    async with httpx.AsyncClient(timeout=30) as http:
+        started = asyncio.get_running_loop().time()
+        answers = await asyncio.gather(
+            *(
+                http.post(replicas[i % 3].base_url + "/chat/completions", json=chat(user))
+                for i in range(45)
+            )
+        )
+        spent_s = asyncio.get_running_loop().time() - started
+    allowed = sum(a.status_code == 200 for a in answers)
+    assert {a.status_code for a in answers} <= {200, 429}
+    # 30 at once, and one more for every 2 s the 45 took (a unit comes back every 2 s).
+    assert 30 <= allowed <= 30 + int(spent_s / 2) + 1, (allowed, spent_s)
+    refused = [a for a in answers if a.status_code == 429]
+    assert refused and all(a.json()["error"]["code"] == "rate_limit_exceeded" for a in refused)

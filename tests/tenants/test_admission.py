@@ -1,0 +1,133 @@
+"""A tenant's requests let in by its limits: OpenAI's headers on every answer, a 429 over a
+limit (the request's unit given back when its tokens do not fit), tokens settled with the
+usage, what a store out of reach does, and bounded tracking."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from router.config import TenantsConfig
+from router.errors import Overloaded, Unavailable
+from router.telemetry.metrics import Metrics
+from router.tenants.admission import Tenants, duration
+from router.tenants.limiter import LimiterUnavailable, MemoryLimiter, Rate, Verdict
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Background:
+    """What the tenants spawn, run to the end before a test looks."""
+
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def __call__(self, coro: Coroutine[Any, Any, None]) -> None:
+        self.tasks.append(asyncio.ensure_future(coro))
+
+    async def settled(self) -> None:
+        await asyncio.gather(*self.tasks)
+
+
+def tenants(limiter: Any = None, **config: Any) -> tuple[Tenants, Background]:
+    background = Background()
+    made = Tenants(
+        TenantsConfig(**config), limiter or MemoryLimiter(clock=Clock()), Metrics(), background
+    )
+    return made, background
+
+
+async def test_each_answer_says_what_is_left_and_a_request_over_the_limit_is_a_429() -> None:
+    limited, _ = tenants(every={"requests_per_minute": 3})
+    remaining = []
+    for _ in range(3):
+        admitted = await limited.admit("acme", 10)
+        remaining.append(admitted.headers["x-ratelimit-remaining-requests"])
+        assert admitted.headers["x-ratelimit-limit-requests"] == "3"
+    assert remaining == ["2", "1", "0"]
+    with pytest.raises(Overloaded) as refused:
+        await limited.admit("acme", 10)
+    error = refused.value
+    assert (error.status, error.code) == (429, "rate_limit_exceeded")
+    assert error.headers["Retry-After"] == "20"  # a request's share of the minute
+    assert error.headers["x-ratelimit-remaining-requests"] == "0"
+    assert "tenant 'acme'" in error.message
+    assert (await limited.admit("other", 10)).headers["x-ratelimit-remaining-requests"] == "2"
+
+
+async def test_a_request_whose_tokens_do_not_fit_gives_its_request_back() -> None:
+    limited, background = tenants(every={"requests_per_minute": 10, "tokens_per_minute": 100})
+    assert (await limited.admit("acme", 80)).headers["x-ratelimit-remaining-tokens"] == "20"
+    with pytest.raises(Overloaded) as refused:
+        await limited.admit("acme", 30)
+    assert refused.value.headers["x-ratelimit-remaining-tokens"] == "20"
+    await background.settled()
+    again = await limited.admit("acme", 10)
+    assert again.headers["x-ratelimit-remaining-requests"] == "8"  # 2 taken, not 3
+
+
+async def test_tokens_are_settled_with_the_usage() -> None:
+    limited, background = tenants(every={"tokens_per_minute": 100})
+    admitted = await limited.admit("acme", 80)  # prompt and max_tokens
+    limited.settle(admitted, 30)  # what the answer used
+    await background.settled()
+    assert (await limited.admit("acme", 0)).headers["x-ratelimit-remaining-tokens"] == "70"
+    overrun = await limited.admit("acme", 10)
+    limited.settle(overrun, 40)  # used more than taken: charged
+    await background.settled()
+    assert (await limited.admit("acme", 0)).headers["x-ratelimit-remaining-tokens"] == "30"
+
+
+async def test_no_limit_no_headers_and_no_store_asked() -> None:
+    class Unreachable:
+        async def take(self, key: str, rate: Rate, cost: int) -> Verdict:
+            raise AssertionError("asked")
+
+    unlimited, _ = tenants(Unreachable())
+    assert (await unlimited.admit("acme", 10)).headers == {}
+
+
+class Down:
+    async def take(self, key: str, rate: Rate, cost: int) -> Verdict:
+        raise LimiterUnavailable("redis down")
+
+    async def settle(self, key: str, rate: Rate, delta: int) -> None:
+        raise LimiterUnavailable("redis down")
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_store_out_of_reach_lets_through_or_refuses_as_configured() -> None:
+    allowing, _ = tenants(Down(), every={"requests_per_minute": 1})
+    assert (await allowing.admit("acme", 1)).headers == {}
+    refusing, _ = tenants(Down(), every={"requests_per_minute": 1}, on_store_unavailable="refuse")
+    with pytest.raises(Unavailable) as refused:
+        await refusing.admit("acme", 1)
+    assert refused.value.code == "rate_limits_unavailable"
+
+
+async def test_tenants_beyond_the_bound_are_forgotten_least_recently_seen_first() -> None:
+    limited, _ = tenants(every={"requests_per_minute": 5}, max_tracked=100)
+    for i in range(20_000):
+        await limited.admit(f"name-{i}", 1)
+    snapshot = limited.snapshot()
+    assert snapshot["tracked"] == 100
+    assert next(iter(snapshot["tenants"])) == "name-19999"  # the most recent first
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.02, "20ms"), (0.0, "0ms"), (1.0, "1s"), (1.5, "1.5s"), (360.0, "6m0s"), (61.25, "1m1.25s")],
+)
+def test_reset_times_as_openai_writes_them(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
