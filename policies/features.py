@@ -94,6 +94,8 @@ class RequestFeatures:
     api_key_name: str | None = None
     user: str | None = None
     service_tier: str | None = None
+    tenant: str | None = None
+    """Who the request is from, as the gateway's `tenants.identify` names it."""
     metadata: Mapping[str, Any] = field(default_factory=dict)
     stream: bool = False
     max_tokens: int | None = None
@@ -112,6 +114,7 @@ def features_from_request(
     endpoint: Endpoint,
     headers: Mapping[str, str],
     api_key_name: str | None,
+    tenant: str | None = None,
 ) -> RequestFeatures:
     """Extract the features of a parsed request body (a JSON object).
 
@@ -133,6 +136,7 @@ def features_from_request(
         api_key_name=api_key_name,
         user=user if isinstance(user, str) else None,
         service_tier=service_tier if isinstance(service_tier, str) else None,
+        tenant=tenant,
         metadata=metadata if isinstance(metadata, Mapping) else {},
         stream=body.get("stream") is True,
         max_tokens=budget,

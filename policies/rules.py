@@ -77,8 +77,9 @@ class RangeSpec(_Strict):
 class MatchSpec(_Strict):
     """Conditions, all optional and ANDed; an empty `match` matches every request.
 
-    `model`, `api_key_name`, `user`, `service_tier`, each header (name → condition) and each
-    metadata field take a value, a list of values, or operators `present`, `prefix`, `regex`.
+    `model`, `api_key_name`, `tenant`, `user`, `service_tier`, each header (name → condition)
+    and each metadata field take a value, a list of values, or operators `present`,
+    `prefix`, `regex`.
     `prompt_tokens` and `max_tokens` take `{min, max}`; `stream` and `tools` a boolean.
     """
 
@@ -87,6 +88,8 @@ class MatchSpec(_Strict):
     headers: dict[str, TextSpec] | None = None
     api_key_name: TextSpec | None = None
     user: TextSpec | None = None
+    tenant: TextSpec | None = None
+    """Who the request is from, as `tenants.identify` names it (docs/tenants.md)."""
     service_tier: TextSpec | None = None
     """OpenAI's `service_tier` as the client sent it (`priority`, `flex`, `auto`, `default`,
     `scale`); a request without one has none (`present: false` matches it)."""
@@ -122,6 +125,8 @@ class MatchSpec(_Strict):
             out.append(TextCondition("api_key_name", _read_api_key, self.api_key_name))
         if self.user is not None:
             out.append(TextCondition("user", _read_user, self.user))
+        if self.tenant is not None:
+            out.append(TextCondition("tenant", _read_tenant, self.tenant))
         if self.service_tier is not None:
             out.append(TextCondition("service_tier", _read_service_tier, self.service_tier))
         for key, match in (self.metadata or {}).items():
@@ -146,6 +151,10 @@ def _read_api_key(features: RequestFeatures) -> str | None:
 
 def _read_user(features: RequestFeatures) -> str | None:
     return features.user
+
+
+def _read_tenant(features: RequestFeatures) -> str | None:
+    return features.tenant
 
 
 def _read_service_tier(features: RequestFeatures) -> str | None:

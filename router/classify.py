@@ -107,12 +107,14 @@ class Classifier:
         endpoint: Endpoint,
         headers: Mapping[str, str],
         api_key_name: str | None,
+        tenant: str | None = None,
     ) -> Decision:
-        """`api_key_name` is the caller's verified key name (see `router.runtime.auth`)."""
+        """`api_key_name` is the caller's verified key name (see `router.runtime.auth`),
+        `tenant` who the request is from (`router.tenants`)."""
         if self._facts.version != self._facts_seen:
             self._refresh_features()
         features = features_from_request(
-            body, endpoint=endpoint, headers=headers, api_key_name=api_key_name
+            body, endpoint=endpoint, headers=headers, api_key_name=api_key_name, tenant=tenant
         )
         try:
             try:  # one pass over the rules when the cheap bounds decide, as they mostly do

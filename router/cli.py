@@ -230,6 +230,7 @@ def _classify(args: argparse.Namespace) -> int:
     from router.openai.endpoints import ENDPOINTS
     from router.openai.requests import parse_body
     from router.runtime.intake import decide, take_in
+    from router.tenants.identity import tenant_of
 
     config = load_config(args.config)
     source = "stdin" if args.request == "-" else args.request
@@ -258,8 +259,17 @@ def _classify(args: argparse.Namespace) -> int:
         model = intake.model.config
         assumed, assumption = _assumed_features(model, args.features)
         epoch = replace(epoch, classifier=epoch.classifier.assuming({model.name: assumed}))
+        user = intake.body.get("user")
+        tenant = tenant_of(
+            config.tenants,
+            key_name=key_name,
+            headers=headers,
+            user=user if isinstance(user, str) else None,
+        )
         try:
-            decision = await decide(epoch, intake, headers=headers, api_key_name=key_name)
+            decision = await decide(
+                epoch, intake, headers=headers, api_key_name=key_name, tenant=tenant
+            )
         except GatewayError as exc:
             raise UsageError(f"{source}: {exc.message}") from None
         plan: list[str] = []

@@ -32,7 +32,7 @@ from router.config import GatewayConfig
 from router.parsers.registry import OUTPUT_PARSERS
 
 _INTERNAL_FIELDS = ("base_dir", "source")
-_TEXT_FIELDS = ("model", "api_key_name", "user", "service_tier")
+_TEXT_FIELDS = ("model", "api_key_name", "tenant", "user", "service_tier")
 _TEXT_MAPS = ("headers", "metadata")
 
 JsonObject = dict[str, Any]

@@ -37,8 +37,18 @@ class Dispatcher:
             intake = take_in(current, raw, endpoint)
         parsed, model = intake.parsed, intake.model
         access.model, access.stream = parsed.model, parsed.stream
-        with tracing.stage(tracing.CLASSIFICATION, model=parsed.model):
-            decision = await decide(current, intake, headers=request.headers, api_key_name=key_name)
+        tenants = state.tenants
+        user = intake.body.get("user")
+        access.tenant = tenant = tenant_of(
+            tenants.config,
+            key_name=key_name,
+            headers=request.headers,
+            user=user if isinstance(user, str) else None,
+        )
+        with tracing.stage(tracing.CLASSIFICATION, model=parsed.model, tenant=tenant):
+            decision = await decide(
+                current, intake, headers=request.headers, api_key_name=key_name, tenant=tenant
+            )
             tracing.annotate(path=decision.path, rule=decision.rule)
         headers = decision.response_headers()
         if decision.reroute_reason is not None:
@@ -48,14 +58,6 @@ class Dispatcher:
             error = _unavailable(decision)
             error.headers = {**headers, **error.headers}
             raise error
-        tenants = state.tenants
-        user = intake.body.get("user")
-        access.tenant = tenant = tenant_of(
-            tenants.config,
-            key_name=key_name,
-            headers=request.headers,
-            user=user if isinstance(user, str) else None,
-        )
         tokens = decision.prompt_tokens_estimate() + (parsed.token_budget or 0)
         try:
             admitted = await tenants.admit(tenant, tokens)

@@ -64,6 +64,7 @@ async def decide(
     *,
     headers: Mapping[str, str],
     api_key_name: str | None,
+    tenant: str | None = None,
 ) -> Decision:
     """`api_key_name`: the caller's verified key name (see `router.runtime.auth`)."""
     return await epoch.classifier.decide(
@@ -71,4 +72,5 @@ async def decide(
         endpoint=intake.endpoint.name,
         headers=headers,
         api_key_name=api_key_name,
+        tenant=tenant,
     )

@@ -1,6 +1,6 @@
-"""Tenants' rate limits through running gateways: the OpenAI SDK, as a client, sees the 429
-and OpenAI's `x-ratelimit-*` headers, and its own retry succeeds; three replicas on one real
-Redis keep one rate for a tenant between them."""
+"""Tenants through running gateways: rules match a request's tenant; the OpenAI SDK, as a
+client, sees the 429 and OpenAI's `x-ratelimit-*` headers, and its own retry succeeds; three
+replicas on one real Redis keep one rate for a tenant between them."""
 
 from __future__ import annotations
 
@@ -21,7 +21,12 @@ from tests.support.gateway import GatewayProcess, running_gateways, start_gatewa
 from tests.support.stacks import StackPool
 
 MODEL = "sim-tenants"
-RULES = {"default": {"name": "native", "path": "throughput"}}
+RULES = {
+    "default": {"name": "native", "path": "throughput"},
+    "rules": [
+        {"name": "acme-tier", "match": {"tenant": {"prefix": "acme-"}}, "path": "throughput"}
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +60,7 @@ def test_the_sdk_sees_the_429_and_the_headers_and_its_retry_succeeds(
     with httpx.Client(base_url=gateway.base_url, timeout=30) as http:
         answers = [http.post("/chat/completions", json=chat(user)) for _ in range(60)]
         assert [a.status_code for a in answers] == [200] * 60  # a minute's worth at once
+        assert answers[0].headers["x-pd-rule"] == "acme-tier"  # rules match the tenant
         last = answers[-1].headers
         assert last["x-ratelimit-limit-requests"] == "60"
         assert last["x-ratelimit-remaining-requests"] == "0"

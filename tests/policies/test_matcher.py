@@ -250,3 +250,18 @@ def test_client_route_requests(
     assert decision.client_route_honoured is honoured
     assert decision.client_route == header
     assert decision.reroute_reason == reason
+
+
+@pytest.mark.parametrize(
+    ("match", "tenant", "expected"),
+    [
+        ({"tenant": "acme"}, "acme", True),
+        ({"tenant": {"prefix": "team-"}}, "team-7", True),
+        ({"tenant": "acme"}, "default", False),
+        ({"tenant": {"present": False}}, None, True),
+    ],
+)
+def test_a_rule_matches_a_tenant_as_it_matches_a_key(
+    match: dict[str, Any], tenant: str | None, expected: bool
+) -> None:
+    assert matches(match, features(tenant=tenant)) is expected
