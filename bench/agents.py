@@ -566,17 +566,10 @@ def run_agents(args: Any, command: str) -> int:
     output directory and, with `--report`, into that page."""
     from dataclasses import replace
 
-    from bench.report import embedded, markers
+    from bench.report import publish
 
     options = AgentOptions.quick() if args.quick else AgentOptions()
     given = {"conversations": args.conversations, "turns": args.turns, "rounds": args.rounds}
     options = replace(options, **{k: v for k, v in given.items() if v is not None})
-    table = report(measure(options), command)
-    print(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "agents.md").write_text(table, encoding="utf-8")
-    if args.report is not None:
-        page = args.report.read_text(encoding="utf-8")
-        args.report.write_text(embedded(page, table, *markers("agents")), encoding="utf-8")
+    publish(report(measure(options), command), "agents", Path(args.out), args.report)
     return 0

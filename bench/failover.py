@@ -300,15 +300,8 @@ def _target_lines(rounds: list[Round]) -> list[str]:
 def run_failover(args: Any, command: str) -> int:
     """`pd-gateway bench --scenario failover`: measure, print the table, write it to the
     output directory and, with `--report`, into that page."""
-    from bench.report import embedded, markers
+    from bench.report import publish
 
     options = FailoverOptions.quick() if args.quick else FailoverOptions()
-    table = report(measure(options), options, command)
-    print(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "failover.md").write_text(table, encoding="utf-8")
-    if args.report is not None:
-        page = args.report.read_text(encoding="utf-8")
-        args.report.write_text(embedded(page, table, *markers("failover")), encoding="utf-8")
+    publish(report(measure(options), options, command), "failover", Path(args.out), args.report)
     return 0

@@ -45,7 +45,7 @@ import httpx
 import orjson
 import uvloop
 
-from bench.experiments.harness import BenchGateway
+from bench.experiments.harness import BenchGateway, latency_model
 from bench.stats import percentile
 from sim.stack import SimStack
 
@@ -119,19 +119,12 @@ def gateway_config(stack: SimStack, policy: str) -> dict[str, Any]:
     }
     if policy == "conditional":
         throughput["conditional"] = {"min_uncached_tokens": 256}
-    model = {
-        "name": MODEL,
-        "tokenizer": "deepseek",
-        "latency": {
-            "prefill": [p.url for p in stack.prefills],
-            "nodes": [
-                {"host": n.host, "ctrl_port": n.ctrl_port, "http_port": n.http_port}
-                for n in stack.nodes
-            ],
-        },
-        "throughput": throughput,
+    model = latency_model(
+        stack,
+        MODEL,
+        throughput=throughput,
         # What the simulators are: the predictor starts from the truth, then measures.
-        "objectives": {
+        objectives={
             "prefill_ms_per_token": 0.05,
             "prefill_base_ms": 5,
             "itl_ms": 8,
@@ -139,7 +132,7 @@ def gateway_config(stack: SimStack, policy: str) -> dict[str, Any]:
             "tilert_itl_ms": 5,
             "handoff_ms": 10,
         },
-    }
+    )
     return {
         "server": {"expose_upstream": True},
         "logging": {"access_log": False},
@@ -479,15 +472,9 @@ def _yes(met: bool) -> str:
 def run_objectives(args: Any, command: str) -> int:
     """`pd-gateway bench --scenario objectives`: measure, print the tables, write them to the
     output directory and, with `--report`, into that page."""
-    from bench.report import embedded, markers
+    from bench.report import publish
 
     options = ObjectivesOptions.quick() if args.quick else ObjectivesOptions()
     table = report(measure(options), options, command)
-    print(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "objectives.md").write_text(table, encoding="utf-8")
-    if args.report is not None:
-        page = args.report.read_text(encoding="utf-8")
-        args.report.write_text(embedded(page, table, *markers("objectives")), encoding="utf-8")
+    publish(table, "objectives", Path(args.out), args.report)
     return 0

@@ -4,6 +4,7 @@ document alone, so a saved run can be rendered again."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from bench.scenarios import (
@@ -368,3 +369,14 @@ def _level_rows(doc: dict[str, Any]) -> list[str]:
 def _relay(method: dict[str, Any]) -> str:
     relay = method.get("relay_ms", {})
     return _pair(relay["p50"], relay["p99"]) if "p50" in relay else ""
+
+
+def publish(table: str, scenario: str, out: Path, report: Path | None) -> None:
+    """A scenario's table: printed, written to `out/<scenario>.md` and, with `report`,
+    into that page between the scenario's markers."""
+    print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{scenario}.md").write_text(table, encoding="utf-8")
+    if report is not None:
+        page = report.read_text(encoding="utf-8")
+        report.write_text(embedded(page, table, *markers(scenario)), encoding="utf-8")
