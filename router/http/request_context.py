@@ -113,6 +113,8 @@ def _measure(scope: Scope, record: AccessRecord) -> None:
     if state is not None:
         key = key_label(record.key_name, state.epoch.keys.client.names)
         state.metrics.answered(record, key)
+        if record.tenant is not None:
+            state.metrics.tenant_answered(record, state.tenants.label(record.tenant))
 
 
 def _count(scope: Scope, record: AccessRecord) -> None:

@@ -175,6 +175,20 @@ class Metrics:
             ["tenant", "outcome"],
             registry=r,
         )
+        self._tenant_node_seconds = Counter(
+            "pd_gateway_tenant_node_seconds",
+            "TileRT node time each tenant's answers held (their latency-path time less the"
+            " wait for a node), by tenant (as pd_gateway_tenant_requests_total labels it).",
+            ["tenant"],
+            registry=r,
+        )
+        self._tenant_queue_wait = Histogram(
+            "pd_gateway_tenant_queue_wait_seconds",
+            "Each tenant's waits for a TileRT node that got one, by tenant.",
+            ["tenant"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self._continuations = Counter(
             "pd_gateway_continuations",
             "Answers whose decode broke mid-stream, by the node's failure and what became of"
@@ -298,6 +312,15 @@ class Metrics:
 
     def prediction_error(self, model: str, way: str, quantity: str, seconds: float) -> None:
         self._prediction_error.labels(model, way, quantity).observe(seconds)
+
+    def tenant_answered(self, record: AccessRecord, tenant: str) -> None:
+        """A tenant's answer has ended: the node time it held and its wait for the node."""
+        if record.path != "latency" or record.node is None or record.duration_ms is None:
+            return
+        waited_ms = record.queue_wait_ms or 0.0
+        self._tenant_node_seconds.labels(tenant).inc(max(0.0, record.duration_ms - waited_ms) / 1e3)
+        if record.queue_wait_ms is not None:
+            self._tenant_queue_wait.labels(tenant).observe(record.queue_wait_ms / 1e3)
 
     def tenant_request(self, tenant: str, outcome: str) -> None:
         self._tenant_requests.labels(tenant, outcome).inc()

@@ -3,7 +3,7 @@ counts against one allowance), else this process's memory."""
 
 from __future__ import annotations
 
-from router.config import GatewayConfig
+from router.config import ConfigError, GatewayConfig
 from router.gate.redis import redis_password
 from router.gate.redis.client import connect
 from router.tenants.limiter import Limiter, MemoryLimiter, RedisLimiter
@@ -15,5 +15,9 @@ def make_limiter(config: GatewayConfig) -> Limiter:
     redis = config.gate.redis
     if config.gate.backend != "redis" or redis is None:
         return MemoryLimiter(max_keys=2 * config.tenants.max_tracked)
-    client = connect(redis, redis_password(redis), max_connections=_MAX_CONNECTIONS)
+    try:
+        password = redis_password(redis)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source}: {exc}") from None
+    client = connect(redis, password, max_connections=_MAX_CONNECTIONS)
     return RedisLimiter(client, f"{redis.key_prefix}:tenants", max_calls=_MAX_CONNECTIONS)

@@ -9,9 +9,11 @@ from collections.abc import Coroutine
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from router.config import TenantsConfig
 from router.errors import Overloaded, Unavailable
+from router.telemetry.access import AccessRecord
 from router.telemetry.metrics import Metrics
 from router.tenants.admission import Tenants, duration
 from router.tenants.limiter import LimiterUnavailable, MemoryLimiter, Rate, Verdict
@@ -131,3 +133,14 @@ async def test_tenants_beyond_the_bound_are_forgotten_least_recently_seen_first(
 )
 def test_reset_times_as_openai_writes_them(seconds: float, text: str) -> None:
     assert duration(seconds) == text
+
+
+def test_a_tenants_node_time_and_wait_are_counted_from_its_answers() -> None:
+    metrics = Metrics()
+    held = AccessRecord("r", path="latency", node="n0", duration_ms=1500.0, queue_wait_ms=500.0)
+    metrics.tenant_answered(held, "acme")
+    native = AccessRecord("r", path="throughput", duration_ms=9000.0)
+    metrics.tenant_answered(native, "acme")  # no node held
+    text = generate_latest(metrics.registry).decode()
+    assert 'pd_gateway_tenant_node_seconds_total{tenant="acme"} 1.0' in text
+    assert 'pd_gateway_tenant_queue_wait_seconds_count{tenant="acme"} 1.0' in text
