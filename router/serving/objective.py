@@ -143,7 +143,8 @@ class ObjectivePath:
         predictions = tuple(predict(f, self.timings) for f in facts)
         margin = self.timings.config.margin
         plan = choose(decision.objective, predictions, decision.on_miss, margin)
-        _record(request, plan)
+        if predictions:  # else no plan: the native path serves it as it would
+            _record(request, plan)
         return plan
 
 
