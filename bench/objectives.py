@@ -57,7 +57,7 @@ WORDS = (
     "candle engine harbor island jacket kettle ladder marble needle ocean pencil quartz "
     "rabbit saddle tunnel umbrella valley wagon yellow zebra anchor basket castle dragon"
 ).split()
-# The targets of the scenario, as the issue states them.
+# The scenario's targets (docs/benchmarks.md).
 TARGET_ATTAINMENT = 0.95
 TARGET_NODE_SECONDS_RATIO = 0.7
 TARGET_PREDICTION_ERROR = 0.2

@@ -4,7 +4,7 @@ with and without an objective to judge?
 
 Times each step over many requests in this process (`time.process_time`, so other load on
 the machine does not count), with learned timings for a realistic number of servers and
-nodes. The target (the CPU-budget issue): under 50 µs per request where objectives are not
+nodes. The budget: under 50 µs of CPU per request where objectives are not
 used. Run: `python -m bench.experiments.objective_cost [--requests N]`.
 """
 
