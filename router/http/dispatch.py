@@ -18,6 +18,7 @@ from router.runtime.state import AppState
 from router.serving import PathResponse, RoutedRequest, new_request_id
 from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
+from router.tenants.admission import used_tokens
 from router.tenants.identity import tenant_of
 
 
@@ -85,14 +86,6 @@ class Dispatcher:
 
         routed.on_end = ended
         return PathResponse(path, routed, state.live, state.metrics.in_flight(decision.path))
-
-
-def used_tokens(access: AccessRecord) -> int | None:
-    """The tokens an answer used, prompt and completion, as its usage reported them (None
-    where it reported none)."""
-    if access.prompt_tokens is None or access.completion_tokens is None:
-        return None
-    return access.prompt_tokens + access.completion_tokens
 
 
 def _unavailable(decision: Decision) -> GatewayError:

@@ -534,10 +534,9 @@ class LatencyPath:
 
 def _planned_prefill(request: RoutedRequest, servers: ServerSet) -> Choice | None:
     """The prefill server a request's objective was predicted for, if the node granted is of
-    that server's pool."""
+    that server's pool and the server is still healthy after the wait for the node."""
     planned = request.planned
-    prefill = planned.prediction.facts.prefill if planned is not None else None
-    return prefill if prefill is not None and prefill.url in servers.urls else None
+    return servers.still(planned.prediction.facts.prefill if planned is not None else None)
 
 
 def _node_deadline(request: RoutedRequest, started: float) -> tuple[float | None, bool]:

@@ -308,6 +308,13 @@ class ServerSet:
     def outstanding(self) -> dict[str, int]:
         return dict(self._outstanding)
 
+    def still(self, choice: Choice | None) -> Choice | None:
+        """`choice`, made a while ago, if the set would still consider its server (healthy:
+        not ejected since); None otherwise, for the caller to choose again."""
+        if choice is None or choice.url not in self._outstanding:
+            return None
+        return choice if all(f.keep(choice.url) for f in self._filters) else None
+
     def running(self, url: str) -> int:
         """Requests `url` is serving: the gateway's in flight there, and where the server's
         own figures are fresh, those of other replicas and clients (0 for a server not of

@@ -19,6 +19,7 @@ from typing import Any
 
 from router.config import TenantsConfig
 from router.errors import Overloaded, Unavailable
+from router.telemetry.access import AccessRecord
 from router.telemetry.metrics import Metrics
 from router.tenants.identity import DEFAULT_TENANT
 from router.tenants.limiter import Limiter, LimiterUnavailable, Rate, Verdict
@@ -148,6 +149,17 @@ class Tenants:
                 log.warning("a tenant's tokens could not be settled: %s", exc)
 
         self._spawn(settle())
+
+
+def used_tokens(access: AccessRecord) -> int | None:
+    """The tokens an answer used, prompt and completion, as its usage reported them; none
+    for an answer refused or failed before it started (nothing was generated); None where a
+    started answer reported no usage."""
+    if access.prompt_tokens is not None and access.completion_tokens is not None:
+        return access.prompt_tokens + access.completion_tokens
+    if (access.status or 200) >= 400 and access.ttft_ms is None:
+        return 0
+    return None
 
 
 def _key(tenant: str, kind: str) -> str:

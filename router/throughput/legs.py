@@ -92,7 +92,7 @@ class SplitPath:
         it would not pay (or cannot be done), or its objective chose it; None: split. The
         way and why are recorded."""
         native = request.planned.native if request.planned is not None else None
-        planned_decode = native.facts.decode if native is not None else None
+        planned_decode = self._decode.still(native.facts.decode if native is not None else None)
         if not request.splits:
             _served(
                 request, "whole", "scores_prompt" if request.parsed.scores_prompt else "not_split"
@@ -209,10 +209,12 @@ def decode_answer(
     return forward(reply, request, metrics, rewrite=rewriter)
 
 
-def planned_servers(request: RoutedRequest) -> tuple[Choice | None, Choice | None]:
-    """The decode and prefill servers a split request's objective was predicted for (none
-    without one: the legs choose)."""
+def planned_servers(
+    request: RoutedRequest, decode: ServerSet, prefill: ServerSet
+) -> tuple[Choice | None, Choice | None]:
+    """The decode and prefill servers a split request's objective was predicted for, each
+    while its set still considers it (none without one: the legs choose)."""
     native = request.planned.native if request.planned is not None else None
     if native is None:
         return None, None
-    return native.facts.decode, native.facts.prefill
+    return decode.still(native.facts.decode), prefill.still(native.facts.prefill)

@@ -80,6 +80,6 @@ class ProxyPath:
             send,
             hold_on=stack,
             judge=lambda r: status_outcome(r.status),
-            first=planned.facts.decode if planned is not None else None,
+            first=self._proxy.still(planned.facts.decode if planned is not None else None),
         )
         return forward(reply, request, self._metrics)

@@ -46,7 +46,7 @@ class PullPath(SplitPath):
             request.access.prefill = choice.url
             return await run_prefill(upstreams, choice.url, request)
 
-        decode_first, prefill_first = planned_servers(request)
+        decode_first, prefill_first = planned_servers(request, self._decode, self._prefill)
         prefill = await call_on(self._prefill, prefill_leg, request=affinity, first=prefill_first)
         body = pull_decode_body(request.body, prefill.kv_transfer_params)
 

@@ -63,7 +63,7 @@ class PushPath(SplitPath):
             return await call_on(
                 self._decode, whole, hold_on=stack, request=affinity, first=whole_choice
             )
-        decode_first, prefill_first = planned_servers(request)
+        decode_first, prefill_first = planned_servers(request, self._decode, self._prefill)
         decode_choice = decode_first or self._decode.pick(request=affinity)
         decode_url = stack.enter_context(self._decode.hold(decode_choice.url, affinity))
         chosen(request, decode_choice, self._decode)

@@ -165,3 +165,15 @@ def test_a_server_a_set_dropped_starts_fresh_when_the_next_names_it_again() -> N
 def load_book(servers: ServerSet) -> LoadBook:
     (book,) = [s.book for s in servers.scorers if isinstance(s, ServerLoad)]
     return book
+
+
+def test_a_choice_made_earlier_stands_only_while_its_server_is_still_healthy() -> None:
+    book = HealthBook([A, B, C])
+    servers = default_set([A, B, C], health=book)
+    made = Choice(A, "load")
+    assert servers.still(made) is made
+    for _ in range(5):  # ejected meanwhile (during a wait for a node, say)
+        book.report(A, "unreachable")
+    assert servers.still(made) is None
+    assert servers.still(Choice("http://elsewhere", "load")) is None
+    assert servers.still(None) is None

@@ -15,7 +15,7 @@ from router.config import TenantsConfig
 from router.errors import Overloaded, Unavailable
 from router.telemetry.access import AccessRecord
 from router.telemetry.metrics import Metrics
-from router.tenants.admission import Tenants, duration
+from router.tenants.admission import Tenants, duration, used_tokens
 from router.tenants.limiter import LimiterUnavailable, MemoryLimiter, Rate, Verdict
 
 
@@ -144,3 +144,19 @@ def test_a_tenants_node_time_and_wait_are_counted_from_its_answers() -> None:
     text = generate_latest(metrics.registry).decode()
     assert 'pd_gateway_tenant_node_seconds_total{tenant="acme"} 1.0' in text
     assert 'pd_gateway_tenant_queue_wait_seconds_count{tenant="acme"} 1.0' in text
+
+
+@pytest.mark.parametrize(
+    ("fields", "used"),
+    [
+        ({"prompt_tokens": 30, "completion_tokens": 12, "status": 200}, 42),
+        ({"status": 429}, 0),  # refused after admission: nothing generated
+        ({"status": 502, "prompt_tokens": 30}, 0),
+        ({"status": 200, "ttft_ms": 50.0}, None),  # a stream without usage: not known
+        ({"status": 500, "ttft_ms": 50.0}, None),  # failed mid-answer
+    ],
+)
+def test_what_an_answer_used_is_read_off_its_record(
+    fields: dict[str, Any], used: int | None
+) -> None:
+    assert used_tokens(AccessRecord("r", **fields)) == used
