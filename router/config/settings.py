@@ -645,13 +645,31 @@ TenantSource = Literal["api_key", "header", "user"]
 TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$"
 
 
-class TenantLimitsConfig(StrictModel):
-    """A tenant's rate limits, each per minute; none: no limit of that kind."""
+NodeCount = Annotated[int, Field(ge=1, le=100_000)]
 
+
+class TenantConfig(StrictModel):
+    """A tenant's share of the TileRT pools, and its limits (none: no limit of that kind)."""
+
+    weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
+    """Its part of a pool's node time against the other tenants waiting at one priority:
+    a tenant of weight 2 is served as if it had held half the node time it held."""
+    max_nodes: NodeCount | dict[str, NodeCount] | None = None
+    """The TileRT nodes its requests may hold at once: in each model's pool alike, or per
+    model (a model not named: no cap)."""
     requests_per_minute: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = None
     tokens_per_minute: Annotated[int, Field(ge=1, le=1_000_000_000_000)] | None = None
     """The prompt's tokens and `max_tokens`, taken when the request is admitted, settled
     with the usage its answer reports."""
+    node_seconds_per_hour: Annotated[float, Field(gt=0, le=1_000_000_000)] | None = None
+    """A quota on TileRT node time: the time its answers held nodes, charged as each ends;
+    once an hour's worth is spent, requests that would hold a node are refused (429
+    `insufficient_quota`) until enough of it has come back."""
+
+    def max_nodes_in(self, model: str) -> int | None:
+        if isinstance(self.max_nodes, dict):
+            return self.max_nodes.get(model)
+        return self.max_nodes
 
 
 class TenantsConfig(StrictModel):
@@ -662,10 +680,10 @@ class TenantsConfig(StrictModel):
     verified API key name, the `header` (trusted: set it only where a proxy in front sets
     it), the body's `user`. A request naming none is the `default` tenant."""
     header: str | None = None
-    every: TenantLimitsConfig = TenantLimitsConfig()
-    """Each tenant's limits alike (each counted per tenant)."""
-    named: dict[Annotated[str, Field(pattern=TENANT_NAME)], TenantLimitsConfig] = {}
-    """Limits of a named tenant, replacing `every`'s where they are set."""
+    every: TenantConfig = TenantConfig()
+    """Each tenant's share and limits alike (each counted per tenant)."""
+    named: dict[Annotated[str, Field(pattern=TENANT_NAME)], TenantConfig] = {}
+    """A named tenant's share and limits, replacing `every`'s where they are set."""
     on_store_unavailable: Literal["allow", "refuse"] = "allow"
     """While the limits' shared store (the gate's Redis) cannot be reached: let requests
     through uncounted, or refuse them (503)."""
@@ -683,8 +701,8 @@ class TenantsConfig(StrictModel):
             raise ValueError("identify: each source once")
         return self
 
-    def limits_of(self, tenant: str) -> TenantLimitsConfig:
-        """`every`'s limits, with those the tenant's own entry sets in their place."""
+    def tenant(self, tenant: str) -> TenantConfig:
+        """`every`'s settings, with those the tenant's own entry sets in their place."""
         own = self.named.get(tenant)
         if own is None:
             return self.every

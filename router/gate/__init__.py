@@ -5,12 +5,15 @@ from __future__ import annotations
 from router.config import GateConfig
 from router.gate.base import (
     CONTINUING,
+    DEFAULT_TENANT,
+    UNSHARED,
     Gate,
     GateRejected,
     GateSnapshot,
     Lease,
     PoolAdmin,
     ProbeClaim,
+    Share,
     SlotGate,
 )
 from router.gate.circuit_breaker import NodeFailure, failure_for
@@ -21,6 +24,8 @@ from router.node import Node
 
 __all__ = [
     "CONTINUING",
+    "DEFAULT_TENANT",
+    "UNSHARED",
     "Gate",
     "GateRejected",
     "GateSnapshot",
@@ -28,6 +33,7 @@ __all__ = [
     "NodeFailure",
     "PoolAdmin",
     "ProbeClaim",
+    "Share",
     "SlotGate",
     "failure_for",
     "make_gate",

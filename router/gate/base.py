@@ -14,10 +14,41 @@ from router.gate.circuit_breaker import NodeFailure
 from router.node import Node
 
 RejectReason = Literal[
-    "queue_full", "wait_timeout", "pool_saturated", "no_node", "gate_unavailable"
+    "queue_full",
+    "wait_timeout",
+    "pool_saturated",
+    "tenant_max_nodes",
+    "no_node",
+    "gate_unavailable",
 ]
 """`pool_saturated`: no slot free and no wait allowed (a `reject` rule).
-`gate_unavailable`: the pool's shared state (a backend's store) could not be reached."""
+`tenant_max_nodes`: the caller's tenant holds as many nodes as its share allows, and no
+wait was allowed. `gate_unavailable`: the pool's shared state (a backend's store) could not
+be reached."""
+
+DEFAULT_TENANT = "default"
+"""The tenant of requests that name none."""
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """Whose request waits for a node, and its tenant's part of the pool: `weight` in the
+    fair share of node time among the tenants waiting at one priority, and `max_nodes` the
+    tenant may hold at once (None: no cap)."""
+
+    tenant: str = DEFAULT_TENANT
+    weight: float = 1.0
+    max_nodes: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0:
+            raise ValueError(f"a share's weight is above 0, not {self.weight}")
+        if "|" in self.tenant or "\n" in self.tenant:
+            raise ValueError(f"a tenant's name has no '|' or line break: {self.tenant!r}")
+
+
+UNSHARED = Share()
+"""A request of the default tenant, with no cap: every request before tenants were named."""
 
 
 class GateRejected(Exception):
@@ -90,9 +121,19 @@ class SlotGate(Protocol):
     """What a request sees: a slot to wait for, and how long a refused client should wait."""
 
     async def acquire(
-        self, *, priority: float, wait_s: float, holder: str, deadline_s: float | None = None
+        self,
+        *,
+        priority: float,
+        wait_s: float,
+        holder: str,
+        deadline_s: float | None = None,
+        share: Share = UNSHARED,
     ) -> Lease:
-        """Wait for a slot: higher priority first, then earliest deadline first. A rule's
+        """Wait for a slot: higher priority first; within a priority, the tenant furthest
+        behind its fair share of node time first (`share`, `fair_share.py`), and within a
+        tenant the earliest deadline first. A tenant holding its `max_nodes` waits (or is
+        refused with `tenant_max_nodes` when `wait_s` is 0) until one of its nodes is given
+        back, whatever is free. A rule's
         priorities are whole numbers; an answer continued on another node asks with its
         rule's priority and a half (`CONTINUING`): ahead of its own priority's waiters,
         behind a higher one.

@@ -17,14 +17,20 @@ class HoldTimeEstimator:
 
     QUANTILE = 0.75
     MIN_SAMPLES = 4
+    INITIAL_S = 5.0  # assumed until MIN_SAMPLES holds are known
 
-    def __init__(self, initial_s: float = 5.0, window: int = 128) -> None:
+    def __init__(self, initial_s: float = INITIAL_S, window: int = 128) -> None:
         self._initial_s = initial_s
         self._recent: deque[float] = deque(maxlen=window)
 
     @property
     def typical_s(self) -> float:
         return self._quantile(self.QUANTILE)
+
+    @property
+    def median_s(self) -> float:
+        """The median hold: what a node just granted is expected to be held."""
+        return self._quantile(0.5)
 
     def _quantile(self, quantile: float) -> float:
         if len(self._recent) < self.MIN_SAMPLES:
@@ -53,7 +59,7 @@ class HoldTimeEstimator:
         upper quartile, and not rounded (0 when a slot is free and nobody waits)."""
         if nodes <= 0:
             return math.inf
-        return _wait(self._quantile(0.5), waiting=waiting, nodes=nodes, held_for=held_for)
+        return _wait(self.median_s, waiting=waiting, nodes=nodes, held_for=held_for)
 
 
 def _wait(typical_s: float, *, waiting: int, nodes: int, held_for: Sequence[float]) -> float:

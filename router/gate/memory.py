@@ -7,40 +7,43 @@ request starts the moment the previous decode response ends.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 
-from router.gate.base import GateRejected, GateSnapshot, ProbeClaim
+from router.gate.base import (
+    UNSHARED,
+    GateRejected,
+    GateSnapshot,
+    ProbeClaim,
+    RejectReason,
+    Share,
+)
 from router.gate.circuit_breaker import NodeFailure, NodeHealth
 from router.gate.events import UNRECORDED, GateEvents
+from router.gate.fair_share import FairQueue, Hold, VirtualTime, Waiter, holding
 from router.gate.hold_times import HoldTimeEstimator
 from router.node import Node
 
 
 @dataclass(order=True, slots=True)
-class _Waiter:
-    """`due` (monotonic): its deadline, for a waiter that must have its node by then (an
-    objective), else when it arrived; `arrival` keeps equal ones first come, first served."""
-
-    key: tuple[float, float, int]  # (-priority, due, arrival): heap order is service order
-    future: asyncio.Future[Node] = field(compare=False)
-    holder: str = field(compare=False)
-    active: bool = field(default=True, compare=False)
+class _Waiter(Waiter):
+    future: asyncio.Future[Node] = field(kw_only=True, compare=False)
 
 
 class MemoryLease:
-    __slots__ = ("_acquired_at", "_gate", "_node", "_released", "holder")
+    __slots__ = ("_acquired_at", "_gate", "_node", "_released", "holder", "share")
 
-    def __init__(self, gate: MemoryGate, node: Node, holder: str) -> None:
+    def __init__(self, gate: MemoryGate, node: Node, holder: str, share: Share) -> None:
         self._gate = gate
         self._node = node
         self._acquired_at = time.monotonic()
         self._released = False
         self.holder = holder
+        self.share = share
 
     @property
     def node(self) -> Node:
@@ -56,7 +59,9 @@ class MemoryLease:
         if not self._released:
             self._released = True
             held_s = time.monotonic() - self._acquired_at
-            self._gate._release(self._node, held_s, failure, reports_health=reports_health)
+            self._gate._release(
+                self._node, held_s, self.share, failure, reports_health=reports_health
+            )
 
     def valid(self) -> bool:
         return not self._released
@@ -85,34 +90,54 @@ class MemoryGate:
         )
         self._free: deque[Node] = deque(nodes)
         self._holders: dict[str, str | None] = {n.id: None for n in nodes}
-        self._waiters: list[_Waiter] = []
-        self._waiting = 0
-        self._stale = 0  # heap entries of waiters who gave up
+        self._waiters: FairQueue[_Waiter] = FairQueue()
         self._max_queue = max_queue
         self._arrivals = itertools.count()
         self._hold_times = HoldTimeEstimator()
-        self._held_since: dict[str, float] = {}  # node id -> when its holder got it
+        self._holds: dict[str, Hold] = {}  # node id -> its holder's share, since when
+        self._virtual = VirtualTime()
         self._leaving: set[str] = set()  # removed by a reload, still held
 
+    @property
+    def _waiting(self) -> int:
+        return self._waiters.active
+
     async def acquire(
-        self, *, priority: float, wait_s: float, holder: str, deadline_s: float | None = None
+        self,
+        *,
+        priority: float,
+        wait_s: float,
+        holder: str,
+        deadline_s: float | None = None,
+        share: Share = UNSHARED,
     ) -> MemoryLease:
-        if self._free and self._waiting == 0:
-            return self._grant(self._free.popleft(), holder)
+        tenant = share.tenant
+        if not self._waiters.waits(tenant) and all(
+            h.share.tenant != tenant for h in self._holds.values()
+        ):
+            self._virtual.lift(tenant)
+        holds = self._holding()
+        may_hold = _below_cap(share, holds)
+        # A node is free only while every waiter is at its cap (fair_share.py).
+        if self._free and may_hold:
+            self._virtual.served_at(self._virtual_of(tenant, holds))
+            return self._grant(self._free.popleft(), holder, share)
         if self._health.expected == 0:
             raise GateRejected("no_node", self._retry_after_s())
         if self._waiting >= self._max_queue:
             raise GateRejected("queue_full", self._retry_after_s())
         if wait_s <= 0:
-            raise GateRejected("pool_saturated", self._retry_after_s())
+            reason: RejectReason = "pool_saturated" if may_hold else "tenant_max_nodes"
+            raise GateRejected(reason, self._retry_after_s())
         due = time.monotonic() + (0.0 if deadline_s is None else deadline_s)
         waiter = _Waiter(
-            (-priority, due, next(self._arrivals)),
-            asyncio.get_running_loop().create_future(),
+            (due, next(self._arrivals)),
+            priority,
+            share,
             holder,
+            future=asyncio.get_running_loop().create_future(),
         )
-        heapq.heappush(self._waiters, waiter)
-        self._waiting += 1
+        self._waiters.push(waiter)
         try:
             async with asyncio.timeout(wait_s):
                 node = await waiter.future
@@ -122,7 +147,7 @@ class MemoryGate:
         except BaseException:
             self._abandon(waiter)
             raise
-        return self._grant(node, holder)
+        return self._grant(node, holder, share)
 
     async def retry_after_s(self) -> int:
         return self._retry_after_s()
@@ -139,10 +164,18 @@ class MemoryGate:
     def _held_for(self) -> list[float]:
         now = time.monotonic()
         return [
-            now - since
-            for node_id, since in self._held_since.items()
+            now - hold.since
+            for node_id, hold in self._holds.items()
             if self._health.usable(node_id)
         ]
+
+    def _holding(self) -> dict[str, tuple[int, float]]:
+        return holding(
+            self._holds.values(), now=time.monotonic(), typical_s=self._hold_times.median_s
+        )
+
+    def _virtual_of(self, tenant: str, holds: dict[str, tuple[int, float]]) -> float:
+        return self._virtual.of(tenant) + holds.get(tenant, (0, 0.0))[1]
 
     def _retry_after_s(self) -> int:
         if self._health.in_service == 0:
@@ -242,7 +275,7 @@ class MemoryGate:
         self._leaving.discard(node_id)
         self._nodes = [n for n in self._nodes if n.id != node_id]
         self._holders.pop(node_id, None)
-        self._held_since.pop(node_id, None)
+        self._holds.pop(node_id, None)
         self._health.remove(node_id)
 
     def _back_in_service(self, node_id: str) -> None:
@@ -250,45 +283,49 @@ class MemoryGate:
             self._hand_over(next(n for n in self._nodes if n.id == node_id))
 
     async def close(self) -> None:
-        for waiter in self._waiters:
-            if waiter.active:
-                waiter.active = False
-                self._waiting -= 1
-                waiter.future.cancel()
+        for waiter in self._waiters.drain():
+            waiter.future.cancel()
 
-    def _grant(self, node: Node, holder: str) -> MemoryLease:
-        self._metrics.granted("memory")
+    def _reserve(self, node: Node, holder: str, share: Share) -> None:
+        """The node is the holder's from now (held by it, or handed over to it)."""
         self._holders[node.id] = holder
-        self._held_since[node.id] = time.monotonic()
-        return MemoryLease(self, node, holder)
+        self._holds[node.id] = Hold(share, time.monotonic())
+
+    def _unreserve(self, node: Node) -> None:
+        self._holders[node.id] = None
+        self._holds.pop(node.id, None)
+
+    def _grant(self, node: Node, holder: str, share: Share) -> MemoryLease:
+        self._metrics.granted("memory")
+        self._reserve(node, holder, share)  # held from now, not from its hand-over
+        return MemoryLease(self, node, holder, share)
 
     def _abandon(self, waiter: _Waiter) -> None:
         """A waiter gave up. If a node was handed to it in the meantime, pass that node on."""
         if waiter.active:
-            waiter.active = False
-            self._waiting -= 1
+            self._waiters.discard(waiter)
             waiter.future.cancel()
-            self._stale += 1
-            if self._stale > 64 and self._stale * 2 > len(self._waiters):
-                # Given-up entries stay in the heap until popped: rebuild it before they pile up.
-                self._waiters = [w for w in self._waiters if w.active]
-                heapq.heapify(self._waiters)
-                self._stale = 0
         elif (
             waiter.future.done()
             and not waiter.future.cancelled()
             and waiter.future.exception() is None
         ):
             node = waiter.future.result()
-            self._holders[node.id] = None
+            self._unreserve(node)
             self._pass_on(node)
 
     def _release(
-        self, node: Node, held_s: float, failure: NodeFailure | None, *, reports_health: bool
+        self,
+        node: Node,
+        held_s: float,
+        share: Share,
+        failure: NodeFailure | None,
+        *,
+        reports_health: bool,
     ) -> None:
         self._hold_times.observe(held_s)
-        self._holders[node.id] = None
-        self._held_since.pop(node.id, None)
+        self._virtual.charge(share, held_s)
+        self._unreserve(node)
         if reports_health:
             self._health.record(node.id, failure)
         self._pass_on(node)
@@ -299,35 +336,42 @@ class MemoryGate:
             self._forget(node.id)
             self._fail_waiters_if_no_node()
         elif self._health.usable(node.id):
-            self._hand_over(node)
+            self._free.append(node)
         else:
             self._fail_waiters_if_no_node()
+        self._fill()  # its holder's tenant may hold another node now
 
     def _fail_waiters_if_no_node(self) -> None:
         """With every node out of service for a reason that may last, waiting is pointless:
         reject the queue now."""
         if self._health.expected:
             return
-        for waiter in self._waiters:
-            if waiter.active:
-                waiter.active = False
-                self._waiting -= 1
-                if not waiter.future.done():
-                    waiter.future.set_exception(GateRejected("no_node", self._retry_after_s()))
-        self._waiters.clear()
-        self._stale = 0
+        retry_after_s = self._retry_after_s()
+        for waiter in self._waiters.drain():
+            if not waiter.future.done():
+                waiter.future.set_exception(GateRejected("no_node", retry_after_s))
 
     def _hand_over(self, node: Node) -> None:
-        while self._waiters:
-            waiter = heapq.heappop(self._waiters)
-            if not waiter.active:
-                self._stale = max(0, self._stale - 1)
-                continue
-            waiter.active = False
-            self._waiting -= 1
+        self._free.append(node)
+        self._fill()
+
+    def _fill(self) -> None:
+        """Free nodes to the waiters the ordering policy picks (`fair_share.py`), while any
+        may hold one more."""
+        while self._free:
+            holds = self._holding()
+            waiter = self._waiters.pick(
+                partial(_below_cap, holds=holds), partial(self._virtual_of, holds=holds)
+            )
+            if waiter is None:
+                return
             if waiter.future.done():
                 continue  # cancelled, its task not yet resumed: it will find nothing to pass on
-            self._holders[node.id] = waiter.holder  # reserved until the waiter's task resumes
+            self._virtual.served_at(self._virtual_of(waiter.share.tenant, holds))
+            node = self._free.popleft()
+            self._reserve(node, waiter.holder, waiter.share)  # until the waiter's task resumes
             waiter.future.set_result(node)
-            return
-        self._free.append(node)
+
+
+def _below_cap(share: Share, holds: dict[str, tuple[int, float]]) -> bool:
+    return share.max_nodes is None or holds.get(share.tenant, (0, 0.0))[0] < share.max_nodes

@@ -6,6 +6,8 @@ the paths' business (`router.serving.Fallback`); nothing here depends on the pat
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
@@ -18,7 +20,7 @@ from router.runtime.state import AppState
 from router.serving import PathResponse, RoutedRequest, new_request_id
 from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
-from router.tenants.admission import used_tokens
+from router.tenants.admission import NodeUse, used_tokens
 from router.tenants.identity import tenant_of
 
 
@@ -61,7 +63,9 @@ class Dispatcher:
             raise error
         tokens = decision.prompt_tokens_estimate() + (parsed.token_budget or 0)
         try:
-            admitted = await tenants.admit(tenant, tokens)
+            admitted = await tenants.admit(
+                tenant, tokens, model=parsed.model, node_use=_node_use(decision)
+            )
         except GatewayError as error:
             error.headers = {**headers, **error.headers}
             raise
@@ -77,6 +81,9 @@ class Dispatcher:
             access,
             intake.client_body,
             request.headers,
+            share=admitted.share,
+            nodes_refused=admitted.nodes_refused,
+            on_node_released=partial(tenants.node_released, admitted),
         )
         learning = model.objective.learning(routed)
 
@@ -86,6 +93,16 @@ class Dispatcher:
 
         routed.on_end = ended
         return PathResponse(path, routed, state.live, state.metrics.in_flight(decision.path))
+
+
+def _node_use(decision: Decision) -> NodeUse:
+    """Whether the request may hold a TileRT node: an objective's tilert way is one of its
+    ways; a fixed latency rule's node is its only one (what a spill does is no plan)."""
+    if decision.objective is not None:
+        if "tilert" not in decision.ways:
+            return "none"
+        return "only" if tuple(decision.ways) == ("tilert",) else "maybe"
+    return "only" if decision.path == "latency" else "none"
 
 
 def _unavailable(decision: Decision) -> GatewayError:

@@ -57,6 +57,7 @@ _REJECTED = {
     "queue_full": "all TileRT decode nodes are busy and the queue is full; retry later",
     "wait_timeout": "no TileRT decode node became free within the wait budget; retry later",
     "pool_saturated": "every TileRT decode node is busy; retry later",
+    "tenant_max_nodes": "the tenant holds as many TileRT decode nodes as it may; retry later",
     "no_node": "no TileRT decode node is available; retry later",
     "gate_unavailable": "the TileRT pool's shared state cannot be reached; retry later",
 }
@@ -311,6 +312,7 @@ class LatencyPath:
                         priority=request.decision.priority + CONTINUING,
                         wait_s=self._config.continuation_wait_ms / 1000,
                         holder=rid,
+                        share=request.share,
                     )
                 except GateRejected:
                     if self._native is None or options.grammar_spec is not None:
@@ -400,10 +402,13 @@ class LatencyPath:
         access.node, access.prefill = lease.node.id, choice.url
         access.upstream, access.upstream_reason = choice.url, choice.reason
         released = asyncio.Event()
+        held_from = time.monotonic()
 
         def on_released(session: NodeSession) -> None:
             self._live.discard(session)
             released.set()
+            if request.on_node_released is not None:
+                request.on_node_released(time.monotonic() - held_from)
 
         session = NodeSession(
             self._deps, lease, model=self._model, prefill_url=choice.url, on_released=on_released
@@ -459,6 +464,7 @@ class LatencyPath:
                     wait_s=wait_s,
                     holder=request.request_id,
                     deadline_s=deadline_s,
+                    share=request.share,
                 )
                 tracing.annotate(node=lease.node.id)
         except GateRejected as exc:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from policies import Decision
 from router.errors import GatewayError, error_json
+from router.gate import UNSHARED, Share
 from router.objectives import Planned
 from router.openai.endpoints import EndpointSpec
 from router.openai.requests import ChatRequest, CompletionRequest
@@ -50,6 +51,12 @@ class RoutedRequest:
     once for all paths whose keys have one shape)."""
     on_end: Callable[[], None] | None = None
     """Called once the answer has ended, however it ended (what it taught is learned)."""
+    share: Share = UNSHARED
+    """Its tenant's part of the TileRT pool, for the gate."""
+    nodes_refused: bool = False
+    """Its tenant's node time is spent: an objective's plan leaves the tilert way out."""
+    on_node_released: Callable[[float], None] | None = None
+    """Called with the seconds a node was held, as each node the answer held is given back."""
 
     @property
     def model(self) -> str:

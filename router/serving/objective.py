@@ -127,7 +127,7 @@ class ObjectivePath:
         offered: dict[str, WayFacts] = {}
         for way in ways:  # in the rule's order of cost
             if way == "tilert":
-                if self._nodes is not None:
+                if self._nodes is not None and not request.nodes_refused:
                     facts.append(
                         await self._nodes.tilert_facts(request, tokens, wait_s=node_wait_s)
                     )

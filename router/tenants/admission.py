@@ -1,8 +1,11 @@
-"""A tenant's request let in, or not, by its rate limits: one request and its tokens (the
-prompt's, as classification bounded them, and `max_tokens`) taken from the tenant's
-per-minute allowances when it is admitted, the tokens settled with the usage its answer
-reports. Every answer to a tenant with a limit carries OpenAI's `x-ratelimit-*` headers;
-over a limit, a 429 `rate_limit_exceeded` with `Retry-After`.
+"""A tenant's request let in, or not, by its rate limits and its quota: one request and its
+tokens (the prompt's, as classification bounded them, and `max_tokens`) taken from the
+tenant's per-minute allowances when it is admitted, the tokens settled with the usage its
+answer reports; the node time its answer held charged to its hourly quota as each node is
+given back. Every answer to a tenant with a limit carries OpenAI's `x-ratelimit-*` headers;
+over a limit, a 429 `rate_limit_exceeded` with `Retry-After`; a quota spent, a 429
+`insufficient_quota` for a request only a node could serve (one that has other ways is
+served without a node). The admitted request carries its tenant's `Share` of the pools.
 
 The counts live in a `Limiter`: in memory for one process, on the gate's Redis for every
 replica at once.
@@ -15,10 +18,11 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from router.config import TenantsConfig
+from router.config import TenantConfig, TenantsConfig
 from router.errors import Overloaded, Unavailable
+from router.gate import UNSHARED, Share
 from router.telemetry.access import AccessRecord
 from router.telemetry.metrics import Metrics
 from router.tenants.identity import DEFAULT_TENANT
@@ -29,16 +33,24 @@ log = logging.getLogger("pd_gateway.tenants")
 OTHER = "other"
 """The metrics' label of a tenant the configuration does not name (labels stay bounded)."""
 Spawn = Callable[[Coroutine[Any, Any, None]], object]
+NodeUse = Literal["none", "maybe", "only"]
+"""Whether a request may hold a TileRT node: not at all, as one way of several, or only."""
+HOUR_S = 3600.0
 
 
 @dataclass(slots=True)
 class Admitted:
-    """A request let in: what it took, and the headers its answer carries."""
+    """A request let in: what it took, the headers its answer carries, and its share."""
 
     tenant: str
     headers: dict[str, str] = field(default_factory=dict)
     tokens_taken: int = 0
     tokens_rate: Rate | None = None
+    share: Share = UNSHARED
+    node_quota: Rate | None = None
+    """The quota its node time is charged to (node-milliseconds an hour)."""
+    nodes_refused: bool = False
+    """Its quota is spent: served by another way than a node."""
 
 
 class Tenants:
@@ -61,14 +73,22 @@ class Tenants:
     def label(self, tenant: str) -> str:
         return tenant if tenant in self.config.named or tenant == DEFAULT_TENANT else OTHER
 
-    async def admit(self, tenant: str, tokens: int) -> Admitted:
+    def share_of(self, tenant: str, model: str) -> Share:
+        return _share(tenant, self.config.tenant(tenant), model)
+
+    async def admit(
+        self, tenant: str, tokens: int, *, model: str = "", node_use: NodeUse = "none"
+    ) -> Admitted:
         """Take one request and `tokens` from `tenant`'s allowances. Raises Overloaded (429
-        `rate_limit_exceeded`) over a limit, Unavailable (503) when the counts cannot be
-        reached and `on_store_unavailable: refuse`."""
-        limits = self.config.limits_of(tenant)
-        admitted = Admitted(tenant)
+        `rate_limit_exceeded`) over a limit, or (429 `insufficient_quota`) when its node time
+        is spent and only a node could serve it (`node_use`); Unavailable (503) when the
+        counts cannot be reached and `on_store_unavailable: refuse`."""
+        limits = self.config.tenant(tenant)
+        admitted = Admitted(tenant, share=_share(tenant, limits, model))
         self._seen_now(tenant)
         try:
+            if limits.node_seconds_per_hour is not None and node_use != "none":
+                await self._check_quota(admitted, limits.node_seconds_per_hour, node_use)
             if limits.requests_per_minute is not None:
                 rate = Rate(limits.requests_per_minute)
                 verdict = await self._limiter.take(_key(tenant, "requests"), rate, 1)
@@ -94,8 +114,37 @@ class Tenants:
                     code="rate_limits_unavailable",
                 ) from None
             log.warning("rate limits not checked (%s): letting the request through", exc)
-            return Admitted(tenant)
+            return Admitted(tenant, share=admitted.share)
         return admitted
+
+    async def _check_quota(self, admitted: Admitted, per_hour_s: float, node_use: NodeUse) -> None:
+        """Whether the tenant's node time is spent (an hour's worth charged and not come
+        back): a request only a node could serve is refused; another is served without one."""
+        quota = Rate(max(1, round(per_hour_s * 1000)), HOUR_S)
+        verdict = await self._limiter.take(_key(admitted.tenant, "node_ms"), quota, 0)
+        admitted.node_quota = quota
+        if verdict.allowed:
+            return
+        if node_use == "maybe":
+            admitted.nodes_refused = True
+            return
+        tenant = admitted.tenant
+        self._metrics.tenant_request(self.label(tenant), "insufficient_quota")
+        retry_after_s = max(1, math.ceil(verdict.retry_after_s))
+        raise Overloaded(
+            f"tenant {tenant!r} has used its TileRT node time for the hour"
+            f" ({per_hour_s:g} node-seconds); retry in {retry_after_s} s",
+            retry_after_s=retry_after_s,
+            code="insufficient_quota",
+        )
+
+    def node_released(self, admitted: Admitted, held_s: float) -> None:
+        """A node the request held has been given back after `held_s`: charged to its
+        quota, in the background."""
+        if admitted.node_quota is not None and held_s > 0:
+            self._settle(
+                _key(admitted.tenant, "node_ms"), admitted.node_quota, round(held_s * 1000)
+            )
 
     def settle(self, admitted: Admitted, used_tokens: int | None) -> None:
         """The answer used `used_tokens` in all (prompt and completion; None: not known):
@@ -116,7 +165,7 @@ class Tenants:
             "tracked": len(self._seen),
             "max_tracked": self.config.max_tracked,
             "tenants": {
-                tenant: {"admitted": count, **self.config.limits_of(tenant).model_dump()}
+                tenant: {"admitted": count, **self.config.tenant(tenant).model_dump()}
                 for tenant, count in reversed(self._seen.items())
             },
         }
@@ -160,6 +209,13 @@ def used_tokens(access: AccessRecord) -> int | None:
     if (access.status or 200) >= 400 and access.ttft_ms is None:
         return 0
     return None
+
+
+def _share(tenant: str, config: TenantConfig, model: str) -> Share:
+    max_nodes = config.max_nodes_in(model)
+    if config.weight == 1.0 and max_nodes is None and tenant == UNSHARED.tenant:
+        return UNSHARED
+    return Share(tenant, config.weight, max_nodes)
 
 
 def _key(tenant: str, kind: str) -> str:

@@ -1,4 +1,4 @@
-"""The tenants' per-minute rate limits, counted by GCRA, the generic cell rate algorithm (as
+"""The tenants' rate limits and quotas, counted by GCRA, the generic cell rate algorithm (as
 in `redis-cell` and `throttled`).
 
 GCRA keeps one timestamp per bucket, its theoretical arrival time (TAT): when the bucket
@@ -32,7 +32,8 @@ from redis.commands.core import AsyncScript
 from router.gate.redis.client import UNAVAILABLE, GateRedis
 
 WINDOW_S = 60.0
-"""The rates' period, and the burst tolerance: a whole minute's worth may be taken at once."""
+"""A rate's period unless it names its own, and its burst tolerance: a whole period's worth
+may be taken at once."""
 SLACK_S = 1e-6
 """Rounding the comparisons forgive: a cost that fits exactly must fit, whatever the
 doubles' last bits say (Redis's clock counts microseconds; this is one)."""
@@ -40,18 +41,21 @@ doubles' last bits say (Redis's clock counts microseconds; this is one)."""
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """Units (requests, tokens) per minute."""
+    """`limit` units (requests, tokens, node-milliseconds) per `window_s`."""
 
-    per_minute: int
+    limit: int
+    window_s: float = WINDOW_S
 
     def __post_init__(self) -> None:
-        if self.per_minute < 1:
-            raise ValueError(f"a rate is at least 1 per minute, not {self.per_minute}")
+        if self.limit < 1:
+            raise ValueError(f"a rate is at least 1 per window, not {self.limit}")
+        if not self.window_s > 0:
+            raise ValueError(f"a rate's window is above 0 s, not {self.window_s}")
 
     def span_s(self, units: int) -> float:
-        """How long `units` take to come back (one division: a minute's worth is exactly a
-        minute)."""
-        return units * WINDOW_S / self.per_minute
+        """How long `units` take to come back (one division: a window's worth is exactly the
+        window)."""
+        return units * self.window_s / self.limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +63,7 @@ class Verdict:
     """One `take`: whether the units were taken, and the bucket as the call left it."""
 
     allowed: bool
-    limit: int  # the rate per minute
+    limit: int  # the rate per window
     remaining: int  # whole units left, 0..limit
     reset_s: float  # until the bucket is full again
     retry_after_s: float  # until the cost would fit (0 when allowed)
@@ -89,11 +93,11 @@ def _verdict(rate: Rate, allowed: bool, ahead_s: float, retry_after_s: float) ->
     """The verdict of a call that left the TAT `ahead_s` ahead of now. A rate changed by a
     reload applies at once: the TAT is a time, whatever rate moved it."""
     ahead_s = max(0.0, ahead_s)
-    left = (WINDOW_S - ahead_s + SLACK_S) * rate.per_minute / WINDOW_S
+    left = (rate.window_s - ahead_s + SLACK_S) * rate.limit / rate.window_s
     return Verdict(
         allowed=allowed,
-        limit=rate.per_minute,
-        remaining=min(rate.per_minute, max(0, math.floor(left))),
+        limit=rate.limit,
+        remaining=min(rate.limit, max(0, math.floor(left))),
         reset_s=ahead_s,
         retry_after_s=0.0 if allowed else max(0.0, retry_after_s),
     )
@@ -126,8 +130,8 @@ class MemoryLimiter:
         now = self._clock()
         tat = max(self._tats.get(key, now), now)
         ahead = tat - now + rate.span_s(_checked(cost))
-        if ahead > WINDOW_S + SLACK_S:
-            retry = tat - now if cost > rate.per_minute else ahead - WINDOW_S
+        if ahead > rate.window_s + SLACK_S:
+            retry = tat - now if cost > rate.limit else ahead - rate.window_s
             if key in self._tats:
                 self._tats.move_to_end(key)
             return _verdict(rate, False, tat - now, retry)
@@ -159,9 +163,8 @@ def _sources() -> dict[str, str]:
     """Each script's full source: the constants shared with this module, `common.lua`, then
     the script's own."""
     folder = resources.files(__package__).joinpath("lua")
-    common = (
-        f"local WINDOW_MS, SLACK_MS = {WINDOW_S * 1000:.17g}, {SLACK_S * 1000:.17g}\n"
-        + folder.joinpath("common.lua").read_text(encoding="utf-8")
+    common = f"local SLACK_MS = {SLACK_S * 1000:.17g}\n" + folder.joinpath("common.lua").read_text(
+        encoding="utf-8"
     )
     return {
         name: common + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
@@ -213,7 +216,11 @@ class RedisLimiter:
         cancelled later leaves at once, but its call runs to its end in a task of its own:
         a command cut off half-way would leave its connection unusable (see
         router.gate.redis.scripts)."""
-        command = partial(self._scripts[script], [self.redis_key(key)], [rate.per_minute, units])
+        command = partial(
+            self._scripts[script],
+            [self.redis_key(key)],
+            [rate.limit, units, f"{rate.window_s * 1000:.17g}"],
+        )
         await self._calls.acquire()
         call = asyncio.ensure_future(self._redis.run(command))
         self._in_flight.add(call)

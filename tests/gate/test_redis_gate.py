@@ -19,7 +19,7 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from router.config import GateConfig, RedisGateConfig
-from router.gate import GateRejected, NodeFailure, ProbeClaim, make_gate
+from router.gate import GateRejected, NodeFailure, ProbeClaim, Share, make_gate
 from router.gate.redis import GateUnavailable, RedisGate, RedisLease
 from router.gate.redis.client import RedisClient, connect
 from router.node import Node
@@ -220,6 +220,32 @@ async def test_service_order_is_global_earliest_deadline_within_a_priority(
     assert order == ["patient", "hurried", "soon", "late"]
 
 
+async def test_a_tenants_cap_and_share_hold_across_replicas(replica: Replica) -> None:
+    """What one replica's requests hold counts on every replica: the cap refuses there, and
+    the node time held puts another replica's waiter of that tenant behind."""
+    pool = nodes(2)
+    a, b = replica(pool), replica(pool)
+    capped = Share("capped", max_nodes=1)
+    held = await a.acquire(priority=0, wait_s=1, holder="held-on-a", share=capped)
+    with pytest.raises(GateRejected) as refused:
+        await b.acquire(priority=0, wait_s=0, holder="refused-on-b", share=capped)
+    assert refused.value.reason == "tenant_max_nodes"
+    other = await b.acquire(priority=0, wait_s=1, holder="other", share=Share("other"))
+    first = asyncio.create_task(b.acquire(priority=0, wait_s=10, holder="capped-b", share=capped))
+    await waiting(a, 1)
+    second = asyncio.create_task(
+        a.acquire(priority=0, wait_s=10, holder="fresh-a", share=Share("fresh"))
+    )
+    await waiting(a, 2)
+    await other.release()  # the capped tenant waits first, and holds a node: `fresh` goes
+    lease = await asyncio.wait_for(second, 10)
+    assert not first.done()
+    await held.release()
+    capped_lease = await asyncio.wait_for(first, 10)
+    await lease.release()
+    await capped_lease.release()
+
+
 async def test_a_release_hands_the_node_to_a_waiter_of_its_own_replica_in_its_reply(
     replica: Replica,
 ) -> None:
@@ -348,6 +374,7 @@ async def test_a_place_left_without_its_waiter_passes_its_node_on_when_named(
         wait_ms=60_000,
         due_ms=0,  # ahead of `behind`
         max_queue=64,
+        share="",
     )
     assert queued[0] == "queued"
     behind = asyncio.create_task(a.acquire(priority=0, wait_s=30, holder="behind"))

@@ -31,12 +31,13 @@ def test_every_script_is_shipped_and_names_its_arguments() -> None:
         "wait_ms",
         "due_ms",
         "max_queue",
+        "share",
     )
     assert sources["state"][1] == ()
     for source, _ in sources.values():
-        constants, common = source.split("\n", 1)
+        constants, _ = source.split("-- Prepended to every script", 1)
         assert constants.startswith("local EXPECTED_BACK = {")
-        assert common.startswith("-- Prepended to every script")
+        assert "local HOLD_INITIAL_S = 5.0\nlocal HOLD_MIN_SAMPLES = 4\n" in constants
 
 
 def test_the_scripts_wait_for_the_same_reasons_as_the_python_side() -> None:

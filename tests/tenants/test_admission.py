@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 
 from router.config import TenantsConfig
 from router.errors import Overloaded, Unavailable
+from router.gate import UNSHARED, Share
 from router.telemetry.access import AccessRecord
 from router.telemetry.metrics import Metrics
 from router.tenants.admission import Tenants, duration, used_tokens
@@ -43,7 +44,10 @@ class Background:
 def tenants(limiter: Any = None, **config: Any) -> tuple[Tenants, Background]:
     background = Background()
     made = Tenants(
-        TenantsConfig(**config), limiter or MemoryLimiter(clock=Clock()), Metrics(), background
+        TenantsConfig(**config),
+        MemoryLimiter(clock=Clock()) if limiter is None else limiter,
+        Metrics(),
+        background,
     )
     return made, background
 
@@ -160,3 +164,41 @@ def test_what_an_answer_used_is_read_off_its_record(
     fields: dict[str, Any], used: int | None
 ) -> None:
     assert used_tokens(AccessRecord("r", **fields)) == used
+
+
+def test_a_tenants_share_is_its_weight_and_its_cap_in_the_model() -> None:
+    shared, _ = tenants(
+        every={"max_nodes": {"glm-5": 2}},
+        named={"acme": {"weight": 3, "max_nodes": 1}},
+    )
+    assert shared.share_of("acme", "glm-5") == Share("acme", 3.0, 1)
+    assert shared.share_of("other", "glm-5") == Share("other", 1.0, 2)
+    assert shared.share_of("other", "deepseek") == Share("other", 1.0, None)
+    assert tenants()[0].share_of("default", "glm-5") is UNSHARED
+
+
+async def test_node_time_spent_refuses_what_only_a_node_serves_and_keeps_the_rest() -> None:
+    """An hour's quota of 10 node-seconds: charged as nodes are given back; once spent, a
+    request only a node could serve is a 429 `insufficient_quota`, one with another way is
+    admitted without a node, and one that needs no node is not asked about it. It comes
+    back with time."""
+    clock = Clock()
+    quota, background = tenants(
+        MemoryLimiter(clock=clock), every={"node_seconds_per_hour": 10, "requests_per_minute": 9}
+    )
+    admitted = await quota.admit("acme", 1, node_use="only")
+    assert admitted.node_quota is not None and not admitted.nodes_refused
+    quota.node_released(admitted, 4.0)
+    quota.node_released(admitted, 7.0)  # 11 s: over the hour's 10
+    await background.settled()
+    with pytest.raises(Overloaded) as refused:
+        await quota.admit("acme", 1, node_use="only")
+    assert refused.value.code == "insufficient_quota" and refused.value.status == 429
+    assert refused.value.retry_after_s == 360  # one node-second back takes 6 minutes
+    maybe = await quota.admit("acme", 1, node_use="maybe")
+    assert maybe.nodes_refused
+    assert not (await quota.admit("acme", 1, node_use="none")).nodes_refused
+    assert (await quota.admit("other", 1, node_use="only")).node_quota is not None
+    clock.now += 360
+    assert not (await quota.admit("acme", 1, node_use="only")).nodes_refused
+    assert "insufficient_quota" in generate_latest(quota._metrics.registry).decode()

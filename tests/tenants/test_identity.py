@@ -49,6 +49,6 @@ def test_named_limits_replace_every_one_where_set() -> None:
         every={"requests_per_minute": 60, "tokens_per_minute": 1000},
         named={"acme": {"requests_per_minute": 600}},
     )
-    acme = config.limits_of("acme")
+    acme = config.tenant("acme")
     assert (acme.requests_per_minute, acme.tokens_per_minute) == (600, 1000)
-    assert config.limits_of("other").requests_per_minute == 60
+    assert config.tenant("other").requests_per_minute == 60

@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 from router.config import RedisGateConfig
-from router.gate.base import GateRejected, GateSnapshot, ProbeClaim, RejectReason
+from router.gate.base import UNSHARED, GateRejected, GateSnapshot, ProbeClaim, RejectReason, Share
 from router.gate.events import UNRECORDED, GateEvents
 from router.gate.redis.admin import RedisPoolAdmin
 from router.gate.redis.client import UNAVAILABLE, connect
@@ -121,7 +121,13 @@ class RedisGate:
     # -- SlotGate -----------------------------------------------------------------------
 
     async def acquire(
-        self, *, priority: float, wait_s: float, holder: str, deadline_s: float | None = None
+        self,
+        *,
+        priority: float,
+        wait_s: float,
+        holder: str,
+        deadline_s: float | None = None,
+        share: Share = UNSHARED,
     ) -> RedisLease:
         await self._start()
         self._wait_read_at = -math.inf  # the queue changes: the next prediction reads it
@@ -134,7 +140,9 @@ class RedisGate:
         # node right after the acquire script hands that node over here, not back.
         event = self._waiters.register(owner)
         try:
-            return await self._acquire(owner, holder, priority, wait_s, due_ms, event)
+            return await self._acquire(
+                owner, holder, _shared(share), priority, wait_s, due_ms, event
+            )
         finally:
             self._waiters.unregister(owner)
 
@@ -142,6 +150,7 @@ class RedisGate:
         self,
         owner: str,
         holder: str,
+        share: str,
         priority: float,
         wait_s: float,
         due_ms: int,
@@ -160,6 +169,7 @@ class RedisGate:
                     wait_ms=int(wait_s * 1000),
                     due_ms=due_ms,
                     max_queue=self._max_queue,
+                    share=share,
                 ),
             )
         except UNAVAILABLE as exc:
@@ -176,7 +186,7 @@ class RedisGate:
                 raise
         if reply[0] != "queued":
             raise GateRejected(_reason(reply[0]), await self.retry_after_s())
-        return await self._wait(owner, holder, reply[1], deadline, cancellations, event)
+        return await self._wait(owner, holder, share, reply[1], deadline, cancellations, event)
 
     async def retry_after_s(self) -> int:
         try:
@@ -269,6 +279,7 @@ class RedisGate:
         self,
         owner: str,
         holder: str,
+        share: str,
         score: str,
         deadline: float,
         cancellations: int,
@@ -288,6 +299,7 @@ class RedisGate:
                             holder=holder,
                             score=score,
                             remaining_ms=max(0, int((deadline - time.monotonic()) * 1000)),
+                            share=share,
                         ),
                     )
                     if reply[0] == "granted":
@@ -404,11 +416,20 @@ def _due_ms(deadline_s: float | None) -> int:
     return int(max(-_MAX_DUE_MS, min(_MAX_DUE_MS, due_s * 1000)))
 
 
+def _shared(share: Share) -> str:
+    """A waiter's share as the scripts store it: "" for the default one."""
+    if share == UNSHARED:
+        return ""
+    cap = "" if share.max_nodes is None else str(share.max_nodes)
+    return f"{share.tenant}|{share.weight!r}|{cap}"
+
+
 def _reason(reply: str) -> RejectReason:
     reasons: dict[str, RejectReason] = {
         "queue_full": "queue_full",
         "wait_timeout": "wait_timeout",
         "pool_saturated": "pool_saturated",
+        "tenant_max_nodes": "tenant_max_nodes",
         "no_node": "no_node",
     }
     return reasons.get(reply, "gate_unavailable")  # `gone`: the waiter had been withdrawn

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class PoolKeys:
-    """One pool's keys, in the order every script declares them (KEYS[1..7])."""
+    """One pool's keys, in the order every script declares them (KEYS[1..9])."""
 
     queue: str  # zset: waiters, score -priority * 2^40 + when due (ms since 2024-01-01)
     wait: str  # hash: waiter -> "<expires ms>|<holder>"
@@ -26,6 +26,8 @@ class PoolKeys:
     grants: str  # hash: queued waiter -> "<expires ms>|<node id>", until it claims it
     gone: str  # zset: waiters that gave up, scored by when the mark expires (ms)
     alive: str  # zset: the deployment's replicas, scored by when their heartbeat expires
+    shares: str  # hash: tenant -> its virtual node time (s), and "|clock" (fair_share.py)
+    shared: str  # hash: waiter -> "<tenant>|<weight>|<max_nodes>", unless the default share
 
     def declared(self) -> list[str]:
         return [
@@ -36,6 +38,8 @@ class PoolKeys:
             self.grants,
             self.gone,
             self.alive,
+            self.shares,
+            self.shared,
         ]
 
 
@@ -64,6 +68,8 @@ class KeyLayout:
             grants=f"{queue}:grants",
             gone=f"{queue}:gone",
             alive=self.alive,
+            shares=f"{queue}:shares",
+            shared=f"{queue}:shared",
         )
 
     def node(self, node_id: str) -> list[str]:

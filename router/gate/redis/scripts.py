@@ -34,6 +34,8 @@ from redis.exceptions import ResponseError
 
 from router.gate.circuit_breaker import EXPECTED_BACK
 from router.gate.events import GateEvents
+from router.gate.fair_share import MAX_TENANTS
+from router.gate.hold_times import HoldTimeEstimator
 from router.gate.redis.client import GateRedis
 from router.gate.redis.keys import KeyLayout, PoolKeys
 
@@ -63,7 +65,12 @@ def load_sources() -> dict[str, tuple[str, tuple[str, ...]]]:
 def _constants() -> str:
     """Lua definitions of what the scripts share with the Python side of the gate."""
     reasons = ", ".join(f'["{r}"] = true' for r in sorted(EXPECTED_BACK))
-    return f"local EXPECTED_BACK = {{{reasons}}}\n"
+    return (
+        f"local EXPECTED_BACK = {{{reasons}}}\n"
+        f"local HOLD_INITIAL_S = {HoldTimeEstimator.INITIAL_S!r}\n"
+        f"local HOLD_MIN_SAMPLES = {HoldTimeEstimator.MIN_SAMPLES}\n"
+        f"local MAX_TENANTS = {MAX_TENANTS}\n"
+    )
 
 
 def __getattr__(name: str) -> Any:

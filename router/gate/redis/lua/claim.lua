@@ -1,4 +1,4 @@
--- ARGV: owner holder score remaining_ms
+-- ARGV: owner holder score remaining_ms share
 -- A queued waiter looks for its grant; an entry lost meanwhile (its replica looked dead,
 -- or the server restarted) is put back at its old place.
 local owner, holder, score = ARG.owner, ARG.holder, ARG.score
@@ -33,7 +33,7 @@ local function claim()
 end
 local reply = claim()
 if reply then return finish(reply) end
-if not redis.call("ZSCORE", QUEUE, owner) then enqueue(owner, holder, score, remaining) end
+if not redis.call("ZSCORE", QUEUE, owner) then enqueue(owner, holder, score, remaining, ARG.share) end
 fill()
 reply = claim()
 if reply then return finish(reply) end

@@ -2,15 +2,15 @@
 -- the helpers the scripts share, and the check that the pool's state was not lost.
 --
 -- KEYS: the pool's queue, wait, held, epoch, grants and gone keys, the deployment's alive
--- key, then three keys (state, lease, probe) for each node named in ARGV[6] and
--- ARGV[7], in that order. No other key is touched.
+-- key, the pool's shares and shared keys, then three keys (state, lease, probe) for each
+-- node named in ARGV[6] and ARGV[7], in that order. No other key is touched.
 -- ARGV: the wake-up channel, the lease TTL (ms), the failure threshold, the caller's
 -- replica, the pool's epoch as the caller knows it ("" at first), the pool's node ids in
 -- grant order and the other node ids this call touches (one a line), the time (ms) a queued
 -- waiter has to claim a node granted to it, then the script's own arguments as name, value
 -- pairs (its header's `ARGV:` line names them).
 
-local QUEUE, WAIT, HELD, EPOCH_KEY, GRANTS, GONE, ALIVE = unpack(KEYS, 1, 7)
+local QUEUE, WAIT, HELD, EPOCH_KEY, GRANTS, GONE, ALIVE, SHARES, SHARED = unpack(KEYS, 1, 9)
 local CHANNEL, TTL, THRESHOLD = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local REPLICA, KNOWN_EPOCH = ARGV[4], ARGV[5]
 
@@ -27,7 +27,7 @@ for i = 9, #ARGV, 2 do ARG[ARGV[i]] = ARGV[i + 1] end
 
 local DECLARED = {}
 do
-  local k = 7
+  local k = 9
   for _, ids in ipairs({NODES, OTHERS}) do
     for _, id in ipairs(ids) do
       DECLARED[id] = {KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]}
@@ -127,14 +127,124 @@ local function free_node()
   return nil
 end
 
-local function enqueue(member, holder, score, wait_ms)
+-- The tenants' fair share (router/gate/fair_share.py, whose policy this mirrors). SHARED:
+-- waiter -> "<tenant>|<weight>|<max_nodes or empty>", for a waiter whose share is not the
+-- default one (none: the default tenant, weight 1, no cap; so are the waiters of an earlier
+-- release). SHARES: tenant -> its virtual node time (seconds, weighted), and "|clock" (no
+-- tenant's name has a "|"): the pool's virtual clock. A lease names its tenant and weight.
+local DEFAULT_TENANT = "default"
+
+local function parse_share(value)
+  if not value then return DEFAULT_TENANT, 1, nil end
+  local tenant, weight, cap = string.match(value, "^([^|]*)|([^|]*)|(.*)$")
+  return tenant, tonumber(weight), tonumber(cap)
+end
+
+local function share_of(member) return parse_share(redis.call("HGET", SHARED, member)) end
+
+local function seconds(x) return string.format("%.17g", x) end
+
+local VCLOCK = nil
+local function vclock()
+  if not VCLOCK then VCLOCK = tonumber(redis.call("HGET", SHARES, "|clock")) or 0 end
+  return VCLOCK
+end
+
+local TYPICAL = nil
+-- The pool's median hold (seconds), as hold_times.py's median_s.
+local function typical_hold()
+  if TYPICAL then return TYPICAL end
+  local recent = redis.call("LRANGE", HELD, 0, -1)
+  if #recent < HOLD_MIN_SAMPLES then
+    TYPICAL = HOLD_INITIAL_S
+  else
+    local ordered = {}
+    for i, v in ipairs(recent) do ordered[i] = tonumber(v) end
+    table.sort(ordered)
+    TYPICAL = ordered[math.min(#ordered, math.floor(0.5 * #ordered) + 1)]
+  end
+  return TYPICAL
+end
+
+-- Per tenant: {nodes of the pool it holds, their weighted time so far (each at least the
+-- typical hold)}.
+local function holding()
+  local out = {}
+  for _, id in ipairs(NODES) do
+    local held = redis.call("HMGET", lease_key(id), "since", "tenant", "weight")
+    if held[1] then
+      local tenant = held[2] or DEFAULT_TENANT
+      local held_s = math.max((NOW - tonumber(held[1])) / 1000, typical_hold())
+      local sum = out[tenant] or {0, 0}
+      out[tenant] = {sum[1] + 1, sum[2] + held_s / (tonumber(held[3]) or 1)}
+    end
+  end
+  return out
+end
+
+local function held_by(holds, tenant)
+  local sum = holds[tenant]
+  if sum then return sum[1], sum[2] end
+  return 0, 0
+end
+
+local function below_cap(holds, tenant, cap)
+  return not cap or held_by(holds, tenant) < cap
+end
+
+local function virtual_of(holds, tenant)
+  local used = tonumber(redis.call("HGET", SHARES, tenant)) or vclock()
+  local _, held_s = held_by(holds, tenant)
+  return used + held_s
+end
+
+-- A tenant that holds no node asks: no credit from its idle time.
+local function lift(holds, tenant)
+  if held_by(holds, tenant) > 0 then return end
+  local used = tonumber(redis.call("HGET", SHARES, tenant))
+  if used and used <= vclock() then redis.call("HDEL", SHARES, tenant) end
+end
+
+local function served_at(virtual)
+  if virtual > vclock() then
+    VCLOCK = virtual
+    redis.call("HSET", SHARES, "|clock", seconds(virtual))
+  end
+end
+
+-- Beyond MAX_TENANTS, those nearest the clock are forgotten (no entry: at the clock).
+local function forget_tenants()
+  local all = redis.call("HGETALL", SHARES)
+  local ahead = {}
+  for i = 1, #all, 2 do
+    local v = tonumber(all[i + 1])
+    if all[i] ~= "|clock" and v > vclock() then ahead[#ahead + 1] = {all[i], v} end
+  end
+  table.sort(ahead, function(a, b) return a[2] > b[2] end)
+  redis.call("DEL", SHARES)
+  redis.call("HSET", SHARES, "|clock", seconds(vclock()))
+  for i = 1, math.min(#ahead, math.floor(MAX_TENANTS / 2)) do
+    redis.call("HSET", SHARES, ahead[i][1], seconds(ahead[i][2]))
+  end
+end
+
+-- A node held `held_s` by a tenant of `weight` has been given back.
+local function charge(tenant, weight, held_s)
+  local used = tonumber(redis.call("HGET", SHARES, tenant)) or vclock()
+  redis.call("HSET", SHARES, tenant, seconds(used + held_s / weight))
+  if redis.call("HLEN", SHARES) > MAX_TENANTS + 1 then forget_tenants() end
+end
+
+local function enqueue(member, holder, score, wait_ms, share)
   redis.call("ZADD", QUEUE, score, member)
   redis.call("HSET", WAIT, member, string.format("%d|%s", NOW + wait_ms + TTL, holder))
+  if share ~= "" then redis.call("HSET", SHARED, member, share) end
 end
 
 local function drop(member)
   redis.call("ZREM", QUEUE, member)
   redis.call("HDEL", WAIT, member)
+  redis.call("HDEL", SHARED, member)
 end
 
 local function stale(member)
@@ -151,10 +261,38 @@ local function head()
   end
 end
 
-local function lease(id, owner, holder)
+-- The waiter a free node goes to, or nil while none may hold one more: of the highest
+-- priority with such a waiter, the tenant with the least virtual time, its earliest due.
+-- The queue's order is priority, then due (acquire.lua's score): a priority is the score
+-- in halves, ceil(-score / 2^39), while every due time is under 2^39 ms past 2024 (2041).
+local function choose(holds)
+  if redis.call("HLEN", SHARED) == 0 then return head() end  -- one tenant, no cap
+  local queued = redis.call("ZRANGE", QUEUE, 0, -1, "WITHSCORES")
+  local band, best, best_virtual, seen = nil, nil, nil, {}
+  for i = 1, #queued, 2 do
+    local member = queued[i]
+    local priority = math.ceil(-tonumber(queued[i + 1]) / 2^39)
+    if band and priority ~= band then break end
+    if stale(member) then
+      drop(member)
+    else
+      local tenant, _, cap = share_of(member)
+      if not seen[tenant] and below_cap(holds, tenant, cap) then
+        band = priority
+        local virtual = virtual_of(holds, tenant)
+        if not best or virtual < best_virtual then best, best_virtual = member, virtual end
+      end
+      seen[tenant] = true  -- its first waiter is its earliest due
+    end
+  end
+  return best
+end
+
+local function lease(id, owner, holder, share)
+  local tenant, weight = parse_share(share)
   local token = redis.call("HINCRBY", node_key(id), "token", 1)
   redis.call("HSET", lease_key(id), "owner", owner, "holder", holder, "token", token,
-             "since", NOW)
+             "since", NOW, "tenant", tenant, "weight", seconds(weight))
   redis.call("PEXPIRE", lease_key(id), TTL)
   redis.call("HSET", node_key(id), "held", holder)
   return token
@@ -211,6 +349,12 @@ local function prune()
   for _, member in ipairs(redis.call("ZRANGE", QUEUE, 0, -1)) do
     if stale(member) then drop(member) end
   end
+  -- Shares of waiters an earlier release's script dropped (it knows nothing of them).
+  if redis.call("HLEN", SHARED) > redis.call("ZCARD", QUEUE) then
+    for _, member in ipairs(redis.call("HKEYS", SHARED)) do
+      if not redis.call("ZSCORE", QUEUE, member) then redis.call("HDEL", SHARED, member) end
+    end
+  end
   expire_grants()
 end
 
@@ -218,9 +362,13 @@ local function fill()
   expire_grants()
   local id = free_node()
   while id do
-    local member = head()
+    local holds = holding()
+    local member = choose(holds)
     if not member then return end
-    local token = lease(id, member, string.match(redis.call("HGET", WAIT, member), "|(.*)$"))
+    local share = redis.call("HGET", SHARED, member)
+    served_at(virtual_of(holds, (parse_share(share))))
+    local token = lease(id, member, string.match(redis.call("HGET", WAIT, member), "|(.*)$"),
+                        share)
     drop(member)
     if HAND_OVER and replica_of(member) == REPLICA then
       handed[#handed + 1] = member

@@ -6,10 +6,12 @@
 -- Answers 0 for a lost lease, else {1, then owner, node, token for each node handed over
 -- to one of the caller's own waiters}.
 local id = ARG.node
-local held = redis.call("HMGET", lease_key(id), "owner", "token", "since")
+local held = redis.call("HMGET", lease_key(id), "owner", "token", "since", "tenant", "weight")
 if held[1] ~= ARG.owner or held[2] ~= ARG.token then return 0 end
 unlease(id)
-redis.call("LPUSH", HELD, string.format("%.3f", (NOW - tonumber(held[3])) / 1000))
+local held_s = (NOW - tonumber(held[3])) / 1000
+redis.call("LPUSH", HELD, string.format("%.3f", held_s))
+charge(held[4] or DEFAULT_TENANT, tonumber(held[5]) or 1, held_s)
 redis.call("LTRIM", HELD, 0, 63)
 if ARG.reports_health == "1" then
   local key = node_key(id)
