@@ -20,12 +20,14 @@ def register(commands: Subcommands) -> None:
     bench.add_argument("--quick", action="store_true", help="a run of seconds (for a test)")
     bench.add_argument(
         "--scenario",
-        choices=["paths", "agents", "failover", "objectives"],
+        choices=["paths", "agents", "failover", "objectives", "tenants"],
         default="paths",
         help="paths: what the gateway adds on each path (default); agents: multi-turn"
         " conversations under each way of choosing a prefill server; failover: answers"
         " continued on another node when theirs fails mid-stream, and the gap at the seam;"
-        " objectives: who gets a TileRT node, by fixed rules or by objectives, at rising load",
+        " objectives: who gets a TileRT node, by fixed rules or by objectives, at rising load;"
+        " tenants: a greedy tenant beside interactive ones, weighted shares, one rate across"
+        " replicas, and the limiter's cost",
     )
     bench.add_argument(
         "--conversations", type=_positive, help="agents: conversations side by side (default 32)"
@@ -147,6 +149,10 @@ def _bench(args: argparse.Namespace) -> int:
         from bench.objectives import run_objectives
 
         return run_objectives(args, command or "pd-gateway bench --scenario objectives")
+    if args.scenario == "tenants":
+        from bench.tenants import run_tenants
+
+        return run_tenants(args, command or "pd-gateway bench --scenario tenants")
     from bench.command import run_bench
     from bench.options import BenchOptions, quick
 

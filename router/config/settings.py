@@ -684,6 +684,10 @@ class TenantsConfig(StrictModel):
     """Each tenant's share and limits alike (each counted per tenant)."""
     named: dict[Annotated[str, Field(pattern=TENANT_NAME)], TenantConfig] = {}
     """A named tenant's share and limits, replacing `every`'s where they are set."""
+    fair_share: bool = True
+    """The TileRT queue serves the tenants waiting at one priority by their weighted share of
+    node time, and keeps each within its `max_nodes`; false: tenants do not change the
+    queue's order (priority, deadline, arrival) and `weight` and `max_nodes` are unused."""
     on_store_unavailable: Literal["allow", "refuse"] = "allow"
     """While the limits' shared store (the gate's Redis) cannot be reached: let requests
     through uncounted, or refuse them (503)."""

@@ -26,7 +26,7 @@ from router.gate import UNSHARED, Share
 from router.telemetry.access import AccessRecord
 from router.telemetry.metrics import Metrics
 from router.tenants.identity import DEFAULT_TENANT
-from router.tenants.limiter import Limiter, LimiterUnavailable, Rate, Verdict
+from router.tenants.limiter import Limiter, LimiterUnavailable, Rate, Take, Verdict
 
 log = logging.getLogger("pd_gateway.tenants")
 
@@ -74,7 +74,15 @@ class Tenants:
         return tenant if tenant in self.config.named or tenant == DEFAULT_TENANT else OTHER
 
     def share_of(self, tenant: str, model: str) -> Share:
-        return _share(tenant, self.config.tenant(tenant), model)
+        return self._share(tenant, self.config.tenant(tenant), model)
+
+    def _share(self, tenant: str, config: TenantConfig, model: str) -> Share:
+        if not self.config.fair_share:
+            return UNSHARED
+        max_nodes = config.max_nodes_in(model)
+        if config.weight == 1.0 and max_nodes is None and tenant == UNSHARED.tenant:
+            return UNSHARED
+        return Share(tenant, config.weight, max_nodes)
 
     async def admit(
         self, tenant: str, tokens: int, *, model: str = "", node_use: NodeUse = "none"
@@ -84,56 +92,69 @@ class Tenants:
         is spent and only a node could serve it (`node_use`); Unavailable (503) when the
         counts cannot be reached and `on_store_unavailable: refuse`."""
         limits = self.config.tenant(tenant)
-        admitted = Admitted(tenant, share=_share(tenant, limits, model))
+        admitted = Admitted(tenant, share=self._share(tenant, limits, model))
         self._seen_now(tenant)
-        try:
-            if limits.node_seconds_per_hour is not None and node_use != "none":
-                await self._check_quota(admitted, limits.node_seconds_per_hour, node_use)
-            if limits.requests_per_minute is not None:
-                rate = Rate(limits.requests_per_minute)
-                verdict = await self._limiter.take(_key(tenant, "requests"), rate, 1)
-                admitted.headers.update(_headers("requests", verdict))
-                if not verdict.allowed:
-                    raise self._limited(tenant, "requests", verdict, admitted.headers)
-            if limits.tokens_per_minute is not None:
-                rate = Rate(limits.tokens_per_minute)
-                verdict = await self._limiter.take(_key(tenant, "tokens"), rate, tokens)
-                admitted.headers.update(_headers("tokens", verdict))
-                if not verdict.allowed:
-                    if limits.requests_per_minute is not None:  # the request not served
-                        requests = Rate(limits.requests_per_minute)
-                        self._settle(_key(tenant, "requests"), requests, -1)
-                    raise self._limited(tenant, "tokens", verdict, admitted.headers)
-                admitted.tokens_taken, admitted.tokens_rate = tokens, rate
-            self._metrics.tenant_request(self.label(tenant), "admitted")
-        except LimiterUnavailable as exc:
-            self._metrics.tenant_request(self.label(tenant), "store_unavailable")
-            if self.config.on_store_unavailable == "refuse":
-                raise Unavailable(
-                    "the tenants' rate limits cannot be checked now; retry",
-                    code="rate_limits_unavailable",
-                ) from None
-            log.warning("rate limits not checked (%s): letting the request through", exc)
-            return Admitted(tenant, share=admitted.share)
+        takes: dict[str, Take] = {}  # by kind; one call takes them all, or none
+        if limits.node_seconds_per_hour is not None and node_use != "none":
+            quota = Rate(max(1, round(limits.node_seconds_per_hour * 1000)), HOUR_S)
+            # Only looked at: a quota is charged as nodes are given back.
+            takes["node_ms"] = Take(_key(tenant, "node_ms"), quota, 0, binds=node_use == "only")
+        if limits.requests_per_minute is not None:
+            takes["requests"] = Take(_key(tenant, "requests"), Rate(limits.requests_per_minute), 1)
+        if limits.tokens_per_minute is not None:
+            rate = Rate(limits.tokens_per_minute)
+            takes["tokens"] = Take(_key(tenant, "tokens"), rate, tokens)
+        if takes:
+            try:
+                verdicts = dict(
+                    zip(takes, await self._limiter.take_all(list(takes.values())), strict=True)
+                )
+            except LimiterUnavailable as exc:
+                self._metrics.tenant_request(self.label(tenant), "store_unavailable")
+                if self.config.on_store_unavailable == "refuse":
+                    raise Unavailable(
+                        "the tenants' rate limits cannot be checked now; retry",
+                        code="rate_limits_unavailable",
+                    ) from None
+                log.warning("rate limits not checked (%s): letting the request through", exc)
+                return admitted
+            self._judge(admitted, takes, verdicts, limits, node_use)
+        self._metrics.tenant_request(self.label(tenant), "admitted")
         return admitted
 
-    async def _check_quota(self, admitted: Admitted, per_hour_s: float, node_use: NodeUse) -> None:
-        """Whether the tenant's node time is spent (an hour's worth charged and not come
-        back): a request only a node could serve is refused; another is served without one."""
-        quota = Rate(max(1, round(per_hour_s * 1000)), HOUR_S)
-        verdict = await self._limiter.take(_key(admitted.tenant, "node_ms"), quota, 0)
-        admitted.node_quota = quota
-        if verdict.allowed:
-            return
-        if node_use == "maybe":
-            admitted.nodes_refused = True
-            return
+    def _judge(
+        self,
+        admitted: Admitted,
+        takes: dict[str, Take],
+        verdicts: dict[str, Verdict],
+        limits: TenantConfig,
+        node_use: NodeUse,
+    ) -> None:
+        """The headers, and a 429 for the first limit the request does not fit (nothing was
+        then taken); a quota spent refuses a request only a node could serve."""
         tenant = admitted.tenant
+        for kind in ("requests", "tokens"):
+            if kind in verdicts:
+                admitted.headers.update(_headers(kind, verdicts[kind]))
+        for kind in ("requests", "tokens"):
+            if kind in verdicts and not verdicts[kind].allowed:
+                raise self._limited(tenant, kind, verdicts[kind], admitted.headers)
+        if "node_ms" in verdicts:
+            admitted.node_quota = takes["node_ms"].rate
+            if not verdicts["node_ms"].allowed:
+                if node_use == "maybe":
+                    admitted.nodes_refused = True
+                else:
+                    raise self._quota_spent(tenant, limits, verdicts["node_ms"])
+        if "tokens" in takes:
+            admitted.tokens_taken, admitted.tokens_rate = takes["tokens"].cost, takes["tokens"].rate
+
+    def _quota_spent(self, tenant: str, limits: TenantConfig, verdict: Verdict) -> Overloaded:
         self._metrics.tenant_request(self.label(tenant), "insufficient_quota")
         retry_after_s = max(1, math.ceil(verdict.retry_after_s))
-        raise Overloaded(
+        return Overloaded(
             f"tenant {tenant!r} has used its TileRT node time for the hour"
-            f" ({per_hour_s:g} node-seconds); retry in {retry_after_s} s",
+            f" ({limits.node_seconds_per_hour:g} node-seconds); retry in {retry_after_s} s",
             retry_after_s=retry_after_s,
             code="insufficient_quota",
         )
@@ -211,15 +232,10 @@ def used_tokens(access: AccessRecord) -> int | None:
     return None
 
 
-def _share(tenant: str, config: TenantConfig, model: str) -> Share:
-    max_nodes = config.max_nodes_in(model)
-    if config.weight == 1.0 and max_nodes is None and tenant == UNSHARED.tenant:
-        return UNSHARED
-    return Share(tenant, config.weight, max_nodes)
-
-
 def _key(tenant: str, kind: str) -> str:
-    return f"{kind}:{tenant}"
+    """A tenant's bucket; its name in braces, so that a tenant's buckets, taken together,
+    share one hash tag (a tenant's name has no braces)."""
+    return f"{{{tenant}}}:{kind}"
 
 
 def _headers(kind: str, verdict: Verdict) -> dict[str, str]:

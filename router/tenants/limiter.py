@@ -20,7 +20,7 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from importlib import resources
@@ -69,6 +69,17 @@ class Verdict:
     retry_after_s: float  # until the cost would fit (0 when allowed)
 
 
+@dataclass(frozen=True, slots=True)
+class Take:
+    """`cost` units from `key`'s bucket. A take that does not `bind` is only looked at: it
+    is taken when it fits, and its not fitting refuses none of the others."""
+
+    key: str
+    rate: Rate
+    cost: int
+    binds: bool = True
+
+
 class LimiterUnavailable(Exception):
     """The counts cannot be reached (the cause is chained): whether the request goes
     through anyway is the caller's setting."""
@@ -78,6 +89,12 @@ class Limiter(Protocol):
     async def take(self, key: str, rate: Rate, cost: int) -> Verdict:
         """Take `cost` units (0 or more) from `key`'s bucket if they fit; a cost above the
         rate never fits (`retry_after_s` is then the time until the bucket is full)."""
+        ...
+
+    async def take_all(self, takes: Sequence[Take]) -> list[Verdict]:
+        """Each take's units, all at once or none (on Redis one call): taken only if every
+        binding take fits. A verdict per take, in order: whether it fits, and its bucket as
+        the call left it."""
         ...
 
     async def settle(self, key: str, rate: Rate, delta: int) -> None:
@@ -127,16 +144,28 @@ class MemoryLimiter:
         return len(self._tats)
 
     async def take(self, key: str, rate: Rate, cost: int) -> Verdict:
+        return (await self.take_all([Take(key, rate, cost)]))[0]
+
+    async def take_all(self, takes: Sequence[Take]) -> list[Verdict]:
         now = self._clock()
-        tat = max(self._tats.get(key, now), now)
-        ahead = tat - now + rate.span_s(_checked(cost))
-        if ahead > rate.window_s + SLACK_S:
-            retry = tat - now if cost > rate.limit else ahead - rate.window_s
-            if key in self._tats:
-                self._tats.move_to_end(key)
-            return _verdict(rate, False, tat - now, retry)
-        self._keep(key, now + ahead, now)
-        return _verdict(rate, True, ahead, 0.0)
+        looked = []  # (fits, TAT before, TAT after)
+        for take in takes:
+            tat = max(self._tats.get(take.key, now), now)
+            ahead = tat - now + take.rate.span_s(_checked(take.cost))
+            looked.append((ahead <= take.rate.window_s + SLACK_S, tat, now + ahead))
+        taken = all(fits for (fits, _, _), take in zip(looked, takes, strict=True) if take.binds)
+        verdicts = []
+        for (fits, tat, after), take in zip(looked, takes, strict=True):
+            rate = take.rate
+            if taken and fits:
+                self._keep(take.key, after, now)
+                verdicts.append(_verdict(rate, True, after - now, 0.0))
+                continue
+            if take.key in self._tats:
+                self._tats.move_to_end(take.key)
+            retry = tat - now if take.cost > rate.limit else after - now - rate.window_s
+            verdicts.append(_verdict(rate, fits, tat - now, 0.0 if fits else retry))
+        return verdicts
 
     async def settle(self, key: str, rate: Rate, delta: int) -> None:
         now = self._clock()
@@ -175,9 +204,9 @@ def _sources() -> dict[str, str]:
 class RedisLimiter:
     """The counts of every replica, on Redis: a key per bucket, `<key_prefix>:<key>` (the
     key percent-encoded, so that any text keeps to its place in the layout). Each call is
-    one script on one key, declared, so it runs on a Redis Cluster too (the keys spread over
-    its slots). The TAT is a time on Redis's clock, in ms, and the key expires once the
-    bucket is full again: an idle tenant costs Redis nothing.
+    one script on the keys it declares, one hash tag's, so it runs on a Redis Cluster too
+    (the tenants spread over its slots). The TAT is a time on Redis's clock, in ms, and the
+    key expires once the bucket is full again: an idle tenant costs Redis nothing.
 
     Takes over `redis` (closed with the limiter). At most `max_calls` calls run at once, the
     rest waiting their turn: no more than the client's connections, since a Cluster client
@@ -193,16 +222,30 @@ class RedisLimiter:
         self._in_flight: set[asyncio.Future[Any]] = set()
 
     def redis_key(self, key: str) -> str:
-        """The Redis key of `key`'s bucket."""
-        name = quote_from_bytes(key.encode("utf-8", "surrogatepass"), safe=":@")
+        """The Redis key of `key`'s bucket. A `{...}` in `key` is kept, as a hash tag: the
+        buckets taken together in one call name one (on a Cluster, one slot holds them)."""
+        name = quote_from_bytes(key.encode("utf-8", "surrogatepass"), safe=":@{}")
         return f"{self._prefix}:{name}"
 
     async def take(self, key: str, rate: Rate, cost: int) -> Verdict:
-        allowed, ahead_ms, retry_ms = await self._run("take", key, rate, _checked(cost))
-        return _verdict(rate, allowed == 1, float(ahead_ms) / 1000, float(retry_ms) / 1000)
+        return (await self.take_all([Take(key, rate, cost)]))[0]
+
+    async def take_all(self, takes: Sequence[Take]) -> list[Verdict]:
+        for take in takes:
+            _checked(take.cost)
+        reply = await self._run("take", takes)
+        return [
+            _verdict(
+                t.rate,
+                reply[3 * i] == 1,
+                float(reply[3 * i + 1]) / 1000,
+                float(reply[3 * i + 2]) / 1000,
+            )
+            for i, t in enumerate(takes)
+        ]
 
     async def settle(self, key: str, rate: Rate, delta: int) -> None:
-        await self._run("settle", key, rate, delta)
+        await self._run("settle", [Take(key, rate, delta)])
 
     async def close(self) -> None:
         """Once the calls under way have ended (each within its own time limit)."""
@@ -210,17 +253,17 @@ class RedisLimiter:
             await asyncio.wait(list(self._in_flight))
         await self._redis.aclose()
 
-    async def _run(self, script: str, key: str, rate: Rate, units: int) -> Any:
+    async def _run(self, script: str, takes: Sequence[Take]) -> Any:
         """The script's answer; LimiterUnavailable if Redis cannot answer (the call may
         have counted or not). A caller cancelled while waiting its turn sends nothing; one
         cancelled later leaves at once, but its call runs to its end in a task of its own:
         a command cut off half-way would leave its connection unusable (see
         router.gate.redis.scripts)."""
-        command = partial(
-            self._scripts[script],
-            [self.redis_key(key)],
-            [rate.limit, units, f"{rate.window_s * 1000:.17g}"],
-        )
+        arguments: list[str | int] = []
+        for take in takes:
+            window_ms = f"{take.rate.window_s * 1000:.17g}"
+            arguments += [take.rate.limit, take.cost, window_ms, int(take.binds)]
+        command = partial(self._scripts[script], [self.redis_key(t.key) for t in takes], arguments)
         await self._calls.acquire()
         call = asyncio.ensure_future(self._redis.run(command))
         self._in_flight.add(call)

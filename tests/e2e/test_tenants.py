@@ -1,6 +1,7 @@
 """Tenants through running gateways: rules match a request's tenant; the OpenAI SDK, as a
 client, sees the 429 and OpenAI's `x-ratelimit-*` headers, and its own retry succeeds; three
-replicas on one real Redis keep one rate for a tenant between them."""
+replicas on one real Redis keep one rate and one cap on the nodes held for a tenant between
+them."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 
 from sim.stack import SimStack
 from tests.gate.redis_server import RedisServer, running_redis
-from tests.support.classify_fixtures import proxy_throughput, say
-from tests.support.deployment import gateway_config
+from tests.support.classify_fixtures import ROUTE, observed, proxy_throughput, say, words
+from tests.support.deployment import gateway_config, latency_model
 from tests.support.gateway import GatewayProcess, running_gateways, start_gateway
 from tests.support.stacks import StackPool
 
@@ -146,3 +147,70 @@ async def test_three_replicas_on_one_redis_keep_one_rate(
     assert 30 <= allowed <= 30 + int(spent_s / 2) + 1, (allowed, spent_s)
     refused = [a for a in answers if a.status_code == 429]
     assert refused and all(a.json()["error"]["code"] == "rate_limit_exceeded" for a in refused)
+
+
+CAPPED_MODEL = "sim-tenant-caps"
+
+
+@pytest.fixture(scope="module")
+def node_stack(sim_stacks: StackPool) -> SimStack:
+    return sim_stacks.get(nodes=2, prefills=1, model=[CAPPED_MODEL])
+
+
+@pytest.fixture(scope="module")
+def capped_replicas(
+    node_stack: SimStack, redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[GatewayProcess]]:
+    """Three replicas of a latency pool of two nodes, a tenant capped at one of them, and
+    no wait for a node (a request that cannot have one is refused at once)."""
+    config = gateway_config(
+        [latency_model(node_stack, CAPPED_MODEL)],
+        classification={
+            "rules": {"default": {"name": "now", "path": "latency", "on_saturation": "reject"}}
+        },
+        gate={"backend": "redis", "redis": {"url": redis.url, "key_prefix": "tenant-caps-e2e"}},
+        tenants={"identify": ["user"], "named": {"capped": {"max_nodes": 1}}},
+    )
+    names = [f"capped-{i}" for i in range(3)]
+    with running_gateways(tmp_path_factory, dict.fromkeys(names, config)) as running:
+        yield [running[name] for name in names]
+
+
+async def test_three_replicas_on_one_redis_keep_one_tenants_cap(
+    node_stack: SimStack, capped_replicas: list[GatewayProcess]
+) -> None:
+    """The capped tenant holds a node through one replica: another replica refuses it a
+    second (`tenant_max_nodes`) although a node is free, and serves another tenant on it;
+    once its first stream ends, the tenant is served again."""
+    first, second, third = capped_replicas
+
+    def body(user: str, **extra: Any) -> dict[str, Any]:
+        return {**say(words(20), max_tokens=8), "model": CAPPED_MODEL, "user": user, **extra}
+
+    async with observed(node_stack, *capped_replicas) as sims:
+        for node in node_stack.nodes:
+            await sims.arm(node.url, {"stall_after": 2, "count": 1})
+        request = sims.http.build_request(
+            "POST", first.base_url + "/chat/completions", json=body("capped", stream=True)
+        )
+        held = await sims.http.send(request, stream=True)
+        reader = held.aiter_raw()  # kept referenced: a collected reader closes the stream
+        try:
+            assert held.status_code == 200
+            assert (await anext(reader)).startswith(b"data: ")
+            for node in node_stack.nodes:  # the next decodes run to their end
+                (await sims.http.delete(node.url + "/sim/faults")).raise_for_status()
+            refused = await sims.http.post(
+                second.base_url + "/chat/completions", json=body("capped")
+            )
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == "tenant_max_nodes"
+            other = await sims.http.post(third.base_url + "/chat/completions", json=body("other"))
+            assert other.status_code == 200, other.text
+            assert other.headers[ROUTE] == "latency"
+        finally:
+            await held.aclose()
+        for replica in capped_replicas:
+            await sims.wait_all_free(replica)
+        again = await sims.http.post(second.base_url + "/chat/completions", json=body("capped"))
+        assert again.status_code == 200, again.text

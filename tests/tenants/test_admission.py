@@ -95,7 +95,7 @@ async def test_tokens_are_settled_with_the_usage() -> None:
 
 async def test_no_limit_no_headers_and_no_store_asked() -> None:
     class Unreachable:
-        async def take(self, key: str, rate: Rate, cost: int) -> Verdict:
+        async def take_all(self, takes: object) -> list[Verdict]:
             raise AssertionError("asked")
 
     unlimited, _ = tenants(Unreachable())
@@ -103,7 +103,7 @@ async def test_no_limit_no_headers_and_no_store_asked() -> None:
 
 
 class Down:
-    async def take(self, key: str, rate: Rate, cost: int) -> Verdict:
+    async def take_all(self, takes: object) -> list[Verdict]:
         raise LimiterUnavailable("redis down")
 
     async def settle(self, key: str, rate: Rate, delta: int) -> None:
@@ -175,6 +175,8 @@ def test_a_tenants_share_is_its_weight_and_its_cap_in_the_model() -> None:
     assert shared.share_of("other", "glm-5") == Share("other", 1.0, 2)
     assert shared.share_of("other", "deepseek") == Share("other", 1.0, None)
     assert tenants()[0].share_of("default", "glm-5") is UNSHARED
+    unfair, _ = tenants(fair_share=False, named={"acme": {"weight": 3, "max_nodes": 1}})
+    assert unfair.share_of("acme", "glm-5") is UNSHARED
 
 
 async def test_node_time_spent_refuses_what_only_a_node_serves_and_keeps_the_rest() -> None:

@@ -16,10 +16,12 @@ import pytest
 from router.config import RedisGateConfig
 from router.gate.redis.client import RedisClient, connect
 from router.tenants.limiter import (
+    Limiter,
     LimiterUnavailable,
     MemoryLimiter,
     Rate,
     RedisLimiter,
+    Take,
     Verdict,
 )
 from tests.gate.partition import PartitionableLink
@@ -133,6 +135,26 @@ async def test_settle_charges_and_refunds_never_past_full(
     assert len(memory) == 1  # "new" dropped, full; "t" still counting down
 
 
+async def test_takes_together_are_all_taken_or_none(memory: MemoryLimiter) -> None:
+    await all_or_none(memory)
+
+
+async def all_or_none(limiter: Limiter) -> None:
+    """A binding take that does not fit leaves the others untouched; one that does not bind
+    refuses nothing, and is taken only where it fits."""
+    requests, tokens, quota = Rate(10), Rate(100), Rate(5)
+    both = [Take("{t}:requests", requests, 1), Take("{t}:tokens", tokens, 150)]
+    refused = await limiter.take_all(both)
+    assert [v.allowed for v in refused] == [True, False]
+    assert (await limiter.take("{t}:requests", requests, 0)).remaining == 10  # not taken
+    await limiter.settle("{t}:quota", quota, 10)  # a quota spent past its window
+    looked = await limiter.take_all(
+        [Take("{t}:requests", requests, 1), Take("{t}:quota", quota, 0, binds=False)]
+    )
+    assert [v.allowed for v in looked] == [True, False]
+    assert (await limiter.take("{t}:requests", requests, 0)).remaining == 9  # taken
+
+
 async def test_a_million_names_cost_bounded_memory(clock: Clock) -> None:
     memory = MemoryLimiter(max_keys=1000, clock=clock)
     for i in range(100_000):
@@ -170,10 +192,11 @@ async def test_redis_keys_keep_any_name_in_its_place() -> None:
         names = ["tokens:acme", "a b", "a\nb", "{slot}", "%41", "A", "é", "\udc80", "x" * 100]
         keys = [limiter.redis_key(name) for name in names]
         assert keys[0] == "pdgw:tenants:tokens:acme"
+        assert keys[3] == "pdgw:tenants:{slot}"  # a hash tag is kept
         assert len(set(keys)) == len(names)
         for key in keys:
             assert key.startswith("pdgw:tenants:")
-            assert key.isascii() and not any(c.isspace() or c in "{}" for c in key)
+            assert key.isascii() and not any(c.isspace() for c in key)
     finally:
         await limiter.close()
 
@@ -287,6 +310,12 @@ async def test_redis_settle_charges_and_refunds_and_the_key_expires(
     assert await limiter.take("t", PER_SECOND, 0) == Verdict(True, 60, 60, 0.0, 0.0)
     assert (await limiter.take("t", PER_SECOND, 60)).allowed
     assert not (await limiter.take("t", PER_SECOND, 1)).allowed
+
+
+async def test_redis_takes_together_are_all_taken_or_none(
+    redis_url: str, limiters: Limiters
+) -> None:
+    await all_or_none(limiters(redis_url))
 
 
 async def test_redis_replicas_share_one_bucket(redis_url: str, limiters: Limiters) -> None:

@@ -1,32 +1,44 @@
 -- Prepended to both scripts (after the constants limiter.py shares with them): the call's
--- bucket, its rate, and the server's clock.
+-- buckets, their rates, and the server's clock.
 --
--- KEYS[1]: the bucket: a string, its theoretical arrival time (TAT) in ms since
+-- KEYS: the buckets: each a string, its theoretical arrival time (TAT) in ms since
 -- 2024-01-01 UTC (smaller numbers than since 1970, so finer doubles), written with %.17g
 -- so that it reads back as the same double. It expires once the bucket is full again.
--- ARGV[1]: the rate (units per window); ARGV[2]: the call's units (take: its cost; settle:
--- the units charged, or given back if negative); ARGV[3]: the window (ms). No other key is
--- touched.
+-- ARGV: for each key, four values: its rate (units per window), the call's units (take: its
+-- cost; settle: the units charged, or given back if negative), the window (ms), and "1" if
+-- the take binds (see take.lua). No other key is touched.
 
 local EPOCH_S = 1704067200  -- 2024-01-01T00:00:00Z
 local clock = redis.call("TIME")
 local NOW = (tonumber(clock[1]) - EPOCH_S) * 1000 + tonumber(clock[2]) / 1000
-local LIMIT, UNITS, WINDOW_MS = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
--- A bucket with no key, or a TAT already past, is full: its TAT is now.
-local TAT = math.max(tonumber(redis.call("GET", KEYS[1])) or NOW, NOW)
 
 local function ms(x) return string.format("%.17g", x) end
 
--- How long `units` take to come back at the rate (ms): one division, so that a whole
--- window's worth is exactly WINDOW_MS.
-local function span(units) return units * WINDOW_MS / LIMIT end
+-- The i-th bucket: {key, rate, units, window (ms), binds, TAT (a bucket with no key, or a
+-- TAT already past, is full: its TAT is now)}.
+local function bucket(i)
+  local at = 4 * (i - 1)
+  local tat = math.max(tonumber(redis.call("GET", KEYS[i])) or NOW, NOW)
+  return {
+    key = KEYS[i],
+    limit = tonumber(ARGV[at + 1]),
+    units = tonumber(ARGV[at + 2]),
+    window = tonumber(ARGV[at + 3]),
+    binds = ARGV[at + 4] == "1",
+    tat = tat,
+  }
+end
+
+-- How long `units` take to come back at the bucket's rate (ms): one division, so that a
+-- whole window's worth is exactly the window.
+local function span(b, units) return units * b.window / b.limit end
 
 -- Stores `tat` until the bucket is full again; a bucket already full needs no key.
-local function keep(tat)
+local function keep(b, tat)
   local ahead = tat - NOW
   if ahead <= 0 then
-    redis.call("DEL", KEYS[1])
+    redis.call("DEL", b.key)
   else
-    redis.call("SET", KEYS[1], ms(tat), "PX", string.format("%d", math.ceil(ahead)))
+    redis.call("SET", b.key, ms(tat), "PX", string.format("%d", math.ceil(ahead)))
   end
 end
