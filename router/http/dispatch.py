@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from policies import Decision
+from policies.decision import REROUTE_HEADER
 from router.errors import ClientGone, GatewayError, InvalidRequest
 from router.openai.endpoints import EndpointSpec
 from router.runtime.intake import decide, take_in
@@ -20,7 +21,7 @@ from router.runtime.state import AppState
 from router.serving import PathResponse, RoutedRequest, new_request_id
 from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
-from router.tenants.admission import NodeUse, used_tokens
+from router.tenants.admission import NodeUse
 from router.tenants.identity import tenant_of
 
 
@@ -89,7 +90,7 @@ class Dispatcher:
 
         def ended() -> None:
             learning()
-            tenants.settle(admitted, used_tokens(access))
+            tenants.answered(admitted, access, routed.headers.get(REROUTE_HEADER))
 
         routed.on_end = ended
         return PathResponse(path, routed, state.live, state.metrics.in_flight(decision.path))

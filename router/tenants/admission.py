@@ -36,6 +36,8 @@ Spawn = Callable[[Coroutine[Any, Any, None]], object]
 NodeUse = Literal["none", "maybe", "only"]
 """Whether a request may hold a TileRT node: not at all, as one way of several, or only."""
 HOUR_S = 3600.0
+CAP_REACHED = "tenant_max_nodes"
+"""The gate's refusal of a node to a tenant at its `max_nodes`."""
 
 
 @dataclass(slots=True)
@@ -166,6 +168,15 @@ class Tenants:
             self._settle(
                 _key(admitted.tenant, "node_ms"), admitted.node_quota, round(held_s * 1000)
             )
+
+    def answered(
+        self, admitted: Admitted, access: AccessRecord, reroute_reason: str | None
+    ) -> None:
+        """The request's answer has ended: its tokens settled with its usage, and a request
+        its tenant's cap kept from a node (refused, or spilled: `reroute_reason`) counted."""
+        self.settle(admitted, used_tokens(access))
+        if CAP_REACHED in (access.error_code, reroute_reason):
+            self._metrics.tenant_request(self.label(admitted.tenant), "max_nodes")
 
     def settle(self, admitted: Admitted, used_tokens: int | None) -> None:
         """The answer used `used_tokens` in all (prompt and completion; None: not known):

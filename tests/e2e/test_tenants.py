@@ -205,6 +205,10 @@ async def test_three_replicas_on_one_redis_keep_one_tenants_cap(
             )
             assert refused.status_code == 429, refused.text
             assert refused.json()["error"]["code"] == "tenant_max_nodes"
+            metrics = (await sims.http.get(second.url + "/metrics")).text
+            assert 'pd_gateway_tenant_requests_total{outcome="max_nodes",tenant="capped"} 1.0' in (
+                metrics
+            )
             other = await sims.http.post(third.base_url + "/chat/completions", json=body("other"))
             assert other.status_code == 200, other.text
             assert other.headers[ROUTE] == "latency"
