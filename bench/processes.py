@@ -93,7 +93,16 @@ class GatewayChild:
     loopback port. With `root`, it runs from that checkout of the project instead of the
     installed package (to measure another version alongside)."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path, root: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        workdir: Path,
+        root: Path | None = None,
+        *,
+        log_level: str = "warning",
+    ) -> None:
+        """`log_level` "info" writes the access lines into `log_path` (as the config's
+        `logging` says)."""
         workdir.mkdir(parents=True, exist_ok=True)
         config_path = (workdir / "router.yaml").resolve()  # the child runs in another folder
         document = {
@@ -109,7 +118,7 @@ class GatewayChild:
         argv = [sys.executable, "-m", "router.cli", "serve", "--config", str(config_path)]
         with self.log_path.open("w") as log:
             self.popen = subprocess.Popen(
-                [*argv, "--port", "0", "--log-level", "warning"],
+                [*argv, "--port", "0", "--log-level", log_level],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,

@@ -22,10 +22,11 @@ def test_every_run_serves_its_tenants_and_the_report_names_the_targets(
     options = TenantsOptions.quick()
     results = measure(options)
 
-    assert [r.name for r in results.neighbour] == ["alone", "shared", "fair"]
+    assert [r.name for r in results.neighbour] == ["alone", "shared", "fair, cap 2"]
     for run in results.neighbour:
         assert run.samples and run.errors() == 0, run.name
         assert {s.tenant for s in run.samples} >= set(INTERACTIVE)
+        assert run.gateway_ttft_ms and len(run.wait_ms) >= len(run.gateway_ttft_ms)
     assert not any(s.tenant == GREEDY for s in results.neighbour[0].samples)
     assert [r.name for r in results.weighted] == ["weights off", "weights on"]
     for run in results.weighted:
@@ -36,7 +37,7 @@ def test_every_run_serves_its_tenants_and_the_report_names_the_targets(
     assert [c.store for c in results.limiter] == ["memory", "redis"]
     assert all(c.limited_ms and c.unlimited_ms for c in results.limiter)
     table = report(results, options, "pd-gateway bench --scenario tenants --quick")
-    assert "| interactive TTFT p99 beside the greedy tenant ≤ 1.5× alone" in table
+    assert "| fair, cap 2: interactive TTFT p99 beside the greedy tenant ≤ 1.5× alone" in table
     assert "| Jain's index of weight-normalised node-seconds ≥ 0.95" in table
     assert "| three replicas admit within 2% of the configured rate" in table
     assert "| the limiter adds ≤ 0.5 ms p50 (redis)" in table

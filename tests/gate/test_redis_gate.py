@@ -172,6 +172,59 @@ async def test_two_replicas_never_hold_one_node_at_once(replica: Replica) -> Non
         assert snapshot.waiting == 0
 
 
+async def test_two_replicas_keep_every_tenants_cap_and_never_double_book(
+    replica: Replica,
+) -> None:
+    """Tenants of random weights and caps, on two replicas, with waiters that give up: no
+    node is ever held twice, no tenant ever holds more than its cap, and nothing is left."""
+    pool = nodes(4)
+    gates = [replica(pool, max_queue=200), replica(pool, max_queue=200)]
+    rng = random.Random(11)
+    shares = [
+        Share("capped-1", weight=1.0, max_nodes=1),
+        Share("capped-2", weight=2.0, max_nodes=2),
+        Share("heavy", weight=4.0),
+        Share("light", weight=0.5),
+    ]
+    in_use: set[str] = set()
+    holding: dict[str, int] = {}
+    served: list[int] = []
+
+    async def request(gate: RedisGate, i: int) -> None:
+        share = shares[i % len(shares)]
+        lease = await gate.acquire(
+            priority=rng.randint(0, 1), wait_s=30, holder=f"r{i}", share=share
+        )
+        node = lease.node.id
+        try:
+            assert node not in in_use, f"{node} held twice"
+            in_use.add(node)
+            holding[share.tenant] = holding.get(share.tenant, 0) + 1
+            cap = share.max_nodes
+            assert cap is None or holding[share.tenant] <= cap, (share, holding)
+            for _ in range(rng.randint(1, 6)):  # the request runs for a few turns
+                await asyncio.sleep(0)
+            served.append(i)
+        finally:
+            in_use.discard(node)
+            holding[share.tenant] -= 1
+            await lease.release()
+
+    tasks = [asyncio.create_task(request(gates[i % 2], i)) for i in range(120)]
+    for task in rng.sample(tasks, 20):
+        for _ in range(rng.randint(0, 30)):  # cancelled at scattered moments of its wait
+            await asyncio.sleep(0)
+        task.cancel()
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    assert [r for r in results if not (r is None or isinstance(r, asyncio.CancelledError))] == []
+    assert len(served) >= 100
+    assert {s.tenant for s in shares} <= {shares[i % 4].tenant for i in served}
+    for gate in gates:
+        snapshot = await gate.snapshot()
+        assert snapshot.busy == dict.fromkeys(snapshot.busy)
+        assert snapshot.waiting == 0
+
+
 async def test_service_order_is_global_priority_then_arrival(replica: Replica) -> None:
     pool = nodes(1)
     a, b = replica(pool), replica(pool)
