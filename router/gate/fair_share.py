@@ -7,9 +7,10 @@ memory backend and mirrored by the Redis backend's scripts (`redis/lua/common.lu
    requests have held (seconds, divided by its weight) plus, for each node it holds now, the
    time held so far or the pool's median hold, whichever is longer (so that a tenant handed
    four nodes in one instant is charged for them at once). This is start-time fair queueing
-   as Linux's CFS schedules tasks by `vruntime`: a tenant that starts to wait is first lifted
-   to the pool's virtual clock (the least virtual time a tenant was served at), so time it
-   spent idle earns no credit to hog the pool later, and a tenant alone spends no debt.
+   as Linux's CFS schedules tasks by `vruntime`: a tenant that asks while holding no node is
+   first lifted to the pool's virtual clock (the virtual time the last node was handed out
+   at), so time it spent idle earns no credit to hog the pool later, and a tenant alone
+   spends no debt.
 3. **Within a tenant**: earliest deadline first (a waiter without one is due on arrival),
    then arrival.
 
@@ -113,38 +114,24 @@ class FairQueue(Generic[W]):
     def __init__(self) -> None:
         self._bands: dict[float, dict[str, list[W]]] = {}
         self._size = 0  # entries, active or not
-        self._of_tenant: dict[str, int] = {}  # tenant -> its active waiters
         self.active = 0
 
     def __len__(self) -> int:
         return self.active
 
-    def waits(self, tenant: str) -> bool:
-        """Some waiter of `tenant` is queued (at any priority)."""
-        return tenant in self._of_tenant
-
     def push(self, waiter: W) -> None:
         band = self._bands.setdefault(waiter.priority, {})
         heapq.heappush(band.setdefault(waiter.share.tenant, []), waiter)
         self._size += 1
-        self._counted(waiter, 1)
+        self.active += 1
+        waiter.active = True
 
     def discard(self, waiter: W) -> None:
         if waiter.active:
-            self._counted(waiter, -1)
+            waiter.active = False
+            self.active -= 1
             if self._size > 64 and self._size > 2 * self.active:
                 self._compact()
-
-    def _counted(self, waiter: W, delta: int) -> None:
-        """One waiter more (1) or less (-1: it is marked inactive)."""
-        tenant = waiter.share.tenant
-        left = self._of_tenant.get(tenant, 0) + delta
-        if left:
-            self._of_tenant[tenant] = left
-        else:
-            del self._of_tenant[tenant]
-        self.active += delta
-        waiter.active = delta > 0
 
     def pick(self, may_hold: Callable[[Share], bool], virtual: Callable[[str], float]) -> W | None:
         """The next waiter to serve (taken off the queue), or None if none may hold a node:
@@ -171,7 +158,8 @@ class FairQueue(Generic[W]):
             if best_heap is not None:
                 waiter = heapq.heappop(best_heap)
                 self._size -= 1
-                self._counted(waiter, -1)
+                self.active -= 1
+                waiter.active = False
                 return waiter
         return None
 
@@ -179,7 +167,6 @@ class FairQueue(Generic[W]):
         """Every active waiter, taken off the queue."""
         bands, self._bands = self._bands, {}
         self._size = self.active = 0
-        self._of_tenant.clear()
         drained = [w for band in bands.values() for heap in band.values() for w in heap if w.active]
         for waiter in drained:
             waiter.active = False

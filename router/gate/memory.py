@@ -112,11 +112,9 @@ class MemoryGate:
         share: Share = UNSHARED,
     ) -> MemoryLease:
         tenant = share.tenant
-        if not self._waiters.waits(tenant) and all(
-            h.share.tenant != tenant for h in self._holds.values()
-        ):
-            self._virtual.lift(tenant)
         holds = self._holding()
+        if tenant not in holds:
+            self._virtual.lift(tenant)
         may_hold = _below_cap(share, holds)
         # A node is free only while every waiter is at its cap (fair_share.py).
         if self._free and may_hold:
