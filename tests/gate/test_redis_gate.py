@@ -936,8 +936,9 @@ async def test_a_password_protected_server_is_reached_with_the_secret(
 
 async def test_more_concurrent_waiters_than_connections_all_queue(replica: Replica) -> None:
     """Hundreds of requests waiting on one replica at once share a bounded set of Redis
-    connections: none is refused as `gate_unavailable` while Redis is up."""
-    gate = replica(nodes(1), max_queue=400)
+    connections: none is refused as `gate_unavailable` while Redis is up (however slow a
+    loaded host is to open them)."""
+    gate = replica(nodes(1), max_queue=400, socket_timeout_s=10.0)
     held = await gate.acquire(priority=0, wait_s=1, holder="blocker")
     tasks = [
         asyncio.create_task(gate.acquire(priority=0, wait_s=30, holder=f"w{i}")) for i in range(300)
