@@ -185,7 +185,8 @@ def both_ways(
 
 def rejoined(seen: Seen) -> Seen:
     """A stream with each chunk that only carries more text of the chunk before it (same
-    choice, same fields, no finish yet) merged into that chunk."""
+    choice, same fields, no finish yet) merged into that chunk, the chunk that ends the
+    choice too (a busy vLLM sends the last tokens with the finish, or the finish alone)."""
     events: list[Any] = []
     for event in seen.body:
         last = events[-1] if events else None
@@ -204,7 +205,16 @@ def _continues(last: Any, event: Any) -> bool:
         return False
     if last["choices"][0].get("finish_reason") is not None:
         return False
-    return textless(last) == textless(event)
+    return _unended(textless(last)) == _unended(textless(event))
+
+
+ENDING_KEYS = frozenset({"finish_reason", "stop_reason"})
+
+
+def _unended(chunk: dict[str, Any]) -> dict[str, Any]:
+    """A chunk as if its choice had not ended."""
+    choices = [{**c, **dict.fromkeys(ENDING_KEYS & c.keys())} for c in chunk["choices"]]
+    return {**chunk, "choices": choices}
 
 
 def _with_more_text(last: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
@@ -215,6 +225,8 @@ def _with_more_text(last: dict[str, Any], event: dict[str, Any]) -> dict[str, An
             return [joined(a, b) for a, b in zip(before, after, strict=True)]
         if key in TEXT_KEYS and isinstance(before, str) and isinstance(after, str):
             return before + after
+        if key in ENDING_KEYS:
+            return after  # how the later chunk ended the choice
         return before
 
     merged: dict[str, Any] = joined(last, event)

@@ -68,3 +68,27 @@ def test_chat_deltas_join_their_content_and_keep_the_role_chunk_apart() -> None:
     )
     assert rejoined(cut) == rejoined(whole)
     assert rejoined(cut).body[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+def test_the_last_tokens_sent_with_the_finish_or_before_it_are_the_same_once_rejoined() -> None:
+    apart = stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        chat_chunk({"content": "Hel"}),
+        chat_chunk({"content": "lo"}, "length"),
+    )
+    together = stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        chat_chunk({"content": "Hello"}, "length"),
+    )
+    finish_alone = stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        chat_chunk({"content": "Hello"}),
+        chat_chunk({"content": ""}, "length"),
+    )
+    assert rejoined(apart) == rejoined(together) == rejoined(finish_alone)
+    assert rejoined(apart).body[1]["choices"][0] == {
+        "index": 0,
+        "delta": {"content": "Hello"},
+        "logprobs": None,
+        "finish_reason": "length",
+    }
