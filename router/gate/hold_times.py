@@ -13,7 +13,7 @@ class HoldTimeEstimator:
     their mean: holds mix short answers and long ones, and a client told to come back too
     early only comes back to another 429."""
 
-    __slots__ = ("_initial_s", "_recent")
+    __slots__ = ("_initial_s", "_ordered", "_recent")
 
     QUANTILE = 0.75
     MIN_SAMPLES = 4
@@ -22,6 +22,7 @@ class HoldTimeEstimator:
     def __init__(self, initial_s: float = INITIAL_S, window: int = 128) -> None:
         self._initial_s = initial_s
         self._recent: deque[float] = deque(maxlen=window)
+        self._ordered: list[float] | None = None  # sorted when first asked after a change
 
     @property
     def typical_s(self) -> float:
@@ -35,11 +36,14 @@ class HoldTimeEstimator:
     def _quantile(self, quantile: float) -> float:
         if len(self._recent) < self.MIN_SAMPLES:
             return self._initial_s
-        ordered = sorted(self._recent)  # only when asked: ~128 items
+        if self._ordered is None:
+            self._ordered = sorted(self._recent)  # only when asked: ~128 items
+        ordered = self._ordered
         return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
 
     def observe(self, held_s: float) -> None:
         self._recent.append(held_s)
+        self._ordered = None
 
     def retry_after_s(self, *, waiting: int, nodes: int, held_for: Sequence[float] = ()) -> int:
         """Seconds until a slot is likely free for a newcomer: whole, 1..600.

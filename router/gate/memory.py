@@ -96,6 +96,7 @@ class MemoryGate:
         self._hold_times = HoldTimeEstimator()
         self._holds: dict[str, Hold] = {}  # node id -> its holder's share, since when
         self._virtual = VirtualTime()
+        self._fair = False  # a request of another share than the default one has been seen
         self._leaving: set[str] = set()  # removed by a reload, still held
 
     @property
@@ -112,13 +113,16 @@ class MemoryGate:
         share: Share = UNSHARED,
     ) -> MemoryLease:
         tenant = share.tenant
+        if share != UNSHARED:
+            self._fair = True
         holds = self._holding()
-        if tenant not in holds:
+        if self._fair and tenant not in holds:
             self._virtual.lift(tenant)
         may_hold = _below_cap(share, holds)
         # A node is free only while every waiter is at its cap (fair_share.py).
         if self._free and may_hold:
-            self._virtual.served_at(self._virtual_of(tenant, holds))
+            if self._fair:
+                self._virtual.served_at(self._virtual_of(tenant, holds))
             return self._grant(self._free.popleft(), holder, share)
         if self._health.expected == 0:
             raise GateRejected("no_node", self._retry_after_s())
@@ -168,6 +172,10 @@ class MemoryGate:
         ]
 
     def _holding(self) -> dict[str, tuple[int, float]]:
+        """Per tenant, the nodes it holds and their weighted time (`fair_share.holding`);
+        nothing to count while only the default share has been seen."""
+        if not self._fair:
+            return {}
         return holding(
             self._holds.values(), now=time.monotonic(), typical_s=self._hold_times.median_s
         )
@@ -322,7 +330,8 @@ class MemoryGate:
         reports_health: bool,
     ) -> None:
         self._hold_times.observe(held_s)
-        self._virtual.charge(share, held_s)
+        if self._fair:
+            self._virtual.charge(share, held_s)
         self._unreserve(node)
         if reports_health:
             self._health.record(node.id, failure)
@@ -365,7 +374,8 @@ class MemoryGate:
                 return
             if waiter.future.done():
                 continue  # cancelled, its task not yet resumed: it will find nothing to pass on
-            self._virtual.served_at(self._virtual_of(waiter.share.tenant, holds))
+            if self._fair:
+                self._virtual.served_at(self._virtual_of(waiter.share.tenant, holds))
             node = self._free.popleft()
             self._reserve(node, waiter.holder, waiter.share)  # until the waiter's task resumes
             waiter.future.set_result(node)

@@ -54,7 +54,12 @@ def test_the_readmes_performance_figures_are_those_of_the_benchmarks_page() -> N
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     tables = [
         page.split(f"\n{start}\n")[1].split(f"\n{end}")[0]
-        for start, end in (markers("paths"), markers("agents"), markers("objectives"))
+        for start, end in (
+            markers("paths"),
+            markers("agents"),
+            markers("objectives"),
+            markers("tenants"),
+        )
     ]
     table = "\n".join(tables)
     figures = re.findall(r"[-+]?\d+\.\d+", section)

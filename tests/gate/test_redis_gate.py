@@ -131,7 +131,9 @@ async def heard_so_far(client: RedisClient, pubsub: PubSub, channel: str) -> lis
 
 async def test_two_replicas_never_hold_one_node_at_once(replica: Replica) -> None:
     pool = nodes(3)
-    gates = [replica(pool, max_queue=200), replica(pool, max_queue=200)]
+    # However slow a loaded host is to answer, no call is given up: nothing is refused.
+    patient = {"socket_timeout_s": 10.0}
+    gates = [replica(pool, max_queue=200, **patient), replica(pool, max_queue=200, **patient)]
     rng = random.Random(7)
     in_use: set[str] = set()
     tokens: dict[str, list[int]] = {n.id: [] for n in pool}
@@ -178,7 +180,8 @@ async def test_two_replicas_keep_every_tenants_cap_and_never_double_book(
     """Tenants of random weights and caps, on two replicas, with waiters that give up: no
     node is ever held twice, no tenant ever holds more than its cap, and nothing is left."""
     pool = nodes(4)
-    gates = [replica(pool, max_queue=200), replica(pool, max_queue=200)]
+    patient = {"socket_timeout_s": 10.0}
+    gates = [replica(pool, max_queue=200, **patient), replica(pool, max_queue=200, **patient)]
     rng = random.Random(11)
     shares = [
         Share("capped-1", weight=1.0, max_nodes=1),

@@ -11,13 +11,17 @@ beat()
 if is_gone(owner) then return {"gone"} end
 fill()
 prune()
-local holds = holding()
-lift(holds, tenant)
+if share ~= "" then start_fair() end
+local holds = {}
+if fair() then
+  holds = holding()
+  lift(holds, tenant)
+end
 local may_hold = below_cap(holds, tenant, cap)
 if may_hold then
   local id = free_node()
   if id then
-    served_at(virtual_of(holds, tenant))
+    if fair() then served_at(virtual_of(holds, tenant)) end
     return finish({"granted", id, lease(id, owner, holder, share ~= "" and share or nil)})
   end
 end

@@ -142,6 +142,22 @@ end
 
 local function share_of(member) return parse_share(redis.call("HGET", SHARED, member)) end
 
+-- Whether shares are in play in this pool: from the first request of another share than
+-- the default one, the pool keeps virtual times (SHARES exists); until then the scripts do
+-- none of the bookkeeping, and a pool of one tenant pays nothing for it.
+local FAIR = nil
+local function fair()
+  if FAIR == nil then FAIR = redis.call("EXISTS", SHARES) == 1 end
+  return FAIR
+end
+
+local function start_fair()
+  if not fair() then
+    redis.call("HSET", SHARES, "|clock", "0")
+    FAIR = true
+  end
+end
+
 local function seconds(x) return string.format("%.17g", x) end
 
 local VCLOCK = nil
@@ -289,10 +305,13 @@ local function choose(holds)
 end
 
 local function lease(id, owner, holder, share)
-  local tenant, weight = parse_share(share)
   local token = redis.call("HINCRBY", node_key(id), "token", 1)
   redis.call("HSET", lease_key(id), "owner", owner, "holder", holder, "token", token,
-             "since", NOW, "tenant", tenant, "weight", seconds(weight))
+             "since", NOW)
+  if share then  -- none: the default share
+    local tenant, weight = parse_share(share)
+    redis.call("HSET", lease_key(id), "tenant", tenant, "weight", seconds(weight))
+  end
   redis.call("PEXPIRE", lease_key(id), TTL)
   redis.call("HSET", node_key(id), "held", holder)
   return token
@@ -362,11 +381,11 @@ local function fill()
   expire_grants()
   local id = free_node()
   while id do
-    local holds = holding()
+    local holds = fair() and holding() or {}
     local member = choose(holds)
     if not member then return end
     local share = redis.call("HGET", SHARED, member)
-    served_at(virtual_of(holds, (parse_share(share))))
+    if fair() then served_at(virtual_of(holds, (parse_share(share)))) end
     local token = lease(id, member, string.match(redis.call("HGET", WAIT, member), "|(.*)$"),
                         share)
     drop(member)

@@ -11,7 +11,7 @@ if held[1] ~= ARG.owner or held[2] ~= ARG.token then return 0 end
 unlease(id)
 local held_s = (NOW - tonumber(held[3])) / 1000
 redis.call("LPUSH", HELD, string.format("%.3f", held_s))
-charge(held[4] or DEFAULT_TENANT, tonumber(held[5]) or 1, held_s)
+if fair() then charge(held[4] or DEFAULT_TENANT, tonumber(held[5]) or 1, held_s) end
 redis.call("LTRIM", HELD, 0, 63)
 if ARG.reports_health == "1" then
   local key = node_key(id)
