@@ -81,6 +81,8 @@ class TenantsOptions:
     rate_per_minute: int = 600
     rate_seconds: float = 20.0
     limiter_calls: int = 2000
+    warm_up: int = 12
+    """Requests sent to each neighbour run's gateway before it is measured."""
 
     @classmethod
     def quick(cls) -> TenantsOptions:
@@ -90,9 +92,10 @@ class TenantsOptions:
             greedy_loops=8,
             greedy_caps=(2,),
             weighted_loops=(4, 4, 4, 4),
-            rate_per_minute=240,
+            rate_per_minute=60,
             rate_seconds=2.0,
             limiter_calls=100,
+            warm_up=2,
         )
 
 
@@ -240,7 +243,7 @@ async def neighbour_run(base_url: str, options: TenantsOptions, run: Run, *, gre
     their own, so that reading its streams does not hold up this one's clock."""
     rng = random.Random(run.name)
     async with client() as http:
-        for _ in range(12):  # warm, as a tenant of its own: connections open, encodings done
+        for _ in range(options.warm_up):  # as a tenant of its own: connections open, encodings done
             await send(http, base_url, Sample("warm-up"), options.interactive_tokens)
         with ProcessPoolExecutor(1, mp_context=_own_python()) as pool:
             neighbour = None
