@@ -46,6 +46,7 @@ import orjson
 import uvloop
 
 from bench.experiments.harness import BenchGateway, latency_model
+from bench.report import met
 from bench.stats import percentile
 from sim.stack import SimStack
 
@@ -420,7 +421,7 @@ def target_lines(runs: list[Run]) -> list[str]:
             fixed = static.attainment(cls) if static else math.nan
             lines.append(
                 f"| level {level}: {cls} attainment ≥ {TARGET_ATTAINMENT} (static rules:"
-                f" {fixed:.2f}) | {got:.2f} | {_yes(got >= TARGET_ATTAINMENT)} |"
+                f" {fixed:.2f}) | {got:.2f} | {met(got >= TARGET_ATTAINMENT)} |"
             )
         if everything is not None and everything.node_seconds > 0:
             ratio = objectives.node_seconds / everything.node_seconds
@@ -429,7 +430,7 @@ def target_lines(runs: list[Run]) -> list[str]:
                 f"| level {level}: node-seconds ≤ {TARGET_NODE_SECONDS_RATIO}× all-latency's"
                 f" at equal or better attainment | {ratio:.2f}×,"
                 f" attainment {'equal or better' if attained else 'worse'}"
-                f" | {_yes(ratio <= TARGET_NODE_SECONDS_RATIO and attained)} |"
+                f" | {met(ratio <= TARGET_NODE_SECONDS_RATIO and attained)} |"
             )
         errors = objectives.prediction_errors()
         if errors:
@@ -437,7 +438,7 @@ def target_lines(runs: list[Run]) -> list[str]:
             lines.append(
                 f"| level {level}: median absolute prediction error ≤"
                 f" {TARGET_PREDICTION_ERROR:.0%} of the actual | {median:.0%}"
-                f" | {_yes(median <= TARGET_PREDICTION_ERROR)} |"
+                f" | {met(median <= TARGET_PREDICTION_ERROR)} |"
             )
         split, whole = by.get(("all_native", level)), by.get(("conditional", level))
         if split is not None and whole is not None:
@@ -458,15 +459,11 @@ def _conditional_lines(level: int, split: Run, whole: Run) -> list[str]:
     first_whole, first_split = ttft(whole, False), ttft(split, False)
     return [
         f"| level {level}: agents' follow-up TTFT p50, conditional ≤ {TARGET_FOLLOW_UP_RATIO}×"
-        f" always-split's | {follow:.2f}× | {_yes(follow <= TARGET_FOLLOW_UP_RATIO)} |",
+        f" always-split's | {follow:.2f}× | {met(follow <= TARGET_FOLLOW_UP_RATIO)} |",
         f"| level {level}: agents' first-turn TTFT p50, conditional no worse than always-split"
         f" | {first_whole * 1e3:.0f} vs {first_split * 1e3:.0f} ms"
-        f" | {_yes(first_whole <= first_split * 1.05)} |",
+        f" | {met(first_whole <= first_split * 1.05)} |",
     ]
-
-
-def _yes(met: bool) -> str:
-    return "yes" if met else "no"
 
 
 def run_objectives(args: Any, command: str) -> int:

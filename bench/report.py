@@ -19,6 +19,13 @@ from bench.scenarios import (
 Row = tuple[str, str, str, str, str, str]  # target, measure, direct, gateway, added, met
 NOT_RUN = "not run"
 MET, NOT_MET, NO_TARGET = "yes", "no", "(no target)"
+
+
+def met(held: bool) -> str:
+    """A target's verdict, as the tables write it."""
+    return MET if held else NOT_MET
+
+
 REPORT_START = "<!-- pd-gateway bench: start -->"
 REPORT_END = "<!-- pd-gateway bench: end -->"
 

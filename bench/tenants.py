@@ -43,6 +43,7 @@ import uvloop
 
 from bench.experiments.harness import BenchGateway, latency_model
 from bench.objectives import answer
+from bench.report import met
 from bench.stats import percentile
 from demo.redis import LocalRedis
 from sim.stack import SimStack
@@ -593,7 +594,7 @@ def target_lines(results: Results) -> list[str]:
             lines.append(
                 f"| {run.name}: interactive TTFT p99 beside the greedy tenant ≤"
                 f" {TARGET_TTFT_RATIO}× alone | {ratio:.2f}× (at the gateway {at_gateway:.2f}×)"
-                f" | {_yes(ratio <= TARGET_TTFT_RATIO)} |"
+                f" | {met(ratio <= TARGET_TTFT_RATIO)} |"
             )
     weighted = {r.name: r for r in results.weighted}
     if "weights on" in weighted:
@@ -601,13 +602,13 @@ def target_lines(results: Results) -> list[str]:
         off = jain(weighted["weights off"]) if "weights off" in weighted else math.nan
         lines.append(
             f"| Jain's index of weight-normalised node-seconds ≥ {TARGET_JAIN}"
-            f" (fair sharing off: {off:.2f}) | {index:.3f} | {_yes(index >= TARGET_JAIN)} |"
+            f" (fair sharing off: {off:.2f}) | {index:.3f} | {met(index >= TARGET_JAIN)} |"
         )
     if results.rate is not None:
         error = results.rate.error
         lines.append(
             f"| three replicas admit within {TARGET_RATE_ERROR:.0%} of the configured rate"
-            f" | {error:.1%} off | {_yes(error <= TARGET_RATE_ERROR)} |"
+            f" | {error:.1%} off | {met(error <= TARGET_RATE_ERROR)} |"
         )
     targets = {"memory": TARGET_LIMITER_MEMORY_MS, "redis": TARGET_LIMITER_REDIS_MS}
     for cost in results.limiter:
@@ -615,17 +616,13 @@ def target_lines(results: Results) -> list[str]:
         target = targets[cost.store]
         lines.append(
             f"| the limiter adds ≤ {target} ms p50 ({cost.store}) | {added:.3f} ms"
-            f" | {_yes(added <= target)} |"
+            f" | {met(added <= target)} |"
         )
     return lines
 
 
 def _p99(values: list[float]) -> float:
     return percentile(values, 0.99) if values else math.nan
-
-
-def _yes(met: bool) -> str:
-    return "yes" if met else "no"
 
 
 def run_tenants(args: Any, command: str) -> int:

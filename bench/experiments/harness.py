@@ -36,16 +36,6 @@ def latency_model(
 class BenchGateway(GatewayChild):
     """`pd-gateway serve` as installed, or from the checkout at `root`."""
 
-    def __init__(
-        self,
-        config: dict[str, Any],
-        workdir: Path,
-        root: Path | None = None,
-        *,
-        log_level: str = "warning",
-    ) -> None:
-        super().__init__(config, workdir, root, log_level=log_level)
-
     def peak_rss_mb(self) -> float:
         return rss_mb(self.pid, "VmHWM")
 

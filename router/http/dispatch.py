@@ -84,7 +84,9 @@ class Dispatcher:
             request.headers,
             share=admitted.share,
             nodes_refused=admitted.nodes_refused,
-            on_node_released=partial(tenants.node_released, admitted),
+            on_node_released=(
+                partial(tenants.node_released, admitted) if admitted.node_quota else None
+            ),
         )
         learning = model.objective.learning(routed)
 

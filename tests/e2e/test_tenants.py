@@ -169,7 +169,13 @@ def capped_replicas(
             "rules": {"default": {"name": "now", "path": "latency", "on_saturation": "reject"}}
         },
         gate={"backend": "redis", "redis": {"url": redis.url, "key_prefix": "tenant-caps-e2e"}},
-        tenants={"identify": ["user"], "named": {"capped": {"max_nodes": 1}}},
+        tenants={
+            "identify": ["user"],
+            "named": {
+                "capped": {"max_nodes": 1},
+                "metered": {"node_seconds_per_hour": 0.001},  # a node-millisecond an hour
+            },
+        },
     )
     names = [f"capped-{i}" for i in range(3)]
     with running_gateways(tmp_path_factory, dict.fromkeys(names, config)) as running:
@@ -218,3 +224,26 @@ async def test_three_replicas_on_one_redis_keep_one_tenants_cap(
             await sims.wait_all_free(replica)
         again = await sims.http.post(second.base_url + "/chat/completions", json=body("capped"))
         assert again.status_code == 200, again.text
+
+
+async def test_a_tenants_node_time_spent_on_one_replica_refuses_it_on_another(
+    node_stack: SimStack, capped_replicas: list[GatewayProcess]
+) -> None:
+    """The node time a tenant's answer held is charged as its node is given back, on the
+    shared Redis: once its hour's millisecond is spent, another replica refuses it."""
+    body = {**say(words(20), max_tokens=8), "model": CAPPED_MODEL, "user": "metered"}
+    async with observed(node_stack, *capped_replicas) as sims:
+        first = await sims.http.post(capped_replicas[0].base_url + "/chat/completions", json=body)
+        assert first.status_code == 200, first.text
+        refused = None
+        for _ in range(50):  # the charge lands in the background, as the node is given back
+            answer = await sims.http.post(
+                capped_replicas[1].base_url + "/chat/completions", json=body
+            )
+            if answer.status_code == 429:
+                refused = answer
+                break
+            assert answer.status_code == 200, answer.text
+        assert refused is not None, "the quota was never spent"
+        assert refused.json()["error"]["code"] == "insufficient_quota"
+        assert int(refused.headers["retry-after"]) > 3600  # hours of node time to come back
