@@ -261,6 +261,10 @@ class PullConfig(StrictModel):
     """The model's `selection`, changed for the native path."""
     conditional: ConditionalConfig | None = None
     """When a request is served whole instead of split; none: always split."""
+    continuations: Annotated[int, Field(ge=0, le=8)] = 1
+    """Times a streamed answer whose decode server fails mid-stream goes on on another
+    decode server (the prompt and the output so far as token ids); 0: the stream ends with
+    an error event, and its chunks' ids are not asked for."""
 
     @field_validator("prefill", "decode")
     @classmethod
@@ -294,6 +298,10 @@ class PushConfig(StrictModel):
     """The model's `selection`, changed for the native path."""
     conditional: ConditionalConfig | None = None
     """When a request is served whole instead of split; none: always split."""
+    continuations: Annotated[int, Field(ge=0, le=8)] = 1
+    """Times a streamed answer whose decode server fails mid-stream goes on on another
+    decode server (the prompt and the output so far as token ids); 0: the stream ends with
+    an error event, and its chunks' ids are not asked for."""
 
     @field_validator("decode")
     @classmethod

@@ -8,13 +8,13 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
+from typing import Any, Protocol
 
 import orjson
 
 from router.config import LatencyConfig
 from router.errors import DecodeError, GatewayError, Overloaded, PrefillError, UpstreamError
 from router.gate import CONTINUING, Gate, GateRejected, Lease
-from router.latency.native_decode import NativeDecode, WholeServers
 from router.latency.prompt_ids import PromptIds
 from router.latency.protocol import CONTINUABLE, LatencyDeps, NodeSession, PrefillPrompt
 from router.latency.relay import DecodeRelay, DecodeSource, RelayEnd, Resume
@@ -35,7 +35,8 @@ from router.serving import Answer, LastChunk, RoutedRequest, json_answer, new_re
 from router.telemetry import tracing
 from router.telemetry.access import AccessRecord
 from router.tokens.tokenizer import LoadedTokenizer
-from router.upstream import vllm
+from router.upstream import Reply, vllm
+from router.upstream.native_decode import NativeDecode
 from router.upstream.vllm import Prefilled
 
 log = logging.getLogger("pd_gateway.latency")
@@ -61,6 +62,15 @@ _REJECTED = {
     "no_node": "no TileRT decode node is available; retry later",
     "gate_unavailable": "the TileRT pool's shared state cannot be reached; retry later",
 }
+
+
+class WholeServers(Protocol):
+    """The servers of the model's native path that serve a request whole
+    (`router.throughput.whole.WholeServing`)."""
+
+    async def open_stream(
+        self, path: str, body: dict[str, Any], *, request_id: str, stack: AsyncExitStack
+    ) -> tuple[Reply, Choice]: ...
 
 
 class LatencyPath:

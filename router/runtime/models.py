@@ -28,6 +28,7 @@ from router.selection import (
 from router.serving import Fallback, ServePath
 from router.serving.objective import ObjectivePath
 from router.throughput import make_throughput_path
+from router.throughput.continuation import Continuing
 from router.tokens.prompt_tokens import PromptCounter
 from router.tokens.tokenizer import LoadedTokenizer
 
@@ -92,6 +93,15 @@ def build_model(
             upstreams=deps.upstreams,
             selection=path_selection(config.selection_of("throughput"), counter, kv_events),
             metrics=deps.metrics,
+            continuing=Continuing(
+                config.name,
+                tokenizer,
+                config.output_parser,
+                limit=0,  # the mode's own
+                upstreams=deps.upstreams,
+                metrics=deps.metrics,
+                spawn=deps.spawn,
+            ),
         )
     latency = None
     sampling_defaults = sampling_defaults or SamplingDefaults()

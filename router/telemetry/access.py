@@ -31,10 +31,14 @@ class AccessRecord:
     node: str | None = None
     prefill: str | None = None
     continued: int = 0
-    """Times the answer went on from another node after its node failed mid-stream."""
+    """Times the answer went on elsewhere after its node (or, on the native path, its decode
+    server) failed mid-stream."""
     broken_nodes: str | None = None
     """The nodes whose streams broke, in order (comma-separated); `node` is the last one's
     successor."""
+    broken_servers: str | None = None
+    """The native path's decode servers whose streams broke, in order (comma-separated);
+    `upstream` is the last one's successor."""
     native_decode: str | None = None
     """The vLLM server of the native path that went on with the output when no node was free
     (then also `upstream`)."""

@@ -3,6 +3,7 @@ that reads it, so the modes work on their server sets alone."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 from router.config import ProxyConfig, PullConfig, PushConfig
@@ -10,6 +11,7 @@ from router.selection import PathSelection
 from router.serving import ServePath
 from router.serving.objective import NativeWays
 from router.telemetry.metrics import Metrics
+from router.throughput.continuation import Continuing
 from router.throughput.legs import NativeDeps, WholeWhen
 from router.throughput.proxy import ProxyPath
 from router.throughput.pull import PullPath
@@ -30,13 +32,19 @@ def make_throughput_path(
     upstreams: Upstreams,
     selection: PathSelection | None = None,
     metrics: Metrics | None = None,
+    continuing: Continuing | None = None,
 ) -> ThroughputPath:
-    """The throughput path for one model, one of proxy, pull or push."""
+    """The throughput path for one model, one of proxy, pull or push. `continuing`: how a
+    split mode goes on with a stream whose decode server broke (its limit is the mode's
+    `continuations`)."""
     selection = selection or PathSelection()
-    deps = NativeDeps(upstreams, metrics)
+    if isinstance(config, ProxyConfig):
+        proxies = selection.server_set(config.urls, "proxy", request_aware=False)
+        return ProxyPath(proxies, NativeDeps(upstreams, metrics))
+    if continuing is not None:
+        continuing = replace(continuing, limit=config.continuations)
+    deps = NativeDeps(upstreams, metrics, continuing)
     match config:
-        case ProxyConfig():
-            return ProxyPath(selection.server_set(config.urls, "proxy", request_aware=False), deps)
         case PullConfig():
             prefill = selection.server_set(config.prefill, "pull:prefill")
             decode = selection.server_set(config.decode, "pull:decode")

@@ -14,6 +14,13 @@ from router.serving import Answer, RoutedRequest
 from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
 from router.throughput.answer import forward, read_unless_streamed
+from router.throughput.continuation import (
+    Continuation,
+    Continuing,
+    StreamTrack,
+    continuable,
+    with_token_ids,
+)
 from router.throughput.stream_usage import asks_for_usage, with_usage
 from router.throughput.usage import CachedTokensRewriter
 from router.throughput.whole import WholeServing
@@ -32,10 +39,12 @@ class WholeWhen:
 
 @dataclass(frozen=True, slots=True)
 class NativeDeps:
-    """What every native mode calls with."""
+    """What every native mode calls with. `continuing`: how `pull` and `push` go on with a
+    stream whose decode server broke (none: they do not)."""
 
     upstreams: Upstreams
     metrics: Metrics | None = None
+    continuing: Continuing | None = None
 
 
 class SplitPath:
@@ -54,6 +63,7 @@ class SplitPath:
         self._selection = selection
         self._upstreams = deps.upstreams
         self._metrics = deps.metrics
+        self._continuing = deps.continuing
         self._whole_when = whole_when
         self.whole = WholeServing(decode, vllm.DECODE, deps.upstreams)
 
@@ -71,6 +81,15 @@ class SplitPath:
             always=always or self._whole_when is not None,
             known=request.affinities,
         )
+
+    def going_on(self, request: RoutedRequest, stack: AsyncExitStack) -> Continuation | None:
+        """How `request`'s stream goes on if its decode server breaks mid-way; None: it
+        does not (not configured, or not an answer that can, `continuable`)."""
+        continuing = self._continuing
+        if continuing is None or continuing.limit < 1 or not continuable(request):
+            return None
+        track = StreamTrack(keep_ids=bool(request.body.get("return_token_ids")))
+        return Continuation(continuing, request, track, self._decode, stack)
 
     def native_facts(
         self, request: RoutedRequest, affinity: Affinity | None, tokens: int
@@ -164,17 +183,23 @@ async def send_decode(
     url: str,
     request: RoutedRequest,
     body: dict[str, Any],
+    go_on: Continuation | None = None,
 ) -> Reply:
-    """Send the decode leg; an error status raises before anything is relayed."""
+    """Send the decode leg (naming each chunk's ids if `go_on` may continue it); an error
+    status raises before anything is relayed."""
     # A non-stream answer only arrives when generation ends: it is bounded as a whole.
     prefill_s = upstreams.timeouts.prefill_s
+    if asks_for_usage(request):
+        body = with_usage(body)
+    if go_on is not None:
+        body = with_token_ids(body)
     with tracing.stage(tracing.DECODE, upstream=url):
         reply = await upstreams.open(
             vllm.DECODE,
             "POST",
             url,
             request.endpoint.path,
-            body=with_usage(body) if asks_for_usage(request) else body,
+            body=body,
             read_s=prefill_s,
             total_s=None if request.parsed.stream else prefill_s,
             request_id=request.request_id,
@@ -192,21 +217,28 @@ async def whole_on_decode(
     url: str,
     request: RoutedRequest,
     metrics: Metrics | None,
+    go_on: Continuation | None = None,
 ) -> Answer:
     """A request not split into legs (`SplitPath._whole_on`): the decode instance at `url`
     serves the client's body whole, prefill included."""
-    reply = await send_decode(upstreams, stack, url, request, request.native_body)
-    return forward(reply, request, metrics)
+    reply = await send_decode(upstreams, stack, url, request, request.native_body, go_on)
+    return forward(reply, request, metrics, go_on=go_on)
 
 
 def decode_answer(
-    reply: Reply, prefill: NixlPrefilled, request: RoutedRequest, metrics: Metrics | None
+    reply: Reply,
+    prefill: NixlPrefilled,
+    request: RoutedRequest,
+    metrics: Metrics | None,
+    go_on: Continuation | None = None,
 ) -> Answer:
     """The decode leg's answer as the client sees it: unchanged but for `cached_tokens`."""
     rewriter = CachedTokensRewriter(prefill.cached_tokens)
+    if go_on is not None:
+        go_on.cached_tokens = prefill.cached_tokens
     if reply.content is not None:
         return forward(reply, request, metrics, body=rewriter.body(reply.content))
-    return forward(reply, request, metrics, rewrite=rewriter)
+    return forward(reply, request, metrics, rewrite=rewriter, go_on=go_on)
 
 
 def planned_servers(

@@ -36,7 +36,10 @@ class PullPath(SplitPath):
 
             async def whole(choice: Choice) -> Answer:
                 chosen(request, choice, self._decode)
-                return await whole_on_decode(upstreams, stack, choice.url, request, self._metrics)
+                go_on = self.going_on(request, stack)
+                return await whole_on_decode(
+                    upstreams, stack, choice.url, request, self._metrics, go_on
+                )
 
             return await call_on(
                 self._decode, whole, hold_on=stack, request=affinity, first=decode_choice
@@ -49,10 +52,11 @@ class PullPath(SplitPath):
         decode_first, prefill_first = planned_servers(request, self._decode, self._prefill)
         prefill = await call_on(self._prefill, prefill_leg, request=affinity, first=prefill_first)
         body = pull_decode_body(request.body, prefill.kv_transfer_params)
+        go_on = self.going_on(request, stack)
 
         async def decode_leg(choice: Choice) -> Reply:
             chosen(request, choice, self._decode)
-            return await send_decode(upstreams, stack, choice.url, request, body)
+            return await send_decode(upstreams, stack, choice.url, request, body, go_on)
 
         reply = await call_on(
             self._decode,
@@ -61,4 +65,4 @@ class PullPath(SplitPath):
             request=affinity,
             first=decode_first,
         )
-        return decode_answer(reply, prefill, request, self._metrics)
+        return decode_answer(reply, prefill, request, self._metrics, go_on)

@@ -56,8 +56,9 @@ class PushPath(SplitPath):
 
             async def whole(choice: Choice) -> Answer:
                 chosen(request, choice, self._decode)
+                go_on = self.going_on(request, stack)
                 return await whole_on_decode(
-                    self._upstreams, stack, choice.url, request, self._metrics
+                    self._upstreams, stack, choice.url, request, self._metrics, go_on
                 )
 
             return await call_on(
@@ -75,6 +76,7 @@ class PushPath(SplitPath):
         prefill_url = prefill_hold.enter_context(self._prefill.hold(prefill_choice.url, affinity))
         request.access.prefill = prefill_url
         engine = self._engines[prefill_url]
+        go_on = self.going_on(request, stack)
 
         async def prefill() -> NixlPrefilled:
             with prefill_hold:
@@ -83,11 +85,11 @@ class PushPath(SplitPath):
 
         async def decode() -> Reply:
             body = push_decode_body(request.body, engine, request.request_id)
-            leg = send_decode(self._upstreams, stack, decode_url, request, body)
+            leg = send_decode(self._upstreams, stack, decode_url, request, body, go_on)
             return await _judged(self._decode, decode_choice, leg)
 
         answer, reply = await both_or_cancel(prefill(), decode())
-        return decode_answer(reply, answer, request, self._metrics)
+        return decode_answer(reply, answer, request, self._metrics, go_on)
 
 
 T = TypeVar("T")

@@ -1,7 +1,8 @@
 """The servers of a model's native path that serve a request whole, prefill and decode on one:
 the decode instances in `pull` and `push` mode, the proxy in `proxy` mode (which splits it
-into legs of its own). The latency path sends them the rest of an answer whose TileRT node
-failed mid-stream when no other node is free (`router.latency.native_decode`)."""
+into legs of its own). They go on with an answer whose decode failed mid-stream: a TileRT
+node's when no other node is free, or a decode server's of the native path
+(`router.upstream.native_decode`)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,18 @@ class WholeServing:
         self._upstreams = upstreams
 
     async def open_stream(
-        self, path: str, body: dict[str, Any], *, request_id: str, stack: AsyncExitStack
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        request_id: str,
+        stack: AsyncExitStack,
+        first: Choice | None = None,
     ) -> tuple[Reply, Choice]:
         """Send `body` (a streamed request) and return once a server answered 200, with the
-        server chosen; an error status raises. The reply and the server's hold close with
-        `stack`. Each wait for the head, then for each line's end, is bounded by the
-        prefill timeout, as on the native path."""
+        server chosen (`first`, if given); an error status raises. The reply and the
+        server's hold close with `stack`. Each wait for the head, then for each line's end,
+        is bounded by the prefill timeout, as on the native path."""
         prefill_s = self._upstreams.timeouts.prefill_s
 
         async def send(choice: Choice) -> tuple[Reply, Choice]:
@@ -48,4 +55,4 @@ class WholeServing:
                     raise await reply.failure()
             return reply, choice
 
-        return await call_on(self._servers, send, hold_on=stack)
+        return await call_on(self._servers, send, hold_on=stack, first=first)

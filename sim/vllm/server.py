@@ -715,10 +715,12 @@ class VllmServer:
                     else:
                         offsets[index] += len(chunk["choices"][0]["text"] if not chat else "")
                     chunk = counted(chunk, position + 1)
-                    # A parser holding text back sends nothing for the step.
+                    # A parser holding text back sends nothing for the step, unless the
+                    # step's ids or logprobs were asked for.
                     parser = formatter.parsers[index] if chat else None
                     if parser is not None and not chunk["choices"][0]["delta"]:
-                        if step.finish_reason is None and formatter.logprobs is None:
+                        shown = formatter.logprobs is not None or request.return_token_ids
+                        if step.finish_reason is None and not shown:
                             continue
                     yield event(orjson.dumps(chunk))
             if request.include_usage:

@@ -67,7 +67,7 @@ def test_a_completions_prompt_and_the_start_of_its_answer_continue_the_answer(
 
 
 def test_a_streamed_continuation_names_its_ids_chunk_by_chunk(real_vllm: RealVllm) -> None:
-    """What a native-path continuation reads (`router.latency.native_decode`): the chunks'
+    """What a native-path continuation reads (`router.upstream.native_decode`): the chunks'
     `token_ids`, in order, are the rest of the answer, and the last names its finish."""
     whole = post(real_vllm, "/v1/completions", COMPLETION)
     choice = whole["choices"][0]

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from router.errors import DecodeError, UpstreamError
-from router.latency.native_decode import NativeDecode
+from router.upstream.native_decode import NativeDecode
 from router.upstream.tilert import DoneLine, NodeLine, TokenLine
 
 

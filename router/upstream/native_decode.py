@@ -1,11 +1,11 @@
-"""The rest of a latency answer from a vLLM server of the model's native path, read as a node's
-lines.
+"""The rest of an answer from a vLLM server that serves whole, read as a node's lines.
 
-When a node fails mid-stream and no other node of the pool is free in time, the prompt and
-the output so far go to a server that serves whole (`router.throughput.whole`): a
-completions request of token ids (`vllm.continuation_body`), streamed with each chunk's
-`token_ids`. The relay takes those ids as it takes a node's, through the same text pipeline
-and parser, so the client's stream goes on in the shape it started in.
+When a decode fails mid-stream (a TileRT node with no other node free in time, or a decode
+server of the native path), the prompt and the output so far go to a server that serves
+whole (`router.throughput.whole`): a completions request of token ids
+(`vllm.continuation_body`), streamed with each chunk's `token_ids`. The ids go through the
+gateway's text pipeline and parser, as a node's do, so the client's stream goes on in the
+shape it started in.
 
 vLLM's ids include the token that ended the output: an EOS (`finish_reason` stop, no
 `stop_reason`) is left out here, as a node leaves it out, and the relay counts it; a stop
@@ -16,15 +16,13 @@ node's.
 from __future__ import annotations
 
 from collections import deque
-from contextlib import AsyncExitStack
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import orjson
 
 from router.errors import DecodeError, UpstreamError
-from router.latency.protocol import Spawn
-from router.selection import Choice
-from router.upstream import Reply
+from router.upstream.client import Reply
 from router.upstream.sse_events import EVENT_END, EventCutter
 from router.upstream.tilert import DoneLine, NodeLine, TokenLine
 
@@ -32,13 +30,8 @@ DATA = b"data:"
 DONE = b"[DONE]"
 
 
-class WholeServers(Protocol):
-    """The servers of the model's native path that serve a request whole
-    (`router.throughput.whole.WholeServing`)."""
-
-    async def open_stream(
-        self, path: str, body: dict[str, Any], *, request_id: str, stack: AsyncExitStack
-    ) -> tuple[Reply, Choice]: ...
+Spawn = Callable[[Coroutine[Any, Any, None]], object]
+"""Runs a cleanup in the background."""
 
 
 class NativeDecode:
