@@ -3,13 +3,15 @@ push: the prefill leg, and the decode leg whose answer is the client's."""
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from router.errors import UpstreamError
 from router.objectives import WayFacts
-from router.selection import Affinity, Choice, PathSelection, ServerSet
+from router.selection import Affinity, Choice, PathSelection, ServerSet, call_on
 from router.serving import Answer, RoutedRequest
 from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
@@ -26,6 +28,11 @@ from router.throughput.usage import CachedTokensRewriter
 from router.throughput.whole import WholeServing
 from router.upstream import Reply, Upstreams, vllm
 from router.upstream.vllm import NixlPrefilled
+
+log = logging.getLogger("pd_gateway.throughput")
+
+DECODE_BROKE = vllm.DECODE.code("broken")
+DECODE_TIMED_OUT = vllm.DECODE.code("timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +97,65 @@ class SplitPath:
             return None
         track = StreamTrack(keep_ids=bool(request.body.get("return_token_ids")))
         return Continuation(continuing, request, track, self._decode, stack)
+
+    def resends(self, request: RoutedRequest, failure: BaseException) -> bool:
+        """Whether a whole (not streamed) answer whose decode server broke before the answer
+        was whole is served again on another: none of it reached the client."""
+        continuing = self._continuing
+        return (
+            continuing is not None
+            and continuing.limit > 0
+            and not request.parsed.stream
+            and request.endpoint.name in ("chat", "completions")
+            and isinstance(failure, UpstreamError)
+            and failure.code in (DECODE_BROKE, DECODE_TIMED_OUT)
+        )
+
+    async def resent(
+        self,
+        request: RoutedRequest,
+        stack: AsyncExitStack,
+        affinity: Affinity | None,
+        failure: UpstreamError,
+    ) -> Answer:
+        """`request` served whole, prefill included, on another decode server than the one
+        that broke (`resends`), up to `continuations` times."""
+        assert self._continuing is not None
+        model, limit, access = self._continuing.model, self._continuing.limit, request.access
+
+        async def whole(choice: Choice) -> Answer:
+            chosen(request, choice, self._decode)
+            return await whole_on_decode(self._upstreams, stack, choice.url, request, self._metrics)
+
+        while True:
+            broken = access.upstream
+            access.broken_servers = ",".join(filter(None, [access.broken_servers, broken]))
+            reason = "decode_stalled" if failure.code == DECODE_TIMED_OUT else "decode_failed"
+            if access.continued >= limit:
+                self._continued(model, reason, "limit")
+                raise failure
+            log.warning(
+                "request %s: decode server %s failed (%s): sent again whole",
+                request.request_id,
+                broken,
+                failure.message,
+            )
+            self._continued(model, reason, "resent")
+            access.continued += 1
+            first = self._decode.pick(exclude=[broken] if broken else (), request=affinity)
+            with tracing.stage(tracing.CONTINUATION, reason=reason, tokens=0):
+                try:
+                    return await call_on(
+                        self._decode, whole, hold_on=stack, request=affinity, first=first
+                    )
+                except UpstreamError as exc:
+                    if not self.resends(request, exc):
+                        raise
+                    failure = exc
+
+    def _continued(self, model: str, reason: str, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.continuation(model, reason, outcome)
 
     def native_facts(
         self, request: RoutedRequest, affinity: Affinity | None, tokens: int

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
+from router.errors import UpstreamError
 from router.selection import Choice, call_on
 from router.serving import Answer, RoutedRequest
 from router.throughput.legs import (
@@ -58,11 +59,12 @@ class PullPath(SplitPath):
             chosen(request, choice, self._decode)
             return await send_decode(upstreams, stack, choice.url, request, body, go_on)
 
-        reply = await call_on(
-            self._decode,
-            decode_leg,
-            hold_on=stack,
-            request=affinity,
-            first=decode_first,
-        )
+        try:
+            reply = await call_on(
+                self._decode, decode_leg, hold_on=stack, request=affinity, first=decode_first
+            )
+        except UpstreamError as exc:
+            if not self.resends(request, exc):
+                raise
+            return await self.resent(request, stack, affinity, exc)
         return decode_answer(reply, prefill, request, self._metrics, go_on)

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import anyio
 
+from router.errors import UpstreamError
 from router.selection import Choice, PathSelection, ServerSet, call_on, outcome_of
 from router.serving import Answer, RoutedRequest
 from router.throughput.legs import (
@@ -88,7 +89,12 @@ class PushPath(SplitPath):
             leg = send_decode(self._upstreams, stack, decode_url, request, body, go_on)
             return await _judged(self._decode, decode_choice, leg)
 
-        answer, reply = await both_or_cancel(prefill(), decode())
+        try:
+            answer, reply = await both_or_cancel(prefill(), decode())
+        except UpstreamError as exc:
+            if not self.resends(request, exc):
+                raise
+            return await self.resent(request, stack, affinity, exc)
         return decode_answer(reply, answer, request, self._metrics, go_on)
 
 

@@ -292,6 +292,8 @@ class VllmServer:
             return self._stream(
                 formatter, choices, usage_body, request, record, after_response, run
             )
+        if (die_after := self.faults.take("die_after", int)) is not None:
+            return self._died(min(die_after, len(choices[0])), run)
         await self._decode(len(choices[0]))
         self._generated(run, choices)
         record.status, record.finished = 200, time.time()
@@ -299,6 +301,20 @@ class VllmServer:
             formatter.response(choices, usage_body, kv_out),
             background=BackgroundTask(after_response) if after_response else None,
         )
+
+    def _died(self, tokens: int, run: Run) -> Response:
+        """A whole answer whose server dies after `tokens` tokens: the head and a byte of
+        white space go out, then the connection drops."""
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                yield b" "
+                await self._decode(tokens)
+            finally:
+                run.finish([None])
+            raise SimulatedDeath("simulated server death before the answer was whole")
+
+        return StreamingResponse(body(), media_type="application/json")
 
     def _gap_s(self) -> float:
         """The time to the next output token: ``--itl-ms``, plus ``--itl-ms-per-running`` for

@@ -271,3 +271,38 @@ def test_the_client_sees_no_ids_it_did_not_ask_for(
     decoded = [json.loads(e[6:]) for e in plain.split("\n\n") if e.startswith("data: {")]
     # No chunk of the stream is there for its ids alone.
     assert all(c["choices"][0]["delta"] or c["choices"][0]["finish_reason"] for c in decoded)
+
+
+@pytest.mark.parametrize("model", ["ds-pull", "ds-push"])
+def test_an_answer_not_streamed_is_served_again_unseen(
+    client: openai.OpenAI, stack: SimStack, model: str
+) -> None:
+    body = {"messages": [{"role": "user", "content": directive(TEXT)}], "max_tokens": 200}
+    expected = client.chat.completions.create(model=model, **body)  # type: ignore[call-overload]
+    die_on_every_decode(stack, 5)
+
+    answer = client.chat.completions.create(model=model, **body)  # type: ignore[call-overload]
+
+    assert answer.choices[0].message.content == expected.choices[0].message.content == TEXT
+    assert answer.usage.model_dump() == expected.usage.model_dump()
+    # Both decode servers broke once; the third try, whole, was the answer.
+    whole = [
+        r
+        for s in stack.decodes
+        for r in sim_get(s.url, "/sim/requests")["requests"]
+        if "kv_transfer_params" not in r["body"]
+    ]
+    assert len(whole) == 2
+
+
+def test_past_its_continuations_an_answer_not_streamed_is_a_502(
+    client: openai.OpenAI, stack: SimStack
+) -> None:
+    die_on_every_decode(stack, 5)
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.chat.completions.create(
+            model="ds-once",
+            messages=[{"role": "user", "content": directive(TEXT)}],
+            max_tokens=200,
+        )
+    assert failed.value.status_code == 502

@@ -7,11 +7,13 @@ holds itself to the same (tests/sim/test_sim_vllm_answers.py)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
 import pytest
 
+from router.throughput.continuation import StreamTrack
 from tests.real_vllm.conftest import RealVllm
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.e2e]
@@ -90,3 +92,36 @@ def test_a_streamed_continuation_names_its_ids_chunk_by_chunk(real_vllm: RealVll
                 finishes.append(chunk["finish_reason"])
     assert ids == output[7:]
     assert finishes[-1] == "length" and set(finishes[:-1]) <= {None}
+
+
+def _streamed(real_vllm: RealVllm, path: str, body: dict[str, Any]) -> bytes:
+    body = {**body, "model": real_vllm.model, "stream": True}
+    with httpx.stream("POST", f"{real_vllm.url}{path}", json=body, timeout=120) as reply:
+        assert reply.status_code == 200
+        return b"".join(reply.iter_raw())
+
+
+def _masked(stream: bytes) -> bytes:
+    return re.sub(rb'"(id|created)":("[^"]*"|\d+)', rb'"\1":0', stream)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)]
+)
+def test_a_stream_asked_for_its_ids_is_the_plain_stream_once_they_are_taken_out(
+    real_vllm: RealVllm, path: str, body: dict[str, Any]
+) -> None:
+    """What the native path's decode leg relies on (`router.throughput.continuation`): asked
+    for `return_token_ids`, vLLM streams the same chunks, each naming its ids (the first the
+    prompt's); with the ids taken out the client gets the stream it asked for, byte for
+    byte, and the ids read on the way are the answer's."""
+    plain = {k: v for k, v in body.items() if k != "return_token_ids"}
+    whole = post(real_vllm, path, body)
+    expected = _streamed(real_vllm, path, plain)
+    track = StreamTrack(keep_ids=False)
+    shown = track.feed(_streamed(real_vllm, path, body))
+    assert _masked(shown) == _masked(expected)
+    prompt = whole.get("prompt_token_ids") or whole["choices"][0]["prompt_token_ids"]
+    assert track.prompt_ids == prompt
+    assert track.output_ids == whole["choices"][0]["token_ids"]
+    assert track.done and track.finished and track.lost is None
