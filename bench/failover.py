@@ -1,19 +1,21 @@
-"""`pd-gateway bench --scenario failover`: what a TileRT node failing mid-answer costs a
-client whose answer is continued on another node.
+"""`pd-gateway bench --scenario failover`: what a decode failing mid-answer costs a client
+whose answer is continued elsewhere.
 
-16 streams at a time on 4 simulated nodes, each client asking for its own greedy answer
-again and again, while one node after another, one at a time, is made to break its next
-decode a few tokens in: `died` (its stream cut) in one round, `stalled` (silent, given up after
-`timeouts.decode_stall_s`) in another; on a TileRT 0.1.5 pool and a 0.1.6 pool. What it
-reports, per pool and round:
+16 streams at a time on 4 simulated TileRT nodes, each client asking for its own greedy
+answer again and again, while one node after another, one at a time, is made to break its
+next decode a few tokens in: `died` (its stream cut) in one round, `stalled` (silent, given
+up after `timeouts.decode_stall_s`) in another; on a TileRT 0.1.5 pool and a 0.1.6 pool.
+Then the same load on the native path in `pull` mode, 4 simulated vLLM decode servers, one
+after another made to drop its next stream (`died`). What it reports, per pool and round:
 
 * answers whole: every answer's text against the same client's uninterrupted answer
   (greedy), and how many were continued (the gateway's `pd_gateway_continuations_total`);
 * the gap at the seam: the longest waits between two pieces of an answer's text, one per
   continuation, p50 and p99, beside the prefill time of the continuations themselves (the
   prefill server's own record of each prefill that named the prompt and the output so far
-  as token ids) and TTFT of the uninterrupted answers. The target: a `died` seam's p50
-  within one continuation prefill plus 50 ms.
+  as token ids; on the native path, the decode server's time to the continuation's first
+  token) and TTFT of the uninterrupted answers. The target: a `died` seam's p50 within one
+  continuation prefill plus 50 ms.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ from bench.stats import percentile
 from sim.stack import SimStack
 
 MODEL = "failover"
-RELEASES = ("0.1.5", "0.1.6")
+POOLS = ("TileRT 0.1.5", "TileRT 0.1.6", "vLLM pull")
+NATIVE = "vLLM pull"
 FAULTS = {"died": "die_after", "stalled": "stall_after"}
+NATIVE_FAULTS = ("died",)  # a simulated vLLM server has no fault that stalls mid-stream
 STALL_S = 1.0
 TARGET_SEAM_OVER_PREFILL_MS = 50.0
 
@@ -64,7 +68,7 @@ class FailoverOptions:
 
 @dataclass(slots=True)
 class Round:
-    release: str
+    pool: str
     fault: str
     answers: int = 0
     whole: int = 0
@@ -114,9 +118,14 @@ async def stream(
     return "".join(parts), gaps, (times[0] - sent) if times else float("nan")
 
 
-async def chaos(stack: SimStack, fault: str, every_s: float, done: asyncio.Event) -> None:
-    """Every `every_s`, unless a fault is still waiting on some node, one node is made to
-    break its next decode a few tokens in: one node failing at a time."""
+def decoders(stack: SimStack, pool: str) -> list[str]:
+    """Where the pool's decodes run: its nodes, or on the native path its decode servers."""
+    return [s.url for s in (stack.decodes if pool == NATIVE else stack.nodes)]
+
+
+async def chaos(decoding: list[str], fault: str, every_s: float, done: asyncio.Event) -> None:
+    """Every `every_s`, unless a fault is still waiting on some server, one decoding server
+    is made to break its next decode a few tokens in: one failing at a time."""
     rng = random.Random(fault)
     async with httpx.AsyncClient(timeout=10) as http:
         while True:
@@ -125,13 +134,11 @@ async def chaos(stack: SimStack, fault: str, every_s: float, done: asyncio.Event
                 return
             except TimeoutError:
                 pass
-            waiting = [
-                (await http.get(n.url + "/sim/faults")).json()["faults"] for n in stack.nodes
-            ]
+            waiting = [(await http.get(url + "/sim/faults")).json()["faults"] for url in decoding]
             if not any(waiting):
-                node = rng.choice(stack.nodes)
+                url = rng.choice(decoding)
                 arm = {FAULTS[fault]: rng.randint(2, 40), "count": 1}
-                await http.post(node.url + "/sim/faults", json=arm)
+                await http.post(url + "/sim/faults", json=arm)
 
 
 async def one_round(
@@ -139,17 +146,22 @@ async def one_round(
 ) -> None:
     texts = [answer_text(i, options.answer_words) for i in range(options.clients)]
     limits = httpx.Limits(max_connections=options.clients * 2)
+    native = result.pool == NATIVE
+    decoding = decoders(stack, result.pool)
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-        await every_node_in_service(http, base_url)
+        if not native:
+            await every_node_in_service(http, base_url)
         for text in texts:  # uninterrupted: the reference, and TTFT
             got, _, ttft = await stream(http, base_url, text)
             if got != text:
                 raise RuntimeError("an uninterrupted answer is not its script")
             result.ttft_s.append(ttft)
         before = await continued(http, metrics_url)
-        await http.post(stack.prefills[0].url + "/sim/reset")
+        prefilling = decoding if native else [stack.prefills[0].url]
+        for url in prefilling:
+            await http.post(url + "/sim/reset")
         done = asyncio.Event()
-        breaking = asyncio.create_task(chaos(stack, result.fault, options.chaos_every_s, done))
+        breaking = asyncio.create_task(chaos(decoding, result.fault, options.chaos_every_s, done))
 
         async def client(text: str) -> None:
             for _ in range(options.answers_each):
@@ -167,18 +179,26 @@ async def one_round(
         finally:
             done.set()
             await breaking
-            for node in stack.nodes:
-                await http.post(
-                    node.url + "/sim/faults", json={name: None for name in FAULTS.values()}
-                )
+            for url in decoding:
+                await http.post(url + "/sim/faults", json={FAULTS[result.fault]: None})
         result.continued = round(await continued(http, metrics_url) - before)
-        requests = (await http.get(stack.prefills[0].url + "/sim/requests")).json()["requests"]
-        result.prefill_s = [
-            r["finished"] - r["received"]
-            for r in requests
-            if r.get("finished")
-            and "prompt_token_ids" in (r["body"].get("kv_transfer_params") or {})
-        ]
+        for url in prefilling:
+            requests = (await http.get(url + "/sim/requests")).json()["requests"]
+            result.prefill_s += [prefill_s(r) for r in requests if continuing(r)]
+
+
+def continuing(record: dict[str, Any]) -> bool:
+    """A request that went on with an answer: its prompt and output so far as token ids."""
+    body = record["body"]
+    named = "prompt_token_ids" in (body.get("kv_transfer_params") or {})
+    return (named or isinstance(body.get("prompt"), list)) and bool(record.get("finished"))
+
+
+def prefill_s(record: dict[str, Any]) -> float:
+    """A continuation's prefill: a node's prefill request whole, a decode server's stream
+    until its first token."""
+    end = record.get("first_output") or record["finished"]
+    return float(end - record["received"])
 
 
 async def every_node_in_service(http: httpx.AsyncClient, base_url: str) -> None:
@@ -193,30 +213,22 @@ async def continued(http: httpx.AsyncClient, metrics_url: str) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("pd_gateway_continuations_total{") and 'outcome="continued"' in line
+        if line.startswith("pd_gateway_continuations_total{")
+        and ('outcome="continued"' in line or 'outcome="continued_native"' in line)
     )
 
 
 @contextmanager
-def pool_of(release: str, options: FailoverOptions) -> Iterator[tuple[SimStack, BenchGateway]]:
-    version = ["--protocol", release]
-    stack = SimStack(
-        nodes=options.nodes,
-        prefills=1,
-        model=MODEL,
-        node_args=["--step-ms", str(options.step_ms), *version],
-        prefill_args=[
-            "--itl-ms",
-            "0",
-            "--prefill-ms-per-token",
-            str(options.prefill_ms_per_token),
-            "--tilert-protocol",
-            release,
-        ],
-    )
+def pool_of(pool: str, options: FailoverOptions) -> Iterator[tuple[SimStack, BenchGateway]]:
+    stack = native_stack(options) if pool == NATIVE else node_stack(pool, options)
     with stack, tempfile.TemporaryDirectory(prefix="pd-gateway-failover-") as workdir:
-        model = latency_model(stack, MODEL)  # the stack's addresses, once it runs
-        model["latency"].update(tilert=release, continuations=8, continuation_wait_ms=30_000)
+        if pool == NATIVE:  # the stack's addresses, once it runs
+            model = native_model(stack)
+        else:
+            model = latency_model(stack, MODEL)
+            model["latency"].update(
+                tilert=release_of(pool), continuations=8, continuation_wait_ms=30_000
+            )
         config = {
             "models": [model],
             # A node that failed is back as soon as a probe finds it idle.
@@ -228,6 +240,10 @@ def pool_of(release: str, options: FailoverOptions) -> Iterator[tuple[SimStack, 
             },
             "timeouts": {"decode_stall_s": STALL_S},
         }
+        if pool == NATIVE:
+            config["classification"] = {
+                "rules": {"default": {"name": "native", "path": "throughput"}}
+            }
         gateway = BenchGateway(config, Path(workdir))
         try:
             gateway.wait_ready()
@@ -236,13 +252,62 @@ def pool_of(release: str, options: FailoverOptions) -> Iterator[tuple[SimStack, 
             gateway.stop()
 
 
+def release_of(pool: str) -> str:
+    return pool.removeprefix("TileRT ")
+
+
+def node_stack(pool: str, options: FailoverOptions) -> SimStack:
+    release = release_of(pool)
+    return SimStack(
+        nodes=options.nodes,
+        prefills=1,
+        model=MODEL,
+        node_args=["--step-ms", str(options.step_ms), "--protocol", release],
+        prefill_args=[
+            "--itl-ms",
+            "0",
+            "--prefill-ms-per-token",
+            str(options.prefill_ms_per_token),
+            "--tilert-protocol",
+            release,
+        ],
+    )
+
+
+def native_stack(options: FailoverOptions) -> SimStack:
+    """One prefill server and as many decode servers as the pools have nodes, decoding as
+    fast as a node."""
+    prefill_ms = str(options.prefill_ms_per_token)
+    return SimStack(
+        nodes=0,
+        prefills=1,
+        decodes=options.nodes,
+        model=MODEL,
+        prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", prefill_ms],
+        decode_args=["--itl-ms", str(options.step_ms), "--prefill-ms-per-token", prefill_ms],
+    )
+
+
+def native_model(stack: SimStack) -> dict[str, Any]:
+    return {
+        "name": MODEL,
+        "tokenizer": "deepseek",
+        "throughput": {
+            "mode": "pull",
+            "prefill": [s.url for s in stack.prefills],
+            "decode": [s.url for s in stack.decodes],
+            "continuations": 8,
+        },
+    }
+
+
 def measure(options: FailoverOptions) -> list[Round]:
     rounds = []
-    for release in RELEASES:
-        with pool_of(release, options) as (stack, gateway):
+    for pool in POOLS:
+        with pool_of(pool, options) as (stack, gateway):
             metrics_url = gateway.base_url.removesuffix("/v1") + "/metrics"
-            for fault in FAULTS:
-                result = Round(release, fault)
+            for fault in NATIVE_FAULTS if pool == NATIVE else FAULTS:
+                result = Round(pool, fault)
                 uvloop.run(one_round(gateway.base_url, metrics_url, stack, options, result))
                 rounds.append(result)
     return rounds
@@ -254,9 +319,9 @@ def _ms(values: list[float], q: float) -> str:
 
 def report(rounds: list[Round], options: FailoverOptions, command: str) -> str:
     lines = [
-        f"`{command}`: {options.clients} streams on {options.nodes} nodes, a node made to"
-        f" break its next decode every {options.chaos_every_s:g} s; a stall is given up"
-        f" after {STALL_S:g} s.",
+        f"`{command}`: {options.clients} streams on {options.nodes} nodes (or, in `pull`"
+        f" mode, decode servers), one made to break its next decode every"
+        f" {options.chaos_every_s:g} s; a stall is given up after {STALL_S:g} s.",
         "",
         "| pool | fault | answers | whole | failed | continued | seam p50 ms | seam p99 ms"
         " | continuation prefill p50 ms | TTFT p50 ms | seam p50 − prefill p50 ms |",
@@ -270,7 +335,7 @@ def report(rounds: list[Round], options: FailoverOptions, command: str) -> str:
             else "-"
         )
         lines.append(
-            f"| TileRT {r.release} | {r.fault} | {r.answers} | {r.whole} | {len(r.failed)}"
+            f"| {r.pool} | {r.fault} | {r.answers} | {r.whole} | {len(r.failed)}"
             f" | {r.continued} | {_ms(seams, 0.5)} | {_ms(seams, 0.99)} | {_ms(r.prefill_s, 0.5)}"
             f" | {_ms(r.ttft_s, 0.5)} | {over} |"
         )
@@ -283,14 +348,14 @@ def _target_lines(rounds: list[Round]) -> list[str]:
     for r in rounds:
         whole = r.whole == r.answers and not r.failed
         lines.append(
-            f"| TileRT {r.release} {r.fault}: every answer whole | {r.whole}/{r.answers}"
+            f"| {r.pool} {r.fault}: every answer whole | {r.whole}/{r.answers}"
             f" | {'yes' if whole else 'no'} |"
         )
         if r.fault == "died" and r.seams_s and r.prefill_s:
             over_ms = (statistics.median(r.seams_s) - statistics.median(r.prefill_s)) * 1e3
             met = over_ms <= TARGET_SEAM_OVER_PREFILL_MS
             lines.append(
-                f"| TileRT {r.release} died: seam p50 within a continuation prefill"
+                f"| {r.pool} died: seam p50 within a continuation prefill"
                 f" + {TARGET_SEAM_OVER_PREFILL_MS:g} ms | +{over_ms:.0f} ms"
                 f" | {'yes' if met else 'no'} |"
             )

@@ -22,6 +22,8 @@ class RequestRecord:
     rid: str | None = None
     kv_mode: str | None = None
     status: int | None = None
+    first_output: float | None = None
+    """When a stream's first output token went out: its prefill's end, as the client sees it."""
     finished: float | None = None
 
 

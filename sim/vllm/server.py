@@ -722,6 +722,8 @@ class VllmServer:
                         continue
                     step = steps[position]
                     run.token()
+                    if record.first_output is None:
+                        record.first_output = time.time()
                     if position == len(steps) - 1:
                         reasons[index] = step.finish_reason or "stop"
                     chunk = formatter.chunk(step, offsets[index], index, first=position == 0)

@@ -1,6 +1,7 @@
 """`pd-gateway bench --scenario failover`, briefly: on both TileRT releases, with nodes
-dying and stalling mid-answer, every answer comes out whole, the continuations are
-counted, each has its seam, and the report names its targets."""
+dying and stalling mid-answer, and on the native path in `pull` mode with decode servers
+dying mid-answer, every answer comes out whole, the continuations are counted, each has
+its seam, and the report names its targets."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from bench.failover import FAULTS, RELEASES, FailoverOptions, measure, report
+from bench.failover import FAULTS, NATIVE, POOLS, FailoverOptions, measure, report
 from tests.support.gateway_python import gateway_python
 
 
@@ -22,10 +23,11 @@ def test_every_answer_comes_out_whole_and_each_continuation_has_its_seam(
     options = FailoverOptions.quick()
     rounds = measure(options)
 
-    assert [(r.release, r.fault) for r in rounds] == [(v, f) for v in RELEASES for f in FAULTS]
+    nodes = [(pool, fault) for pool in POOLS if pool != NATIVE for fault in FAULTS]
+    assert [(r.pool, r.fault) for r in rounds] == [*nodes, (NATIVE, "died")]
     for r in rounds:
         assert r.failed == [] and r.whole == r.answers == options.clients * options.answers_each
-        assert r.continued >= 1, (r.release, r.fault)  # the chaos broke something
+        assert r.continued >= 1, (r.pool, r.fault)  # the chaos broke something
         assert len(r.seams_s) == r.continued
         assert len(r.prefill_s) >= r.continued  # each continuation's own prefill
         if r.fault == "stalled":  # a stall is given up after decode_stall_s
@@ -33,3 +35,4 @@ def test_every_answer_comes_out_whole_and_each_continuation_has_its_seam(
     table = report(rounds, options, "pd-gateway bench --scenario failover --quick")
     assert "| seam p50 ms |" in table and "| target | measured | met |" in table
     assert "TileRT 0.1.6 died: seam p50 within a continuation prefill + 50 ms" in table
+    assert "vLLM pull died: seam p50 within a continuation prefill + 50 ms" in table
