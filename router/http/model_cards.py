@@ -19,8 +19,8 @@ from typing import Any
 
 from router.config import ModelConfig, ProxyConfig, PullConfig
 from router.errors import UpstreamError
+from router.upstream import vllm
 from router.upstream.client import Upstreams
-from router.upstream.failures import Target
 
 log = logging.getLogger("pd_gateway")
 
@@ -30,8 +30,6 @@ LOOKUP_S = 3.0
 """The most one model's lookup may take, over all its servers."""
 MAX_SERVERS = 4
 """Servers asked per lookup: replicas of one model describe it alike."""
-
-VLLM_MODELS = Target("models", "the vLLM server's model list")
 
 
 def card_servers(model: ModelConfig) -> list[str]:
@@ -132,7 +130,7 @@ class ModelCards:
     async def _ask(self, base: str, name: str) -> dict[str, Any] | None:
         try:
             reply = await self._upstreams.call(
-                VLLM_MODELS, "GET", base, "/v1/models", read_s=LOOKUP_S
+                vllm.MODELS, "GET", base, "/v1/models", read_s=LOOKUP_S
             )
         except UpstreamError as exc:
             log.debug("no model list from %s: %s", base, exc.message)

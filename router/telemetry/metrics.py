@@ -191,10 +191,11 @@ class Metrics:
         )
         self._continuations = Counter(
             "pd_gateway_continuations",
-            "Answers whose decode broke mid-stream, by the node's failure and what became of"
-            " the answer: `continued` on another node, `continued_native` on the native path,"
-            " or ended in error (`no_node` free in time, `too_long` for the pool, `limit` of"
-            " continuations reached, `failed`).",
+            "Answers whose decode broke mid-stream, by the node's or decode server's failure"
+            " and what became of the answer: `continued` on another node, `continued_native`"
+            " on the native path, `resent` whole to another decode server, or ended in error"
+            " (`no_node` free in time, `too_long` for the pool, `limit` of continuations"
+            " reached, `failed`).",
             ["model", "reason", "outcome"],
             registry=r,
         )

@@ -21,7 +21,6 @@ an error event of vLLM's own, and `proxy` mode (the proxy owns the legs).
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -34,14 +33,12 @@ from router.errors import DecodeError, GatewayError, UpstreamError
 from router.openai.endpoints import WIRE_PATHS
 from router.openai.render import AnswerFacts, AnswerHead, Renderer, Usage
 from router.parsers import ParsedDelta, ToolCallDelta, finish_reason
-from router.selection import ServerSet
 from router.serving import RoutedRequest, new_request_id
 from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
 from router.throughput.whole import WholeServing
 from router.tokens.tokenizer import LoadedTokenizer
 from router.upstream import Reply, Upstreams, vllm
-from router.upstream.failures import Target
 from router.upstream.native_decode import NativeDecode
 from router.upstream.sse_events import EVENT_END, EventCutter
 from router.upstream.tilert import DoneLine
@@ -83,11 +80,9 @@ _NOT_CONTINUABLE = (
 )
 """Asked for any of these, a streamed answer is not continued."""
 
-_ID_LISTS = re.compile(rb'("(?:prompt_)?token_ids":)\[[^\]]*\]')
+_IDS_KEY = b'token_ids":['
 _DATA = b"data:"
 _DONE = b"[DONE]"
-
-VLLM_MODELS = Target("models", "the vLLM server's model list")
 
 
 def continuable(request: RoutedRequest) -> bool:
@@ -137,20 +132,27 @@ class StreamTrack:
         self._events = EventCutter(max_pending)
 
     def feed(self, chunk: bytes) -> bytes:
+        if self._events.idle and chunk.endswith(EVENT_END):  # whole events: most chunks
+            return self._passed(chunk)
         out: list[bytes] = []
         for whole, data in self._events.feed(chunk):
-            if not whole:
+            if whole:
+                out.append(self._passed(data))
+            else:
                 self.lost = "an event too large to read"
                 out.append(data)
-                continue
-            if self._keep_ids:
-                for event in data.split(EVENT_END)[:-1]:
-                    self._read(event)
-                out.append(data)
-                continue
-            for event in data.split(EVENT_END)[:-1]:
-                if self._read(event):
-                    out += (_ID_LISTS.sub(rb"\1null", event), EVENT_END)
+        return b"".join(out)
+
+    def _passed(self, events: bytes) -> bytes:
+        """Whole events as the client gets them."""
+        if self._keep_ids:
+            for event in events.split(EVENT_END)[:-1]:
+                self._read(event)
+            return events
+        out: list[bytes] = []
+        for event in events.split(EVENT_END)[:-1]:
+            if self._read(event):
+                out += (_without_ids(event), EVENT_END)
         return b"".join(out)
 
     def flush(self) -> bytes:
@@ -169,51 +171,65 @@ class StreamTrack:
     def _read(self, event: bytes) -> bool:
         """Take what `event` tells; False: it is not for the client (a chunk sent only for
         its ids, where a parser held the step's text back)."""
-        if not event.startswith(_DATA) or self.lost is not None:
-            return True
-        payload = event[len(_DATA) :].strip()
-        if payload == _DONE:
-            self.done = True
+        if self.lost is not None or not event.startswith(_DATA):
             return True
         try:
-            data: Any = orjson.loads(payload)
+            data: Any = orjson.loads(event[len(_DATA) :])
         except orjson.JSONDecodeError:
-            self.lost = "an event that is not JSON"
+            if event[len(_DATA) :].strip() == _DONE:
+                self.done = True
+            else:
+                self.lost = "an event that is not JSON"
             return True
-        if not isinstance(data, dict) or "error" in data:
-            self.lost = "an error event"
+        try:
+            choices = data["choices"]
+            choice = choices[0] if choices else None
+        except (KeyError, TypeError):
+            self.lost = "an error event" if "error" in data else "an event that is not a chunk"
             return True
-        if self.response_id is None and isinstance(data.get("id"), str):
-            self.response_id = data["id"]
-            created = data.get("created")
-            self.created = created if isinstance(created, int) else 0
-        if isinstance(prompt := data.get("prompt_token_ids"), list):
-            self.prompt_ids = prompt
-        choices = data.get("choices")
-        if not choices:
+        if self.response_id is None:
+            self._first(data)
+        if choice is None:
             return True  # the usage chunk
-        choice = choices[0]
-        if len(choices) != 1 or not isinstance(choice, dict) or choice.get("index", 0) != 0:
+        if len(choices) != 1 or type(choice) is not dict or choice.get("index", 0) != 0:
             self.lost = "several choices"
             return True
-        if isinstance(prompt := choice.get("prompt_token_ids"), list):
-            self.prompt_ids = prompt  # a completions stream names them on its choice
-        if isinstance(ids := choice.get("token_ids"), list):
+        ids = choice.get("token_ids")
+        if type(ids) is list:
             self.output_ids += ids
         if choice.get("finish_reason") is not None:
             self.finished = True
             return True
-        if isinstance(text := choice.get("text"), str):
-            self.shown.content += len(text)
         delta = choice.get("delta")
-        if isinstance(delta, dict):
+        if type(delta) is dict:
             if not delta and choice.get("logprobs") is None:
                 return False
-            self._shown(delta)
+            if type(content := delta.get("content")) is str and len(delta) <= 2:
+                self.shown.content += len(content)  # the most of a stream's chunks
+            else:
+                self._shown(delta)
+        elif type(text := choice.get("text")) is str:
+            self.shown.content += len(text)
         return True
+
+    def _first(self, data: dict[str, Any]) -> None:
+        """The answer's id and time, and the prompt's ids, from its first chunk."""
+        answer_id, created = data.get("id"), data.get("created")
+        if isinstance(answer_id, str):
+            self.response_id = answer_id
+            self.created = created if isinstance(created, int) else 0
+        prompt = data.get("prompt_token_ids")
+        if not isinstance(prompt, list):  # a completions stream names them on its choice
+            choices = data.get("choices")
+            choice = choices[0] if isinstance(choices, list) and choices else None
+            prompt = choice.get("prompt_token_ids") if isinstance(choice, dict) else None
+        if isinstance(prompt, list) and all(type(i) is int for i in prompt):
+            self.prompt_ids = prompt
 
     def _shown(self, delta: dict[str, Any]) -> None:
         shown = self.shown
+        if "role" in delta:
+            return  # the opening chunk
         if isinstance(content := delta.get("content"), str):
             shown.content += len(content)
         reasoning = delta.get("reasoning") or delta.get("reasoning_content")
@@ -252,6 +268,26 @@ class Seam:
         return out
 
 
+def _without_ids(event: bytes) -> bytes:
+    """`event` with each list of ids (`token_ids`, `prompt_token_ids`) made `null`. Inside a
+    JSON string a quote is escaped, so `token_ids":[` is always a key and its list."""
+    at = event.find(_IDS_KEY)
+    if at < 0:
+        return event
+    pieces: list[bytes] = []
+    start = 0
+    while at >= 0:
+        opening = at + len(_IDS_KEY) - 1
+        closing = event.find(b"]", opening)
+        if closing < 0:
+            break
+        pieces += (event[start:opening], b"null")
+        start = closing + 1
+        at = event.find(_IDS_KEY, start)
+    pieces.append(event[start:])
+    return b"".join(pieces)
+
+
 def _skip(text: str, skip: int) -> tuple[str, int]:
     """`text` less its first `skip` characters, and what is left to skip after it."""
     if skip <= 0:
@@ -285,14 +321,13 @@ class Continuation:
         continuing: Continuing,
         request: RoutedRequest,
         track: StreamTrack,
-        decode: ServerSet,
+        whole: WholeServing,
         stack: AsyncExitStack,
     ) -> None:
         self._continuing = continuing
         self._request = request
         self.track = track
-        self._whole = WholeServing(decode, vllm.DECODE, continuing.upstreams)
-        self._decode = decode
+        self._whole = whole
         self._stack = stack
         self.cached_tokens: int | None = None
         """The prompt's cache hits, as the answer's usage reports them (the prefill's)."""
@@ -319,9 +354,16 @@ class Continuation:
         )
         seam = Seam(track.shown)
         renderer = self._renderer()
+
+        def running() -> Usage | None:
+            """The count so far, on every chunk (`continuous_usage_stats`)."""
+            if not parsed.continuous_usage:
+                return None
+            return Usage(len(prompt_ids), pipeline.completion_tokens, self.cached_tokens)
+
         output_ids = list(track.output_ids)
         step = pipeline.feed(output_ids)  # the output so far, as the gateway renders it
-        if chunk := renderer.delta(seam.unseen(step.delta)):
+        if chunk := renderer.delta(seam.unseen(step.delta), running()):
             yield chunk
         finish, stopped = "length", step.stopped
         budget = parsed.token_budget
@@ -337,7 +379,7 @@ class Continuation:
                         continue
                     output_ids += line.ids
                     step = pipeline.feed(line.ids)
-                    if chunk := renderer.delta(seam.unseen(step.delta)):
+                    if chunk := renderer.delta(seam.unseen(step.delta), running()):
                         yield chunk
                     stopped = step.stopped
                     if stopped:
@@ -349,7 +391,7 @@ class Continuation:
                 source.close(stopped=stopped)
             break
         tail = pipeline.finish()
-        if chunk := renderer.delta(seam.unseen(tail)):
+        if chunk := renderer.delta(seam.unseen(tail), running()):
             yield chunk
         if not pipeline.stopped and finish == "stop":
             pipeline.count_suppressed_eos()
@@ -361,7 +403,7 @@ class Continuation:
         usage = Usage(len(prompt_ids), max(pipeline.completion_tokens, 1), self.cached_tokens)
         access.finish_reason, access.completion_tokens = ended, usage.completion_tokens
         access.prompt_tokens = usage.prompt_tokens
-        tail_events = renderer.finish(ended, pipeline.stop_reason)
+        tail_events = renderer.finish(ended, pipeline.stop_reason, running())
         if parsed.include_usage:
             tail_events += renderer.usage(usage)
         yield tail_events + renderer.end()
@@ -395,7 +437,7 @@ class Continuation:
             )
         with tracing.stage(tracing.CONTINUATION, reason=reason, tokens=len(ids)):
             try:
-                choice = self._decode.pick(exclude=[broken])
+                choice = self._whole.pick(exclude=[broken])
                 if left is None:
                     left = await self._context_left(choice.url, len(ids))
                 body = vllm.continuation_body(
@@ -422,11 +464,12 @@ class Continuation:
 
     async def _context_left(self, url: str, tokens: int) -> int:
         """What the model's context leaves after `tokens` (vLLM's own limit for an answer
-        whose client named none), from the server's model list."""
+        whose client named none), from the model list of the server at `url` (one of the
+        set: its servers serve one model alike)."""
         length = self._max_model_len.get(url)
         if length is None:
             reply: Reply = await self._continuing.upstreams.call(
-                VLLM_MODELS, "GET", url, "/v1/models", read_s=5.0
+                vllm.MODELS, "GET", url, "/v1/models", read_s=5.0
             )
             length = _max_model_len(await reply.json() if reply.status == 200 else None)
             if length is None:

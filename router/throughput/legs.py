@@ -96,7 +96,7 @@ class SplitPath:
         if continuing is None or continuing.limit < 1 or not continuable(request):
             return None
         track = StreamTrack(keep_ids=bool(request.body.get("return_token_ids")))
-        return Continuation(continuing, request, track, self._decode, stack)
+        return Continuation(continuing, request, track, self.whole, stack)
 
     def resends(self, request: RoutedRequest, failure: BaseException) -> bool:
         """Whether a whole (not streamed) answer whose decode server broke before the answer

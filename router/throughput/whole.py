@@ -6,6 +6,7 @@ node's when no other node is free, or a decode server's of the native path
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -33,7 +34,7 @@ class WholeServing:
         first: Choice | None = None,
     ) -> tuple[Reply, Choice]:
         """Send `body` (a streamed request) and return once a server answered 200, with the
-        server chosen (`first`, if given); an error status raises. The reply and the
+        server chosen (`first`, if given: `pick`); an error status raises. The reply and the
         server's hold close with `stack`. Each wait for the head, then for each line's end,
         is bounded by the prefill timeout, as on the native path."""
         prefill_s = self._upstreams.timeouts.prefill_s
@@ -56,3 +57,8 @@ class WholeServing:
             return reply, choice
 
         return await call_on(self._servers, send, hold_on=stack, first=first)
+
+    def pick(self, exclude: Collection[str] = ()) -> Choice:
+        """The server `open_stream` would choose, not one of `exclude` if the set has
+        another."""
+        return self._servers.pick(exclude=exclude)

@@ -25,6 +25,7 @@ PREFILL = Target("prefill", "the prefill server", PrefillError)
 DECODE = Target("decode", "the decode server")
 PROXY = Target("proxy", "the disaggregation proxy")
 HEALTH = Target("health", "the vLLM server's health check")
+MODELS = Target("models", "the vLLM server's model list")
 
 TOKEN_ID_PREFIX = "token_id:"
 

@@ -186,6 +186,7 @@ def test_port_offset_moves_every_port_and_keeps_paths_loadable(tmp_path: Path) -
         "mode": "pull",
         "prefill": ["http://127.0.0.1:9100"],
         "decode": ["http://127.0.0.1:9200"],
+        "continuations": 1,
     }
     assert glm.tokenizer == str(PROJECT_ROOT / "sim" / "fixtures" / "glm")
     assert glm.throughput is not None and glm.throughput.mode == "push"

@@ -306,3 +306,28 @@ def test_past_its_continuations_an_answer_not_streamed_is_a_502(
             max_tokens=200,
         )
     assert failed.value.status_code == 502
+
+
+def test_usage_on_every_chunk_goes_on_counting(client: openai.OpenAI, stack: SimStack) -> None:
+    def counts() -> list[tuple[str, int]]:
+        chunks = client.chat.completions.create(
+            model="ds-pull",
+            messages=[{"role": "user", "content": directive(TEXT)}],
+            max_tokens=200,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+        )
+        text, running = "", []
+        for chunk in chunks:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+            assert chunk.usage is not None
+            running.append(chunk.usage.completion_tokens)
+        return [(text, running[-1])], running
+
+    expected, _ = counts()
+    die_on_every_decode(stack, 6)
+    got, running = counts()
+    assert got == expected
+    # Counted on every chunk, across both seams, up to the whole answer's count.
+    assert running == sorted(running) and running[0] == 0 and len(set(running)) > 10
