@@ -24,7 +24,8 @@ def register(commands: Subcommands) -> None:
         default="paths",
         help="paths: what the gateway adds on each path (default); agents: multi-turn"
         " conversations under each way of choosing a prefill server; failover: answers"
-        " continued on another node when theirs fails mid-stream, and the gap at the seam;"
+        " continued elsewhere when their node or decode server fails mid-stream, and the gap"
+        " at the seam;"
         " objectives: who gets a TileRT node, by fixed rules or by objectives, at rising load;"
         " tenants: a greedy tenant beside interactive ones, weighted shares, one rate across"
         " replicas, and the limiter's cost",

@@ -161,7 +161,11 @@ async def one_round(
         for url in prefilling:
             await http.post(url + "/sim/reset")
         done = asyncio.Event()
-        breaking = asyncio.create_task(chaos(decoding, result.fault, options.chaos_every_s, done))
+        # Decode servers run every stream at once, nodes one each: a native round is over
+        # about `nodes` times sooner, and breaks as many streams with its chaos that much
+        # more often.
+        every_s = options.chaos_every_s / (options.nodes if native else 1)
+        breaking = asyncio.create_task(chaos(decoding, result.fault, every_s, done))
 
         async def client(text: str) -> None:
             for _ in range(options.answers_each):
@@ -321,7 +325,8 @@ def report(rounds: list[Round], options: FailoverOptions, command: str) -> str:
     lines = [
         f"`{command}`: {options.clients} streams on {options.nodes} nodes (or, in `pull`"
         f" mode, decode servers), one made to break its next decode every"
-        f" {options.chaos_every_s:g} s; a stall is given up after {STALL_S:g} s.",
+        f" {options.chaos_every_s:g} s ({options.chaos_every_s / options.nodes:g} s in"
+        f" `pull` mode); a stall is given up after {STALL_S:g} s.",
         "",
         "| pool | fault | answers | whole | failed | continued | seam p50 ms | seam p99 ms"
         " | continuation prefill p50 ms | TTFT p50 ms | seam p50 − prefill p50 ms |",

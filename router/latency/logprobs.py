@@ -1,6 +1,7 @@
 """Logprobs on the latency path: the first token's from the prefill's answer, the rest from
 the node's `lp`/`tp` lines (TileRT 0.1.6, docs/protocols.md §1.6), token strings through the
-model's tokenizer. Work per token is O(top candidates)."""
+model's tokenizer; after a continuation, its first token's from its own prefill. Work per
+token is O(top candidates)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class LogprobTrack:
         self._tokenizer = tokenizer
         self._top_n = top_n
         self._first = (prefilled.first_token_id, prefilled.first_logprob, prefilled.first_top)
-        self._seen = 0
+        self._first_due = True  # the prefill's token, whose logprobs the prefill reported
         self._pending: list[TokenLogprob] = []
         self._keep = keep
         self.all: list[TokenLogprob] = []
@@ -36,12 +37,12 @@ class LogprobTrack:
         for i in range(min(count, len(line.ids))):
             token_id = line.ids[i]
             top: Sequence[tuple[int, float | None]]
-            if self._seen == 0 and token_id == self._first[0]:
+            if self._first_due and token_id == self._first[0]:
                 logprob, top = self._first[1], self._first[2]
             else:
                 logprob = line.lp[i] if line.lp is not None else None
                 top = _pairs(line.tp[i]) if line.tp is not None else ()
-            self._seen += 1
+            self._first_due = False
             entry = TokenLogprob(
                 self._text(token_id),
                 _finite(logprob),
@@ -50,6 +51,11 @@ class LogprobTrack:
             self._pending.append(entry)
             if self._keep:
                 self.all.append(entry)
+
+    def resumed(self, prefilled: Prefilled) -> None:
+        """The output goes on from another node, whose prefill sampled its next token."""
+        self._first = (prefilled.first_token_id, prefilled.first_logprob, prefilled.first_top)
+        self._first_due = True
 
     def take(self) -> list[TokenLogprob]:
         """The entries added since the last take."""

@@ -119,6 +119,8 @@ class DecodeRelay:
                     if prefilled is not None:  # a node's: its prefill sampled the first id
                         self._first_token_id = prefilled.first_token_id
                         self._eos_first = prefilled.finish_reason == "stop"
+                        if self._logprobs is not None:
+                            self._logprobs.resumed(prefilled)
                     continue
                 if line is None:
                     break

@@ -21,6 +21,7 @@ from tests.support.classify_fixtures import proxy_throughput
 from tests.support.deployment import (
     directive,
     latency_model,
+    request_decodes,
     sim_get,
     sim_post,
     version_args,
@@ -58,9 +59,11 @@ def stack(tilert_version: str, sim_stacks: StackPool) -> SimStack:
 
 
 def model_entry(stack: SimStack, version: str, nodes: list[Any]) -> dict[str, Any]:
-    return latency_model(
+    entry = latency_model(
         stack, MODEL, nodes=nodes, tilert=version, throughput=proxy_throughput(stack)
     )
+    entry["latency"]["continuations"] = 2  # a node may die on each of the two nodes
+    return entry
 
 
 @pytest.fixture(scope="module")
@@ -333,3 +336,39 @@ def test_an_orphaned_transfer_is_flushed_before_the_node_serves_again(
     assert answer.json()["choices"][0]["message"]["content"] == TEXT
     rids = [d["rid"] for d in sim_get(orphan.url, "/sim/records")["decodes"]]
     assert len(rids) == 2 and rids[0].startswith("pdgwflush")
+
+
+def test_chat_logprobs_go_on_across_the_seam(
+    client: openai.OpenAI, stack: SimStack, tilert_version: str
+) -> None:
+    """Both nodes die a few tokens into the answer, one after the other: each continuation's
+    prefill reports its first token's logprobs, the node the rest, and the entries are the
+    uninterrupted answer's, one per token. (0.1.5 nodes have no logprobs: such a request
+    is the native path's, whole.)"""
+
+    def entries() -> tuple[tuple[str, str | None], list[tuple[str, float, list[Any]]]]:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages(TEXT), logprobs=True, top_logprobs=2, stream=True
+        )
+        chunks = list(raw.parse())
+        found = [
+            (e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs])
+            for c in chunks
+            if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content
+            for e in c.choices[0].logprobs.content
+        ]
+        return route(raw), found
+
+    where, expected = entries()
+    if tilert_version == "0.1.5":
+        assert where == ("throughput", "logprobs")
+        return
+    for node in stack.nodes[:2]:
+        sim_post(node.url, "/sim/faults", {"die_after": 3, "count": 1})
+    where, got = entries()
+    assert where == ("latency", None)
+    assert got == expected and len(expected) >= 9
+    records = [sim_get(node.url, "/sim/records")["decodes"] for node in stack.nodes[:2]]
+    # The uninterrupted answer's decode; then one that died, its continuation that died,
+    # and the continuation that finished.
+    assert len([d for r in records for d in request_decodes(r)]) == 4

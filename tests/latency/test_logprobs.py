@@ -41,6 +41,21 @@ def test_the_first_token_takes_the_prefills_logprob_the_rest_the_nodes(tokenizer
     assert len(track.all) == 3
 
 
+def test_after_a_continuation_its_prefill_gives_the_next_tokens_logprob(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    hello, world, bang = tokenizer.encode("Hello world!", add_special_tokens=False).ids
+    track = LogprobTrack(tokenizer, prefilled(hello, -0.5, ()), 1, keep=True)
+    track.add(TokenLine([hello], [None], [[]]), 1)
+    # The node failed; another's prefill sampled the next token, and its node leaves that
+    # token's entry empty as the first node did.
+    track.resumed(prefilled(world, -0.75, ((world, -0.75),)))
+    track.add(TokenLine([world, bang], [None, -1.0], [[], [[bang, -1.0]]]), 2)
+    assert [(e.token, e.logprob) for e in track.take()] == [
+        ("Hello", -0.5),
+        (" world", -0.75),
+        ("!", -1.0),
+    ]
+
+
 def test_only_the_tokens_the_relay_counted_get_an_entry(tokenizer) -> None:  # type: ignore[no-untyped-def]
     track = LogprobTrack(tokenizer, prefilled(1, -0.1, ()), 0, keep=False)
     track.add(TokenLine([1, 2, 3], [-0.1, -0.2, -0.3], [[], [], []]), 2)  # a stop at the 2nd
