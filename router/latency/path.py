@@ -143,7 +143,9 @@ class LatencyPath:
         # Before a slot is taken: encoding the prompt must not hold one.
         affinity = await self._affinity(request)
         ids = await self._token_ids(request)
-        continuable = self._config.continuations > 0
+        # A grammar is not continued: the next node (and its prefill) would start it afresh
+        # on an output already under way.
+        continuable = self._config.continuations > 0 and options.grammar_spec is None
         lease = await self._acquire(request, started)
         servers = await self._prefill_servers(lease)
         choice = _planned_prefill(request, servers) or servers.pick(request=affinity)
@@ -281,8 +283,7 @@ class LatencyPath:
         """How this request's output goes on after its node failed mid-stream: on another
         node of the pool, the prompt and the output so far prefilled as ids, with what is
         left of its budget; with no node free in time, on a server of the native path that
-        serves whole (not for a grammar, which vLLM would start afresh, nor with logprobs);
-        at most `continuations` times."""
+        serves whole (not with logprobs); at most `continuations` times."""
         limit, access, metrics = self._config.continuations, request.access, self._deps.metrics
         budget = request.parsed.token_budget
 
@@ -325,10 +326,9 @@ class LatencyPath:
                         share=request.share,
                     )
                 except GateRejected:
-                    # Not on the native path: a grammar (vLLM would start it afresh), or
-                    # logprobs (its chunks name them by text, not as a node's lines do).
-                    unsupported = options.grammar_spec, options.top_logprobs
-                    if self._native is None or unsupported != (None, None):
+                    # Not on the native path with logprobs: its chunks name them by text,
+                    # not by id as a node's lines do.
+                    if self._native is None or options.top_logprobs is not None:
                         ended("no_node")
                         return None
                     try:

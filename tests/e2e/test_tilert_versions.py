@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -208,6 +209,30 @@ def test_a_json_schema_format_is_the_nodes_grammar(
     assert [d["request"]["grammar_spec"] for d in decodes] == [
         {"type": "json_schema", "value": schema}
     ]
+
+
+def test_a_grammar_is_not_continued_on_an_output_under_way(
+    gateway: GatewayProcess, stack: SimStack, tilert_version: str
+) -> None:
+    """The next node's grammar (and its prefill's) would start afresh on an output already
+    under way: a JSON answer whose node dies ends with an error event, not broken JSON."""
+    for node in stack.nodes[:2]:
+        sim_post(node.url, "/sim/faults", {"die_after": 3, "count": 1})
+    body = {
+        "model": MODEL,
+        "messages": messages(JSON_TEXT),
+        "response_format": {"type": "json_object"},
+        "stream": True,
+    }
+    with httpx.Client(timeout=30) as http:
+        answer = http.post(gateway.base_url + "/chat/completions", json=body)
+    if tilert_version == "0.1.5":  # no grammars on 0.1.5: the native path's, whole
+        assert answer.headers["x-pd-route"] == "throughput"
+        return
+    events = [e for e in answer.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and '"error"' in events[-2]
+    records = [sim_get(node.url, "/sim/records")["decodes"] for node in stack.nodes[:2]]
+    assert len([d for r in records for d in request_decodes(r)]) == 1
 
 
 # The guard follows the nodes ------------------------------------------------------------
