@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from router.detokenize.pipeline import TextPipeline
 from router.errors import DecodeError
 from router.latency.logprobs import LogprobTrack
 from router.openai.render import StopReason, TokenLogprob
 from router.parsers import ParsedDelta, ParsedMessage, ToolCallDelta, finish_reason
 from router.serving import RoutedRequest
+from router.serving.output import output_pipeline
 from router.telemetry.metrics import Metrics
 from router.tokens.tokenizer import LoadedTokenizer
 from router.upstream.tilert import DoneLine, NodeLine, TokenLine
@@ -74,15 +74,7 @@ class DecodeRelay:
         self._first_token_id = prefilled.first_token_id
         self._output_ids: list[int] = []  # every id the nodes generated, for a continuation
         self._max_calls = parsed.max_tool_calls
-        self._pipeline = TextPipeline(
-            tokenizer.tokenizer,
-            vocab=tokenizer.vocab,
-            parser_name=output_parser if request.endpoint.parses_output else "none",
-            tools=parsed.parser_tools,
-            chat_template_kwargs=parsed.chat_template_kwargs,
-            stop=parsed.stop_strings,
-            stop_token_ids=parsed.stop_token_ids or [],
-        )
+        self._pipeline = output_pipeline(request, tokenizer, output_parser)
         self._logprobs = None
         if top_logprobs is not None:
             self._logprobs = LogprobTrack(

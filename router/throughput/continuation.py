@@ -21,25 +21,25 @@ an error event of vLLM's own, and `proxy` mode (the proxy owns the legs).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from router.detokenize.pipeline import TextPipeline
 from router.errors import DecodeError, GatewayError, UpstreamError
 from router.openai.endpoints import WIRE_PATHS
 from router.openai.render import AnswerFacts, AnswerHead, Renderer, Usage
 from router.parsers import ParsedDelta, ToolCallDelta, finish_reason
 from router.serving import RoutedRequest, new_request_id
+from router.serving.output import output_pipeline
 from router.telemetry import tracing
 from router.telemetry.metrics import Metrics
 from router.throughput.whole import WholeServing
 from router.tokens.tokenizer import LoadedTokenizer
 from router.upstream import Reply, Upstreams, vllm
-from router.upstream.native_decode import NativeDecode
+from router.upstream.native_decode import NativeDecode, Spawn
 from router.upstream.sse_events import EVENT_END, EventCutter
 from router.upstream.tilert import DoneLine
 
@@ -295,9 +295,6 @@ def _skip(text: str, skip: int) -> tuple[str, int]:
     return text[skip:], max(0, skip - len(text))
 
 
-Spawn = Callable[[Coroutine[Any, Any, None]], object]
-
-
 @dataclass(frozen=True, slots=True)
 class Continuing:
     """What a model's native path continues a broken stream with."""
@@ -343,15 +340,7 @@ class Continuation:
         assert track.prompt_ids is not None
         prompt_ids, access = track.prompt_ids, request.access
         parsed = request.parsed
-        pipeline = TextPipeline(
-            continuing.tokenizer.tokenizer,
-            vocab=continuing.tokenizer.vocab,
-            parser_name=continuing.output_parser if request.endpoint.parses_output else "none",
-            tools=parsed.parser_tools,
-            chat_template_kwargs=parsed.chat_template_kwargs,
-            stop=parsed.stop_strings,
-            stop_token_ids=parsed.stop_token_ids or [],
-        )
+        pipeline = output_pipeline(request, continuing.tokenizer, continuing.output_parser)
         seam = Seam(track.shown)
         renderer = self._renderer()
 
