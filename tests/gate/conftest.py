@@ -46,6 +46,10 @@ DEPLOYMENTS = [
     pytest.param("redis_cluster", id="cluster"),
 ]
 SUITE_POLL_S = 30.0
+SUITE_SOCKET_TIMEOUT_S = 5.0
+"""A Redis call's limit in these tests: none of them is about a slow Redis, and a loaded
+machine may take over the default second to answer one (the gate then refuses the
+request as if its state could not be reached)."""
 
 
 def nodes(n: int) -> list[Node]:
@@ -113,7 +117,12 @@ async def gate_of(request: pytest.FixtureRequest, key_prefix: str) -> AsyncItera
     redis = None
     if backend != "memory":
         deployment = request.getfixturevalue(DEPLOYMENT_FIXTURES[backend])
-        redis = redis_config(deployment.url, key_prefix, poll_s=SUITE_POLL_S)
+        redis = redis_config(
+            deployment.url,
+            key_prefix,
+            poll_s=SUITE_POLL_S,
+            socket_timeout_s=SUITE_SOCKET_TIMEOUT_S,
+        )
         backend = "redis"
     built: list[Gate] = []
 

@@ -2,7 +2,9 @@
 `ExampleConnector`, which hands the KV over through shared storage): the gateway runs the
 prefill leg on the producer and the decode leg on the consumer, and what reaches the
 client is what the consumer says to the same request sent to it directly. A request whose
-rule's objective the consumer meets alone is served whole there, the producer untouched."""
+rule's objective the consumer meets alone is served whole there, the producer untouched.
+A decode stream cut short mid-answer goes on on the consumer, sent the prompt and the
+output so far as ids: the client gets the uninterrupted answer."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -18,6 +22,7 @@ from tests.real_vllm.cases import chat, completion
 from tests.real_vllm.compare import both_ways, exchange
 from tests.real_vllm.conftest import require_vllm
 from tests.real_vllm.server import VllmServer
+from tests.support.cutting_proxy import CuttingProxy
 from tests.support.gateway import GatewayProcess, start_gateway
 
 CASES = {
@@ -135,3 +140,55 @@ def test_an_objective_the_decode_server_meets_alone_is_served_whole_there(
     )
     assert headers["x-pd-native"] == "whole; reason=objective"
     assert finished(producer) == before  # no prefill leg
+
+
+@pytest.fixture(scope="module")
+def cutter(pair: tuple[VllmServer, VllmServer]) -> Iterator[CuttingProxy]:
+    """The consumer behind a proxy that cuts the first chat answer after 2 kB."""
+    _, consumer = pair
+    where = urlsplit(consumer.url)
+    assert where.hostname is not None and where.port is not None
+    prefix = b"POST /v1/chat/completions"
+    with CuttingProxy(where.hostname, where.port, prefix=prefix, after=2048) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def cut_gateway(
+    pair: tuple[VllmServer, VllmServer],
+    cutter: CuttingProxy,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[GatewayProcess]:
+    producer, consumer = pair
+    model = {
+        "name": consumer.model,
+        "tokenizer": str(consumer.model_dir),
+        "throughput": {"mode": "pull", "prefill": [producer.url], "decode": [cutter.url]},
+    }
+    rules = {"default": {"name": "native", "path": "throughput"}}
+    with start_gateway(tmp_path_factory, [model], classification={"rules": rules}) as gateway:
+        yield gateway
+
+
+def streamed(seen: Any) -> tuple[str, list[str], dict[str, Any]]:
+    """A chat stream's text, finish reasons and usage."""
+    chunks = [c for c in seen.body if isinstance(c, dict)]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    [usage] = [c["usage"] for c in chunks if not c["choices"]]
+    return text, [f for f in finishes if f], usage
+
+
+def test_a_decode_stream_cut_mid_answer_goes_on_unseen(
+    gateway: GatewayProcess, cut_gateway: GatewayProcess, cutter: CuttingProxy
+) -> None:
+    path, body = chat(
+        stream=True, stream_options={"include_usage": True}, max_tokens=64, ignore_eos=True
+    )
+    with httpx.Client(timeout=120) as client:
+        whole = exchange(client, gateway.url, path, body)
+        cut = exchange(client, cut_gateway.url, path, body)
+    assert cutter.cuts == 1
+    assert (whole.status, cut.status) == (200, 200)
+    assert streamed(cut) == streamed(whole)
+    assert len(streamed(whole)[0]) > 20
