@@ -328,6 +328,9 @@ class Continuation:
         self._stack = stack
         self.cached_tokens: int | None = None
         """The prompt's cache hits, as the answer's usage reports them (the prefill's)."""
+        self._details_reported = True
+        """Whether the decode servers report `prompt_tokens_details` (vLLM's
+        `--enable-prompt-tokens-details`), as the usage of the rest says."""
         self._max_model_len: dict[str, int] = {}
 
     def can_go_on(self) -> bool:
@@ -348,7 +351,8 @@ class Continuation:
             """The count so far, on every chunk (`continuous_usage_stats`)."""
             if not parsed.continuous_usage:
                 return None
-            return Usage(len(prompt_ids), pipeline.completion_tokens, self.cached_tokens)
+            cached = self.cached_tokens if self._details_reported else None
+            return Usage(len(prompt_ids), pipeline.completion_tokens, cached)
 
         output_ids = list(track.output_ids)
         step = pipeline.feed(output_ids)  # the output so far, as the gateway renders it
@@ -378,6 +382,8 @@ class Continuation:
                 continue
             finally:
                 source.close(stopped=stopped)
+                if source.usage is not None:
+                    self._details_reported = "prompt_tokens_details" in source.usage
             break
         tail = pipeline.finish()
         if chunk := renderer.delta(seam.unseen(tail), running()):
@@ -389,7 +395,8 @@ class Continuation:
             ended_by_length=not pipeline.stopped and finish == "length",
             tool_choice=parsed.requested_tool_choice,
         )
-        usage = Usage(len(prompt_ids), max(pipeline.completion_tokens, 1), self.cached_tokens)
+        cached = self.cached_tokens if self._details_reported else None
+        usage = Usage(len(prompt_ids), max(pipeline.completion_tokens, 1), cached)
         access.finish_reason, access.completion_tokens = ended, usage.completion_tokens
         access.prompt_tokens = usage.prompt_tokens
         tail_events = renderer.finish(ended, pipeline.stop_reason, running())
@@ -436,6 +443,8 @@ class Continuation:
                     sampling=native_sampling(request.body, len(self.track.output_ids)),
                     stop_token_ids=request.parsed.stop_token_ids,
                 )
+                # Its usage says whether the servers report the prompt's cache hits.
+                body["stream_options"] = {"include_usage": True}
                 reply, chosen = await self._whole.open_stream(
                     WIRE_PATHS["completions"],
                     body,

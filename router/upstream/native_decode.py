@@ -48,6 +48,8 @@ class NativeDecode:
         self._relayed = 0  # ids handed out
         self._finish: str | None = None
         self._ended = False
+        self.usage: dict[str, Any] | None = None
+        """The answer's usage, once its usage chunk came (if it was asked for)."""
 
     async def next_line(self) -> NodeLine | None:
         """The next ids, then a done line; None once the answer has ended. Raises
@@ -104,6 +106,9 @@ class NativeDecode:
         if isinstance(data, dict) and isinstance(data.get("error"), dict):
             message = data["error"].get("message")
             raise DecodeError(f"the native decode failed: {message}", code="decode_failed")
+        if isinstance(data, dict) and data.get("choices") == [] and "usage" in data:
+            self.usage = data["usage"] if isinstance(data["usage"], dict) else None
+            return  # the usage chunk, when asked for (`stream_options.include_usage`)
         try:
             choice = data["choices"][0]
             ids = choice.get("token_ids") or []

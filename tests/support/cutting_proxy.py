@@ -34,8 +34,19 @@ class CuttingProxy:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+    async def _shutdown(self) -> None:
+        """Every connection closed, every task ended: nothing left for the loop's close."""
+        assert self._server is not None
+        self._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._server.wait_closed()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -48,37 +59,39 @@ class CuttingProxy:
         try:
             self._loop.run_forever()
         finally:
-            self._server.close()
             self._loop.close()
 
     async def _serve(
         self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
     ) -> None:
-        server_in, server_out = await asyncio.open_connection(*self._target)
-        first = await client_in.read(65536)
-        cut = self.cuts == 0 and first.startswith(self._prefix)
-        if cut:
-            self.cuts += 1
-        server_out.write(first)
-        upward = asyncio.ensure_future(_pipe(client_in, server_out))
         try:
-            await _pipe(server_in, client_out, limit=self._after if cut else None)
+            server_in, server_out = await asyncio.open_connection(*self._target)
+        except OSError:
+            client_out.transport.abort()
+            return
+        answer: list[int | None] = [None]  # bytes of the answer to cut still to pass
+
+        async def upward() -> None:
+            while data := await client_in.read(65536):
+                if self.cuts == 0 and data.startswith(self._prefix):
+                    self.cuts += 1  # this request's answer is cut
+                    answer[0] = self._after
+                server_out.write(data)
+                await server_out.drain()
+
+        requests = asyncio.ensure_future(upward())
+        try:
+            while data := await server_in.read(65536):
+                left = answer[0]
+                if left is not None and len(data) >= left:
+                    client_out.write(data[:left])
+                    await client_out.drain()
+                    return
+                if left is not None:
+                    answer[0] = left - len(data)
+                client_out.write(data)
+                await client_out.drain()
         finally:
-            upward.cancel()
+            requests.cancel()
             for writer in (client_out, server_out):
                 writer.transport.abort()
-
-
-async def _pipe(
-    source: asyncio.StreamReader, sink: asyncio.StreamWriter, limit: int | None = None
-) -> None:
-    """Bytes from `source` to `sink` until it ends, or `limit` bytes have gone."""
-    sent = 0
-    while data := await source.read(65536):
-        if limit is not None and sent + len(data) >= limit:
-            sink.write(data[: limit - sent])
-            await sink.drain()
-            return
-        sent += len(data)
-        sink.write(data)
-        await sink.drain()
