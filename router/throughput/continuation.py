@@ -80,6 +80,9 @@ _NOT_CONTINUABLE = (
 )
 """Asked for any of these, a streamed answer is not continued."""
 
+TOO_LONG = "too_long"
+"""The prompt and the output so far fill the model's context: nothing is left to go on."""
+
 _IDS_KEY = b'token_ids":['
 _DATA = b"data:"
 _DONE = b"[DONE]"
@@ -452,8 +455,8 @@ class Continuation:
                     stack=self._stack,
                     first=choice,
                 )
-            except GatewayError:
-                ended("failed")
+            except GatewayError as exc:
+                ended(TOO_LONG if exc.code == TOO_LONG else "failed")
                 raise
         access.continued += 1
         access.upstream, access.upstream_reason = chosen.url, chosen.reason
@@ -481,7 +484,7 @@ class Continuation:
             raise UpstreamError(
                 "the prompt and the output so far fill the model's context",
                 status=502,
-                code="too_long",
+                code=TOO_LONG,
             )
         return length - tokens
 
