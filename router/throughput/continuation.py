@@ -21,6 +21,7 @@ an error event of vLLM's own, and `proxy` mode (the proxy owns the legs).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -80,10 +81,21 @@ _NOT_CONTINUABLE = (
 )
 """Asked for any of these, a streamed answer is not continued."""
 
+MAX_UNREAD_BYTES = 256 << 10
+"""Events passed on but not yet read, at most, per stream: a stream's first thousand or so
+chunks are read only if it fails; a longer one's in batches of this size."""
+
+_FINISH_MARK = b'"finish_reason":"'
+_HELD_BACK_MARK = b'"delta":{},'
+_DONE_EVENT = b"data: [DONE]"
+_LATER_DONE_EVENT = EVENT_END + _DONE_EVENT
+
 TOO_LONG = "too_long"
 """The prompt and the output so far fill the model's context: nothing is left to go on."""
 
 _IDS_KEY = b'token_ids":['
+_ID_LIST = re.compile(rb'token_ids":\[[^\]]*\]')
+_NO_IDS = b'token_ids":null'  # a literal: no template to expand per match
 _DATA = b"data:"
 _DONE = b"[DONE]"
 
@@ -120,19 +132,25 @@ class StreamTrack:
     """Reads a native decode stream on its way to the client (a `ChunkFilter`): the prompt's
     ids, the output's ids, what the client was shown, and the answer's id. Whole events are
     passed on with the ids taken out (`keep_ids`: the client asked for them); an event whose
-    end never comes is not passed on (the stream broke inside it)."""
+    end never comes is not passed on (the stream broke inside it).
+
+    What only a failure needs is read when asked for (or once `MAX_UNREAD_BYTES` of events
+    wait): while nothing fails, a chunk costs a few scans of its bytes, not a parse of each
+    of its events."""
 
     def __init__(self, *, keep_ids: bool, max_pending: int = MAX_TRACKED_EVENT_BYTES) -> None:
-        self.prompt_ids: list[int] | None = None
-        self.output_ids: list[int] = []
-        self.shown = Shown()
-        self.response_id: str | None = None
-        self.created = 0
+        self._prompt_ids: list[int] | None = None
+        self._output_ids: list[int] = []
+        self._shown = Shown()
+        self._response_id: str | None = None
+        self._created = 0
+        self._lost: str | None = None
         self.finished = False  # a finish reason was seen: the output is whole
         self.done = False  # [DONE] was seen
-        self.lost: str | None = None  # why the output cannot go on, if it cannot
         self._keep_ids = keep_ids
         self._events = EventCutter(max_pending)
+        self._unread: list[bytes] = []  # whole events passed on, not yet read
+        self._unread_bytes = 0
 
     def feed(self, chunk: bytes) -> bytes:
         if self._events.idle and chunk.endswith(EVENT_END):  # whole events: most chunks
@@ -142,24 +160,64 @@ class StreamTrack:
             if whole:
                 out.append(self._passed(data))
             else:
-                self.lost = "an event too large to read"
+                self._lost = "an event too large to read"
                 out.append(data)
         return b"".join(out)
 
     def _passed(self, events: bytes) -> bytes:
         """Whole events as the client gets them."""
-        if self._keep_ids:
+        if _FINISH_MARK in events:
+            self.finished = True
+        if events.startswith(_DONE_EVENT) or _LATER_DONE_EVENT in events:
+            self.done = True
+        if _HELD_BACK_MARK in events and not self._keep_ids:
+            # A chunk sent for its ids alone (a parser held the step's text back) is left
+            # out: read now, in order, to know which.
+            self._read_all()
+            out: list[bytes] = []
             for event in events.split(EVENT_END)[:-1]:
-                self._read(event)
-            return events
-        out: list[bytes] = []
-        for event in events.split(EVENT_END)[:-1]:
-            if self._read(event):
-                out += (_without_ids(event), EVENT_END)
-        return b"".join(out)
+                if self._read(event):
+                    out += (_without_ids(event), EVENT_END)
+            return b"".join(out)
+        self._unread.append(events)
+        self._unread_bytes += len(events)
+        if self._unread_bytes > MAX_UNREAD_BYTES:
+            self._read_all()
+        return events if self._keep_ids else _without_ids(events)
 
     def flush(self) -> bytes:
         return b""
+
+    @property
+    def prompt_ids(self) -> list[int] | None:
+        self._read_all()
+        return self._prompt_ids
+
+    @property
+    def output_ids(self) -> list[int]:
+        self._read_all()
+        return self._output_ids
+
+    @property
+    def shown(self) -> Shown:
+        self._read_all()
+        return self._shown
+
+    @property
+    def response_id(self) -> str | None:
+        self._read_all()
+        return self._response_id
+
+    @property
+    def created(self) -> int:
+        self._read_all()
+        return self._created
+
+    @property
+    def lost(self) -> str | None:
+        """Why the output cannot go on, if it cannot."""
+        self._read_all()
+        return self._lost
 
     @property
     def unfinished(self) -> bool:
@@ -167,14 +225,20 @@ class StreamTrack:
         return (
             self.lost is None
             and not self.finished
-            and self.prompt_ids is not None
-            and bool(self.output_ids)
+            and self._prompt_ids is not None
+            and bool(self._output_ids)
         )
+
+    def _read_all(self) -> None:
+        unread, self._unread, self._unread_bytes = self._unread, [], 0
+        for events in unread:
+            for event in events.split(EVENT_END)[:-1]:
+                self._read(event)
 
     def _read(self, event: bytes) -> bool:
         """Take what `event` tells; False: it is not for the client (a chunk sent only for
         its ids, where a parser held the step's text back)."""
-        if self.lost is not None or not event.startswith(_DATA):
+        if self._lost is not None or not event.startswith(_DATA):
             return True
         try:
             data: Any = orjson.loads(event[len(_DATA) :])
@@ -182,24 +246,24 @@ class StreamTrack:
             if event[len(_DATA) :].strip() == _DONE:
                 self.done = True
             else:
-                self.lost = "an event that is not JSON"
+                self._lost = "an event that is not JSON"
             return True
         try:
             choices = data["choices"]
             choice = choices[0] if choices else None
         except (KeyError, TypeError):
-            self.lost = "an error event" if "error" in data else "an event that is not a chunk"
+            self._lost = "an error event" if "error" in data else "an event that is not a chunk"
             return True
-        if self.response_id is None:
+        if self._response_id is None:
             self._first(data)
         if choice is None:
             return True  # the usage chunk
         if len(choices) != 1 or type(choice) is not dict or choice.get("index", 0) != 0:
-            self.lost = "several choices"
+            self._lost = "several choices"
             return True
         ids = choice.get("token_ids")
         if type(ids) is list:
-            self.output_ids += ids
+            self._output_ids += ids
         if choice.get("finish_reason") is not None:
             self.finished = True
             return True
@@ -208,29 +272,29 @@ class StreamTrack:
             if not delta and choice.get("logprobs") is None:
                 return False
             if type(content := delta.get("content")) is str and len(delta) <= 2:
-                self.shown.content += len(content)  # the most of a stream's chunks
+                self._shown.content += len(content)  # the most of a stream's chunks
             else:
-                self._shown(delta)
+                self._shown_of(delta)
         elif type(text := choice.get("text")) is str:
-            self.shown.content += len(text)
+            self._shown.content += len(text)
         return True
 
     def _first(self, data: dict[str, Any]) -> None:
         """The answer's id and time, and the prompt's ids, from its first chunk."""
         answer_id, created = data.get("id"), data.get("created")
         if isinstance(answer_id, str):
-            self.response_id = answer_id
-            self.created = created if isinstance(created, int) else 0
+            self._response_id = answer_id
+            self._created = created if isinstance(created, int) else 0
         prompt = data.get("prompt_token_ids")
         if not isinstance(prompt, list):  # a completions stream names them on its choice
             choices = data.get("choices")
             choice = choices[0] if isinstance(choices, list) and choices else None
             prompt = choice.get("prompt_token_ids") if isinstance(choice, dict) else None
         if isinstance(prompt, list) and all(type(i) is int for i in prompt):
-            self.prompt_ids = prompt
+            self._prompt_ids = prompt
 
-    def _shown(self, delta: dict[str, Any]) -> None:
-        shown = self.shown
+    def _shown_of(self, delta: dict[str, Any]) -> None:
+        shown = self._shown
         if "role" in delta:
             return  # the opening chunk
         if isinstance(content := delta.get("content"), str):
@@ -271,24 +335,10 @@ class Seam:
         return out
 
 
-def _without_ids(event: bytes) -> bytes:
-    """`event` with each list of ids (`token_ids`, `prompt_token_ids`) made `null`. Inside a
+def _without_ids(events: bytes) -> bytes:
+    """`events` with each list of ids (`token_ids`, `prompt_token_ids`) made `null`. Inside a
     JSON string a quote is escaped, so `token_ids":[` is always a key and its list."""
-    at = event.find(_IDS_KEY)
-    if at < 0:
-        return event
-    pieces: list[bytes] = []
-    start = 0
-    while at >= 0:
-        opening = at + len(_IDS_KEY) - 1
-        closing = event.find(b"]", opening)
-        if closing < 0:
-            break
-        pieces += (event[start:opening], b"null")
-        start = closing + 1
-        at = event.find(_IDS_KEY, start)
-    pieces.append(event[start:])
-    return b"".join(pieces)
+    return _ID_LIST.sub(_NO_IDS, events) if _IDS_KEY in events else events
 
 
 def _skip(text: str, skip: int) -> tuple[str, int]:

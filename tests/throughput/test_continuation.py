@@ -220,3 +220,15 @@ def test_the_rest_is_sampled_as_the_client_asked() -> None:
     body = {"temperature": 0.5, "seed": 3, "min_tokens": 10, "max_tokens": 99, "stop": ["x"]}
     assert native_sampling(body, 4) == {"temperature": 0.5, "seed": 3, "min_tokens": 6}
     assert native_sampling(body, 12) == {"temperature": 0.5, "seed": 3}
+
+
+def test_a_long_stream_is_read_in_batches_and_reads_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    chunks = [ROLE, *(chunk({"content": f"w{i} "}, [100 + i]) for i in range(200))]
+    expected, expected_shown = tracked(chunks)
+    monkeypatch.setattr("router.throughput.continuation.MAX_UNREAD_BYTES", 1000)
+    track, shown = tracked(chunks)
+    assert shown == expected_shown
+    assert track.output_ids == expected.output_ids == list(range(100, 300))
+    assert track.shown == expected.shown
