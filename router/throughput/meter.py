@@ -19,7 +19,8 @@ import orjson
 from router.serving import RoutedRequest
 from router.telemetry.metrics import Metrics
 
-_MARKS = (b'"prompt_tokens"', b'"input_tokens"', b'"finish_reason":"', b'"error"')
+_PROMPT_TOKENS, _INPUT_TOKENS = b'"prompt_tokens"', b'"input_tokens"'
+_FINISH, _ERROR = b'"finish_reason":"', b'"error"'
 _DATA = b"data: "
 _DATA_LINE = b"\n" + _DATA
 _EVENT_END = b"\n\n"
@@ -109,7 +110,8 @@ class AnswerMeter:
 
 
 def _worth_parsing(data: bytes) -> bool:
-    return any(mark in data for mark in _MARKS)
+    # Four scans in C, no generator: this runs for every chunk of every native stream.
+    return _FINISH in data or _PROMPT_TOKENS in data or _ERROR in data or _INPUT_TOKENS in data
 
 
 def _event_data(event: bytes) -> bytes | None:
