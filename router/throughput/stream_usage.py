@@ -74,6 +74,14 @@ class UsageChunkDropper:
         return out + self._finished() + self._events.flush()
 
     def _filtered(self, chunk: bytes) -> bytes:
+        if (
+            self._finishing is None
+            and self._events.idle
+            and chunk.endswith(EVENT_END)
+            and _FINISH_MARK not in chunk
+            and _USAGE_MARK not in chunk
+        ):
+            return chunk  # whole events, none of them the finish or the usage: most chunks
         out: list[bytes] = []
         for whole, data in self._events.feed(chunk):
             if not whole:
