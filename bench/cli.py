@@ -110,7 +110,8 @@ def register(commands: Subcommands) -> None:
         type=Path,
         metavar="DIR",
         help="another checkout of the project (a git worktree of an older commit, say):"
-        " its gateway runs in the same latency rounds, before and after side by side",
+        " its gateway runs beside this one's in every path's rounds (not the capacity"
+        " curve's), and the CPU budget table holds each path to it",
     )
     bench.add_argument(
         "--report",

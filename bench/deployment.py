@@ -7,9 +7,9 @@ prefills go to the first stack's server). One gateway serves each latency pool s
 (`BenchOptions.pools`, then `batched_pools`), and one serves the native path in proxy
 mode; for the hand-off, gateways on the Redis gate (a local redis-server) share the pool
 with one replica and with several; each is a model of its own, so the figures of a
-gateway are those of one configured model. With a peer (vllm-router) installed, a vLLM
-decode server joins the prefill server for NIXL pull, behind the peer and behind a
-gateway in pull mode. For the capacity curve, a second `both`-role vLLM answers at 20
+gateway are those of one configured model. A vLLM decode server joins the prefill server
+for NIXL pull, behind a gateway in pull mode and, where it is installed, behind the peer
+(vllm-router). For the capacity curve, a second `both`-role vLLM answers at 20
 tokens/s per stream behind one gateway per count of worker processes (more than one run
 on the Redis gate, a local redis-server).
 """
@@ -32,21 +32,25 @@ from sim.stack import NodeInfo, SimStack
 
 MODEL = "bench"
 READY_TIMEOUT_S = 90.0
+BASELINED = ("latency-", "batched-", "native", "pull")  # the gateways `--baseline` doubles
+BASELINE_PREFIX = "baseline-"
 
 
 @dataclass(slots=True)
 class Deployment:
     stack: SimStack
     latency_gateways: dict[int, GatewayChild]  # by pool size
-    baseline_gateways: dict[int, GatewayChild]  # the same, from `--baseline`'s checkout
     native_gateway: GatewayChild
-    pull_gateway: GatewayChild | None = None
+    pull_gateway: GatewayChild
     vllm_router: VllmRouterChild | None = None
     capacity_url: str = ""  # the slow native server, direct
     capacity_gateways: dict[int, GatewayChild] = field(default_factory=dict)  # by workers
     batched_stack: SimStack | None = None
     batched_gateways: dict[int, GatewayChild] = field(default_factory=dict)  # by pool size
     handoff_redis: dict[int, list[GatewayChild]] = field(default_factory=dict)  # by replicas
+    baseline: dict[str, GatewayChild] = field(default_factory=dict)
+    """`--baseline`'s checkout beside each gateway of the paths' levels, by the gateway's
+    label (`latency-4`, `batched-4`, `native`, `pull`)."""
 
     @property
     def proxy_url(self) -> str:
@@ -143,7 +147,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
     stack = SimStack(
         nodes=options.stack_nodes,
         prefills=1,
-        decodes=1 if peer else 0,
+        decodes=1,
         proxy=True,
         model=MODEL,
         node_args=[
@@ -186,8 +190,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
                 for index in range(replicas):
                     configs[f"handoff-redis-{replicas}x-{index}"] = config
         configs["native"] = gateway_config(native_model(stack))
-        if peer:
-            configs["pull"] = gateway_config(pull_model(stack))
+        configs["pull"] = gateway_config(pull_model(stack))
         capacity_url = ""
         if options.capacity_levels:
             slow = SimStack(
@@ -218,9 +221,9 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
         for label, config in configs.items():
             children[label] = GatewayChild(config, work / label)
             cleanup.callback(children[label].stop)
-            if options.baseline is not None and label.startswith("latency-"):
-                other = GatewayChild(config, work / f"baseline-{label}", options.baseline)
-                children[f"baseline-{label}"] = other
+            if options.baseline is not None and label.startswith(BASELINED):
+                other = GatewayChild(config, work / f"{BASELINE_PREFIX}{label}", options.baseline)
+                children[f"{BASELINE_PREFIX}{label}"] = other
                 cleanup.callback(other.stop)
         router = None
         if peer:
@@ -233,9 +236,8 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
         yield Deployment(
             stack,
             {size: gateways[f"latency-{size}"] for size in pools},
-            {size: gateways[f"baseline-latency-{size}"] for size in pools if options.baseline},
             gateways["native"],
-            gateways.get("pull"),
+            gateways["pull"],
             router,
             capacity_url,
             {w: gateways[f"capacity-{w}w"] for w in options.capacity_workers if capacity_url},
@@ -245,6 +247,11 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
                 replicas: [gateways[f"handoff-redis-{replicas}x-{i}"] for i in range(replicas)]
                 for replicas in options.handoff_redis_replicas
                 if redis is not None and options.handoff_clients
+            },
+            {
+                label.removeprefix(BASELINE_PREFIX): gateway
+                for label, gateway in gateways.items()
+                if label.startswith(BASELINE_PREFIX)
             },
         )
 

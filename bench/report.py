@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.scenarios import (
+    BASELINE,
+    BASELINE_PULL,
     DIRECT,
     GATEWAY,
     PULL_GATEWAY,
@@ -66,6 +68,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "| --- | --- | --- | --- | --- | --- |",
         *(_row(row) for row in target_rows(doc)),
         "",
+        *budget_table(doc),
+        "",
         "| path | streams | method | requests | TTFT p50 | TTFT p99 | gap p50 | gap p99 |"
         " tokens/s p50 | batch relay p50 / p99 | CPU / request | added TTFT p50 / p99 |"
         " added gap p50 / p99 |",
@@ -116,23 +120,7 @@ def target_rows(doc: dict[str, Any]) -> list[Row]:
     for level in sorted(batched):
         rows += _batched(batched[level])
     top = native[max(native)] if native else None
-    where = f"native path (proxy), {top['concurrency'] if top else '?'} streams"
-    peer = _peer(top, doc["peers"].get(VLLM_ROUTER, NOT_RUN))
-    rows.append(
-        _one(
-            f"TTFT p50 added ≤ vllm-router's ({peer['ttft']})",
-            where,
-            top,
-            "ttft",
-            "p50",
-            peer["ttft_limit"],
-        )
-    )
-    cpu_target = f"CPU per request ≤ 2× vllm-router's ({peer['cpu']})"
-    cpu_row = _cpu(cpu_target, where, top, peer["cpu_limit"])
-    rows.append(cpu_row if peer["cpu_limit"] is not None else (*cpu_row[:5], ""))
-    node_level = latency.get(nodes)
-    rows.append(_cpu("CPU per request (today 10–18 ms)", _at(node_level), node_level, None))
+    rows += _against_peer(top, doc["peers"].get(VLLM_ROUTER, NOT_RUN))
     rows += _handoff(next((lv for lv in doc["levels"] if lv["path"] == "handoff"), None))
     first = latency.get(min(latency)) if latency else None
     idle = _gateway(first, "rss_idle_mb")
@@ -185,25 +173,110 @@ def _capacity(doc: dict[str, Any]) -> Row:
     return (target, f"native path, {tried} streams tried", "", "; ".join(found), "", NO_TARGET)
 
 
-def _peer(level: dict[str, Any] | None, state: str) -> dict[str, Any]:
-    """vllm-router's figures at `level` beside the gateway's in pull mode (the same two
-    servers behind both), or the peer's state when it did not run; and the limits they set
-    for the gateway in proxy mode (None when it did not run)."""
-    if level is None or VLLM_ROUTER not in level["methods"]:
-        return {"ttft": state, "cpu": state, "ttft_limit": None, "cpu_limit": None}
-    ttft = {label: level["added"][label]["ttft_p50_ms"] for label in (VLLM_ROUTER, PULL_GATEWAY)}
-    cpu = {
-        label: level["methods"][label]["cpu_ms_per_request"]
-        for label in (VLLM_ROUTER, PULL_GATEWAY)
-    }
-    return {
-        "ttft": f"vllm-router {ttft[VLLM_ROUTER]:+.2f}, gateway in pull mode"
-        f" {ttft[PULL_GATEWAY]:+.2f}, same servers",
-        "cpu": f"vllm-router {cpu[VLLM_ROUTER]:.2f} ms, gateway in pull mode"
-        f" {cpu[PULL_GATEWAY]:.2f} ms",
-        "ttft_limit": ttft[VLLM_ROUTER],
-        "cpu_limit": 2 * cpu[VLLM_ROUTER],
-    }
+def _against_peer(level: dict[str, Any] | None, state: str) -> list[Row]:
+    """The native path's targets against vllm-router on the same two servers: TTFT p50
+    added at most half the peer's, in each mode; CPU per request at most the peer's in
+    `pull` mode (the same two legs) and below it in `proxy` mode (one leg)."""
+    streams = level["concurrency"] if level else "?"
+    rows: list[Row] = []
+    for mode, label in (("proxy", GATEWAY), ("pull", PULL_GATEWAY)):
+        where = f"native path ({mode} mode), {streams} streams"
+        if level is None or label not in level["methods"]:
+            rows.append(
+                (f"TTFT p50 added ≤ 0.5× vllm-router's ({mode})", where, "", NOT_RUN, "", "")
+            )
+            continue
+        ttft = level["added"][label]["ttft_p50_ms"]
+        cpu = level["methods"][label]["cpu_ms_per_request"]
+        if VLLM_ROUTER not in level["methods"]:
+            rows.append(
+                ("TTFT p50 added ≤ 0.5× vllm-router's", where, "", f"{ttft:+.2f}", "", state)
+            )
+            rows.append(
+                ("CPU per request against vllm-router's", where, "", f"{cpu:.2f} ms", "", state)
+            )
+            continue
+        peer_ttft = level["added"][VLLM_ROUTER]["ttft_p50_ms"]
+        peer_cpu = level["methods"][VLLM_ROUTER]["cpu_ms_per_request"]
+        rows.append(
+            (
+                f"TTFT p50 added ≤ 0.5× vllm-router's (vllm-router {peer_ttft:+.2f})",
+                f"{where}: TTFT p50",
+                f"{level['methods'][DIRECT]['ttft_ms']['p50']:.2f}",
+                f"{level['methods'][label]['ttft_ms']['p50']:.2f}",
+                f"{ttft:+.2f} ({_times(ttft, peer_ttft)})",
+                met(ttft <= 0.5 * peer_ttft),
+            )
+        )
+        below = mode == "proxy"
+        rows.append(
+            (
+                f"CPU per request {'<' if below else '≤'} vllm-router's"
+                f" (vllm-router {peer_cpu:.2f} ms)",
+                where,
+                "",
+                f"{cpu:.2f} ms ({_times(cpu, peer_cpu)})",
+                "",
+                met(cpu < peer_cpu if below else cpu <= peer_cpu),
+            )
+        )
+    return rows
+
+
+def _times(value: float, reference: float) -> str:
+    return f"{value / reference:.2f}×" if reference > 0 else "n/a"
+
+
+BASELINE_BUDGET = 1.05
+"""CPU per request a gateway may take against `--baseline`'s on the same level: what a
+change may cost before the budget says so (runs of identical code differ by a few %)."""
+
+BUDGETED_PATHS = ("latency", "batched", "ttft", "ttft-batched", "handoff", "native")
+BASELINE_OF = {GATEWAY: BASELINE, PULL_GATEWAY: BASELINE_PULL}
+
+
+def budget_table(doc: dict[str, Any]) -> list[str]:
+    """CPU per request of each path's gateway at each level, beside `--baseline`'s and,
+    on the native path, vllm-router's on the same servers, and whether it holds the
+    budget: at most `BASELINE_BUDGET`× the baseline's; in `pull` mode at most
+    vllm-router's, in `proxy` mode below it."""
+    lines = [
+        "| CPU per request | streams | gateway | baseline | × baseline | vllm-router"
+        " | × vllm-router | budget | held |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for level in doc["levels"]:
+        if level["path"] not in BUDGETED_PATHS:
+            continue
+        methods = level["methods"]
+        for label, baseline_label in BASELINE_OF.items():
+            if label not in methods or "cpu_ms_per_request" not in methods[label]:
+                continue
+            cpu = methods[label]["cpu_ms_per_request"]
+            base = methods.get(baseline_label, {}).get("cpu_ms_per_request")
+            peer = methods.get(VLLM_ROUTER, {}).get("cpu_ms_per_request")
+            rules, held = [], []
+            if level["path"] == "native" and peer is not None:
+                below = label == GATEWAY
+                rules.append("< 1.0× vllm-router" if below else "≤ 1.0× vllm-router")
+                held.append(cpu < peer if below else cpu <= peer)
+            if base is not None:
+                rules.append(f"≤ {BASELINE_BUDGET:g}× baseline")
+                held.append(cpu <= BASELINE_BUDGET * base)
+            mode = {GATEWAY: " (proxy)", PULL_GATEWAY: " (pull)"}[label]
+            cells = [
+                level["path"] + (mode if level["path"] == "native" else ""),
+                str(level["concurrency"]),
+                f"{cpu:.2f}",
+                "" if base is None else f"{base:.2f}",
+                "" if base is None else _times(cpu, base),
+                "" if peer is None else f"{peer:.2f}",
+                "" if peer is None else _times(cpu, peer),
+                ", ".join(rules) or "(no reference run)",
+                met(all(held)) if held else "",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def _ttft(where: str, level: dict[str, Any] | None) -> Row:
@@ -319,13 +392,6 @@ def _one(
     relayed = level["methods"][GATEWAY][f"{measure}_ms"][q]
     added = relayed - direct
     return (target, label, f"{direct:.2f}", f"{relayed:.2f}", f"{added:+.2f}", _met(added, limit))
-
-
-def _cpu(target: str, where: str, level: dict[str, Any] | None, limit: float | None) -> Row:
-    """`limit` None: a figure with no target to meet."""
-    cpu = _gateway(level, "cpu_ms_per_request")
-    shown = NOT_RUN if cpu is None else f"{cpu:.2f} ms"
-    return (target, where, "", shown, "", NO_TARGET if limit is None else _met(cpu, limit))
 
 
 def _gateway(level: dict[str, Any] | None, key: str) -> float | None:

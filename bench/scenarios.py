@@ -26,6 +26,7 @@ GATEWAY = "gateway"
 PULL_GATEWAY = "gateway-pull"
 VLLM_ROUTER = "vllm-router"
 BASELINE = "baseline"
+BASELINE_PULL = "baseline-pull"
 SETTLE_TIMEOUT_S = 10.0
 
 
@@ -75,16 +76,13 @@ def levels(
     found += _handoff(options, deployment, client)
     native: tuple[Method, ...] = (
         Method(DIRECT, _chat(client, deployment.proxy_url + "/v1", script, None)),
-        Method(
-            GATEWAY,
-            _chat(client, deployment.native_gateway.base_url, script, "throughput"),
-            (deployment.native_gateway.pid,),
-        ),
+        _through(client, GATEWAY, deployment.native_gateway, script, "throughput"),
+        *_baseline(client, deployment, "native", BASELINE, script, "throughput"),
+        _through(client, PULL_GATEWAY, deployment.pull_gateway, script, "throughput"),
+        *_baseline(client, deployment, "pull", BASELINE_PULL, script, "throughput"),
     )
-    if deployment.pull_gateway is not None and deployment.vllm_router is not None:
-        pull, router = deployment.pull_gateway, deployment.vllm_router
+    if (router := deployment.vllm_router) is not None:
         native += (
-            Method(PULL_GATEWAY, _chat(client, pull.base_url, script, "throughput"), (pull.pid,)),
             Method(VLLM_ROUTER, _chat(client, router.base_url, script, None), (router.pid,)),
         )
     for level in options.native_levels:
@@ -113,8 +111,11 @@ def _batched(
     for level in options.batched:
         pool = options.pool_size(level)
         gateway = deployment.batched_gateways[pool]
-        through = _chat(client, gateway.base_url, script, "latency", named=True)
-        methods = (Method(DIRECT, direct), Method(GATEWAY, through, (gateway.pid,)))
+        methods = (
+            Method(DIRECT, direct),
+            _through(client, GATEWAY, gateway, script, "latency", named=True),
+            *_baseline(client, deployment, f"batched-{pool}", BASELINE, script, "latency", True),
+        )
         per_round = options.per_round(level)
         found.append(Level("batched", level, pool, methods, settle, per_round, None, relays))
     return found
@@ -144,7 +145,8 @@ def _first_token(
         gateway = deployment.batched_gateways[options.nodes]
         on_batched = (
             Method(DIRECT, _direct(client, prefill_urls[0], batched, script)),
-            Method(GATEWAY, _chat(client, gateway.base_url, script, "latency"), (gateway.pid,)),
+            _through(client, GATEWAY, gateway, script, "latency"),
+            *_baseline(client, deployment, f"batched-{options.nodes}", BASELINE, script, "latency"),
         )
         pools.append(("ttft-batched", on_batched, _batched_settled(client, prefill_urls, batched)))
     found = []
@@ -181,13 +183,40 @@ def _gateways(
 ) -> tuple[Method, ...]:
     """The latency gateway of a pool of `pool` nodes, and `--baseline`'s beside it."""
     gateway = deployment.latency_gateways[pool]
-    through = _chat(client, gateway.base_url, script, "latency")
-    methods: tuple[Method, ...] = (Method(GATEWAY, through, (gateway.pid,)),)
-    baseline = deployment.baseline_gateways.get(pool)
-    if baseline is not None:
-        earlier = _chat(client, baseline.base_url, script, "latency")
-        methods += (Method(BASELINE, earlier, (baseline.pid,)),)
-    return methods
+    return (
+        _through(client, GATEWAY, gateway, script, "latency"),
+        *_baseline(client, deployment, f"latency-{pool}", BASELINE, script, "latency"),
+    )
+
+
+def _through(
+    client: httpx.AsyncClient,
+    label: str,
+    gateway: GatewayChild,
+    script: Script,
+    route: str,
+    named: bool = False,
+) -> Method:
+    """Requests sent through `gateway`, whose process is measured."""
+    return Method(
+        label, _chat(client, gateway.base_url, script, route, named=named), (gateway.pid,)
+    )
+
+
+def _baseline(
+    client: httpx.AsyncClient,
+    deployment: Deployment,
+    gateway: str,
+    label: str,
+    script: Script,
+    route: str,
+    named: bool = False,
+) -> tuple[Method, ...]:
+    """`--baseline`'s gateway beside the one labelled `gateway`, if the run has one."""
+    earlier = deployment.baseline.get(gateway)
+    if earlier is None:
+        return ()
+    return (_through(client, label, earlier, script, route, named),)
 
 
 def _batched_settled(
@@ -245,10 +274,9 @@ def _handoff(
     for replicas, gateways in sorted(deployment.handoff_redis.items()):
         send = _spread(client, gateways, script)
         methods += (Method(redis_label(replicas), send, tuple(g.pid for g in gateways)),)
-    baseline = deployment.baseline_gateways.get(options.nodes)
-    if baseline is not None:
-        earlier = _chat(client, baseline.base_url, script, "latency")
-        methods += (Method(BASELINE, earlier, (baseline.pid,)),)
+    methods += _baseline(
+        client, deployment, f"latency-{options.nodes}", BASELINE, script, "latency"
+    )
     clients = options.handoff_clients
     per_round = options.per_round(clients, options.handoff_requests)
     return [Level("handoff", clients, options.nodes, methods, settle, per_round, handoffs)]

@@ -32,6 +32,7 @@ LEVELS = [
     ("native", 4),
     ("capacity", 4),
 ]
+CHECKOUT = Path(__file__).resolve().parents[2]
 ROUNDS, REQUESTS, NODES, HANDOFF_REQUESTS, TTFT_REQUESTS = 2, 4, 2, 8, 6  # the quick run's
 TARGETS = [
     "TTFT added ≤ 1 ms p50, ≤ 3 ms p99",
@@ -39,8 +40,8 @@ TARGETS = [
     "TTFT p99 added ≤ 5 ms",
     "batch relay: node line to client event",
     "tokens/s per stream through the gateway",
-    "TTFT p50 added ≤ vllm-router's",
-    "CPU per request ≤ 2× vllm-router's",
+    "TTFT p50 added ≤ 0.5× vllm-router's",
+    "CPU per request against vllm-router's",
     "hand-off added vs direct ≤ 1 ms p99 (memory gate)",
     "Redis gate within 1 ms p50, 2 ms p99 of the memory gate",
     "idle RSS ≤ 150 MB, one model",
@@ -59,9 +60,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Comp
 
 
 def bench(out: Path, *, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """`pd-gateway bench --quick` writing to `out`, its table into `out`'s benchmarks.md; run
-    from `out`'s parent with relative paths, as a user runs it in a checkout."""
+    """`pd-gateway bench --quick` writing to `out`, its table into `out`'s benchmarks.md, with
+    this checkout as its `--baseline`; run from `out`'s parent with relative paths, as a user
+    runs it in a checkout."""
     command = ["bench", "--quick", "--out", out.name, "--report", f"{out.name}/benchmarks.md"]
+    command += ["--baseline", str(CHECKOUT)]
     return run_in_group(
         [gateway_python(), "-m", "router.cli", *command],
         timeout_s=timeout_s,
@@ -94,6 +97,38 @@ def test_every_level_ran_every_request_of_each_method(results: dict[str, Any]) -
             assert method["requests"] == requests
             assert method["ttft_ms"]["count"] == requests
             assert method["gap_ms"]["count"] == method["chunks"] - requests > 0
+
+
+def test_the_baseline_runs_beside_the_gateway_on_every_path(results: dict[str, Any]) -> None:
+    """`--baseline`: the other checkout's gateway beside each of this one's, in pull mode
+    too; not on the capacity curve."""
+    for level in results["levels"]:
+        methods = set(level["methods"])
+        if level["path"] == "capacity":
+            assert not any(label.startswith("baseline") for label in methods)
+        elif level["path"] == "native":
+            assert {"gateway", "baseline", "gateway-pull", "baseline-pull"} <= methods
+        else:
+            assert "baseline" in methods
+
+
+def test_the_budget_table_gives_each_path_its_cpu_against_the_baseline(
+    results: dict[str, Any], run: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
+    """A row per level and gateway, its CPU per request against the baseline's, judged."""
+    table = (run[0] / "results.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(table) if line.startswith("| CPU per request |"))
+    end = table.index("", start)
+    rows = [line.split(" | ") for line in table[start + 2 : end]]
+    budgeted = [lv for lv in results["levels"] if lv["path"] != "capacity"]
+    native_levels = [lv for lv in budgeted if lv["path"] == "native"]
+    assert len(rows) == len(budgeted) + len(native_levels)  # pull mode's rows of their own
+    for cells in rows:
+        cpu, base, ratio = float(cells[2]), float(cells[3]), cells[4]
+        assert ratio.endswith("×") and float(ratio[:-1]) == pytest.approx(cpu / base, abs=0.01)
+        assert cells[-1] in ("yes |", "no |") and "≤ 1.05× baseline" in cells[-2]
+    native = [cells[0] for cells in rows if "native" in cells[0]]
+    assert native == ["| native (proxy)", "| native (pull)"] * 2
 
 
 def test_every_measure_is_there_and_finite(results: dict[str, Any]) -> None:
@@ -135,7 +170,8 @@ def test_the_hand_off_runs_on_the_memory_gate_and_on_the_redis_gate(
     results: dict[str, Any],
 ) -> None:
     (level,) = [lv for lv in results["levels"] if lv["path"] == "handoff"]
-    assert set(level["methods"]) == {"direct", "gateway", "gateway-redis", "gateway-redis-3x"}
+    expected = {"direct", "gateway", "gateway-redis", "gateway-redis-3x", "baseline"}
+    assert set(level["methods"]) == expected
 
 
 def test_every_batch_of_the_batching_pool_is_paired_with_its_node_line(
