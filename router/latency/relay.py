@@ -91,6 +91,7 @@ class DecodeRelay:
         session, which cancels the node."""
         pipeline, metrics, model = self._pipeline, self._metrics, self._request.model
         access = self._request.access
+        gaps = metrics.stream_gaps(model, "latency")
         node_finish = "stop"
         first_output = True
         tokens_seen = False  # of this session's stream
@@ -124,7 +125,7 @@ class DecodeRelay:
                     # (docs/protocols.md §1.5): that token is still the output's first.
                     line = TokenLine([self._first_token_id])
                 now = time.monotonic()
-                metrics.token_gap(model, "latency", now - last_line, len(line.ids))
+                gaps.line(now - last_line, len(line.ids))
                 if tokens_seen:  # the first line's wait is the decode's start, not a gap
                     access.token_gap(now - last_line, len(line.ids))
                 tokens_seen = True
@@ -157,6 +158,7 @@ class DecodeRelay:
                 yield tail
         finally:
             session.close(stopped=pipeline.stopped)
+            gaps.flush()
         if not pipeline.stopped and node_finish == "stop" and not self._eos_first:
             pipeline.count_suppressed_eos()
         finish = finish_reason(

@@ -81,40 +81,46 @@ async def _stream(
     go_on: Continuation | None,
 ) -> AsyncGenerator[bytes, None]:
     # After the first byte the status is spent: a failure becomes an SSE error event.
-    last = EVENT_END
-    failure: GatewayError
     try:
-        async for raw in reply.chunks(by_lines=True):
-            meter.chunk(raw)
-            chunk = raw if rewrite is None else rewrite.feed(raw)
-            if chunk:
-                last = chunk
-                yield chunk
-        if rewrite is not None and (tail := rewrite.flush()):
-            yield tail
-        if go_on is None or go_on.track.done or go_on.track.finished:
-            return
-        failure = reply.target.failure(
-            "broken", "ended its stream without its last event", status=502
-        )
-        reason = "decode_truncated"
-    except UpstreamError as exc:
-        failure, reason = exc, "decode_stalled" if "timeout" in str(exc.code) else "decode_failed"
-    if go_on is not None and go_on.can_go_on():
+        last = EVENT_END
+        failure: GatewayError
         try:
-            async for chunk in go_on.rest(reason):
-                meter.chunk(chunk)
-                last = chunk
-                yield chunk
-            return
-        except GatewayError as exc:
-            failure = exc
-    log.warning("%s (mid-stream): %s", reply.target.label, failure.message)
-    error = reply.target.failure("failed", f"failed mid-stream: {failure.message}", status=502)
-    request.access.ended_with(error)
-    tracing.failed(error)
-    gap = b"" if last.endswith(EVENT_END) else b"\n" if last.endswith(b"\n") else EVENT_END
-    yield gap + request.endpoint.stream_failure(error)
+            async for raw in reply.chunks(by_lines=True):
+                meter.chunk(raw)
+                chunk = raw if rewrite is None else rewrite.feed(raw)
+                if chunk:
+                    last = chunk
+                    yield chunk
+            if rewrite is not None and (tail := rewrite.flush()):
+                yield tail
+            if go_on is None or go_on.track.done or go_on.track.finished:
+                return
+            failure = reply.target.failure(
+                "broken", "ended its stream without its last event", status=502
+            )
+            reason = "decode_truncated"
+        except UpstreamError as exc:
+            failure, reason = (
+                exc,
+                "decode_stalled" if "timeout" in str(exc.code) else "decode_failed",
+            )
+        if go_on is not None and go_on.can_go_on():
+            try:
+                async for chunk in go_on.rest(reason):
+                    meter.chunk(chunk)
+                    last = chunk
+                    yield chunk
+                return
+            except GatewayError as exc:
+                failure = exc
+        log.warning("%s (mid-stream): %s", reply.target.label, failure.message)
+        error = reply.target.failure("failed", f"failed mid-stream: {failure.message}", status=502)
+        request.access.ended_with(error)
+        tracing.failed(error)
+        gap = b"" if last.endswith(EVENT_END) else b"\n" if last.endswith(b"\n") else EVENT_END
+        yield gap + request.endpoint.stream_failure(error)
+    finally:
+        meter.close()
 
 
 class Chained:

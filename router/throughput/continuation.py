@@ -166,13 +166,19 @@ class StreamTrack:
 
     def _passed(self, events: bytes) -> bytes:
         """Whole events as the client gets them."""
-        if _FINISH_MARK in events:
+        finishing = _FINISH_MARK in events
+        if finishing:
             self.finished = True
         if events.startswith(_DONE_EVENT) or _LATER_DONE_EVENT in events:
             self.done = True
-        if _HELD_BACK_MARK in events and not self._keep_ids:
+        if (
+            _HELD_BACK_MARK in events
+            and not self._keep_ids
+            and not (finishing and events.find(EVENT_END) == len(events) - len(EVENT_END))
+        ):
             # A chunk sent for its ids alone (a parser held the step's text back) is left
-            # out: read now, in order, to know which.
+            # out: read now, in order, to know which. (A finishing event alone in its chunk
+            # has an empty delta too, and is passed on.)
             self._read_all()
             out: list[bytes] = []
             for event in events.split(EVENT_END)[:-1]:

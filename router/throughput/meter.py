@@ -31,6 +31,7 @@ class AnswerMeter:
         self._request = request
         self._access = request.access
         self._metrics = metrics
+        self._gaps = metrics.stream_gaps(request.model, "throughput") if metrics else None
         self._last: float | None = None
         self._pending = b""  # an event's start, until its end arrives
 
@@ -50,9 +51,11 @@ class AnswerMeter:
                 self._metrics.first_token(self._request.model, "throughput", ttft_s)
         else:
             self._access.token_gap(now - self._last, events)
-            if self._metrics is not None:
-                self._metrics.token_gap(self._request.model, "throughput", now - self._last, events)
+            if self._gaps is not None:
+                self._gaps.line(now - self._last, events)
         self._last = now
+        if not self._pending and chunk.endswith(_EVENT_END) and not _worth_parsing(chunk):
+            return  # whole events, none with usage, a finish or an error: most chunks
         # An event may be split anywhere, its mark in a later chunk: the unfinished one
         # waits (chunks mostly end on an event's end, so little ever does).
         data = self._pending + chunk if self._pending else chunk
@@ -66,6 +69,11 @@ class AnswerMeter:
         for event in complete.split(_EVENT_END):
             if _worth_parsing(event) and (payload := _event_data(event)) is not None:
                 self._read_payload(payload)
+
+    def close(self) -> None:
+        """The stream has ended (however it ended)."""
+        if self._gaps is not None:
+            self._gaps.flush()
 
     def _read_payload(self, raw: bytes) -> None:
         try:

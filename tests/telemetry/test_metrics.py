@@ -7,10 +7,19 @@ import os
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.utils import floatToGoString
 
 from router.gate import GateSnapshot
 from router.telemetry.access import AccessRecord
-from router.telemetry.metrics import UNKNOWN_KEY, Metrics, WorkerProcesses, key_label
+from router.telemetry.metrics import (
+    TOKEN_GAP_BUCKETS,
+    UNKNOWN_KEY,
+    Metrics,
+    StreamGaps,
+    WorkerProcesses,
+    key_label,
+)
 
 
 @pytest.fixture
@@ -65,13 +74,39 @@ def test_key_labels_are_configured_names_only() -> None:
 def test_first_tokens_and_token_gaps_are_per_path(metrics: Metrics) -> None:
     metrics.first_token("m", "latency", 0.2)
     metrics.first_token("m", "throughput", 0.4)
-    metrics.token_gap("m", "throughput", 0.03, 3)
-    metrics.token_gap("m", "throughput", 0.03, 0)  # a line without tokens: not a gap
+    gaps = metrics.stream_gaps("m", "throughput")
+    gaps.line(0.03, 3)
+    gaps.line(0.03, 0)  # a line without tokens: not a gap
+    gaps.flush()
     assert sample(metrics, "pd_gateway_ttft_seconds_count", model="m", path="latency") == 1
     assert sample(metrics, "pd_gateway_ttft_seconds_sum", model="m", path="throughput") == 0.4
     gap = {"model": "m", "path": "throughput"}
     assert sample(metrics, "pd_gateway_inter_token_seconds_count", **gap) == 1
     assert sample(metrics, "pd_gateway_inter_token_seconds_sum", **gap) == pytest.approx(0.01)
+
+
+def test_a_streams_gaps_reach_the_histogram_as_observing_each_would(metrics: Metrics) -> None:
+    """Counted per bucket and added a batch at a time: every bucket, the count and the sum
+    as `Histogram.observe` of each gap makes them, bounds included; nothing before a
+    batch is full or the stream flushes, every gap after."""
+    registry = CollectorRegistry()
+    reference = Histogram("gaps", "", buckets=TOKEN_GAP_BUCKETS, registry=registry)
+    gaps = metrics.stream_gaps("m", "latency")
+    values = [*TOKEN_GAP_BUCKETS[:-1], 0.0, 7.0, *(i / 997 for i in range(StreamGaps.BATCH + 40))]
+    for value in values:
+        gaps.line(value * 2, 2)
+        reference.observe(value)
+    where = {"model": "m", "path": "latency"}
+    assert sample(metrics, "pd_gateway_inter_token_seconds_count", **where) == StreamGaps.BATCH
+    gaps.flush()
+    gaps.flush()  # nothing pending: nothing added twice
+    for bound in (*TOKEN_GAP_BUCKETS, float("inf")):
+        le = floatToGoString(bound)
+        expected = registry.get_sample_value("gaps_bucket", {"le": le})
+        assert sample(metrics, "pd_gateway_inter_token_seconds_bucket", le=le, **where) == expected
+    assert sample(metrics, "pd_gateway_inter_token_seconds_count", **where) == len(values)
+    total = sample(metrics, "pd_gateway_inter_token_seconds_sum", **where)
+    assert total == pytest.approx(registry.get_sample_value("gaps_sum"))
 
 
 def test_guard_reroutes_and_spills_are_told_apart(metrics: Metrics) -> None:

@@ -30,6 +30,7 @@ def test_a_stream_s_usage_split_across_chunks_is_read() -> None:
     meter.chunk(delta("b") + delta("c"))
     meter.chunk(last + usage[:20])
     meter.chunk(usage[20:] + b"data: [DONE]\n\n")
+    meter.close()  # the stream's gaps reach the histogram
 
     access = request.access
     assert (access.prompt_tokens, access.completion_tokens) == (17, 3)
