@@ -2,6 +2,7 @@
 and per 256-token answer: the meter (time to first token, gaps, usage, finish, errors),
 the usage chunk's removal, the continuation's track of ids (`pull` and `push` mode), the
 cached-tokens rewrite (`pull` mode), and each path's chain of them as `forward` builds it?
+And what does every request pay for tenants' rate limits where none are configured?
 
 Feeds the same chunks vLLM 0.32 sends for a streamed chat answer (one event a token; with
 `return_token_ids` their ids, as the decode leg of `pull` mode asks; the finishing chunk,
@@ -14,17 +15,23 @@ measures the whole process. Run: `python -m bench.experiments.chunk_costs [--ans
 from __future__ import annotations
 
 import argparse
+import asyncio
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import orjson
 
 from policies import Decision
+from router.config import TenantsConfig
 from router.openai.endpoints import ENDPOINTS
 from router.openai.requests import ChatRequest
 from router.serving import RoutedRequest
 from router.telemetry.metrics import Metrics
+from router.tenants.admission import Tenants
+from router.tenants.identity import DEFAULT_TENANT
+from router.tenants.limiter import MemoryLimiter
 from router.throughput.answer import Chained, ChunkFilter
 from router.throughput.continuation import StreamTrack
 from router.throughput.meter import AnswerMeter
@@ -141,6 +148,21 @@ def main() -> None:
     for name, answer, count in steps:
         cost = min(per_chunk_us(answer, answers, count) for _ in range(3))
         print(f"{name:48} {cost:10.2f} {cost * count / 1e3:12.3f}")
+    admission = min(asyncio.run(_admission_us(answers * 50)) for _ in range(3))
+    print(f"{'tenant admission, no tenants configured':48} {'':10} {admission / 1e3:12.4f}")
+
+
+async def _admission_us(requests: int) -> float:
+    """A request's admission as the dispatcher asks for it, with no tenant configured."""
+    tenants = Tenants(TenantsConfig(), MemoryLimiter(), Metrics(), _no_spawn)
+    started = time.process_time()
+    for _ in range(requests):
+        await tenants.admit(DEFAULT_TENANT, 300, model="bench", node_use="none")
+    return (time.process_time() - started) / requests * 1e6
+
+
+def _no_spawn(coroutine: Coroutine[Any, Any, None]) -> None:
+    coroutine.close()
 
 
 def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
