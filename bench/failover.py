@@ -192,10 +192,13 @@ async def one_round(
 
 
 def continuing(record: dict[str, Any]) -> bool:
-    """A request that went on with an answer: its prompt and output so far as token ids."""
+    """A request that went on with an answer: its prompt and output so far as token ids,
+    its prefill over (a stream's first token out: the server notes the stream's end only
+    after its last event has left, which the client may have read before)."""
     body = record["body"]
     named = "prompt_token_ids" in (body.get("kv_transfer_params") or {})
-    return (named or isinstance(body.get("prompt"), list)) and bool(record.get("finished"))
+    over = record.get("first_output") or record.get("finished")
+    return (named or isinstance(body.get("prompt"), list)) and bool(over)
 
 
 def prefill_s(record: dict[str, Any]) -> float:

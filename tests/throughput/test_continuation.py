@@ -107,6 +107,20 @@ def test_a_finished_stream_does_not_go_on() -> None:
     assert track.finished and not track.unfinished
 
 
+def test_a_stream_that_ends_well_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While nothing fails nothing is parsed, though the finishing chunk's delta is empty
+    like that of a chunk sent for its ids alone: alone in its chunk, it is not one."""
+    reads: list[bytes] = []
+    monkeypatch.setattr(StreamTrack, "_read", lambda self, event: reads.append(event) or True)
+    plain = [ROLE, *(chunk({"content": f"w{i} "}, [100 + i]) for i in range(20))]
+    finish = chunk({}, [7], finish_reason="stop")
+    usage = event({"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 3}})
+    track, shown = tracked([*plain, finish, usage, b"data: [DONE]\n\n"])
+    assert reads == []
+    assert track.finished and track.done
+    assert shown.count(b"data: ") == len(plain) + 3 and b'token_ids":[' not in shown
+
+
 @pytest.mark.parametrize(
     ("bad", "why"),
     [
