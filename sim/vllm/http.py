@@ -20,6 +20,7 @@ from sim.faults import FaultError
 from sim.runner import Gate
 from sim.vllm import metrics
 from sim.vllm.availability import Availability
+from sim.vllm.errors import error_body
 from sim.vllm.server import GenerationEndpoint, VllmServer
 
 # Not a fault of the board: it acts once, on the listening socket, when posted.
@@ -70,6 +71,14 @@ def build_app(server: VllmServer, gate: Gate | None = None) -> Availability:
                 "token_strs": None,
             }
         )
+
+    async def stored_response(request: Request) -> Response:
+        # vLLM keeps no responses unless its store is switched on (an environment setting,
+        # off by default): retrieving or cancelling one finds nothing.
+        response_id = request.path_params["response_id"]
+        message = f"Response with id '{response_id}' not found."
+        body = error_body(404, message, "response_id", "invalid_request_error")
+        return JSONResponse(body, status_code=404)
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
@@ -127,6 +136,8 @@ def build_app(server: VllmServer, gate: Gate | None = None) -> Availability:
             Route("/v1/chat/completions", generation("chat"), methods=["POST"]),
             Route("/v1/completions", generation("completions"), methods=["POST"]),
             Route("/v1/responses", generation("responses"), methods=["POST"]),
+            Route("/v1/responses/{response_id}", stored_response, methods=["GET"]),
+            Route("/v1/responses/{response_id}/cancel", stored_response, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/health", health, methods=["GET"]),

@@ -47,6 +47,7 @@ from sim.vllm.validation import (
     CompletionRequest,
     check_prompt,
     check_sampling,
+    check_stop_token_ids,
     parse_request,
 )
 
@@ -440,6 +441,7 @@ class VllmServer:
                 wanted,
             )
         check_sampling(request)
+        check_stop_token_ids(request, self._max_token_id + 1)
         room = limit - max(len(plan.prompt_ids) for plan in plans)
         budget = room if wanted is None else min(wanted, room)
         if budget < 1:  # a prompt filling the whole context leaves nothing to generate

@@ -171,6 +171,7 @@ class CompletionRequest(GenerationRequest):
     prompt: list[Annotated[int, Field(ge=0)]] | list[list[int]] | str | list[str] | None = None
     logprobs: int | None = None
     echo: StrictBool = False
+    suffix: StrictStr | None = None
 
     @property
     def budget(self) -> int | None:
@@ -285,6 +286,30 @@ def _check_penalties(request: GenerationRequest) -> None:
 
 
 def check_prompt(request: CompletionRequest) -> None:
-    """A completion needs a non-empty prompt."""
+    """A completion needs a non-empty prompt; a ``suffix`` is refused, as vLLM refuses it
+    for every model but those whose renderer fills in the middle (DeepSeek-V4's), which
+    the simulator does not serve."""
     if request.prompt is None or request.prompt in ("", []):
         raise invalid("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+    if request.suffix is None:
+        return
+    if request.echo:
+        raise ApiError(400, "Echo is unsupported with suffix.", "suffix")
+    texts = isinstance(request.prompt, str) or all(isinstance(p, str) for p in request.prompt)
+    if texts:
+        message = "suffix is only supported for models with FIM completion rendering"
+    else:
+        message = "suffix requires text prompt input for FIM completion rendering"
+    raise ApiError(400, message, "suffix")
+
+
+def check_stop_token_ids(request: GenerationRequest, vocab_size: int) -> None:
+    """Every stop token id must be an id of the model's vocabulary."""
+    outside = [t for t in request.stop_token_ids or () if not 0 <= t < vocab_size]
+    if outside:
+        raise invalid(
+            f"token_id(s) {outside} in stop_token_ids contain out-of-vocab token ids. "
+            f"Vocabulary size: {vocab_size}",
+            "stop_token_ids",
+            outside,
+        )

@@ -243,6 +243,16 @@ CASES: list[Case] = [
     Case("completion_negative_id", "/v1/completions", body={"prompt": [1, -2]}),
     completion("completion_logprobs_30", logprobs=30),
     Case("completion_missing_prompt", "/v1/completions", body={"max_tokens": 1}),
+    completion("completion_suffix", suffix=" and goodbye", max_tokens=1),
+    completion("completion_suffix_echo", suffix=" and goodbye", echo=True, max_tokens=1),
+    Case(
+        "completion_suffix_token_ids",
+        "/v1/completions",
+        body={"prompt": [1, 2], "suffix": " and goodbye", "max_tokens": 1},
+    ),
+    completion("completion_stop_token_ids_out_of_vocabulary", stop_token_ids=[10**7], max_tokens=1),
+    chat("chat_stop_token_ids_out_of_vocabulary", stop_token_ids=[10**7], max_tokens=1),
+    chat("chat_stop_token_ids_negative", stop_token_ids=[-1], max_tokens=1),
     # Responses
     responses("responses", max_output_tokens=3, temperature=0),
     Case(
@@ -304,6 +314,9 @@ CASES: list[Case] = [
     ),
     responses("responses_unknown_model", model="nope"),
     Case("responses_missing_input", "/v1/responses", body={}),
+    Case("responses_retrieve_unknown", "/v1/responses/resp_unknown", method="GET"),
+    Case("responses_cancel_unknown", "/v1/responses/resp_unknown/cancel", body={}),
+    Case("responses_delete", "/v1/responses/resp_unknown", method="DELETE"),
     # other routes
     Case("models", "/v1/models", method="GET"),
     Case("health", "/health", method="GET"),
@@ -446,10 +459,12 @@ async def run_http(http: httpx.AsyncClient, base_url: str, model: str, case: Cas
         if isinstance(body, dict):
             body = {"model": model, **body}
         content = orjson.dumps(body)
-    if case.method == "GET":
-        response = await http.get(base_url + case.path)
+    if case.method in ("GET", "DELETE"):
+        response = await http.request(case.method, base_url + case.path)
     else:
-        response = await http.post(base_url + case.path, content=content, headers=headers)
+        response = await http.request(
+            case.method, base_url + case.path, content=content, headers=headers
+        )
     media = response.headers.get("content-type", "").split(";")[0]
     if media == "text/event-stream":
         body_out: Any = _by_choice(_sse(response.text))
