@@ -90,6 +90,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.set_defaults(run=_check)
 
+    health = commands.add_parser(
+        "health",
+        help="ask the gateway this configuration runs for its /health (status 0 if it answers"
+        " 200, 1 otherwise): a container's health check",
+    )
+    add_config_option(health)
+    health.add_argument(
+        "--timeout", type=float, default=3.0, metavar="S", help="seconds to wait (default: 3)"
+    )
+    health.set_defaults(run=_health)
+
     explain = commands.add_parser(
         "classify", help="explain where a request would go, without contacting any backend"
     )
@@ -202,6 +213,27 @@ def _check(args: argparse.Namespace) -> int:
 
         return probe(config)
     return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    import httpx
+
+    server = load_config(args.config).server
+    if server.port == 0:
+        raise UsageError(f"{args.config}: server.port is 0 (any free port): nothing to ask")
+    host = _LOCAL.get(server.host, server.host)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{server.port}/health"
+    try:
+        status = httpx.get(url, timeout=args.timeout).status_code
+    except httpx.HTTPError as exc:
+        print(f"{url}: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
+    print(f"{url}: {status}")
+    return 0 if status == 200 else 1
+
+
+_LOCAL = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
+"""A server listening on every address is asked on the loopback one."""
 
 
 async def _nothing(epoch: ConfigEpoch, upstreams: Upstreams) -> None:

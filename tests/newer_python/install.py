@@ -10,7 +10,8 @@ host's programs keep their own. Its standard library is compiled to bytecode, as
 package scripts would: the packages ship none, and where PYTHONDONTWRITEBYTECODE is set
 (as on CI) every process would compile what it imports again (0.4 s of CPU for each
 gateway). `.venv-3.13/` is a virtual environment of it holding the project and its test
-dependencies. Each step is skipped when what it makes is already there.
+dependencies, the project's at the versions the container image installs
+(deploy/requirements.lock). Each step is skipped when what it makes is already there.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tests.newer_python.debian_index import (
     closure,
     parse_index,
 )
+from tests.support.locks import RUNTIME_LOCK, constraints
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON_HOME = ROOT / ".python-3.13"
@@ -146,14 +148,19 @@ def _environment() -> None:
     if not _runs(python, "import pip"):
         print(f"installing pip in {VENV}")
         _bootstrap_pip(python)
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    wanted = hashlib.sha256(
+        (ROOT / "pyproject.toml").read_bytes() + RUNTIME_LOCK.read_bytes()
+    ).hexdigest()
     if STAMP.exists() and STAMP.read_text() == wanted:
         print(f"{VENV} is ready")
         return
-    print(f"installing the project and its test dependencies in {VENV}")
-    pip = [str(python), "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"]
-    if subprocess.run(pip).returncode != 0:
-        raise Unavailable(f"pip install -e '.[test]' failed in {VENV}")
+    print(f"installing the project and its test dependencies in {VENV}, at the image's versions")
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as pinned:
+        pinned.write(constraints(RUNTIME_LOCK))
+        pinned.flush()
+        pip = [str(python), "-m", "pip", "install", "-q", "-c", pinned.name, "-e", f"{ROOT}[test]"]
+        if subprocess.run(pip).returncode != 0:
+            raise Unavailable(f"pip install -e '.[test]' (constraints: {RUNTIME_LOCK}) failed")
     STAMP.write_text(wanted)
     print(f"{VENV} is ready")
 
