@@ -186,7 +186,8 @@ def both_ways(
 def rejoined(seen: Seen) -> Seen:
     """A stream with each chunk that only carries more text of the chunk before it (same
     choice, same fields, no finish yet) merged into that chunk, the chunk that ends the
-    choice too (a busy vLLM sends the last tokens with the finish, or the finish alone)."""
+    choice too (a busy vLLM sends the last tokens with the finish, or the finish alone);
+    their logprobs, one entry a token, follow one another."""
     events: list[Any] = []
     for event in seen.body:
         last = events[-1] if events else None
@@ -205,7 +206,17 @@ def _continues(last: Any, event: Any) -> bool:
         return False
     if last["choices"][0].get("finish_reason") is not None:
         return False
-    return _unended(textless(last)) == _unended(textless(event))
+    return _unended(_logprobs_shown(textless(last))) == _unended(_logprobs_shown(textless(event)))
+
+
+def _logprobs_shown(chunk: dict[str, Any]) -> dict[str, Any]:
+    """A chunk with each choice's logprobs cut to whether it has them: a chunk of two
+    tokens carries two entries, their values the tokens'."""
+    choices = [
+        {**c, "logprobs": c["logprobs"] is not None} if "logprobs" in c else c
+        for c in chunk["choices"]
+    ]
+    return {**chunk, "choices": choices}
 
 
 ENDING_KEYS = frozenset({"finish_reason", "stop_reason"})
@@ -221,6 +232,8 @@ def _with_more_text(last: dict[str, Any], event: dict[str, Any]) -> dict[str, An
     def joined(before: Any, after: Any, key: str = "") -> Any:
         if isinstance(before, dict) and isinstance(after, dict):
             return {k: joined(v, after[k], k) for k, v in before.items()}
+        if key == "content" and isinstance(before, list) and isinstance(after, list):
+            return before + after  # a choice's logprobs: an entry a token
         if isinstance(before, list) and isinstance(after, list):
             return [joined(a, b) for a, b in zip(before, after, strict=True)]
         if key in TEXT_KEYS and isinstance(before, str) and isinstance(after, str):

@@ -92,3 +92,32 @@ def test_the_last_tokens_sent_with_the_finish_or_before_it_are_the_same_once_rej
         "logprobs": None,
         "finish_reason": "length",
     }
+
+
+def logprob(token: str, value: float) -> dict[str, Any]:
+    return {"token": token, "logprob": value, "bytes": list(token.encode()), "top_logprobs": []}
+
+
+def with_logprobs(chunk: dict[str, Any], *entries: dict[str, Any]) -> dict[str, Any]:
+    chunk["choices"][0]["logprobs"] = {"content": list(entries)}
+    return chunk
+
+
+def test_tokens_sent_together_keep_their_logprobs_in_order_once_rejoined() -> None:
+    hel, lo = logprob("Hel", -0.5), logprob("lo", -1.25)
+    apart = stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        with_logprobs(chat_chunk({"content": "Hel"}), hel),
+        with_logprobs(chat_chunk({"content": "lo"}, "length"), lo),
+    )
+    together = stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        with_logprobs(chat_chunk({"content": "Hello"}, "length"), hel, lo),
+    )
+    assert rejoined(apart) == rejoined(together)
+    assert rejoined(apart).body[1]["choices"][0]["logprobs"] == {"content": [hel, lo]}
+    other_value = stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        with_logprobs(chat_chunk({"content": "Hello"}, "length"), hel, logprob("lo", -2.0)),
+    )
+    assert rejoined(other_value) != rejoined(apart)
