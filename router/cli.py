@@ -144,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     add_installed(commands)  # demo and bench, where installed
 
     schema = commands.add_parser(
-        "schema", help="print the JSON Schema of router.yaml (deploy/router.schema.json)"
+        "schema", help="print the JSON Schema of router.yaml (deploy/kustomize/router.schema.json)"
     )
     schema.set_defaults(run=_schema)
     return parser

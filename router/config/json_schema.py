@@ -1,6 +1,6 @@
 """The JSON Schema of `router.yaml`, generated from the pydantic models that validate it.
 
-`pd-gateway schema` prints it; `deploy/router.schema.json` is a copy (a test keeps the two
+`pd-gateway schema` prints it; `deploy/kustomize/router.schema.json` is a copy (a test keeps the two
 equal), for editors (`# yaml-language-server: $schema=...`) and CI checks of a
 configuration without the gateway installed.
 

@@ -17,7 +17,7 @@ from router.config import parse_config
 from router.config.json_schema import dumps, router_schema
 from tests.deploy.render import ROOT, shipped_configs
 
-SHIPPED = ROOT / "deploy" / "router.schema.json"
+SHIPPED = ROOT / "deploy" / "kustomize" / "router.schema.json"
 
 
 def validator() -> jsonschema.Draft202012Validator:
@@ -28,7 +28,8 @@ def validator() -> jsonschema.Draft202012Validator:
 
 def test_the_shipped_copy_is_the_generated_schema() -> None:
     assert SHIPPED.read_text(encoding="utf-8") == dumps(), (
-        "deploy/router.schema.json is stale: pd-gateway schema > deploy/router.schema.json"
+        "deploy/kustomize/router.schema.json is stale: "
+        "pd-gateway schema > deploy/kustomize/router.schema.json"
     )
 
 
