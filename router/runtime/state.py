@@ -91,6 +91,7 @@ class AppState:
             self._config, self.deps, keys=self._keys, kv_events=self.kv_events
         )
         self._keys = None  # a reload loads its own
+        self.metrics.configuration_loaded(successful=True)
         return changes.new_gates
 
     async def reload(self, config: GatewayConfig | None = None) -> dict[str, str]:
@@ -103,11 +104,13 @@ class AppState:
                 config, epoch, changes = await self._next_epoch(config, current)
             except ConfigError as exc:
                 log.error("the configuration was not reloaded: %s", _one_line(exc))
+                self.metrics.configuration_loaded(successful=False)
                 raise
             except Exception as exc:
                 # Whatever the new configuration broke, the running one serves on.
                 message = f"{self.config.source}: {type(exc).__name__}: {_one_line(exc)}"
                 log.error("the configuration was not reloaded: %s", message)
+                self.metrics.configuration_loaded(successful=False)
                 raise ConfigError(message) from None
             self.epoch = epoch
             self.tenants.reconfigured(config.tenants)
@@ -117,6 +120,7 @@ class AppState:
             for gate in changes.dropped_gates.values():
                 await gate.close()
             log.info("configuration reloaded from %s: %s", config.source, changes.models or "same")
+            self.metrics.configuration_loaded(successful=True)
             freeze_heap()  # the new models' objects too, and the old ones collected
             return changes.models
 

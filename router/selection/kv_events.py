@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,6 +87,8 @@ class ServerBlocks:
         self._last_seq: int | None = None
         self._generation = 0  # bumped when the index is cleared as unknown
         self.state: State = "waiting"
+        self.last_message_at: float | None = None
+        """When the server's last message arrived (Unix time): how fresh the index is."""
         self.evictions = 0
         self.lost: Counter[str] = Counter()
         self.ignored: Counter[str] = Counter()
@@ -108,6 +111,7 @@ class ServerBlocks:
     def follows(self, seq: int) -> bool:
         """Whether the message numbered `seq` follows the last one (the first always does);
         a gap (a restarted server starts again from 0) makes the index unknown."""
+        self.last_message_at = time.time()
         last, self._last_seq = self._last_seq, seq
         if last is not None and seq != last + 1:
             self.mark_unknown("gap")

@@ -12,6 +12,7 @@ the gate's `GateEvents`) are handed to the gate backends when a pool is built
 from __future__ import annotations
 
 import os
+import platform
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from router import __version__
 from router.gate import GateSnapshot
 from router.selection import ServerSet, load_snapshot
 from router.selection.kv_events import STATES as KV_EVENTS_STATES
@@ -227,6 +229,19 @@ class Metrics:
             ["model", "server", "verdict"],
             registry=r,
         )
+        self._reload_successful = Gauge(
+            "pd_gateway_config_last_reload_successful",
+            "1 if the configuration's last load (at start-up, or a reload) succeeded; 0 if"
+            " the last reload failed, the configuration before it serving on.",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self._reload_success_time = Gauge(
+            "pd_gateway_config_last_reload_success_timestamp_seconds",
+            "When the configuration was last loaded successfully (Unix time).",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         self._token_gap_children: dict[tuple[str, str], Any] = {}
         self._pools = _PoolCollector()
         r.register(self._pools)
@@ -234,6 +249,7 @@ class Metrics:
         r.register(self._upstreams)
         self._kv_events = _KvEventsCollector()
         r.register(self._kv_events)
+        r.register(BUILD_INFO)
         # Several worker processes (`router.process.workers`): each scrape reads every worker's
         # counters and histograms from the shared files, and this worker's pool gauges
         # (the pool's state is shared, so any worker's picture is the whole one).
@@ -244,6 +260,7 @@ class Metrics:
             self._exposed.register(self._pools)
             self._exposed.register(self._upstreams)
             self._exposed.register(self._kv_events)
+            self._exposed.register(BUILD_INFO)
             # Whichever worker answers a scrape, the series are every worker's, by pid: one
             # worker's own would jump from process to process between scrapes.
             self._exposed.register(WorkerProcesses())
@@ -251,6 +268,12 @@ class Metrics:
             self._exposed.register(PROCESS_COLLECTOR)
         self._exposed.register(PLATFORM_COLLECTOR)
         self.gate = GateMetrics(r)
+
+    def configuration_loaded(self, *, successful: bool) -> None:
+        """The configuration was loaded (at start-up or by a reload), or a reload failed."""
+        self._reload_successful.set(1 if successful else 0)
+        if successful:
+            self._reload_success_time.set_to_current_time()
 
     def request(self, model: str, path: str, rule: str, status: int) -> None:
         self._requests.labels(model, path, rule, str(status)).inc()
@@ -602,6 +625,12 @@ class _KvEventsCollector(Collector):
             "Times a server's KV-event index was cleared as unknown, by reason.",
             labels=["url", "reason"],
         )
+        last_message = GaugeMetricFamily(
+            "pd_gateway_kv_events_last_message_timestamp_seconds",
+            "When a vLLM server's last KV-event message arrived (Unix time; absent before the"
+            " first).",
+            labels=["url"],
+        )
         ignored = CounterMetricFamily(
             "pd_gateway_kv_events_ignored",
             "KV events ignored, by reason (block_size: not the configured block size).",
@@ -611,12 +640,30 @@ class _KvEventsCollector(Collector):
             for name in KV_EVENTS_STATES:
                 state.add_metric([url, name], 1 if server.state == name else 0)
             blocks.add_metric([url], server.size())
+            if server.last_message_at is not None:
+                last_message.add_metric([url], server.last_message_at)
             evictions.add_metric([url], server.evictions)
             for reason, count in server.lost.items():
                 lost.add_metric([url, reason], count)
             for reason, count in server.ignored.items():
                 ignored.add_metric([url, reason], count)
-        yield from (state, blocks, evictions, lost, ignored)
+        yield from (state, blocks, last_message, evictions, lost, ignored)
+
+
+class _BuildInfo(Collector):
+    """`pd_gateway_build_info`: 1, labelled with the release and the Python it runs on."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info = GaugeMetricFamily(
+            "pd_gateway_build_info",
+            "1, labelled with the gateway's version and the Python it runs on.",
+            labels=["version", "python"],
+        )
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+
+
+BUILD_INFO = _BuildInfo()
 
 
 class StreamGaps:

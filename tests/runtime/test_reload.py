@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from router.config import GatewayConfig, parse_config
+from router.config import ConfigError, GatewayConfig, parse_config
 from router.runtime.state import AppState
 from router.selection import Affinity, Load, ServerSet, load_snapshot, scrape_once
 from router.selection.affinity import block_hashes
@@ -88,3 +88,26 @@ async def test_a_server_a_reload_removes_starts_fresh_when_another_adds_it_back(
     await reload(state, config(tmp_path, [A, B, C, D]))
     assert seen(state) == {A: "ejected", B: "healthy", C: "healthy", D: "healthy"}
     assert prefill_set(state).snapshot()[B]["failures"] == 0
+
+
+def reload_gauges(state: AppState) -> tuple[float | None, float | None]:
+    sample = state.metrics.registry.get_sample_value
+    return (
+        sample("pd_gateway_config_last_reload_successful"),
+        sample("pd_gateway_config_last_reload_success_timestamp_seconds"),
+    )
+
+
+async def test_the_reload_gauges_say_whether_the_last_load_succeeded(
+    state: AppState, tmp_path: Path
+) -> None:
+    loaded, at_start = reload_gauges(state)
+    assert loaded == 1 and at_start is not None and at_start > 0
+    broken = config(tmp_path, [A])
+    model = broken.models[0].model_copy(update={"tokenizer": str(tmp_path / "absent.json")})
+    with pytest.raises(ConfigError):
+        await state.reload(broken.model_copy(update={"models": [model]}))
+    assert reload_gauges(state) == (0, at_start)  # the running configuration serves on
+    await reload(state, config(tmp_path, [A, B]))
+    loaded, at_reload = reload_gauges(state)
+    assert loaded == 1 and at_reload is not None and at_reload >= at_start

@@ -13,6 +13,7 @@ import zmq
 import zmq.asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.utils import floatToGoString
 
 from router.config import SelectionConfig
 from router.selection import PrefixAffinity, PrefixIndex
@@ -370,6 +371,10 @@ async def test_a_subscriber_follows_a_publisher_and_notices_it_go() -> None:
         }
         rendered = Metrics().render({}, {}, hub.followed()).decode()
         assert f'pd_gateway_kv_events_state{{state="live",url="{URL}"}} 1.0' in rendered
+        arrived = server.last_message_at
+        assert arrived is not None and abs(arrived - time.time()) < 60
+        freshness = f'pd_gateway_kv_events_last_message_timestamp_seconds{{url="{URL}"}} '
+        assert freshness + floatToGoString(arrived) in rendered
         publisher.close(linger=0)
         await until(lambda: server.state == "unknown", "the lost publisher noticed")
         assert server.lost["disconnected"] == 1 and server.size() == 0

@@ -4,12 +4,14 @@ bounded key label, the reroute kinds, the in-flight gauge and the process collec
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.utils import floatToGoString
 
+import router
 from router.gate import GateSnapshot
 from router.telemetry.access import AccessRecord
 from router.telemetry.metrics import (
@@ -132,6 +134,8 @@ def test_the_process_and_platform_series_are_exposed(metrics: Metrics) -> None:
     assert "\nprocess_cpu_seconds_total " in text
     assert "\nprocess_resident_memory_bytes " in text
     assert "python_info{" in text
+    version = f'version="{router.__version__}"'
+    assert f'pd_gateway_build_info{{python="{platform.python_version()}",{version}}} 1.0' in text
 
 
 def test_every_worker_s_process_series_are_labelled_with_its_pid() -> None:
