@@ -103,6 +103,7 @@ def alert_test(series: str, values: list[float], *, fires_at: str, quiet_at: str
     `quiet_at` and firing for gw-0 at `fires_at` (labels checked, annotations too)."""
     rule = next(r for r in alert_rules() if r["alert"] == "PdGatewayRedisUnreachable")
     annotations = {
+        "runbook_url": rule["annotations"]["runbook_url"],
         "summary": rule["annotations"]["summary"].replace("{{ $labels.instance }}", "gw-0"),
         "description": rule["annotations"]["description"],
     }

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from router.gate import GateSnapshot
 from router.telemetry.metrics import Metrics
-from tests.deploy.render import KUSTOMIZE
+from tests.deploy.render import KUSTOMIZE, render
 
 MONITORING = KUSTOMIZE / "components" / "monitoring"
 DASHBOARD = MONITORING / "pd-gateway-dashboard.json"
@@ -22,6 +24,11 @@ SUFFIXES = {
     "histogram": ("_bucket", "_count", "_sum"),
     "gauge": ("",),
 }
+
+
+SCRAPED = 'up{job="pd-gateway"}'
+"""Prometheus's own series of the gateway's targets (the ServiceMonitor's job)."""
+RUNBOOKS = Path(__file__).parents[2] / "docs" / "runbooks.md"
 
 
 def exported() -> set[str]:
@@ -54,7 +61,7 @@ def test_every_query_names_an_exported_metric() -> None:
     queries = dashboard_queries() + [r["expr"] for r in alert_rules()]
     for expr in queries:
         used = metric_names(expr)
-        assert used, f"no gateway metric in {expr!r}"
+        assert used or SCRAPED in expr, f"no gateway metric in {expr!r}"
         assert used <= names, (expr, used - names)
 
 
@@ -91,3 +98,24 @@ def test_the_alerts() -> None:
     for rule in rules.values():
         assert rule["labels"]["severity"] in ("warning", "critical")
         assert rule["annotations"]["summary"]
+
+
+def test_every_alert_leads_to_its_runbook() -> None:
+    headings = set(re.findall(r"^## (\w+)$", RUNBOOKS.read_text(encoding="utf-8"), re.MULTILINE))
+    alerts = {rule["alert"]: rule for rule in alert_rules()}
+    assert set(alerts) == headings  # a section per alert, none for an alert that is gone
+    for name, rule in alerts.items():
+        assert rule["annotations"]["runbook_url"] == f"docs/runbooks.md#{name.lower()}"
+
+
+@pytest.mark.e2e  # kustomize runs as a process
+def test_an_installation_names_where_its_runbooks_are() -> None:
+    docs = render(KUSTOMIZE / "overlays" / "example")
+    [rules] = [d for d in docs if d["kind"] == "PrometheusRule"]
+    urls = [r["annotations"]["runbook_url"] for g in rules["spec"]["groups"] for r in g["rules"]]
+    assert len(urls) == len(alert_rules())
+    local = yaml.safe_load((KUSTOMIZE / "overlays" / "example" / "runbooks.yaml").read_text())
+    base = local["data"]["url"]
+    assert base.startswith("https://")
+    assert urls == [f"{base}#{r['alert'].lower()}" for r in alert_rules()]
+    assert not [d for d in docs if d["metadata"]["name"] == "pd-gateway-runbooks"]  # not applied
