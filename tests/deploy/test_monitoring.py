@@ -85,6 +85,13 @@ def test_the_dashboard_covers_what_an_operator_watches() -> None:
         "pd_gateway_gate_lease_renewal_failures_total",
         "pd_gateway_gate_redis_round_trip_seconds_bucket",
         "pd_gateway_node_flushes_total",
+        "pd_gateway_upstream_server_state",
+        "pd_gateway_upstream_ejections_total",
+        "pd_gateway_upstream_requests_waiting",
+        "pd_gateway_upstream_requests_running",
+        "pd_gateway_upstream_kv_cache_usage",
+        "pd_gateway_kv_events_last_message_timestamp_seconds",
+        "pd_gateway_kv_events_state",
     } <= used
     titles = [p["title"] for p in json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"]]
     assert len(titles) == len(set(titles))
