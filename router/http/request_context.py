@@ -18,7 +18,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from router.openai.endpoints import ENDPOINTS
+from router.openai.endpoints import ENDPOINTS, endpoint_at
 from router.serving.base import new_request_id
 from router.telemetry.access import AccessRecord
 from router.telemetry.logs import request_id
@@ -120,7 +120,11 @@ def _measure(scope: Scope, record: AccessRecord) -> None:
 def _count(scope: Scope, record: AccessRecord) -> None:
     metrics: Metrics | None = getattr(getattr(scope["app"].state, "gateway", None), "metrics", None)
     if metrics is not None and record.status is not None:
-        metrics.request(record.model or "", record.path or "", record.rule or "", record.status)
+        spec = endpoint_at(scope["path"])
+        endpoint = spec.name if spec is not None else "other"
+        metrics.request(
+            record.model or "", endpoint, record.path or "", record.rule or "", record.status
+        )
 
 
 def _read_decision(record: AccessRecord, message: Message) -> None:

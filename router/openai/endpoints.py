@@ -81,6 +81,11 @@ ENDPOINTS: Mapping[Endpoint, EndpointSpec] = MappingProxyType(
 )
 
 
+def endpoint_at(path: str) -> EndpointSpec | None:
+    """The endpoint served at `path`, if any."""
+    return _ENDPOINT_OF_PATH.get(path)
+
+
 def endpoint_meant(path: str) -> EndpointSpec | None:
     """The endpoint a client probably meant by a path that is not one: the table's path
     without its `/v1` (a base URL lacking it), with `/v1` twice, or with a trailing slash."""

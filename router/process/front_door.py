@@ -29,7 +29,7 @@ import logging
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -95,18 +95,42 @@ def connection_limit(configured: int, fd_limit: int) -> int:
     return usable
 
 
+class OpenCount(Protocol):
+    """What counts the open connections (a gauge)."""
+
+    def inc(self) -> None: ...
+
+    def dec(self) -> None: ...
+
+
+class _Uncounted:
+    def inc(self) -> None:
+        pass
+
+    def dec(self) -> None:
+        pass
+
+
 def protocol_class(
-    limits: FrontDoorLimits, on_refused: Callable[[RefusalReason], None] = lambda _: None
+    limits: FrontDoorLimits,
+    on_refused: Callable[[RefusalReason], None] = lambda _: None,
+    open_connections: OpenCount | None = None,
 ) -> type[FrontDoorProtocol]:
-    """The protocol class for uvicorn's `http` option, bound to `limits` and told of each
-    refusal through `on_refused`."""
-    attributes = {"limits": limits, "on_refused": staticmethod(on_refused)}
+    """The protocol class for uvicorn's `http` option, bound to `limits`, told of each
+    refusal through `on_refused` and of each connection opened and closed through
+    `open_connections`."""
+    attributes = {
+        "limits": limits,
+        "on_refused": staticmethod(on_refused),
+        "open_connections": open_connections or _Uncounted(),
+    }
     return type("BoundFrontDoorProtocol", (FrontDoorProtocol,), attributes)
 
 
 class FrontDoorProtocol(HttpToolsProtocol):
     limits: FrontDoorLimits
     on_refused: Callable[[RefusalReason], None]
+    open_connections: OpenCount
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -116,6 +140,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._overflow = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.open_connections.inc()  # connection_lost follows every connection_made
         super().connection_made(transport)
         self._writes = HeadHold(transport, self.loop)
         self.transport = cast(asyncio.Transport, self._writes)
@@ -131,6 +156,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.open_connections.dec()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

@@ -187,7 +187,9 @@ def _serve_on(
     uv_config = uvicorn.Config(
         app,
         loop="uvloop",
-        http=protocol_class(limits, app.state.metrics.connection_refused),
+        http=protocol_class(
+            limits, app.state.metrics.connection_refused, app.state.metrics.client_connections
+        ),
         log_level=log_level,
         log_config=None,  # uvicorn's records go through our handler and format
         access_log=False,  # ours is richer: RequestContext

@@ -52,6 +52,8 @@ PREDICTION_ERROR_BUCKETS = (
 )
 """Signed: actual minus predicted, early and late alike."""
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
 
 class Metrics:
@@ -61,8 +63,9 @@ class Metrics:
         r = self.registry
         self._requests = Counter(
             "pd_gateway_requests",
-            "Answered requests by model, path, rule and HTTP status.",
-            ["model", "path", "rule", "status"],
+            "Answered requests by model, endpoint (chat, completions, responses; other for"
+            " the rest), path, rule and HTTP status.",
+            ["model", "endpoint", "path", "rule", "status"],
             registry=r,
         )
         self._unsupported = Counter(
@@ -229,6 +232,36 @@ class Metrics:
             ["model", "server", "verdict"],
             registry=r,
         )
+        self._stages = Histogram(
+            "pd_gateway_stage_seconds",
+            "Where an answered request's time went, by stage: `queue` (waiting for a TileRT"
+            " slot), `prefill` (the prefill leg), `first_token` (from the prefill's end, or"
+            " the start when there is none, to the first token: the KV transfer and the first"
+            " decode step), `decode` (the first token to the answer's end).",
+            ["model", "path", "stage"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        self._request_prompt_tokens = Histogram(
+            "pd_gateway_request_prompt_tokens",
+            "Prompt tokens of each answered request.",
+            ["model", "path"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self._request_completion_tokens = Histogram(
+            "pd_gateway_request_completion_tokens",
+            "Completion tokens of each answered request.",
+            ["model", "path"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self._client_connections = Gauge(
+            "pd_gateway_client_connections",
+            "Client connections open (every worker's together).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self._reload_successful = Gauge(
             "pd_gateway_config_last_reload_successful",
             "1 if the configuration's last load (at start-up, or a reload) succeeded; 0 if"
@@ -275,8 +308,8 @@ class Metrics:
         if successful:
             self._reload_success_time.set_to_current_time()
 
-    def request(self, model: str, path: str, rule: str, status: int) -> None:
-        self._requests.labels(model, path, rule, str(status)).inc()
+    def request(self, model: str, endpoint: str, path: str, rule: str, status: int) -> None:
+        self._requests.labels(model, endpoint, path, rule, str(status)).inc()
 
     def prefill_input(self, model: str, kind: str) -> None:
         self._prefill_inputs.labels(model, kind).inc()
@@ -316,8 +349,12 @@ class Metrics:
             self._duration.labels(model, path, finish).observe(record.duration_ms / 1e3)
         if record.prompt_tokens:
             self._prompt_tokens.labels(model, path, key).inc(record.prompt_tokens)
+            self._request_prompt_tokens.labels(model, path).observe(record.prompt_tokens)
         if record.completion_tokens:
             self._completion_tokens.labels(model, path, key).inc(record.completion_tokens)
+            self._request_completion_tokens.labels(model, path).observe(record.completion_tokens)
+        for stage, seconds in stages(record):
+            self._stages.labels(model, path, stage).observe(seconds)
         if record.native_way is not None:
             reason = record.native_way_reason or ""
             self._native_ways.labels(model, record.native_way, reason).inc()
@@ -325,6 +362,11 @@ class Metrics:
     def in_flight(self, path: str) -> Gauge:
         """The gauge of the requests in flight on `path`, for the response to raise and lower."""
         return self._in_flight.labels(path)
+
+    @property
+    def client_connections(self) -> Gauge:
+        """The open client connections (the front door counts them up and down)."""
+        return self._client_connections
 
     def connection_refused(self, reason: str) -> None:
         self._connections_refused.labels(reason).inc()
@@ -648,6 +690,22 @@ class _KvEventsCollector(Collector):
             for reason, count in server.ignored.items():
                 ignored.add_metric([url, reason], count)
         yield from (state, blocks, last_message, evictions, lost, ignored)
+
+
+def stages(record: AccessRecord) -> Iterator[tuple[str, float]]:
+    """The stages of an answered request its record times, in seconds: the queue and the
+    prefill where they happened, the first token after them, the decode after it."""
+    queue_ms, prefill_ms = record.queue_wait_ms, record.prefill_ms
+    if queue_ms is not None:
+        yield "queue", queue_ms / 1e3
+    if prefill_ms is not None:
+        yield "prefill", prefill_ms / 1e3
+    if record.ttft_ms is None:
+        return
+    before_ms = (queue_ms or 0.0) + (prefill_ms or 0.0)
+    yield "first_token", max(record.ttft_ms - before_ms, 0.0) / 1e3
+    if record.duration_ms is not None:
+        yield "decode", max(record.duration_ms - record.ttft_ms, 0.0) / 1e3
 
 
 class _BuildInfo(Collector):

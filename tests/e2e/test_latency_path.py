@@ -505,7 +505,7 @@ def metric(gateway: GatewayProcess, name: str, **labels: str) -> float:
 def test_metrics_count_requests_latencies_errors_and_cancellations(
     gateway: GatewayProcess, stack: SimStack, client: openai.OpenAI
 ) -> None:
-    ok = {"model": "ds", "path": "latency", "rule": "default", "status": "200"}
+    ok = {"model": "ds", "endpoint": "chat", "path": "latency", "rule": "default", "status": "200"}
     before = {
         "ok": metric(gateway, "pd_gateway_requests_total", **ok),
         "ttft": metric(gateway, "pd_gateway_ttft_seconds_count", model="ds", path="latency"),

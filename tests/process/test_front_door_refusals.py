@@ -11,7 +11,7 @@ import pytest
 
 from router.process.front_door import OVERFLOW_RESERVE, FrontDoorLimits, protocol_class
 from router.telemetry.metrics import Metrics
-from tests.process.support import serving
+from tests.process.support import serving, wait_until
 
 LIMITS = FrontDoorLimits(
     first_request_timeout_s=0.3, head_timeout_s=0.3, body_timeout_s=0.3, max_connections=2
@@ -96,3 +96,32 @@ async def test_connections_over_the_bound_are_counted_answered_or_not() -> None:
         for _, writer in held:
             writer.close()
     assert refused(metrics) == {"max_connections": 1.0, "overflow_reserve": 1.0}
+
+
+def open_connections(metrics: Metrics) -> float | None:
+    return metrics.registry.get_sample_value("pd_gateway_client_connections")
+
+
+async def test_open_connections_are_counted_up_and_down_refused_ones_too() -> None:
+    metrics = Metrics()
+    holding = replace(LIMITS, first_request_timeout_s=60)
+    protocol = protocol_class(holding, metrics.connection_refused, metrics.client_connections)
+    async with serving(app, protocol) as port:
+        assert open_connections(metrics) == 0
+        held = [
+            await asyncio.open_connection("127.0.0.1", port) for _ in range(LIMITS.max_connections)
+        ]
+        await wait_until(
+            lambda: open_connections(metrics) == LIMITS.max_connections,
+            deadline_s=10,
+            what="the held connections counted",
+        )
+        # Over the bound: answered 503 and closed, counted while open.
+        answer = await answer_to(port, b"GET /models HTTP/1.1\r\nhost: gw\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503 ")
+        for _, writer in held:
+            writer.close()
+        await wait_until(
+            lambda: open_connections(metrics) == 0, deadline_s=10, what="every connection closed"
+        )
+    assert refused(metrics) == {"max_connections": 1.0}

@@ -55,6 +55,55 @@ def test_an_answered_request_counts_its_tokens_and_duration_by_path_and_key(
     assert sample(metrics, "pd_gateway_prompt_tokens_total", model="m", path="latency") == 0
 
 
+def test_an_answered_request_is_timed_by_stage_and_its_tokens_histogrammed(
+    metrics: Metrics,
+) -> None:
+    record = AccessRecord("r", model="m", path="latency", prompt_tokens=300)
+    record.queue_wait_ms, record.prefill_ms, record.ttft_ms = 20.0, 80.0, 130.0
+    record.duration_ms, record.completion_tokens = 1130.0, 40
+    metrics.answered(record, UNKNOWN_KEY)
+
+    def stage(name: str) -> float:
+        return sample(
+            metrics, "pd_gateway_stage_seconds_sum", model="m", path="latency", stage=name
+        )
+
+    assert stage("queue") == pytest.approx(0.02)
+    assert stage("prefill") == pytest.approx(0.08)
+    assert stage("first_token") == pytest.approx(0.03)  # after the queue and the prefill
+    assert stage("decode") == pytest.approx(1.0)
+    tokens = {"model": "m", "path": "latency"}
+    assert sample(metrics, "pd_gateway_request_prompt_tokens_bucket", le="256.0", **tokens) == 0
+    assert sample(metrics, "pd_gateway_request_prompt_tokens_bucket", le="1024.0", **tokens) == 1
+    assert sample(metrics, "pd_gateway_request_completion_tokens_bucket", le="64.0", **tokens) == 1
+    assert sample(metrics, "pd_gateway_request_completion_tokens_sum", **tokens) == 40
+
+
+def test_stages_a_request_did_not_go_through_are_not_observed(metrics: Metrics) -> None:
+    native = AccessRecord("r", model="m", path="throughput", ttft_ms=50.0, duration_ms=60.0)
+    metrics.answered(native, UNKNOWN_KEY)
+    failed = AccessRecord("f", model="m", path="latency", queue_wait_ms=5.0)  # no first token
+    metrics.answered(failed, UNKNOWN_KEY)
+    observed = {
+        (sample.labels["path"], sample.labels["stage"])
+        for family in metrics.registry.collect()
+        if family.name == "pd_gateway_stage_seconds"
+        for sample in family.samples
+        if sample.name.endswith("_count")
+    }
+    assert observed == {
+        ("throughput", "first_token"),
+        ("throughput", "decode"),
+        ("latency", "queue"),
+    }
+
+
+def test_requests_are_counted_by_endpoint(metrics: Metrics) -> None:
+    metrics.request("m", "responses", "latency", "r", 200)
+    counted = {"model": "m", "endpoint": "responses", "path": "latency", "rule": "r"}
+    assert sample(metrics, "pd_gateway_requests_total", status="200", **counted) == 1
+
+
 def test_a_cut_answer_is_timed_without_a_finish_reason_and_counts_no_tokens(
     metrics: Metrics,
 ) -> None:
