@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import platform
 from bisect import bisect_left
+from dataclasses import dataclass
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -276,6 +277,7 @@ class Metrics:
             multiprocess_mode="livemin",
         )
         self._token_gap_children: dict[tuple[str, str], Any] = {}
+        self._answered_children: dict[tuple[str, str], _AnsweredChildren] = {}
         self._pools = _PoolCollector()
         r.register(self._pools)
         self._upstreams = _UpstreamCollector()
@@ -347,14 +349,21 @@ class Metrics:
         if record.duration_ms is not None:
             finish = record.finish_reason or ""
             self._duration.labels(model, path, finish).observe(record.duration_ms / 1e3)
+        children = self._answered_children.get((model, path))
+        if children is None:
+            children = self._answered_children[model, path] = _AnsweredChildren(
+                prompt=self._request_prompt_tokens.labels(model, path),
+                completion=self._request_completion_tokens.labels(model, path),
+                stages={stage: self._stages.labels(model, path, stage) for stage in STAGES},
+            )
         if record.prompt_tokens:
             self._prompt_tokens.labels(model, path, key).inc(record.prompt_tokens)
-            self._request_prompt_tokens.labels(model, path).observe(record.prompt_tokens)
+            children.prompt.observe(record.prompt_tokens)
         if record.completion_tokens:
             self._completion_tokens.labels(model, path, key).inc(record.completion_tokens)
-            self._request_completion_tokens.labels(model, path).observe(record.completion_tokens)
+            children.completion.observe(record.completion_tokens)
         for stage, seconds in stages(record):
-            self._stages.labels(model, path, stage).observe(seconds)
+            children.stages[stage].observe(seconds)
         if record.native_way is not None:
             reason = record.native_way_reason or ""
             self._native_ways.labels(model, record.native_way, reason).inc()
@@ -690,6 +699,19 @@ class _KvEventsCollector(Collector):
             for reason, count in server.ignored.items():
                 ignored.add_metric([url, reason], count)
         yield from (state, blocks, last_message, evictions, lost, ignored)
+
+
+STAGES = ("queue", "prefill", "first_token", "decode")
+
+
+@dataclass(frozen=True, slots=True)
+class _AnsweredChildren:
+    """The histograms an answered request of one model and path is observed into, labelled
+    once (a label lookup costs more than the observation)."""
+
+    prompt: Any
+    completion: Any
+    stages: dict[str, Any]
 
 
 def stages(record: AccessRecord) -> Iterator[tuple[str, float]]:
