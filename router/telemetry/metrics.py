@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import platform
 from bisect import bisect_left
-from dataclasses import dataclass
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
@@ -354,7 +354,7 @@ class Metrics:
             children = self._answered_children[model, path] = _AnsweredChildren(
                 prompt=self._request_prompt_tokens.labels(model, path),
                 completion=self._request_completion_tokens.labels(model, path),
-                stages={stage: self._stages.labels(model, path, stage) for stage in STAGES},
+                stages={},
             )
         if record.prompt_tokens:
             self._prompt_tokens.labels(model, path, key).inc(record.prompt_tokens)
@@ -363,7 +363,10 @@ class Metrics:
             self._completion_tokens.labels(model, path, key).inc(record.completion_tokens)
             children.completion.observe(record.completion_tokens)
         for stage, seconds in stages(record):
-            children.stages[stage].observe(seconds)
+            child = children.stages.get(stage)
+            if child is None:  # only the stages the path goes through are shown
+                child = children.stages[stage] = self._stages.labels(model, path, stage)
+            child.observe(seconds)
         if record.native_way is not None:
             reason = record.native_way_reason or ""
             self._native_ways.labels(model, record.native_way, reason).inc()
@@ -701,9 +704,6 @@ class _KvEventsCollector(Collector):
         yield from (state, blocks, last_message, evictions, lost, ignored)
 
 
-STAGES = ("queue", "prefill", "first_token", "decode")
-
-
 @dataclass(frozen=True, slots=True)
 class _AnsweredChildren:
     """The histograms an answered request of one model and path is observed into, labelled
@@ -712,6 +712,7 @@ class _AnsweredChildren:
     prompt: Any
     completion: Any
     stages: dict[str, Any]
+    """By stage, labelled when the first request goes through it."""
 
 
 def stages(record: AccessRecord) -> Iterator[tuple[str, float]]:
