@@ -31,11 +31,13 @@ Install = Callable[[list[str]], Path]
 
 
 def image_sources() -> list[str]:
-    """What the Dockerfile copies into the image before `pip install .`."""
+    """What the Dockerfile copies into the folder it builds the wheel in (not the locks,
+    copied elsewhere, nor what a stage takes from another)."""
     sources = []
     for line in (ROOT / "deploy" / "Dockerfile").read_text(encoding="utf-8").splitlines():
-        if line.startswith("COPY "):
-            sources += line.split()[1:-1]
+        words = line.split()
+        if words[:1] == ["COPY"] and "--from=" not in line and not words[-1].startswith("/"):
+            sources += words[1:-1]
     return sources
 
 

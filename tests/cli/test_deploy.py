@@ -13,7 +13,7 @@ import yaml
 from router.config import GatewayConfig, load_config, parse_config
 from router.process.server import CUT_GRACE_S
 from tests.deploy.render import (
-    DEPLOY,
+    BASE,
     INSTALLATIONS,
     KUSTOMIZE,
     Doc,
@@ -59,7 +59,7 @@ def test_the_kustomizations_are_the_expected_ones() -> None:
 def test_every_object_is_named_and_namespaced_alike(kustomization: Path) -> None:
     docs = render(kustomization)
     assert docs
-    namespaces = {d["metadata"].get("namespace") for d in docs}
+    namespaces = {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"}
     assert len(namespaces) == 1, namespaces
     for doc in docs:
         assert {"apiVersion", "kind", "metadata"} <= doc.keys()
@@ -207,11 +207,19 @@ def test_gateway_reaches_the_shipped_redis_with_the_shared_secret(kustomization:
     assert config.gate.redis is not None
     redis_config = config.gate.redis
     service = find(docs, "Service", "pd-gateway-redis")
-    (port,) = service["spec"]["ports"]
-    host_port = redis_config.url.partition("://")[2].split("/")[0]
-    assert host_port == f"{service['metadata']['name']}:{port['port']}"
+    redis = find(docs, "StatefulSet", "pd-gateway-redis")
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    # The gate asks every member's sentinel, by the names the headless Service gives them.
+    members = [f"pd-gateway-redis-{i}.pd-gateway-redis" for i in range(redis["spec"]["replicas"])]
+    sentinels = ",".join(f"{member}:{ports['sentinel']}" for member in members)
+    assert redis_config.url == f"redis+sentinel://{sentinels}/pdgw"
+    assert redis["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"
+    env = {e["name"]: e for e in container(redis)["env"]}
+    assert env["PEERS"]["value"].split() == members
+    assert env["MASTER_NAME"]["value"] == "pdgw"
     assert not redis_config.url_has_password and redis_config.password is None
-    # The password file lies in the mounted Secret that the Redis pod reads too.
+    # The password file lies in the mounted Secret that the Redis pods read too.
     pod = pod_spec(docs)
     (mount,) = [
         m
@@ -221,26 +229,43 @@ def test_gateway_reaches_the_shipped_redis_with_the_shared_secret(kustomization:
     ]
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     secret, key = volume["secret"]["secretName"], redis_config.password_file.rsplit("/", 1)[1]
-    redis = find(docs, "Deployment", "pd-gateway-redis")
-    env = {e["name"]: e for e in container(redis)["env"]}
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key}
     assert service["spec"]["selector"] == redis["spec"]["selector"]["matchLabels"]
     policy = find(docs, "NetworkPolicy", "pd-gateway-redis")
     (rule,) = policy["spec"]["ingress"]
-    (source,) = rule["from"]
     template = find(docs, "Deployment", "pd-gateway")["spec"]["template"]
-    assert source["podSelector"]["matchLabels"] == template["metadata"]["labels"]
+    admitted = [source["podSelector"]["matchLabels"] for source in rule["from"]]
+    assert admitted == [template["metadata"]["labels"], redis["spec"]["selector"]["matchLabels"]]
+    assert {p["port"] for p in rule["ports"]} == set(ports.values())
 
 
 @install
-def test_redis_is_one_instance_that_never_evicts_a_lease(kustomization: Path) -> None:
-    redis = find(render(kustomization), "Deployment", "pd-gateway-redis")
-    assert redis["spec"]["replicas"] == 1
-    assert redis["spec"]["strategy"]["type"] == "Recreate"  # never two instances at once
-    script = " ".join(container(redis)["args"])
-    assert "--maxmemory-policy noeviction" in script
-    assert "--save ''" in script and "--appendonly no" in script
-    assert "$REDIS_PASSWORD" in script and "requirepass" in script
+def test_redis_is_three_members_with_sentinels_volumes_and_a_disruption_budget(
+    kustomization: Path,
+) -> None:
+    docs = render(kustomization)
+    redis = find(docs, "StatefulSet", "pd-gateway-redis")
+    assert redis["spec"]["replicas"] == 3  # a sentinel quorum of 2 survives one member lost
+    pod = redis["spec"]["template"]["spec"]
+    commands = {c["name"]: c["command"] for c in pod["containers"]}
+    envs = {c["name"]: {e["name"]: e for e in c["env"]} for c in pod["containers"]}
+    # The same member, but a sentinel takes no password: redis-cli must offer none to it.
+    assert envs["sentinel"] == {k: v for k, v in envs["redis"].items() if k != "REDISCLI_AUTH"}
+    assert commands == {
+        "redis": ["sh", "/scripts/redis-member.sh", "redis"],
+        "sentinel": ["sh", "/scripts/redis-member.sh", "sentinel"],
+    }
+    (scripts,) = [v for v in pod["volumes"] if v["name"] == "scripts"]
+    generated = find_prefix(docs, "ConfigMap", "pd-gateway-redis-scripts")
+    assert scripts["configMap"]["name"] == generated["metadata"]["name"]
+    script = generated["data"]["redis-member.sh"]
+    assert script == (BASE / "redis-member.sh").read_text(encoding="utf-8")
+    assert "--maxmemory-policy noeviction" in script and "--appendonly yes" in script
+    (claim,) = redis["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data"
+    budget = find(docs, "PodDisruptionBudget", "pd-gateway-redis")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"] == redis["spec"]["selector"]
 
 
 @install
@@ -272,19 +297,3 @@ def test_the_ingress_streams() -> None:
     (rule,) = ingress["spec"]["rules"]
     (path,) = rule["http"]["paths"]
     assert path["backend"]["service"]["name"] == "pd-gateway"
-
-
-def test_dockerfile() -> None:
-    lines = [
-        line.strip()
-        for line in (DEPLOY / "Dockerfile").read_text(encoding="utf-8").splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
-    assert lines[0] == "FROM python:3.13-slim"  # the newer Python the suite runs on
-    assert any(line.startswith("RUN pip install .") for line in lines)
-    users = [line.split()[1] for line in lines if line.startswith("USER ")]
-    assert users and not users[-1].startswith(("0", "root"))
-    assert lines[-2:] == [
-        'ENTRYPOINT ["pd-gateway"]',
-        'CMD ["serve", "--config", "/etc/pd-gateway/router.yaml"]',
-    ]

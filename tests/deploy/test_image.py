@@ -147,6 +147,11 @@ def test_the_final_stage_is_the_environment_a_user_a_label_set_and_a_health_chec
     assert check.endswith(f'CMD ["pd-gateway", "health", "--config", "{CONFIG}"]')
     [command] = [s.arguments for s in final if s.keyword == "CMD"]
     assert CONFIG in command  # the health check asks the configuration the gateway runs
+    # Exec form: the gateway is PID 1 and gets SIGTERM itself (graceful shutdown).
+    assert [(s.keyword, s.arguments) for s in final[-2:]] == [
+        ("ENTRYPOINT", '["pd-gateway"]'),
+        ("CMD", f'["serve", "--config", "{CONFIG}"]'),
+    ]
 
 
 def test_the_build_context_is_what_the_image_copies_and_nothing_else() -> None:
