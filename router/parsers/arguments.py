@@ -1,31 +1,60 @@
-"""Type tool-call argument values by the request's JSON schemas.
+"""Type tool-call argument values by the request's JSON schemas, as vLLM 0.32 does.
 
-Models write string arguments raw and everything else as JSON, so a raw value is
-converted by the schema of its key: the first type of the schema (or of a union via a
-`type` list, `anyOf` or `oneOf`) that the text converts to wins; objects and arrays are
-converted further by their own nested schemas.
+Models write string arguments raw and most others as JSON, so a value is typed by the
+schema of its key. The schema's types (its `type`, types inferred from `enum`, and those
+of `anyOf`/`oneOf`/`allOf` branches) are tried in a fixed order, whatever order the
+schema lists them in: null, integer, number, boolean, object, array, string. Text that
+fits none of them is taken as JSON if it is JSON, else as it is. `coerce` types text
+(GLM's values); `conform` re-types a value already parsed (DeepSeek's), going into
+objects and arrays by their `properties` and `items`. No result is ever a non-finite
+number: those would make the arguments invalid JSON.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-# Returned by `coerce` when the text fits none of the schema's types.
+# Returned by `parse_json` for text that is not (finite) JSON.
 NO_FIT: Any = object()
 
-_INTEGER = re.compile(r"-?\d+")
+_ORDER = ("null", "integer", "number", "boolean", "object", "array", "string")
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
-_JSON_TYPES: dict[type, str] = {
-    str: "string",
+# Type names some tool schemas use for the JSON Schema ones (vLLM reads them alike).
+_ALIASES = {
+    "str": "string",
+    "text": "string",
+    "varchar": "string",
+    "char": "string",
+    "enum": "string",
+    "int": "integer",
+    "int32": "integer",
+    "int64": "integer",
+    "uint": "integer",
+    "uint32": "integer",
+    "uint64": "integer",
+    "long": "integer",
+    "short": "integer",
+    "unsigned": "integer",
+    "float": "number",
+    "float32": "number",
+    "float64": "number",
+    "double": "number",
+    "bool": "boolean",
+    "dict": "object",
+    "arr": "array",
+    "list": "array",
+    "sequence": "array",
+}
+_ENUM_TYPES: dict[type, str] = {
     bool: "boolean",
     int: "integer",
     float: "number",
-    dict: "object",
+    str: "string",
     list: "array",
+    dict: "object",
     type(None): "null",
 }
 
@@ -49,163 +78,125 @@ class ToolSchemas:
     def __contains__(self, name: object) -> bool:
         return name in self._params
 
+    def properties(self, tool: str) -> Mapping[str, Any]:
+        """The argument schemas of `tool` by key (empty when it declares none)."""
+        props = self._params.get(tool, {}).get("properties")
+        return props if isinstance(props, Mapping) else {}
+
     def property(self, tool: str, key: str) -> Mapping[str, Any] | None:
         """The schema of argument `key` of `tool`, or None if the schema lacks it."""
-        props = self._params.get(tool, {}).get("properties")
-        if not isinstance(props, Mapping):
-            return None
-        schema = props.get(key)
+        schema = self.properties(tool).get(key)
         return schema if isinstance(schema, Mapping) else None
 
 
 def coerce(raw: str, schema: Mapping[str, Any]) -> Any:
-    """Convert raw text to the first type of `schema` it fits, or return `NO_FIT`."""
-    for option in _options(schema):
-        value = _convert(raw, option)
-        if value is not NO_FIT:
-            return value
-    return NO_FIT
+    """The value of argument text `raw` under `schema` (see the module docstring)."""
+    return _coerce_text(raw, schema_types(schema))
 
 
 def conform(value: Any, schema: Mapping[str, Any]) -> Any:
-    """Fit an already-parsed JSON value to `schema`, converting strings inside it.
-
-    Used for nested objects and arrays, and for DeepSeek values written as JSON.
-    """
+    """Re-type a parsed JSON value by `schema`: text is typed as by `coerce`, objects and
+    arrays are gone into, and a number, boolean or null becomes what its JSON text types
+    as (`1` under a boolean schema is `true`, `true` under a string schema is `"true"`)."""
     if isinstance(value, str):
-        typed = coerce(value, schema)
-        return value if typed is NO_FIT else typed
-    for option in _options(schema):
-        expected = option.get("type")
-        if expected is not None and _JSON_TYPES.get(type(value)) not in _widen(expected):
-            continue
-        if isinstance(value, dict):
-            return _conform_object(value, option)
-        if isinstance(value, list):
-            return _conform_array(value, option)
-        return value
-    return value
+        return coerce(value, schema)
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        if not isinstance(props, Mapping):
+            return value
+        return {
+            key: conform(item, props[key]) if isinstance(props.get(key), Mapping) else item
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        items = schema.get("items")
+        return [conform(item, items) for item in value] if isinstance(items, Mapping) else value
+    typed = coerce(json.dumps(value), schema)
+    return typed if type(typed) is not type(value) or typed != value else value
 
 
-def _options(schema: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The alternatives of a schema in order, one JSON type each."""
-    for union in ("anyOf", "oneOf"):
-        branches = schema.get(union)
-        if isinstance(branches, list):
-            return [
-                option
-                for branch in branches
-                if isinstance(branch, Mapping)
-                for option in _options(branch)
-            ]
+def schema_types(schema: Any) -> frozenset[str]:
+    """The JSON types a schema allows; `string` when it says nothing about types."""
+    if not isinstance(schema, Mapping):
+        return frozenset({"string"})
+    found: set[str] = set()
     kind = schema.get("type")
     if isinstance(kind, str):
-        return [schema]
-    if isinstance(kind, list):
-        return [{**schema, "type": t} for t in kind if isinstance(t, str)]
-    inferred = _enum_types(schema)
-    return [{**schema, "type": t} for t in inferred]
-
-
-def _enum_types(schema: Mapping[str, Any]) -> list[str]:
-    # A schema without "type" may still pin its values through enum/const.
+        found.add(kind)
+    elif isinstance(kind, list):
+        found.update(t for t in kind if isinstance(t, str))
     values = schema.get("enum")
-    if not isinstance(values, list):
-        values = [schema["const"]] if "const" in schema else []
-    kinds: list[str] = []
-    for value in values:
-        kind = _JSON_TYPES.get(type(value))
-        if kind is not None and kind not in kinds:
-            kinds.append(kind)
-    return kinds
+    if isinstance(values, list):
+        found.update(_ENUM_TYPES[type(v)] for v in values if type(v) in _ENUM_TYPES)
+    for union in ("anyOf", "oneOf", "allOf"):
+        branches = schema.get(union)
+        if isinstance(branches, list):
+            for branch in branches:
+                found |= schema_types(branch)
+    if not found:
+        return frozenset({"string"})
+    return frozenset(_ALIASES.get(t.strip().lower(), t.strip().lower()) for t in found)
 
 
-def _widen(expected: str) -> tuple[str, ...]:
-    # JSON integers are numbers too.
-    return ("integer", "number") if expected == "number" else (expected,)
-
-
-def _convert(raw: str, option: Mapping[str, Any]) -> Any:
-    kind = option.get("type")
-    convert = _CONVERTERS.get(kind) if isinstance(kind, str) else None
-    return NO_FIT if convert is None else convert(raw, option)
-
-
-def _to_string(raw: str, _: Mapping[str, Any]) -> Any:
-    return raw
-
-
-def _to_integer(raw: str, _: Mapping[str, Any]) -> Any:
-    text = raw.strip()
-    if not _INTEGER.fullmatch(text):
-        return NO_FIT
-    try:
-        return int(text)
-    except ValueError:  # beyond the interpreter's integer digit limit
-        return NO_FIT
-
-
-def _to_number(raw: str, _: Mapping[str, Any]) -> Any:
+def _coerce_text(raw: str, types: frozenset[str]) -> Any:
+    for kind in _ORDER:
+        if kind not in types:
+            continue
+        if kind == "string":
+            return raw
+        value = _CONVERTERS[kind](raw)
+        if value is not NO_FIT:
+            return value
     value = parse_json(raw)
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    return raw if value is NO_FIT else value
+
+
+def _to_null(raw: str) -> Any:
+    return None if raw.lower() == "null" else NO_FIT
+
+
+def _to_integer(raw: str) -> Any:
+    try:
+        return int(raw)  # Python's own reading: signs, spaces, `_` separators
+    except ValueError:
         return NO_FIT
-    return value if isinstance(value, int) or math.isfinite(value) else NO_FIT
 
 
-def _to_boolean(raw: str, _: Mapping[str, Any]) -> Any:
+def _to_number(raw: str) -> Any:
+    try:
+        value = float(raw)
+    except ValueError:
+        return NO_FIT
+    if not math.isfinite(value):
+        return NO_FIT
+    return int(value) if value == int(value) else value
+
+
+def _to_boolean(raw: str) -> Any:
     return _BOOLEANS.get(raw.strip().lower(), NO_FIT)
 
 
-def _to_null(raw: str, _: Mapping[str, Any]) -> Any:
-    return None if raw.strip() == "null" else NO_FIT
+def _to_json(raw: str) -> Any:
+    # `object` and `array` alike take any JSON value, as vLLM's do.
+    return parse_json(raw)
 
 
-def _to_object(raw: str, option: Mapping[str, Any]) -> Any:
-    value = parse_json(raw)
-    return _conform_object(value, option) if isinstance(value, dict) else NO_FIT
-
-
-def _to_array(raw: str, option: Mapping[str, Any]) -> Any:
-    value = parse_json(raw)
-    return _conform_array(value, option) if isinstance(value, list) else NO_FIT
-
-
-def _conform_object(value: dict[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
-    props = schema.get("properties")
-    if not isinstance(props, Mapping):
-        return value
-    return {
-        key: conform(item, props[key]) if isinstance(props.get(key), Mapping) else item
-        for key, item in value.items()
-    }
-
-
-def _conform_array(value: list[Any], schema: Mapping[str, Any]) -> list[Any]:
-    items = schema.get("items")
-    if not isinstance(items, Mapping):
-        return value
-    return [conform(item, items) for item in value]
-
-
-def parse_json(raw: str) -> Any:
-    """JSON value of `raw`, or `NO_FIT` (non-finite numbers are refused)."""
-    try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        return NO_FIT
-
-
-def _reject_constant(name: str) -> Any:
-    # NaN and Infinity would make the arguments invalid JSON.
-    raise ValueError(name)
-
-
-_CONVERTERS: dict[str, Callable[[str, Mapping[str, Any]], Any]] = {
-    "string": _to_string,
+_CONVERTERS = {
+    "null": _to_null,
     "integer": _to_integer,
     "number": _to_number,
     "boolean": _to_boolean,
-    "null": _to_null,
-    "object": _to_object,
-    "array": _to_array,
+    "object": _to_json,
+    "array": _to_json,
 }
+
+
+def parse_json(raw: str) -> Any:
+    """JSON value of `raw`, or `NO_FIT` (also for NaN, infinities and numbers too large
+    for a float, anywhere in the value)."""
+    try:
+        value = json.loads(raw)
+        json.dumps(value, allow_nan=False)
+    except (ValueError, RecursionError):
+        return NO_FIT
+    return value

@@ -24,10 +24,13 @@ from router.parsers.base import (
 class MessageBuilder:
     """Accumulates reasoning, content and tool calls for one completion.
 
-    Content whitespace: leading whitespace is held until the first other character
-    (then dropped if `strip_leading`, else kept), so whitespace-only content is null.
-    With `strip_before_calls`, trailing whitespace is held until more content shows
-    it was inner, or dropped when a tool call starts; at the end it is kept.
+    Content whitespace, as vLLM's parsers leave it: leading whitespace is held until the
+    first other character (then kept) or a tool call (then dropped); whitespace-only
+    content is kept at the end. With `strip_before_calls`, trailing whitespace is held
+    until more content shows it was inner, or dropped when a tool call starts; at the
+    end it is kept. With `strip_reasoning`, trailing reasoning whitespace is held until
+    more reasoning follows, and dropped otherwise. With `known_tools_only`, a call to a
+    tool the request did not declare is dropped; otherwise any named call is kept.
     """
 
     __slots__ = (
@@ -39,11 +42,13 @@ class MessageBuilder:
         "_delta_calls",
         "_delta_content",
         "_delta_reasoning",
+        "_held_reasoning_space",
         "_held_space",
+        "_known_tools_only",
         "_new_id",
         "_reasoning",
         "_strip_before_calls",
-        "_strip_leading",
+        "_strip_reasoning",
         "tools",
     )
 
@@ -51,19 +56,22 @@ class MessageBuilder:
         self,
         tools: ToolSchemas,
         *,
-        strip_leading: bool,
         strip_before_calls: bool,
+        strip_reasoning: bool,
+        known_tools_only: bool,
         new_id: Callable[[], str] = new_tool_call_id,
     ) -> None:
         self.tools = tools
-        self._strip_leading = strip_leading
         self._strip_before_calls = strip_before_calls
+        self._strip_reasoning = strip_reasoning
+        self._known_tools_only = known_tools_only
         self._new_id = new_id
         # The whole message so far.
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self._calls: list[ToolCall] = []
-        # Content whitespace not yet decided, and where content stands.
+        # Whitespace not yet decided, and where content stands.
+        self._held_reasoning_space = ""
         self._held_space: list[str] = []
         self._content_started = False
         self._content_closed = False
@@ -75,7 +83,16 @@ class MessageBuilder:
         self._delta_calls: list[ToolCallDelta] = []
 
     def reasoning(self, text: str) -> None:
-        """Append reasoning text."""
+        """Append reasoning text (its trailing whitespace held if `strip_reasoning`)."""
+        if self._strip_reasoning:
+            body = text.rstrip()
+            if not body:
+                self._held_reasoning_space += text
+                return
+            text, self._held_reasoning_space = (
+                self._held_reasoning_space + body,
+                text[len(body) :],
+            )
         if text:
             self._reasoning.append(text)
             self._delta_reasoning.append(text)
@@ -85,14 +102,10 @@ class MessageBuilder:
         if not text or self._content_closed:
             return
         if not self._content_started:
-            body = text.lstrip()
-            if not body:
+            if text.isspace():
                 self._held_space.append(text)
                 return
             self._content_started = True
-            if self._strip_leading:
-                self._held_space.clear()
-                text = body
         if self._strip_before_calls:
             body = text.rstrip()
             if not body:
@@ -122,10 +135,16 @@ class MessageBuilder:
         """Name of the call being written, if any."""
         return self._call[0].name if self._call else None
 
+    @property
+    def has_arguments(self) -> bool:
+        """Whether the call being written has an argument yet."""
+        return bool(self._call and self._call[1])
+
     def open_call(self, name: str) -> bool:
-        """Start a call to `name`; a name not among the request's tools is dropped."""
+        """Start a call to `name`; a nameless call, or (with `known_tools_only`) one to a
+        tool the request did not declare, is dropped."""
         self.close_call()
-        if name not in self.tools:
+        if not name or (self._known_tools_only and name not in self.tools):
             return False
         call = ToolCall(id=self._new_id(), name=name, arguments="")
         self._call = (call, set())
@@ -163,9 +182,9 @@ class MessageBuilder:
             self._delta_calls.append(ToolCallDelta(index=index, arguments=fragment))
 
     def finish(self) -> None:
-        """End of output: keep held trailing content whitespace, close a cut-off call."""
+        """End of output: keep held content whitespace, close a cut-off call."""
         self.close_call()
-        if self._content_started and not self._content_closed:
+        if not self._content_closed:
             self._emit_content("")
         self._held_space.clear()
         self._content_closed = True

@@ -13,7 +13,7 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import Any
 
-from router.parsers.arguments import NO_FIT, ToolSchemas, coerce, parse_json
+from router.parsers.arguments import NO_FIT, ToolSchemas, conform, parse_json
 from router.parsers.builder import MessageBuilder
 from router.parsers.machine import MarkupParser
 from router.parsers.scanner import Markers
@@ -46,7 +46,8 @@ def _table(tools: bool) -> Mapping[_State, Markers]:
     starts = (BLOCK_OPEN, INVOKE_OPEN) if tools else ()
     return MappingProxyType(
         {
-            _State.REASONING: Markers((THINK_CLOSE, *starts)),
+            # DSML written before `</think>` is reasoning, as vLLM's reasoning parser reads it.
+            _State.REASONING: Markers((THINK_CLOSE,)),
             _State.CONTENT: Markers(starts),
             _State.BLOCK: Markers((INVOKE_OPEN, BLOCK_CLOSE)),
             _State.INVOKE_TAG: Markers((TAG_END,)),
@@ -66,20 +67,28 @@ _WITHOUT_TOOLS = _table(tools=False)
 class DeepSeekV32Parser(MarkupParser):
     """Incremental parser for DeepSeek-V3.2 output.
 
-    With `thinking` the output starts inside reasoning. Content is the text before
-    the first tool-call block (null if only whitespace). Without tools, DSML markup
-    is plain content, as when vLLM runs no tool parser.
+    With `thinking` the output starts inside reasoning, up to `</think>`. Content is
+    the text before the first tool-call block (null if only whitespace). Calls are kept
+    whatever their tool's name, as vLLM keeps them. A sole argument `arguments` or
+    `input` that the tool does not declare, holding an object of declared ones, stands
+    for those arguments and is unwrapped. Without tools, DSML markup is plain content,
+    as vLLM leaves it.
     """
 
-    __slots__ = ("_key", "_parts", "_raw_string", "_state", "_table")
+    __slots__ = ("_key", "_parts", "_raw_string", "_state", "_table", "_wrapper")
 
     def __init__(self, name: str = "deepseek_v32", *, tools: ToolSchemas, thinking: bool) -> None:
-        super().__init__(MessageBuilder(tools, strip_leading=False, strip_before_calls=False))
+        out = MessageBuilder(
+            tools, strip_before_calls=False, strip_reasoning=False, known_tools_only=False
+        )
+        super().__init__(out)
         self._table = _WITH_TOOLS if tools else _WITHOUT_TOOLS
         self._state = _State.REASONING if thinking else _State.CONTENT
         self._parts: list[str] = []  # the tag or value being read
         self._key: str | None = None
         self._raw_string = False
+        # A first argument that may wrap all the others: held until the call shows.
+        self._wrapper: tuple[str, Any] | None = None
 
     def _markers(self) -> Markers:
         return self._table[self._state]
@@ -99,7 +108,7 @@ class DeepSeekV32Parser(MarkupParser):
         out = self._out
         if state == _State.VALUE:
             # The value ends here, closed properly or (tolerated) by the next element.
-            self._end_value(closed=marker == PARAM_CLOSE)
+            self._end_value(marker)
         if marker == TAG_END:
             attrs = "".join(self._parts)
             self._parts.clear()
@@ -115,43 +124,86 @@ class DeepSeekV32Parser(MarkupParser):
                 self._state = _State.VALUE
         elif marker == INVOKE_OPEN:
             out.close_content()
-            out.close_call()
+            self._close_call()
             self._state = _State.INVOKE_TAG
         elif marker == PARAM_OPEN:
             self._state = _State.PARAM_TAG
         elif marker == PARAM_CLOSE:
             self._state = _State.INVOKE
         elif marker == INVOKE_CLOSE:
-            out.close_call()
+            self._close_call()
             self._state = _State.BLOCK
         elif marker == BLOCK_OPEN:
             out.close_content()
             self._state = _State.BLOCK
         elif marker == BLOCK_CLOSE:
-            out.close_call()
+            self._close_call()
             self._state = _State.AFTER
         elif marker == THINK_CLOSE:
             self._state = _State.CONTENT
 
-    def _end_value(self, *, closed: bool) -> None:
+    def _on_end(self) -> None:
+        if self._state == _State.VALUE:
+            self._parts.clear()  # a value cut off by max_tokens is not kept
+        self._close_call()
+
+    def _end_value(self, marker: str) -> None:
         raw = "".join(self._parts)
         self._parts.clear()
         tool, key = self._out.current_tool, self._key
         self._key = None
         if tool is None or key is None:
             return
-        if not closed:
-            raw = raw.rstrip()  # the newline before the next element is layout
-        value = raw if self._raw_string else _typed(self._out.tools, tool, key, raw)
-        self._out.argument(key, value)
+        if marker in (INVOKE_CLOSE, BLOCK_CLOSE):
+            # Unclosed, ended by the invoke's or the block's end: its newline is layout.
+            # (Ended by the next parameter, it runs up to that one, newline and all.)
+            raw = raw.rstrip()
+        value = raw if self._raw_string else _parsed(raw)
+        self._add_argument(tool, key, value)
+
+    def _add_argument(self, tool: str, key: str, value: Any) -> None:
+        out = self._out
+        if self._wrapper is not None:
+            self._flush_wrapper(tool, unwrap=False)
+        elif key in _WRAPPERS and not out.has_arguments:
+            declared = out.tools.properties(tool)
+            if declared and key not in declared:
+                self._wrapper = (key, value)
+                return
+        out.argument(key, _typed(out.tools, tool, key, value))
+
+    def _close_call(self) -> None:
+        tool = self._out.current_tool
+        if self._wrapper is not None and tool is not None:
+            self._flush_wrapper(tool, unwrap=True)
+        self._wrapper = None
+        self._out.close_call()
+
+    def _flush_wrapper(self, tool: str, *, unwrap: bool) -> None:
+        """Write the held first argument: as the arguments it wraps when it is the call's
+        only one and wraps declared arguments only, else as itself."""
+        assert self._wrapper is not None
+        key, value = self._wrapper
+        self._wrapper = None
+        out = self._out
+        inner = _parsed(value) if isinstance(value, str) else value
+        if unwrap and isinstance(inner, dict) and set(inner) <= set(out.tools.properties(tool)):
+            for inner_key, inner_value in inner.items():
+                out.argument(inner_key, _typed(out.tools, tool, inner_key, inner_value))
+            return
+        out.argument(key, _typed(out.tools, tool, key, value))
 
 
-def _typed(tools: ToolSchemas, tool: str, key: str, raw: str) -> Any:
-    """A `string="false"` value: typed by the key's schema, else JSON, else the raw text."""
-    schema = tools.property(tool, key)
-    if schema is not None:
-        value = coerce(raw, schema)
-        if value is not NO_FIT:
-            return value
+_WRAPPERS = ("arguments", "input")
+
+
+def _parsed(raw: str) -> Any:
+    """A `string="false"` value: its JSON value, else the raw text."""
     value = parse_json(raw)
     return raw if value is NO_FIT else value
+
+
+def _typed(tools: ToolSchemas, tool: str, key: str, value: Any) -> Any:
+    """An argument value re-typed by the key's schema (raw strings too), if it has one."""
+    schema = tools.property(tool, key)
+    return value if schema is None else conform(value, schema)

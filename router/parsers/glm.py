@@ -2,7 +2,8 @@
 
 Reasoning sits in `<think>…</think>`; each tool call is `<tool_call>NAME` followed by
 `<arg_key>K</arg_key><arg_value>V</arg_value>` pairs and `</tool_call>`. Values are
-typed by the tool's JSON schema. See docs/output-formats.md §1.
+typed by the tool's JSON schema. Both variants read output as vLLM 0.32's GLM parser
+does (it serves both names). See docs/output-formats.md §1.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import Any
 
-from router.parsers.arguments import NO_FIT, ToolSchemas, coerce
+from router.parsers.arguments import ToolSchemas, coerce
 from router.parsers.builder import MessageBuilder
 from router.parsers.machine import MarkupParser
 from router.parsers.scanner import Markers
@@ -28,24 +29,24 @@ VALUE_CLOSE = "</arg_value>"
 
 
 class _State(IntEnum):
-    LEADING = 0  # only whitespace so far; a `<think>` may still open reasoning
-    REASONING = 1
-    CONTENT = 2
-    NAME = 3  # after <tool_call>, reading the name
-    ARGS = 4  # inside a call, between pairs
-    KEY = 5
-    AFTER_KEY = 6
-    VALUE = 7
-    BETWEEN = 8  # after a call; only another call matters
+    REASONING = 0
+    CONTENT = 1
+    NAME = 2  # after <tool_call>, reading the name
+    ARGS = 3  # inside a call, between pairs
+    KEY = 4
+    AFTER_KEY = 5
+    VALUE = 6
+    BETWEEN = 7  # after a call; only another call matters
 
 
-def _table(tools: bool) -> Mapping[_State, Markers]:
-    call = (CALL_OPEN,) if tools else ()
+def _table(thinking: bool) -> Mapping[_State, Markers]:
+    # With thinking on, `<think>` and `</think>` mean something in reasoning and content
+    # alike; with it off they are text.
+    think = (THINK_OPEN, THINK_CLOSE) if thinking else ()
     return MappingProxyType(
         {
-            _State.LEADING: Markers((THINK_OPEN, THINK_CLOSE, *call)),
-            _State.REASONING: Markers((THINK_CLOSE, *call)),
-            _State.CONTENT: Markers(call),
+            _State.REASONING: Markers((*think, CALL_OPEN)),
+            _State.CONTENT: Markers((*think, CALL_OPEN)),
             _State.NAME: Markers((KEY_OPEN, CALL_CLOSE)),
             _State.ARGS: Markers((KEY_OPEN, CALL_CLOSE)),
             _State.KEY: Markers((KEY_CLOSE, CALL_CLOSE)),
@@ -56,30 +57,34 @@ def _table(tools: bool) -> Mapping[_State, Markers]:
     )
 
 
-_WITH_TOOLS = _table(tools=True)
-_WITHOUT_TOOLS = _table(tools=False)
+_THINKING = _table(thinking=True)
+_NOT_THINKING = _table(thinking=False)
 
 
 class GlmParser(MarkupParser):
     """Incremental parser for GLM output.
 
-    `variant` is "glm45" (the model writes `<think>` itself) or "glm47" (the prompt
-    already opened reasoning; a stray leading `<think>` is absorbed). With `thinking`
-    off the output is content from the start. Without tools, tool-call markup is
-    plain content, as when vLLM runs no tool parser.
+    With `thinking` on, the output starts inside reasoning (the chat template opened
+    it, and GLM-4.5 writes its own `<think>` there): a `<think>` in reasoning is
+    dropped, `</think>` ends reasoning, a `<think>` in content opens it again and a
+    stray `</think>` there is dropped; trailing reasoning whitespace is dropped. With it
+    off, the output is content and those tags are text. Calls are read with or without
+    tools; without them (none declared, or `tool_choice: "none"`) no call is reported,
+    the call markup is left out and the text around calls stays content, as vLLM does.
     """
 
-    __slots__ = ("_key", "_leading", "_leading_to_reasoning", "_parts", "_state", "_table")
+    __slots__ = ("_calls_allowed", "_key", "_parts", "_state", "_table")
 
     def __init__(self, variant: str, *, tools: ToolSchemas, thinking: bool) -> None:
         if variant not in ("glm45", "glm47"):
             raise ValueError(f"unknown GLM variant {variant!r}")
-        super().__init__(MessageBuilder(tools, strip_leading=True, strip_before_calls=True))
-        self._table = _WITH_TOOLS if tools else _WITHOUT_TOOLS
-        self._state = _State.LEADING if thinking else _State.CONTENT
-        # Where leading text goes once it is not whitespace before `<think>`.
-        self._leading_to_reasoning = variant == "glm47"
-        self._leading: list[str] = []  # whitespace seen in LEADING
+        out = MessageBuilder(
+            tools, strip_before_calls=True, strip_reasoning=True, known_tools_only=True
+        )
+        super().__init__(out)
+        self._table = _THINKING if thinking else _NOT_THINKING
+        self._state = _State.REASONING if thinking else _State.CONTENT
+        self._calls_allowed = bool(tools)
         self._parts: list[str] = []  # the name, key or value being read
         self._key = ""
 
@@ -94,30 +99,25 @@ class GlmParser(MarkupParser):
             self._out.content(text)
         elif state in (_State.NAME, _State.KEY, _State.VALUE):
             self._parts.append(text)
-        elif state == _State.LEADING:
-            self._leading.append(text)
-            if not text.isspace():
-                self._leave_leading()
         # Elsewhere (between pairs and calls) text is layout, not output.
 
     def _on_marker(self, marker: str) -> None:
         state = self._state
         out = self._out
         if marker == CALL_OPEN:
-            if state == _State.LEADING:
-                self._leave_leading()
-            out.close_content()
+            if self._calls_allowed:
+                out.close_content()
             self._parts.clear()
             self._state = _State.NAME
         elif marker == CALL_CLOSE:
             if state == _State.NAME:
-                out.open_call(self._take())
+                self._open_call(self._take())
             out.close_call()
             self._parts.clear()
-            self._state = _State.BETWEEN
+            self._state = _State.BETWEEN if self._calls_allowed else _State.CONTENT
         elif marker == KEY_OPEN:
             if state == _State.NAME:
-                out.open_call(self._take())
+                self._open_call(self._take())
             self._parts.clear()
             self._state = _State.KEY
         elif marker == KEY_CLOSE:
@@ -133,27 +133,14 @@ class GlmParser(MarkupParser):
             if tool is not None:
                 out.argument(self._key, _typed(out.tools, tool, self._key, raw))
             self._state = _State.ARGS
-        elif marker == THINK_OPEN:  # only in LEADING: the whitespace before it is dropped
-            self._leading.clear()
+        elif marker == THINK_OPEN:  # dropped in reasoning, reopens it from content
             self._state = _State.REASONING
-        elif marker == THINK_CLOSE:
-            if state == _State.LEADING:
-                self._leave_leading()
+        elif marker == THINK_CLOSE:  # ends reasoning, dropped in content
             self._state = _State.CONTENT
 
-    def _on_end(self) -> None:
-        if self._state == _State.LEADING:
-            self._leave_leading()
-
-    def _leave_leading(self) -> None:
-        text = "".join(self._leading)
-        self._leading.clear()
-        if self._leading_to_reasoning:
-            self._state = _State.REASONING
-            self._out.reasoning(text)
-        else:
-            self._state = _State.CONTENT
-            self._out.content(text)
+    def _open_call(self, name: str) -> None:
+        if self._calls_allowed:
+            self._out.open_call(name)
 
     def _take(self) -> str:
         text = "".join(self._parts).strip()
@@ -162,9 +149,7 @@ class GlmParser(MarkupParser):
 
 
 def _typed(tools: ToolSchemas, tool: str, key: str, raw: str) -> Any:
-    """The value of one argument: converted by the key's schema, else the raw text."""
+    """The value of one argument: typed by the key's schema, the raw text without one.
+    A JSON object or array value is taken as written, not typed further."""
     schema = tools.property(tool, key)
-    if schema is None:
-        return raw
-    value = coerce(raw, schema)
-    return raw if value is NO_FIT else value
+    return raw if schema is None else coerce(raw, schema)

@@ -81,9 +81,9 @@ def _implementation(spec: ParserSpec) -> _ParserClass:
 
 
 def _flag(kwargs: Mapping[str, Any], *, default: bool) -> bool:
-    # `enable_thinking` and `thinking` are synonyms; an explicit value wins.
-    for key in ("enable_thinking", "thinking"):
-        value = kwargs.get(key)
-        if value is not None:
-            return bool(value)
-    return default
+    # As vLLM's parsers read them: `enable_thinking` and `thinking` are synonyms, either
+    # one true turns thinking on, and only when both are missing does the default hold.
+    thinking, enable_thinking = kwargs.get("thinking"), kwargs.get("enable_thinking")
+    if thinking is None and enable_thinking is None:
+        return default
+    return bool(thinking) or bool(enable_thinking)

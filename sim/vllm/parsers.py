@@ -8,9 +8,15 @@ never imports the gateway): every step re-reads the whole text so far and hands 
 what can no longer change, so streamed deltas concatenate to the non-streamed message.
 
 Reasoning: ``glm45`` thinks unless ``chat_template_kwargs`` turns it off, ``deepseek_v3``
-only when it turns it on (``thinking`` and ``enable_thinking`` are synonyms). Thinking,
-the output starts inside reasoning (a leading ``<think>`` is absorbed) and reasoning ends
-at ``</think>``, or where a tool call starts.
+only when it turns it on (``thinking`` and ``enable_thinking`` are synonyms, either one
+true turns it on). Thinking, the output starts inside reasoning. GLM's reasoning ends at
+``</think>`` or where a tool call starts, a ``<think>`` in it is dropped, one in content
+opens it again, and its trailing whitespace is dropped; DeepSeek's ends at ``</think>``
+only. Content keeps its whitespace, except GLM's before a call. Without tools (or with
+``tool_choice: "none"``) no call is made: GLM's call markup is left out of the content,
+DeepSeek's stays in it. GLM drops calls to tools the request did not declare; DeepSeek
+keeps them. Argument values are typed simply (raw strings, else JSON), not by the full
+schema rules of docs/output-formats.md.
 """
 
 from __future__ import annotations
@@ -83,11 +89,13 @@ def thinks(config: ParserConfig, kwargs: Mapping[str, Any] | None) -> bool:
 
 
 def _thinking(parser: str, kwargs: Mapping[str, Any] | None) -> bool:
-    for key in ("enable_thinking", "thinking"):
-        value = (kwargs or {}).get(key)
-        if value is not None:
-            return bool(value)
-    return parser == "glm45"
+    thinking, enable_thinking = (
+        (kwargs or {}).get("thinking"),
+        (kwargs or {}).get("enable_thinking"),
+    )
+    if thinking is None and enable_thinking is None:
+        return parser == "glm45"
+    return bool(thinking) or bool(enable_thinking)
 
 
 def _held(text: str, markers: tuple[str, ...]) -> int:
@@ -99,8 +107,8 @@ def _held(text: str, markers: tuple[str, ...]) -> int:
     return len(text)
 
 
-def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str | None]:
-    hits = [(text.find(m), m) for m in markers]
+def _first(text: str, markers: tuple[str, ...], start: int = 0) -> tuple[int, str | None]:
+    hits = [(text.find(m, start), m) for m in markers]
     found = [(i, m) for i, m in hits if i >= 0]
     return min(found) if found else (-1, None)
 
@@ -127,27 +135,15 @@ class NativeParser:
                 params = function.get("parameters")
                 props = params.get("properties") if isinstance(params, dict) else None
                 self._schemas[function["name"]] = props if isinstance(props, dict) else {}
-        self._tools = (
-            config.tool_call_parser
-            if config.enable_auto_tool_choice and self._schemas and tool_choice != "none"
-            else None
-        )
+        self._tool_parser = config.tool_call_parser if config.enable_auto_tool_choice else None
+        self._calls_allowed = bool(self._schemas) and tool_choice != "none"
         self._named_choice = isinstance(tool_choice, dict)
-        # GLM drops leading content whitespace; DeepSeek keeps content as written.
         self._glm_family = config.tool_call_parser in ("glm45", "glm47") or (
             config.tool_call_parser is None and config.reasoning_parser == "glm45"
         )
         self._text = ""
         self._sent = Parsed()
         self._calls: list[Call] = []
-
-    @property
-    def _call_starts(self) -> tuple[str, ...]:
-        if self._tools is None:
-            return ()
-        if self._tools == "deepseek_v32":
-            return (DSML_BLOCK_OPEN, DSML_INVOKE_OPEN)
-        return (GLM_CALL_OPEN,)
 
     def feed(self, text: str) -> dict[str, Any]:
         """The delta (reasoning, content, tool calls) decided by the next text piece."""
@@ -190,72 +186,99 @@ class NativeParser:
         return delta
 
     def _parse(self, *, final: bool) -> Parsed:
+        if self._glm_family:
+            return self._glm(final=final)
+        return self._dsml(final=final)
+
+    def _glm(self, *, final: bool) -> Parsed:
+        text = self._text
+        parsed = Parsed()
+        think = (THINK_OPEN, THINK_CLOSE) if self._thinking else ()
+        markers = (*think, GLM_CALL_OPEN) if self._tool_parser else think
+        state = "reasoning" if self._thinking else "content"
+        reasoning: list[str] = []
+        content: list[str] = []
+        bodies: list[str] = []  # the calls' text between <tool_call> and </tool_call>
+        said = {"reasoning": reasoning, "content": content, "between": []}
+        pos = 0
+        while True:
+            current = (GLM_CALL_OPEN,) if state == "between" else markers
+            index, marker = _first(text, current, pos)
+            if marker is None:
+                end = len(text) if final else pos + _held(text[pos:], current)
+                said[state].append(text[pos:end])
+                break
+            said[state].append(text[pos:index])
+            pos = index + len(marker)
+            if marker == GLM_CALL_OPEN:
+                close = text.find(GLM_CALL_CLOSE, pos)
+                if close < 0:
+                    if final:  # cut off: its complete arguments count
+                        bodies.append(text[pos:])
+                    break
+                bodies.append(text[pos:close])
+                pos = close + len(GLM_CALL_CLOSE)
+                # With calls, the text after one is not content; without, it is.
+                state = "between" if self._calls_allowed else "content"
+            else:
+                state = "reasoning" if marker == THINK_OPEN else "content"
+        parsed.reasoning = "".join(reasoning).rstrip()
+        before = "".join(content)
+        if not self._calls_allowed:
+            parsed.content = before
+        elif bodies or not final:  # a call drops the whitespace before it
+            parsed.content = before.rstrip() if before.strip() else ""
+        else:
+            parsed.content = before
+        if self._calls_allowed:
+            for body in bodies:
+                self._glm_call(body, parsed)
+        return parsed
+
+    def _glm_call(self, body: str, parsed: Parsed) -> None:
+        name = body.split("<arg_key>", 1)[0].strip()
+        if name not in self._schemas:
+            return
+        props = self._schemas[name]
+        arguments: dict[str, Any] = {}
+        for key, value in _GLM_PAIR.findall(body):
+            key = key.strip()
+            if key not in arguments:
+                arguments[key] = _glm_value(value, props.get(key))
+        parsed.calls.append((name, json.dumps(arguments, ensure_ascii=False)))
+
+    def _dsml(self, *, final: bool) -> Parsed:
         text = self._text
         parsed = Parsed()
         rest = text
         if self._thinking:
-            stripped = text.lstrip()
-            if not final and THINK_OPEN.startswith(stripped) and stripped != THINK_OPEN:
-                return parsed  # a leading <think> may still be coming
-            opened = stripped.startswith(THINK_OPEN)
-            body = stripped[len(THINK_OPEN) :] if opened else text
-            index, marker = _first(body, (THINK_CLOSE, *self._call_starts))
-            if marker is None:
-                end = len(body) if final else _held(body, (THINK_CLOSE, *self._call_starts))
-                parsed.reasoning = body[:end]
+            index = text.find(THINK_CLOSE)
+            if index < 0:
+                end = len(text) if final else _held(text, (THINK_CLOSE,))
+                parsed.reasoning = text[:end]
                 return parsed
-            parsed.reasoning = body[:index]
-            rest = body[index + len(THINK_CLOSE) :] if marker == THINK_CLOSE else body[index:]
-        if self._tools is None:
-            parsed.content = rest.lstrip() if self._glm_family else rest
+            parsed.reasoning, rest = text[:index], text[index + len(THINK_CLOSE) :]
+        starts = (DSML_BLOCK_OPEN, DSML_INVOKE_OPEN)
+        if not (self._tool_parser and self._calls_allowed):
+            parsed.content = rest
             return parsed
-        if self._tools == "deepseek_v32":
-            self._dsml(rest, parsed, final=final)
-        else:
-            self._glm(rest, parsed, final=final)
-        return parsed
-
-    def _glm(self, rest: str, parsed: Parsed, *, final: bool) -> None:
-        index = rest.find(GLM_CALL_OPEN)
+        index, _ = _first(rest, starts)
         if index < 0:
-            if final:
-                parsed.content = rest.lstrip()
-            else:  # trailing whitespace is dropped if a call follows
-                parsed.content = rest[: _held(rest, (GLM_CALL_OPEN,))].strip()
-            return
-        parsed.content = rest[:index].strip()
-        for raw in rest[index:].split(GLM_CALL_OPEN)[1:]:
-            closed = GLM_CALL_CLOSE in raw
-            if not closed and not final:
-                break
-            body = raw.split(GLM_CALL_CLOSE, 1)[0]
-            name = body.split("<arg_key>", 1)[0].strip()
-            if name not in self._schemas:
-                continue
-            props = self._schemas[name]
-            arguments: dict[str, Any] = {}
-            for key, value in _GLM_PAIR.findall(body):
-                key = key.strip()
-                if key not in arguments:
-                    arguments[key] = _glm_value(value, props.get(key))
-            parsed.calls.append((name, json.dumps(arguments, ensure_ascii=False)))
-
-    def _dsml(self, rest: str, parsed: Parsed, *, final: bool) -> None:
-        index, _ = _first(rest, (DSML_BLOCK_OPEN, DSML_INVOKE_OPEN))
-        if index < 0:
-            end = len(rest) if final else _held(rest, (DSML_BLOCK_OPEN, DSML_INVOKE_OPEN))
-            parsed.content = rest[:end] if rest[:end].strip() else ""
-            return
+            end = len(rest) if final else _held(rest, starts)
+            said = rest[:end]
+            parsed.content = said if final or said.strip() else ""
+            return parsed
         parsed.content = rest[:index] if rest[:index].strip() else ""
         block = rest[index:].split(DSML_BLOCK_CLOSE, 1)[0]
         for name, body in _DSML_INVOKE.findall(block):
-            if name not in self._schemas:
+            if not name:
                 continue
             arguments: dict[str, Any] = {}
             for key, string, value in _DSML_PARAM.findall(body):
                 if key not in arguments:
                     arguments[key] = value if string == "true" else _json_or_raw(value)
             parsed.calls.append((name, json.dumps(arguments, ensure_ascii=False)))
+        return parsed
 
 
 def _glm_value(raw: str, schema: object) -> Any:

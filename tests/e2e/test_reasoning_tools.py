@@ -387,16 +387,16 @@ NO_CALLS = [
         None,
         {"tool_choice": "none"},
         "Need two lookups.",
-        GLM_TWO_CALLS.split("</think>", 1)[1],
+        None,
         id="glm-tool-choice-none",
     ),
     pytest.param(
         GLM45,
-        "Sure. " + glm_call("get_weather", ("city", "Oslo")),
+        "Sure. " + glm_call("get_weather", ("city", "Oslo")) + " Done.",
         THINK_OFF,
         {"tools": None},
         None,
-        "Sure. " + glm_call("get_weather", ("city", "Oslo")),
+        "Sure.  Done.",
         id="glm45-no-tools",
     ),
     pytest.param(
@@ -414,16 +414,17 @@ NO_CALLS = [
 @pytest.mark.parametrize(
     ("model", "output", "template", "options", "reasoning", "content"), NO_CALLS
 )
-async def test_markup_stays_content_without_tools(
+async def test_no_calls_without_tools(
     aclient: openai.AsyncOpenAI,
     model: str,
     output: str,
     template: dict[str, Any] | None,
     options: dict[str, Any],
     reasoning: str | None,
-    content: str,
+    content: str | None,
 ) -> None:
-    # As vLLM with tool_choice "none" (or no tools): no tool parser runs, markup is text.
+    # As vLLM with tool_choice "none" (or no tools): no call is made; GLM's call markup is
+    # left out of the content, DeepSeek's stays in it.
     kwargs = request(model, output, template=template, **options)
     if kwargs["tools"] is None:
         del kwargs["tools"]
@@ -457,6 +458,7 @@ def test_forced_tool_choice_needs_the_throughput_path(
     assert error.response.headers["x-pd-reroute-reason"] == "tool_choice"
 
 
+# As vLLM: GLM drops a call to a tool the request did not declare, DeepSeek keeps it.
 UNKNOWN_TOOL = [
     # (model, output, template, (reasoning, content, calls kept), finish_reason)
     pytest.param(
@@ -484,7 +486,7 @@ UNKNOWN_TOOL = [
             dsml_invoke("get_weather", dsml_param("city", "Beijing", string=True)),
         ),
         None,
-        (None, None, (WEATHER,)),
+        (None, None, (Call("delete_everything", {"path": "/"}), WEATHER)),
         "tool_calls",
         id="dsml-unknown-then-known",
     ),
@@ -492,15 +494,15 @@ UNKNOWN_TOOL = [
         DEEPSEEK + "-t5",
         "On it." + dsml_block(dsml_invoke("rm", dsml_param("path", "/", string=True))),
         None,
-        (None, "On it.", ()),
-        "stop",
+        (None, "On it.", (Call("rm", {"path": "/"}),)),
+        "tool_calls",
         id="dsml-only-unknown",
     ),
 ]
 
 
 @pytest.mark.parametrize(("model", "output", "template", "expected", "finish"), UNKNOWN_TOOL)
-async def test_unknown_tool_is_dropped(
+async def test_unknown_tool(
     aclient: openai.AsyncOpenAI,
     model: str,
     output: str,

@@ -1,4 +1,4 @@
-"""Schema-driven typing of raw argument text."""
+"""Schema-driven typing of argument values, as vLLM 0.32 types them."""
 
 from __future__ import annotations
 
@@ -6,47 +6,49 @@ from typing import Any
 
 import pytest
 
-from router.parsers.arguments import NO_FIT, ToolSchemas, coerce, conform, parse_json
+from router.parsers.arguments import NO_FIT, ToolSchemas, coerce, conform, parse_json, schema_types
 
 OBJ = {"type": "object", "properties": {"n": {"type": "integer"}}}
 
-# (schema, raw text, expected value or NO_FIT)
+# (schema, raw text, expected value)
 COERCE_CASES: list[tuple[dict[str, Any], str, Any]] = [
     ({"type": "string"}, " raw \n", " raw \n"),
     ({"type": "integer"}, "-12", -12),
-    ({"type": "integer"}, "1e3", NO_FIT),
-    ({"type": "integer"}, "9" * 5000, NO_FIT),
-    ({"type": "number"}, "1e3", 1000.0),
-    ({"type": "number"}, "true", NO_FIT),
-    ({"type": "number"}, "Infinity", NO_FIT),
+    ({"type": "integer"}, "+5", 5),
+    ({"type": "integer"}, " 42 ", 42),
+    ({"type": "integer"}, "1e3", 1000.0),  # not an integer: its JSON value
+    ({"type": "integer"}, "9" * 5000, "9" * 5000),  # too long for any number: the text
+    ({"type": "number"}, "1e3", 1000),
+    ({"type": "number"}, "7.5", 7.5),
+    ({"type": "number"}, "true", True),
+    ({"type": "number"}, "Infinity", "Infinity"),
     ({"type": "boolean"}, "False", False),
-    ({"type": "boolean"}, "1", True),
-    ({"type": "boolean"}, "2", NO_FIT),
-    ({"type": "null"}, " null ", None),
-    ({"type": "null"}, "NULL", NO_FIT),
-    ({"type": "object"}, '{"a": NaN}', NO_FIT),
-    (OBJ, '{"n": "5", "x": "5"}', {"n": 5, "x": "5"}),
-    ({"type": "array", "items": OBJ}, '[{"n": "1"}]', [{"n": 1}]),
+    ({"type": "boolean"}, " 1 ", True),
+    ({"type": "boolean"}, "2", 2),
+    ({"type": "null"}, "NULL", None),
+    ({"type": "null"}, "None", "None"),
+    ({"type": "object"}, '{"a": NaN}', '{"a": NaN}'),
+    ({"type": "object"}, "[1]", [1]),
+    (OBJ, '{"n": "5", "x": "5"}', {"n": "5", "x": "5"}),  # not typed inside
+    ({"type": "array", "items": OBJ}, '[{"n": "1"}]', [{"n": "1"}]),
     ({"type": ["null", "integer", "string"]}, "null", None),
-    ({"type": ["integer", "boolean"]}, "x", NO_FIT),
+    ({"type": ["integer", "boolean"]}, "x", "x"),
     ({"anyOf": [{"type": "integer"}, {"type": "string"}]}, "3", 3),
-    ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "3", "3"),
+    ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "3", 3),  # a fixed order
     ({"anyOf": [{"anyOf": [{"type": "boolean"}]}, {"type": "array"}]}, "[]", []),
     ({"enum": [1, 2]}, "2", 2),
-    ({"const": "x"}, "x", "x"),
-    ({"description": "no type"}, "5", NO_FIT),
-    ({"type": "mystery"}, "5", NO_FIT),
+    ({"const": "x"}, "5", "5"),
+    ({"description": "no type"}, "5", "5"),
+    ({"type": "mystery"}, "5", 5),
+    ({"type": " INT "}, "5", 5),
 ]
 
 
 @pytest.mark.parametrize(("schema", "raw", "expected"), COERCE_CASES)
 def test_coerce(schema: dict[str, Any], raw: str, expected: Any) -> None:
     value = coerce(raw, schema)
-    if expected is NO_FIT:
-        assert value is NO_FIT
-    else:
-        assert value == expected
-        assert type(value) is type(expected)
+    assert value == expected
+    assert type(value) is type(expected)
 
 
 @pytest.mark.parametrize(
@@ -54,19 +56,43 @@ def test_coerce(schema: dict[str, Any], raw: str, expected: Any) -> None:
     [
         ({"n": "2"}, OBJ, {"n": 2}),
         ([{"n": "2"}], {"type": "array", "items": OBJ}, [{"n": 2}]),
-        (5, {"type": "string"}, 5),
         ({"n": "2"}, {"type": "array", "items": OBJ}, {"n": "2"}),
         ("x", {"type": "integer"}, "x"),
+        (5, {"type": "string"}, "5"),
+        (True, {"type": "string"}, "true"),
+        (None, {"type": "string"}, "null"),
+        (1, {"type": "boolean"}, True),
+        (7.0, {"type": "number"}, 7),
+        (3.5, {"type": "integer"}, 3.5),
+        ([1], {"type": "string"}, [1]),
     ],
 )
 def test_conform(value: Any, schema: dict[str, Any], expected: Any) -> None:
-    assert conform(value, schema) == expected
+    conformed = conform(value, schema)
+    assert conformed == expected
+    assert type(conformed) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("schema", "types"),
+    [
+        ({"type": ["String", "int"]}, {"string", "integer"}),
+        ({"type": "object", "enum": [None, True, 1.5]}, {"object", "null", "boolean", "number"}),
+        ({"allOf": [{"type": "integer"}], "oneOf": [{"type": "null"}]}, {"integer", "null"}),
+        ({}, {"string"}),
+        ("not a schema", {"string"}),
+    ],
+)
+def test_schema_types(schema: Any, types: set[str]) -> None:
+    assert schema_types(schema) == types
 
 
 def test_parse_json() -> None:
     assert parse_json('{"a": [1]}') == {"a": [1]}
     assert parse_json("nope") is NO_FIT
     assert parse_json("-Infinity") is NO_FIT
+    assert parse_json("1e999") is NO_FIT  # a float's infinity
+    assert parse_json('[1, {"a": NaN}]') is NO_FIT
 
 
 def test_tool_schemas() -> None:

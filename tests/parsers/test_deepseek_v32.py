@@ -1,4 +1,8 @@
-"""DeepSeek-V3.2 DSML parser: the docs/output-formats.md §2 example and edge cases."""
+"""DeepSeek-V3.2 DSML parser: the docs/output-formats.md §2 example and edge cases.
+
+Where vLLM 0.32's DeepSeek-V3.2 parsers and ours once disagreed, the case says what vLLM
+gives (tests/real_vllm/test_output_parsers.py checks the two side by side).
+"""
 
 from __future__ import annotations
 
@@ -53,14 +57,22 @@ CASES: list[tuple[str, Any, str, str | None, str | None, list[tuple[str, str]]]]
     ),
     ("chat-mode-default", None, "Hello</think>", None, "Hello</think>", []),
     ("thinking-by-enable-key", {"enable_thinking": True}, "a</think>b", "a", "b", []),
+    (
+        "thinking-on-if-either-switch-is",
+        {"enable_thinking": False, "thinking": True},
+        "a</think>b",
+        "a",
+        "b",
+        [],
+    ),
     ("unterminated-reasoning", THINK, "still going", "still going", None, []),
     (
-        "call-ends-reasoning",
+        "dsml-in-reasoning-is-reasoning",
         THINK,
         "plan" + block(invoke("get_current_date")),
-        "plan",
+        "plan" + block(invoke("get_current_date")),
         None,
-        [("get_current_date", "{}")],
+        [],
     ),
     (
         "parameter-without-closing-tag",
@@ -70,7 +82,7 @@ CASES: list[tuple[str, Any, str, str | None, str | None, list[tuple[str, str]]]]
         ),
         None,
         None,
-        [("get_weather", '{"city": "Rome", "days": 2}')],
+        [("get_weather", '{"city": "Rome\\n", "days": 2}')],
     ),
     (
         "last-parameter-without-closing-tag",
@@ -89,12 +101,12 @@ CASES: list[tuple[str, Any, str, str | None, str | None, list[tuple[str, str]]]]
         [("get_weather", '{"city": "Oslo"}')],
     ),
     (
-        "string-true-is-raw",
+        "string-true-typed-by-schema",
         None,
-        block(invoke("get_weather", param("days", "3"))),
+        block(invoke("get_weather", param("days", "3"), param("city", "3"))),
         None,
         None,
-        [("get_weather", '{"days": "3"}')],
+        [("get_weather", '{"days": 3, "city": "3"}')],
     ),
     (
         "string-false-unknown-key-json",
@@ -112,7 +124,7 @@ CASES: list[tuple[str, Any, str, str | None, str | None, list[tuple[str, str]]]]
         block(invoke("search", param("strict", "false", None), param("query", "[1]", None))),
         None,
         None,
-        [("search", '{"strict": false, "query": "[1]"}')],
+        [("search", '{"strict": false, "query": [1]}')],
     ),
     (
         "string-false-invalid-integer",
@@ -131,6 +143,7 @@ CASES: list[tuple[str, Any, str, str | None, str | None, list[tuple[str, str]]]]
         [("get_current_date", "{}")],
     ),
     ("content-kept-verbatim", None, "\n Hi \n", None, "\n Hi \n", []),
+    ("whitespace-only-content-kept", None, "\n \n", None, "\n \n", []),
     (
         "text-after-block-dropped",
         None,
@@ -140,12 +153,84 @@ CASES: list[tuple[str, Any, str, str | None, str | None, list[tuple[str, str]]]]
         [("get_current_date", "{}")],
     ),
     (
-        "unknown-invoke-dropped",
+        "unknown-invoke-kept",
         None,
         block(invoke("nope", param("x", "1")), invoke("get_current_date")),
         None,
         None,
+        [("nope", '{"x": "1"}'), ("get_current_date", "{}")],
+    ),
+    (
+        "nameless-invoke-dropped",
+        None,
+        block(invoke("", param("x", "1")), invoke("get_current_date")),
+        None,
+        None,
         [("get_current_date", "{}")],
+    ),
+    (
+        "wrapped-arguments-unwrapped",
+        None,
+        block(invoke("get_weather", param("arguments", '{"city": "Rome", "days": "2"}', "false"))),
+        None,
+        None,
+        [("get_weather", '{"city": "Rome", "days": 2}')],
+    ),
+    (
+        "wrapped-arguments-as-text-unwrapped",
+        None,
+        block(invoke("get_weather", param("input", '{"city": "Rome"}'))),
+        None,
+        None,
+        [("get_weather", '{"city": "Rome"}')],
+    ),
+    (
+        "wrapper-beside-another-argument-kept",
+        None,
+        block(
+            invoke(
+                "get_weather",
+                param("arguments", '{"city": "Rome"}', "false"),
+                param("days", "2", "false"),
+            )
+        ),
+        None,
+        None,
+        [("get_weather", '{"arguments": {"city": "Rome"}, "days": 2}')],
+    ),
+    (
+        "wrapper-of-undeclared-arguments-kept",
+        None,
+        block(invoke("get_weather", param("arguments", '{"town": "Rome"}', "false"))),
+        None,
+        None,
+        [("get_weather", '{"arguments": {"town": "Rome"}}')],
+    ),
+    (
+        "non-finite-json-stays-text",
+        None,
+        block(
+            invoke("get_weather", param("extra", "NaN", "false"), param("big", "1e999", "false"))
+        ),
+        None,
+        None,
+        [("get_weather", '{"extra": "NaN", "big": "1e999"}')],
+    ),
+    (
+        "scalars-retyped-by-schema",
+        None,
+        block(
+            invoke(
+                "typed",
+                param("s", "3", "false"),
+                param("b", "1", "false"),
+                param("n", "7.0", "false"),
+                param("i", "+5"),
+            )
+        ),
+        None,
+        None,
+        [("typed", '{"s": "3", "b": true, "n": 7, "i": 5}')],
     ),
     (
         "truncated-in-parameter",

@@ -1,4 +1,8 @@
-"""GLM (glm45 / glm47) parser: the docs/output-formats.md §1 examples and edge cases."""
+"""GLM (glm45 / glm47) parser: the docs/output-formats.md §1 examples and edge cases.
+
+Where vLLM 0.32's GLM parser and ours once disagreed, the case says what vLLM gives
+(tests/real_vllm/test_output_parsers.py checks the two side by side).
+"""
 
 from __future__ import annotations
 
@@ -51,8 +55,8 @@ CASES: list[tuple[str, str, Any, str, str | None, str | None, list[tuple[str, st
         "glm45",
         None,
         EXAMPLE_LINES,
-        "Need the weather.",
-        "Let me check.",
+        "\nNeed the weather.",
+        "\nLet me check.",
         [("get_weather", '{"city": "Beijing", "days": 3}')],
     ),
     (
@@ -76,8 +80,52 @@ CASES: list[tuple[str, str, Any, str, str | None, str | None, list[tuple[str, st
     ),
     ("unterminated-reasoning", "glm47", None, "Still thinking", "Still thinking", None, []),
     ("stray-leading-think", "glm47", None, "<think>Hmm</think>Answer", "Hmm", "Answer", []),
-    ("stray-think-after-space", "glm47", None, "\n <think>Hmm</think>Answer", "Hmm", "Answer", []),
-    ("inner-think-is-text", "glm47", None, "a<think>b</think>c", "a<think>b", "c", []),
+    (
+        "stray-think-after-space",
+        "glm47",
+        None,
+        "\n <think>Hmm</think>Answer",
+        "\n Hmm",
+        "Answer",
+        [],
+    ),
+    ("think-in-reasoning-dropped", "glm47", None, "a<think>b</think>c", "ab", "c", []),
+    (
+        "reasoning-reopened-in-content",
+        "glm47",
+        None,
+        "First.</think>Answer.<think>More?</think>Done.</think>End",
+        "First.More?",
+        "Answer.Done.End",
+        [],
+    ),
+    (
+        "reasoning-trailing-whitespace-dropped",
+        "glm47",
+        None,
+        "Step one. \n\n</think>\n\nAnswer",
+        "Step one.",
+        "\n\nAnswer",
+        [],
+    ),
+    (
+        "reasoning-inner-whitespace-kept",
+        "glm47",
+        None,
+        "Step one. \n\nStep two. \n",
+        "Step one. \n\nStep two.",
+        None,
+        [],
+    ),
+    (
+        "thinking-on-if-either-switch-is",
+        "glm47",
+        {"enable_thinking": False, "thinking": True},
+        "a</think>b",
+        "a",
+        "b",
+        [],
+    ),
     ("empty-reasoning", "glm47", None, "</think>Hi", None, "Hi", []),
     (
         "call-ends-reasoning",
@@ -88,7 +136,7 @@ CASES: list[tuple[str, str, Any, str, str | None, str | None, list[tuple[str, st
         None,
         [("get_current_date", "{}")],
     ),
-    ("glm45-no-think-tag", "glm45", None, "\nHello", None, "Hello", []),
+    ("glm45-no-think-tag", "glm45", None, "\nHello", "\nHello", None, []),
     ("glm45-thinking-off", "glm45", OFF, "<think>x</think>y", None, "<think>x</think>y", []),
     ("glm45-unterminated", "glm45", None, "<think>x", "x", None, []),
     (
@@ -144,7 +192,7 @@ CASES: list[tuple[str, str, Any, str, str | None, str | None, list[tuple[str, st
         OFF,
         "  Sure.  \n<tool_call>get_current_date</tool_call>\n trailing text",
         None,
-        "Sure.",
+        "  Sure.",
         [("get_current_date", "{}")],
     ),
     (
@@ -162,10 +210,19 @@ CASES: list[tuple[str, str, Any, str, str | None, str | None, list[tuple[str, st
         OFF,
         "\n\n  Hello\n  world \n\n",
         None,
-        "Hello\n  world \n\n",
+        "\n\n  Hello\n  world \n\n",
         [],
     ),
-    ("whitespace-only-content", "glm47", OFF, " \n ", None, None, []),
+    ("whitespace-only-content", "glm47", OFF, " \n ", None, " \n ", []),
+    (
+        "whitespace-only-content-before-call",
+        "glm47",
+        OFF,
+        " \n <tool_call>get_current_date</tool_call>",
+        None,
+        None,
+        [("get_current_date", "{}")],
+    ),
     (
         "non-ascii",
         "glm47",
@@ -226,17 +283,20 @@ CASES: list[tuple[str, str, Any, str, str | None, str | None, list[tuple[str, st
 TYPED_CASES = [
     ("s", "007", '"007"'),
     ("i", " 42 ", "42"),
-    ("i", "4.2", '"4.2"'),
+    ("i", "4.2", "4.2"),  # fits no type of the schema: its JSON value
+    ("i", "+5", "5"),
     ("n", "4.5", "4.5"),
     ("n", "7", "7"),
+    ("n", "7.0", "7"),
     ("n", "NaN", '"NaN"'),
     ("b", "TRUE", "true"),
     ("b", "0", "false"),
     ("b", "yes", '"yes"'),
     ("z", "null", "null"),
     ("z", "None", '"None"'),
+    ("z", "NULL", "null"),
     ("o", '{"k": [1, "x"]}', '{"k": [1, "x"]}'),
-    ("o", "[1]", '"[1]"'),
+    ("o", "[1]", "[1]"),
     ("a", "[1, 2]", "[1, 2]"),
     ("a", "{broken", '"{broken"'),
     ("u", "12", "12"),
@@ -246,12 +306,14 @@ TYPED_CASES = [
     ("any", "x", '"x"'),
     ("one", "false", "false"),
     ("one", "maybe", '"maybe"'),
+    ("one", "1", "true"),  # boolean before string, whatever the schema's order
+    # A JSON object or array is taken as written, its inside not typed.
     (
         "nested",
         '{"count": "3", "inner": {"flag": "true"}}',
-        '{"count": 3, "inner": {"flag": true}}',
+        '{"count": "3", "inner": {"flag": "true"}}',
     ),
-    ("ints", '["1", 2, "x"]', '[1, 2, "x"]'),
+    ("ints", '["1", 2, "x"]', '["1", 2, "x"]'),
 ]
 
 
@@ -275,10 +337,13 @@ def test_schema_typing(parser: str, key: str, raw: str, expected: str) -> None:
     assert [c.arguments for c in message.tool_calls] == [f'{{"{key}": {expected}}}']
 
 
-def test_without_tools_markup_is_content() -> None:
-    text = "Hi " + call("get_weather", "city", "X")
-    message, _ = parse("glm47", [text], tools=None, kwargs=OFF)
-    assert without_ids(message) == (None, text, [])
+@pytest.mark.parametrize("chunks", [1, 3], ids=["whole", "per-3-chars"])
+def test_without_tools_call_markup_is_left_out(chunks: int) -> None:
+    text = " Hi " + call("get_weather", "city", "X") + " then <tool_call>x</tool_call> end"
+    pieces = [text[i : i + chunks] for i in range(0, len(text), chunks)]
+    message, deltas = parse("glm47", pieces, tools=None, kwargs=OFF)
+    assert without_ids(message) == (None, " Hi  then  end", [])
+    assert streamed(deltas) == message
 
 
 def test_content_streams_before_output_ends() -> None:
