@@ -8,8 +8,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import canonicalize_name
-
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_LOCK = ROOT / "deploy" / "requirements.lock"
 BUILD_LOCK = ROOT / "deploy" / "build.lock"
@@ -17,6 +15,15 @@ BUILD_LOCK = ROOT / "deploy" / "build.lock"
 _PIN = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;\\]+)\s*(?:;\s*(?P<marker>[^\\]+?))?\s*\\?$"
 )
+_SEPARATORS = re.compile(r"[-_.]+")
+
+
+def canonicalize_name(name: str) -> str:
+    """PEP 503's normal form of a distribution's name (standard library only: the test
+    environment's installer reads the lock before anything is installed)."""
+    return _SEPARATORS.sub("-", name).lower()
+
+
 _HASH = re.compile(r"^\s+--hash=(?P<hash>sha256:[0-9a-f]{64})\s*\\?$")
 
 
