@@ -626,9 +626,23 @@ class ServerConfig(StrictModel):
     workers: Annotated[int, Field(ge=1, le=64)] = 1
     """Gateway processes on the one listening socket, an event loop (a core) each. More
     than one needs `gate.backend: redis`, where the pool's state is shared."""
+    operator_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    """A second port for the operator's endpoints: `/metrics` and `/admin/...` are served
+    there and no longer on `port` (404), which serves the API; `/health` and `/ready` are
+    on both. A NetworkPolicy can then keep this port to the monitoring and operator
+    namespaces. Unset: everything on `port`."""
     expose_upstream: bool = False
     """Add `x-pd-upstream: <url>; reason=<why>` to each answer: the vLLM server (or proxy)
     chosen and why. Off by default: it shows clients the backends' addresses."""
+
+    @model_validator(mode="after")
+    def _ports_apart(self) -> ServerConfig:
+        if self.operator_port is not None and self.operator_port == self.port != 0:
+            raise ValueError(
+                f"operator_port is port ({self.port}): the operator's endpoints need a port "
+                "of their own (or leave operator_port out to serve everything on port)"
+            )
+        return self
 
 
 class ClassificationConfig(StrictModel):

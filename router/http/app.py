@@ -30,7 +30,7 @@ from router.telemetry.access import AccessRecord
 log = logging.getLogger("pd_gateway")
 
 
-def create_app(config: GatewayConfig) -> FastAPI:
+def create_app(config: GatewayConfig) -> GatewayApp:
     """The app for `config`. Raises ConfigError (before anything is served) for secrets that
     cannot be read or an admin API that would be open to the network."""
     state = AppState(config)
@@ -191,9 +191,17 @@ class GatewayApp(FastAPI):
     it runs in its own `RequestContext` and renders errors as every route does."""
 
     generation: ASGIApp | None = None
+    operator_port: int | None = None
+    """With `server.operator_port`: the port the operator's endpoints are served on."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[SERVER_SEND] = send
+        if self.operator_port is not None and scope["type"] == "http":
+            if not _served_on(scope, self.operator_port):
+                await error_response(NotFound(f"no route {scope['path']} on this port"))(
+                    scope, receive, send
+                )
+                return
         if (
             self.generation is not None
             and scope["type"] == "http"
@@ -205,6 +213,25 @@ class GatewayApp(FastAPI):
             await self.generation(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+
+PROBES = frozenset({"/health", "/ready", "/version"})
+"""Served on both ports when the operator's endpoints have one of their own."""
+
+
+def _for_operators(path: str) -> bool:
+    return path == "/metrics" or path == "/admin" or path.startswith("/admin/")
+
+
+def _served_on(scope: Scope, operator_port: int) -> bool:
+    """Whether the request's path is served on the port it came to: the operator's paths
+    on the operator port, the rest on the other, the probes on both."""
+    path = scope["path"]
+    if path in PROBES:
+        return True
+    server = scope.get("server")
+    on_operator_port = server is not None and server[1] == operator_port
+    return on_operator_port == _for_operators(path)
 
 
 UPSTREAM_HEADER = b"x-pd-upstream"

@@ -134,10 +134,10 @@ def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:
     """Serve until SIGTERM/SIGINT; `log_level` overrides `logging.level`. With
     `server.workers` > 1, that many processes share the socket (`router.process.workers`).
     Raises StartupFailure when the port cannot be had or the app cannot start."""
-    try:
-        sock = bind(config.server.host, config.server.port)
-    except OSError as exc:
-        raise cannot_listen(f"{config.server.host}:{config.server.port}", exc) from None
+    socks = [_listen(config.server.host, config.server.port)]
+    if config.server.operator_port is not None:
+        socks.append(_listen(config.server.host, config.server.operator_port))
+    sock = socks[0]
     log_level = log_level or config.logging.level
     logs.configure(log_level, config.logging.format)
     quiet_startup_log()
@@ -146,37 +146,59 @@ def serve(config: GatewayConfig, *, log_level: str | None = None) -> None:
     url = f"http://{shown}:{port}/v1"
 
     def announce() -> None:
+        if len(socks) > 1:
+            log.info("the operator's endpoints (/metrics, /admin) on port %d", _port(socks[1]))
         print(READY_PREFIX + url, flush=True)
 
     if config.server.workers == 1:
-        _serve_on(sock, config, log_level, announce)
+        _serve_on(socks, config, log_level, announce)
         return
     create_app(config)  # a secret that cannot be read fails here, not in every worker
     status = supervise(
         config.server.workers,
-        lambda ready: _worker(sock, config, log_level, ready),
+        lambda ready: _worker(socks, config, log_level, ready),
         announce,
     )
     if status:
         raise SystemExit(status)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        return bind(host, port)
+    except OSError as exc:
+        raise cannot_listen(f"{host}:{port}", exc) from None
+
+
+def _port(sock: socket.socket) -> int:
+    return int(sock.getsockname()[1])
+
+
 def _worker(
-    sock: socket.socket, config: GatewayConfig, log_level: str, on_ready: Callable[[], None]
+    socks: list[socket.socket],
+    config: GatewayConfig,
+    log_level: str,
+    on_ready: Callable[[], None],
 ) -> int:
     """`_serve_on` in a worker process: a start-up failure is its last words."""
     try:
-        return _serve_on(sock, config, log_level, on_ready)
+        return _serve_on(socks, config, log_level, on_ready)
     except StartupFailure as failure:
         print(f"error: {failure}", file=sys.stderr, flush=True)
         return failure.status
 
 
 def _serve_on(
-    sock: socket.socket, config: GatewayConfig, log_level: str, on_ready: Callable[[], None]
+    socks: list[socket.socket],
+    config: GatewayConfig,
+    log_level: str,
+    on_ready: Callable[[], None],
 ) -> int:
-    """One gateway process on `sock` until it is stopped; its exit status."""
+    """One gateway process on `socks` (the API's, then the operator's if it has its own)
+    until it is stopped; its exit status."""
     app = create_app(config)
+    if len(socks) > 1:
+        app.operator_port = _port(socks[1])
     server_config = config.server
     limits = FrontDoorLimits(
         first_request_timeout_s=server_config.first_request_timeout_s,
@@ -202,7 +224,7 @@ def _serve_on(
     uv_config.lifespan_class = QuietLifespan
     server = _AnnouncingServer(uv_config, on_ready, app, config.server.shutdown_grace_s)
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=socks)
     except SystemExit:
         failure = getattr(app.state, "startup_failure", None)
         if failure is None:

@@ -135,9 +135,12 @@ def test_gateway_deployment(kustomization: Path) -> None:
     }
     gateway = container(deployment)
     assert gateway["args"] == ["serve", "--config", "/etc/pd-gateway/router.yaml"]
-    port = gateway["ports"][0]["containerPort"]
+    ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    port, operator_port = ports["http"], ports["operator"]
     config = embedded_config(docs)
-    assert config.server.port == port
+    assert (config.server.port, config.server.operator_port) == (port, operator_port)
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(operator_port)
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/health"
     assert gateway["startupProbe"]["httpGet"]["path"] == "/health"
@@ -151,8 +154,16 @@ def test_gateway_deployment(kustomization: Path) -> None:
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
     policy = find(docs, "NetworkPolicy", "pd-gateway")
     assert policy["spec"]["podSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
-    (rule,) = policy["spec"]["ingress"]
-    assert rule["ports"] == [{"protocol": "TCP", "port": port}]
+    api, operators = policy["spec"]["ingress"]
+    assert api == {"ports": [{"protocol": "TCP", "port": port}]}  # from anywhere
+    # /metrics and /admin: this namespace and Prometheus's alone.
+    assert operators["ports"] == [{"protocol": "TCP", "port": operator_port}]
+    assert operators["from"] == [
+        {"podSelector": {}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+    ]
+    service_ports = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
+    assert service_ports == {"http": "http", "operator": "operator"}
 
 
 @install

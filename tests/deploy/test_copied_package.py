@@ -85,6 +85,13 @@ def test_the_monitoring_objects_carry_kube_prometheus_stacks_label() -> None:
     watched = [d for d in docs if d["kind"] in ("ServiceMonitor", "PrometheusRule")]
     assert len(watched) == 2
     assert all(d["metadata"]["labels"]["release"] == MONITORING_RELEASE for d in watched)
+    [monitor] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    [service] = [
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "pd-gateway"
+    ]
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "operator"  # where /metrics is served (server.operator_port)
+    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
     dashboards = [d for d in docs if d["kind"] == "ConfigMap" and "grafana_dashboard" in str(d)]
     assert all("release" not in d["metadata"].get("labels", {}) for d in dashboards)
 
