@@ -198,9 +198,8 @@ class GatewayApp(FastAPI):
         scope[SERVER_SEND] = send
         if self.operator_port is not None and scope["type"] == "http":
             if not _served_on(scope, self.operator_port):
-                await error_response(NotFound(f"no route {scope['path']} on this port"))(
-                    scope, receive, send
-                )
+                refused = NotFound(f"pd-gateway does not serve {scope['path'][:100]} on this port")
+                await error_response(refused)(scope, receive, send)
                 return
         if (
             self.generation is not None

@@ -22,6 +22,7 @@ from redis.sentinel import Sentinel
 
 from demo.redis import redis_server_binary
 from tests.deploy.render import BASE
+from tests.gate.redis_deployments import bindable
 from tests.support.processes import stop_group
 
 pytestmark = pytest.mark.e2e  # redis-server and sentinel processes
@@ -39,18 +40,9 @@ def ports_free_everywhere() -> tuple[int, int]:
             probe.bind((ADDRESSES[0], 0))
             first = probe.getsockname()[1]
         ports = (first, first + 1)
-        if all(_bindable(address, port) for address in ADDRESSES for port in ports):
+        if all(bindable(port, address) for address in ADDRESSES for port in ports):
             return ports
     raise RuntimeError("no pair of ports free on every loopback address")
-
-
-def _bindable(address: str, port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((address, port))
-        except OSError:
-            return False
-    return True
 
 
 def until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:

@@ -82,14 +82,15 @@ def _cluster_port() -> int:
     """A free port whose cluster bus port (10000 above it) is free too."""
     while True:
         port = free_port()
-        if port + 10000 <= 65535 and _bindable(port + 10000):
+        if port + 10000 <= 65535 and bindable(port + 10000):
             return port
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int, host: str = HOST) -> bool:
+    """Whether `port` on `host` is free to listen on."""
     with socket.socket() as s:
         try:
-            s.bind((HOST, port))
+            s.bind((host, port))
         except OSError:
             return False
         return True
