@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from tests.real_vllm.output_parser_cases import CASES, OutputCase
 from tests.real_vllm.output_parser_differences import DIFFERENCES, VLLM_STREAM_DIFFERENCES
 from tests.real_vllm.server import CPU_ENV
 from tests.real_vllm.vllm_output_parsing import message_json
+from tests.support.processes import stop_group
 
 SCRIPT = Path(__file__).with_name("vllm_output_parsing.py")
 VLLM_TIMEOUT_S = 300.0
@@ -147,6 +149,7 @@ def parses(
             stdout=results,
             stderr=errors,
             env={**os.environ, **CPU_ENV},
+            start_new_session=True,
         )
         try:
             gateway = {
@@ -154,9 +157,8 @@ def parses(
                 for key, item in tokenized.items()
             }
             returncode = vllm.wait(timeout=VLLM_TIMEOUT_S)
-        finally:
-            vllm.kill()  # only if the wait did not see it end
-            vllm.wait()
+        finally:  # nothing of its group is left, however the wait ended
+            stop_group(vllm, sig=signal.SIGKILL)
     if returncode != 0:
         stderr = (files / "stderr.txt").read_text()[-6000:]
         pytest.fail(f"vLLM's parsers failed:\n{stderr}", pytrace=False)
