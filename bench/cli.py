@@ -20,7 +20,7 @@ def register(commands: Subcommands) -> None:
     bench.add_argument("--quick", action="store_true", help="a run of seconds (for a test)")
     bench.add_argument(
         "--scenario",
-        choices=["paths", "agents", "failover", "objectives", "tenants"],
+        choices=["paths", "agents", "failover", "objectives", "tenants", "sizing"],
         default="paths",
         help="paths: what the gateway adds on each path (default); agents: multi-turn"
         " conversations under each way of choosing a prefill server; failover: answers"
@@ -28,7 +28,8 @@ def register(commands: Subcommands) -> None:
         " at the seam;"
         " objectives: who gets a TileRT node, by fixed rules or by objectives, at rising load;"
         " tenants: a greedy tenant beside interactive ones, weighted shares, one rate across"
-        " replicas, and the limiter's cost",
+        " replicas, and the limiter's cost; sizing: the pools' recommended sizes following a"
+        " load that rises and falls, beside what it needed",
     )
     bench.add_argument(
         "--conversations", type=_positive, help="agents: conversations side by side (default 32)"
@@ -155,6 +156,10 @@ def _bench(args: argparse.Namespace) -> int:
         from bench.tenants import run_tenants
 
         return run_tenants(args, command or "pd-gateway bench --scenario tenants")
+    if args.scenario == "sizing":
+        from bench.sizing import run_sizing
+
+        return run_sizing(args, command or "pd-gateway bench --scenario sizing")
     from bench.command import run_bench
     from bench.options import BenchOptions, quick
 

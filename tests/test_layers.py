@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {"runtime"},
     {"latency", "throughput"},
     {"serving"},
+    {"capacity"},
     {"objectives", "tenants"},
     {"classify"},
     {"node_lifecycle"},

@@ -569,6 +569,24 @@ class ObjectivesConfig(StrictModel):
     a prediction cannot see (requests that join a server during the answer)."""
 
 
+class SizingConfig(StrictModel):
+    """What the recommended pool sizes aim at (docs/operations.md#sizing-the-pools): the
+    `pd_gateway_sizing_*` metrics that the autoscaling objects read."""
+
+    window_s: Annotated[float, Field(ge=10, le=3600)] = 120.0
+    """The figures are averages over about this many recent seconds: shorter follows a
+    change sooner, longer recommends less nervously."""
+    tilert_wait_ms: Annotated[float, Field(gt=0, le=600_000)] = 500.0
+    tilert_wait_share: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    """Enough TileRT nodes that at most this share of requests waits longer than
+    `tilert_wait_ms` for one."""
+    prefill_utilization: Annotated[float, Field(gt=0, le=1)] = 0.8
+    """Enough prefill servers that each is busy at most this share of the time."""
+    decode_itl_ms: Annotated[float, Field(gt=0, le=60_000)] = 50.0
+    """Enough native decode servers that none runs more requests than keeps its gap between
+    tokens within this (as its measured gap line says)."""
+
+
 class ModelConfig(StrictModel):
     """One served model as clients see it."""
 
@@ -583,6 +601,7 @@ class ModelConfig(StrictModel):
     selection: SelectionConfig = SelectionConfig()
     objectives: ObjectivesConfig = ObjectivesConfig()
     """For rules with an objective: the predictor's assumptions until it has measured."""
+    sizing: SizingConfig = SizingConfig()
 
     def selection_of(self, path: Literal["latency", "throughput"]) -> SelectionConfig:
         """The selection for one path: the model's, changed by the path's own."""

@@ -115,6 +115,8 @@ class GateSnapshot:
     out: dict[str, str]  # node id -> why it is out of service
     waiting: int
     retry_after_s: int
+    hold_s: float | None = None
+    """The mean time a node is held, as recent holds tell it (None: not told)."""
 
 
 class SlotGate(Protocol):

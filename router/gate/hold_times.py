@@ -33,6 +33,13 @@ class HoldTimeEstimator:
         """The median hold: what a node just granted is expected to be held."""
         return self._quantile(0.5)
 
+    @property
+    def mean_s(self) -> float:
+        """The mean hold: what sizing the pool needs (the load in node-seconds)."""
+        if len(self._recent) < self.MIN_SAMPLES:
+            return self._initial_s
+        return sum(self._recent) / len(self._recent)
+
     def _quantile(self, quantile: float) -> float:
         if len(self._recent) < self.MIN_SAMPLES:
             return self._initial_s

@@ -197,6 +197,7 @@ class MemoryGate:
             out=self._health.out(),
             waiting=self._waiting,
             retry_after_s=self._retry_after_s(),
+            hold_s=self._hold_times.mean_s,
         )
 
     async def due_for_probe(self) -> list[Node]:

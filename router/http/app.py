@@ -149,6 +149,15 @@ def create_app(config: GatewayConfig) -> GatewayApp:
         models = {name: model.timings.snapshot() for name, model in state.epoch.models.items()}
         return json_response({"models": models})
 
+    @app.get("/admin/sizing")
+    async def sizing(request: Request) -> Response:
+        state.epoch.keys.admin.check(request.headers)
+        models = {
+            name: {size.pool: dataclasses.asdict(size) for size in sizes}
+            for name, sizes in state.sizes().items()
+        }
+        return json_response({"models": models})
+
     @app.post("/admin/reload")
     async def reload(request: Request) -> Response:
         state.epoch.keys.admin.check(request.headers)

@@ -53,6 +53,15 @@ class Timings:
     def gap_s(self, url: str, running: int) -> float:
         return _predict(self._gap, url, running, self.gap_prior)
 
+    def prefill_line(self, url: str) -> Line:
+        """The server's prefill time against the tokens it computes (the prior until it
+        has been measured)."""
+        return _line(self._prefill, url, self.prefill_prior)
+
+    def gap_line(self, url: str) -> Line:
+        """The decode server's gap between tokens against the requests it runs."""
+        return _line(self._gap, url, self.gap_prior)
+
     def node_gap_s(self) -> float:
         """A node's gap, not knowing which node: the mean over the pool's measured nodes."""
         measured = [a.value for a in self._node_gap.values() if a.samples >= MIN_SAMPLES]
@@ -122,6 +131,11 @@ class Timings:
 def _predict(fits: dict[str, LinearFit], key: str, x: float, prior: Line) -> float:
     fit = fits.get(key)
     return max(0.0, prior.at(x)) if fit is None else fit.predict(x, prior)
+
+
+def _line(fits: dict[str, LinearFit], key: str, prior: Line) -> Line:
+    fit = fits.get(key)
+    return prior if fit is None else fit.line(prior)
 
 
 def _line_ms(line: Line, samples: int) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 For each TileRT pool: its node prober (facts, flush, readmission) and, where the pool names
 a DNS name, its discovery. For the vLLM servers of every path: the health prober, the load
-scraper and the KV-event follower. The loops ask the current epoch for what to watch at
-every round, so a reload changes what they watch without restarting them; only pools come
-and go with a reload, and `reloaded` starts and stops theirs.
+scraper and the KV-event follower. For every model: the readings its pools' sizing rests
+on. The loops ask the current epoch for what to watch at every round, so a reload changes
+what they watch without restarting them; only pools come and go with a reload, and
+`reloaded` starts and stops theirs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping
 
+from router.capacity import READ_INTERVAL_S
 from router.config import GatewayConfig, LatencyConfig
 from router.gate import Gate
 from router.latency.protocol import LatencyDeps
@@ -63,7 +65,12 @@ class BackgroundLoops:
         await self._watch_pools(gates)
         self._server_loops = [
             task
-            for task in (self._probe_servers(), self._scrape_load(), self._follow_kv_events())
+            for task in (
+                self._probe_servers(),
+                self._scrape_load(),
+                self._follow_kv_events(),
+                asyncio.create_task(self._read_load_forever(), name="pool sizing"),
+            )
             if task is not None
         ]
 
@@ -152,6 +159,18 @@ class BackgroundLoops:
                 ),
                 name=f"node prober {model}",
             )
+
+    # Pool sizing
+
+    async def _read_load_forever(self) -> None:
+        """Every `READ_INTERVAL_S`, each model's load for its pools' sizing."""
+        while True:
+            for name, runtime in self._epoch().models.items():
+                try:
+                    await runtime.read_load()
+                except Exception:
+                    log.exception("reading the load of %s for its sizing failed", name)
+            await asyncio.sleep(READ_INTERVAL_S)
 
     # vLLM servers
 

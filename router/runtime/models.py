@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from policies.types import Path
+from router.capacity import Sizer
 from router.config import GateConfig, ModelConfig, SelectionConfig
 from router.gate import Gate, make_gate
 from router.latency.path import LatencyPath
@@ -53,12 +54,38 @@ class ModelRuntime:
         return self.objective.timings
 
     @property
+    def sizer(self) -> Sizer:
+        """How many nodes and servers the model's load needs."""
+        sizer = self.objective.sizer
+        assert sizer is not None
+        return sizer
+
+    @property
     def gate(self) -> Gate | None:
         return self.latency.gate if self.latency is not None else None
 
     def server_sets(self) -> list[ServerSet]:
         """The vLLM server sets of the model's paths."""
         return sets_of([self.latency, *self.paths.values()])
+
+    async def read_load(self) -> None:
+        """One reading of the model's load for its pools' sizing: the TileRT pool's state,
+        and which prefill and native decode servers it has, with this process's requests
+        in flight on each."""
+        if (gate := self.gate) is not None:
+            self.sizer.read_pool(await gate.snapshot())
+        prefill: dict[str, None] = {}
+        decode: dict[str, None] = {}
+        outstanding: dict[str, int] = {}
+        for servers in self.server_sets():
+            roles = servers.name.split(":")  # latency:prefill:<pool>, pull:decode, proxy, ...
+            if "prefill" in roles:
+                prefill.update(dict.fromkeys(servers.urls))
+            elif roles[-1] == "decode":
+                decode.update(dict.fromkeys(servers.urls))
+                for url, count in servers.outstanding().items():
+                    outstanding[url] = outstanding.get(url, 0) + count
+        self.sizer.read_servers(prefill=prefill, decode=decode, outstanding=outstanding)
 
     def adopt_servers(self, before: ModelRuntime) -> None:
         """On a reload that rebuilt the model: each of its server sets takes over what the
@@ -70,6 +97,7 @@ class ModelRuntime:
             if (old := replaced.get(servers.name)) is not None:
                 servers.adopt(old)
         self.timings.adopt(before.timings)
+        self.sizer.adopt(before.sizer)
 
 
 def build_model(
@@ -136,6 +164,7 @@ def build_model(
         throughput=throughput,
         native=throughput,
         metrics=deps.metrics,
+        sizer=Sizer(config.sizing),
     )
     return ModelRuntime(
         config, tokenizer, counter, MappingProxyType(paths), latency, vocab_size, objective

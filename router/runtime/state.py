@@ -13,6 +13,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from router.capacity import PoolSize
 from router.config import ConfigError, GatewayConfig, load_config
 from router.gate import Gate, GateSnapshot
 from router.latency.protocol import LatencyDeps
@@ -165,7 +166,14 @@ class AppState:
     async def metrics_text(self) -> bytes:
         """Every metric, in the Prometheus text format."""
         sets, followed = self.epoch.server_sets(), self.kv_events.followed()
-        return self.metrics.render(await self.pool_snapshots(), sets, followed)
+        return self.metrics.render(await self.pool_snapshots(), sets, followed, self.sizes())
+
+    def sizes(self) -> dict[str, list[PoolSize]]:
+        """Each model's pools with their recommended sizes (router/capacity)."""
+        return {
+            name: runtime.sizer.sizes(runtime.timings, tilert=runtime.gate is not None)
+            for name, runtime in self.epoch.models.items()
+        }
 
     def upstream_servers(self) -> dict[str, dict[str, dict[str, dict[str, object]]]]:
         """Each model's vLLM server sets, each server as its set sees it, with the load

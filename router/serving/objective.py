@@ -20,6 +20,7 @@ from typing import Protocol
 
 from policies import Decision, OnSaturation
 from policies.decision import ROUTE_HEADER
+from router.capacity import Sizer
 from router.errors import Overloaded
 from router.objectives import Plan, Timings, WayFacts, choose, planned, predict
 from router.objectives.learning import learn
@@ -69,10 +70,13 @@ class ObjectivePath:
         throughput: ServePath | None,
         native: NativeWays | None,
         metrics: Metrics | None = None,
+        sizer: Sizer | None = None,
     ) -> None:
         """`latency`: the latency path as a fixed rule reaches it (spilling to `throughput`
-        where the model has one); `nodes`, `native`: what the two paths know for a plan."""
+        where the model has one); `nodes`, `native`: what the two paths know for a plan;
+        `sizer`: the model's pool sizing, which hears of every prefill as its answer ends."""
         self.timings = timings
+        self.sizer = sizer
         self._latency = latency
         self._nodes = nodes
         self._throughput = throughput
@@ -81,7 +85,7 @@ class ObjectivePath:
 
     def learning(self, request: RoutedRequest) -> Callable[[], None]:
         """What `request`'s answer teaches once it has ended (any request of the model)."""
-        return partial(_learn, self.timings, request, self._metrics)
+        return partial(_learn, self.timings, request, self._metrics, self.sizer)
 
     async def open(self, request: RoutedRequest, stack: AsyncExitStack) -> Answer:
         decision = request.decision
@@ -170,7 +174,9 @@ def _ms(seconds: float) -> float | None:
     return round(seconds * 1e3, 3) if math.isfinite(seconds) else None
 
 
-def _learn(timings: Timings, request: RoutedRequest, metrics: Metrics | None) -> None:
+def _learn(
+    timings: Timings, request: RoutedRequest, metrics: Metrics | None, sizer: Sizer | None
+) -> None:
     learn(
         timings,
         request.access,
@@ -180,3 +186,5 @@ def _learn(timings: Timings, request: RoutedRequest, metrics: Metrics | None) ->
         metrics=metrics,
         timed=request.endpoint.name != "responses",
     )
+    if sizer is not None:
+        sizer.answered(request.access)

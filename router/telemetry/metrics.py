@@ -16,7 +16,7 @@ import platform
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import (
     PLATFORM_COLLECTOR,
@@ -284,6 +284,8 @@ class Metrics:
         r.register(self._upstreams)
         self._kv_events = _KvEventsCollector()
         r.register(self._kv_events)
+        self._sizing = _SizingCollector()
+        r.register(self._sizing)
         r.register(BUILD_INFO)
         # Several worker processes (`router.process.workers`): each scrape reads every worker's
         # counters and histograms from the shared files, and this worker's pool gauges
@@ -295,6 +297,7 @@ class Metrics:
             self._exposed.register(self._pools)
             self._exposed.register(self._upstreams)
             self._exposed.register(self._kv_events)
+            self._exposed.register(self._sizing)
             self._exposed.register(BUILD_INFO)
             # Whichever worker answers a scrape, the series are every worker's, by pid: one
             # worker's own would jump from process to process between scrapes.
@@ -415,13 +418,16 @@ class Metrics:
         pools: Mapping[str, GateSnapshot],
         upstreams: Mapping[str, Sequence[ServerSet]] | None = None,
         kv_events: Mapping[str, ServerBlocks] | None = None,
+        sizes: Mapping[str, Sequence[PoolSize]] | None = None,
     ) -> bytes:
         """The exposition, with the pool gauges read from `pools` (model -> its snapshot),
-        the vLLM servers' from `upstreams` (model -> its server sets) and their KV-event
-        indexes from `kv_events` (URL -> the index followed)."""
+        the vLLM servers' from `upstreams` (model -> its server sets), their KV-event
+        indexes from `kv_events` (URL -> the index followed) and the pools' recommended
+        sizes from `sizes` (model -> each pool's)."""
         self._pools.snapshots = pools
         self._upstreams.sets = upstreams or {}
         self._kv_events.followed = kv_events or {}
+        self._sizing.sizes = sizes or {}
         return generate_latest(self._exposed)
 
 
@@ -583,6 +589,56 @@ class _PoolCollector(Collector):
         yield busy
         yield up
         yield waiting
+
+
+class PoolSize(Protocol):
+    """One pool's recommended size (router/capacity's `PoolSize`)."""
+
+    @property
+    def pool(self) -> str: ...
+    @property
+    def current(self) -> int: ...
+    @property
+    def demand(self) -> float: ...
+    @property
+    def recommended(self) -> int: ...
+
+
+class _SizingCollector(Collector):
+    """Each model's pools: members now, the members its load needs, and the recommendation
+    (router/capacity): what the autoscaling objects read."""
+
+    def __init__(self) -> None:
+        self.sizes: Mapping[str, Sequence[PoolSize]] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["model", "pool"]
+        current = GaugeMetricFamily(
+            "pd_gateway_sizing_current_replicas",
+            "Members of a pool now: TileRT nodes in service, vLLM servers configured.",
+            labels=labels,
+        )
+        demand = GaugeMetricFamily(
+            "pd_gateway_sizing_demand_replicas",
+            "Members the load needs, unrounded: the TileRT pool's offered load in Erlangs"
+            " (pool-wide); the prefill and decode servers this process's traffic needs at"
+            " the sizing targets (add them up over replicas).",
+            labels=labels,
+        )
+        recommended = GaugeMetricFamily(
+            "pd_gateway_sizing_recommended_replicas",
+            "Members recommended: TileRT nodes for the queue target (pool-wide); prefill and"
+            " decode servers for this process's traffic.",
+            labels=labels,
+        )
+        for model, pools in self.sizes.items():
+            for size in pools:
+                current.add_metric([model, size.pool], size.current)
+                demand.add_metric([model, size.pool], size.demand)
+                recommended.add_metric([model, size.pool], size.recommended)
+        yield current
+        yield demand
+        yield recommended
 
 
 SERVER_STATES = ("healthy", "failing", "ejected", "probation")

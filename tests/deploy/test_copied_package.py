@@ -80,6 +80,31 @@ def test_the_documented_release_label_patch_takes(copied: Path) -> None:
     assert {d["metadata"]["labels"]["release"] for d in watched} == {"prometheus"}
 
 
+def test_the_documented_autoscaling_steps_take(copied: Path) -> None:
+    """docs/kubernetes.md, "Autoscaling": the component added to an overlay of one's own,
+    the settings and the backends' ScaledObjects copied beside it."""
+    overlay = copied / "overlays" / "scaled"
+    shutil.copytree(copied / "overlays" / "example", overlay)
+    for name in ("autoscaling.yaml", "backends.yaml"):
+        shutil.copy(copied / "overlays" / "autoscaled" / name, overlay)
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text(encoding="utf-8"))
+    kustomization["components"].append("../../components/autoscaling")
+    kustomization["resources"] += ["autoscaling.yaml", "backends.yaml"]
+    kustomization["patches"] = [
+        p for p in kustomization["patches"] if p["target"]["kind"] != "HorizontalPodAutoscaler"
+    ]
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization), encoding="utf-8")
+    docs = render_dir(overlay)
+    assert [p for doc in docs for p in problems(doc)] == []
+    assert not [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+    scaled = {d["metadata"]["name"] for d in docs if d["kind"] == "ScaledObject"}
+    assert scaled == {
+        d["metadata"]["name"]
+        for d in render(KUSTOMIZE / "overlays" / "autoscaled")
+        if d["kind"] == "ScaledObject"
+    }
+
+
 def test_the_monitoring_objects_carry_kube_prometheus_stacks_label() -> None:
     docs = render(KUSTOMIZE / "overlays" / "example")
     watched = [d for d in docs if d["kind"] in ("ServiceMonitor", "PrometheusRule")]

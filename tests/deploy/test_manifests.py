@@ -117,6 +117,88 @@ OPERATOR_KINDS: dict[tuple[str, str], dict[str, Any]] = {
     },
 }
 
+_INT_MIN_0 = {"type": "integer", "minimum": 0}
+OPERATOR_KINDS[("keda.sh/v1alpha1", "ScaledObject")] = {
+    # KEDA 2.x's CRD (keda.sh_scaledobjects.yaml), the fields the shipped objects use and
+    # their neighbours, with its required fields and enums.
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {},
+        "kind": {},
+        "metadata": _METADATA,
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                    "additionalProperties": False,
+                },
+                "pollingInterval": _INT_MIN_0,
+                "cooldownPeriod": _INT_MIN_0,
+                "initialCooldownPeriod": _INT_MIN_0,
+                "idleReplicaCount": _INT_MIN_0,
+                "minReplicaCount": _INT_MIN_0,
+                "maxReplicaCount": _INT_MIN_0,
+                "fallback": {
+                    "type": "object",
+                    "required": ["failureThreshold", "replicas"],
+                    "properties": {"failureThreshold": _INT_MIN_0, "replicas": _INT_MIN_0},
+                    "additionalProperties": False,
+                },
+                "advanced": {
+                    "type": "object",
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "properties": {
+                                "name": {"type": "string"},
+                                # autoscaling/v2's HorizontalPodAutoscalerBehavior
+                                "behavior": {"type": "object"},
+                            },
+                            "additionalProperties": False,
+                        },
+                    },
+                    "additionalProperties": False,
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metadata": _STRING_MAP,
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {"name": {}, "kind": {}},
+                                "additionalProperties": False,
+                            },
+                        },
+                        "additionalProperties": False,
+                    },
+                },
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
+
 every = pytest.mark.parametrize(
     "kustomization",
     EVERY_KUSTOMIZATION,

@@ -12,7 +12,7 @@ from typing import Any
 from router.config import parse_config
 from router.runtime.state import AppState
 
-SERVER_LOOPS = {"server prober", "load scraper", "kv events"}
+SERVER_LOOPS = {"server prober", "load scraper", "kv events", "pool sizing"}
 
 
 def closed_port() -> int:
