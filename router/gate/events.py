@@ -20,7 +20,9 @@ class GateEvents(Protocol):
     def fencing_rejected(self) -> None: ...
 
     def unreadable_record(self, reason: str) -> None:
-        """`reason`: `version` or `malformed`."""
+        """`reason`: `version` or `malformed` (a node record, records.py), `state_version`
+        (the scripts' state, state_format.py) or `bucket_version` (a tenant's bucket,
+        router/tenants/limiter.py)."""
 
     def redis_reached(self, deployment: str, reached: bool) -> None:
         """`deployment`: the gate's Redis deployment (single, cluster, sentinel)."""

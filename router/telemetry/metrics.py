@@ -466,7 +466,9 @@ class GateMetrics:
         self._unreadable = Counter(
             "pd_gateway_gate_shared_records_unreadable",
             "Records other replicas shared that this one could not read, by reason"
-            " (version: written in a newer format; malformed).",
+            " (version: a node record in a newer format; malformed; state_version: the"
+            " scripts' state in a format this release does not read; bucket_version: a"
+            " tenant's rate bucket in one).",
             ["reason"],
             registry=r,
         )

@@ -26,7 +26,14 @@ from router.gate import UNSHARED, Share
 from router.telemetry.access import AccessRecord
 from router.telemetry.metrics import Metrics
 from router.tenants.identity import DEFAULT_TENANT
-from router.tenants.limiter import Limiter, LimiterUnavailable, Rate, Take, Verdict
+from router.tenants.limiter import (
+    Limiter,
+    LimiterUnavailable,
+    LimiterUnreadable,
+    Rate,
+    Take,
+    Verdict,
+)
 
 log = logging.getLogger("pd_gateway.tenants")
 
@@ -113,6 +120,7 @@ class Tenants:
                 )
             except LimiterUnavailable as exc:
                 self._metrics.tenant_request(self.label(tenant), "store_unavailable")
+                self._unreadable(exc)
                 if self.config.on_store_unavailable == "refuse":
                     raise Unavailable(
                         "the tenants' rate limits cannot be checked now; retry",
@@ -222,11 +230,19 @@ class Tenants:
         error.headers.update(headers)
         return error
 
+    def _unreadable(self, exc: LimiterUnavailable) -> None:
+        """A bucket stored in a version this release does not read (docs/upgrades.md): an
+        error, counted with the gate's unreadable shared records."""
+        if isinstance(exc, LimiterUnreadable):
+            self._metrics.gate.unreadable_record("bucket_version")
+            log.error("%s: nothing counted", exc)
+
     def _settle(self, key: str, rate: Rate, delta: int) -> None:
         async def settle() -> None:
             try:
                 await self._limiter.settle(key, rate, delta)
             except LimiterUnavailable as exc:
+                self._unreadable(exc)
                 log.warning("a tenant's tokens could not be settled: %s", exc)
 
         self._spawn(settle())

@@ -12,6 +12,14 @@ whatever their own clocks say.
 
 `remaining` counts down from the rate, as OpenAI's `x-ratelimit-remaining-*` headers do:
 a minute's worth may be spent at once, then it comes back at the rate.
+
+On Redis a bucket's value carries its version, by the rule the gate's state follows
+(router/gate/redis/state_format.py: a release that introduces version N+1 reads it but
+still writes N; only the release after it writes N+1). Version 1 is the TAT alone, a
+number; a later version starts with its number and a colon. In the value, not in a key of
+the deployment's as the gate's state has it: a call's keys are one tenant's, on that
+tenant's Cluster slot. A call that meets a bucket of a version this release does not read
+takes nothing and raises `LimiterUnreadable`, rather than take the bucket for full.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any, Protocol
 from urllib.parse import quote_from_bytes
 
 from redis.commands.core import AsyncScript
+from redis.exceptions import ResponseError
 
 from router.gate.redis.client import UNAVAILABLE, GateRedis
 
@@ -37,6 +46,8 @@ may be taken at once."""
 SLACK_S = 1e-6
 """Rounding the comparisons forgive: a cost that fits exactly must fit, whatever the
 doubles' last bits say (Redis's clock counts microseconds; this is one)."""
+BUCKET_READS = frozenset({1})
+"""The versions of a bucket's value on Redis this release reads; it writes version 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +94,18 @@ class Take:
 class LimiterUnavailable(Exception):
     """The counts cannot be reached (the cause is chained): whether the request goes
     through anyway is the caller's setting."""
+
+
+class LimiterUnreadable(LimiterUnavailable):
+    """A bucket on Redis is stored in `version` (`?`: a value of no version), which this
+    release does not read: the call took nothing."""
+
+    def __init__(self, version: str) -> None:
+        super().__init__(
+            f"a tenant's bucket in Redis is stored in format version {version!r};"
+            f" this release reads {sorted(BUCKET_READS)} (docs/upgrades.md)"
+        )
+        self.version = version
 
 
 class Limiter(Protocol):
@@ -255,9 +278,10 @@ class RedisLimiter:
 
     async def _run(self, script: str, takes: Sequence[Take]) -> Any:
         """The script's answer; LimiterUnavailable if Redis cannot answer (the call may
-        have counted or not). A caller cancelled while waiting its turn sends nothing; one
-        cancelled later leaves at once, but its call runs to its end in a task of its own:
-        a command cut off half-way would leave its connection unusable (see
+        have counted or not), LimiterUnreadable if a bucket is of a version this release
+        does not read (it counted nothing). A caller cancelled while waiting its turn sends
+        nothing; one cancelled later leaves at once, but its call runs to its end in a task
+        of its own: a command cut off half-way would leave its connection unusable (see
         router.gate.redis.scripts)."""
         arguments: list[str | int] = []
         for take in takes:
@@ -270,6 +294,11 @@ class RedisLimiter:
         call.add_done_callback(self._ended)
         try:
             return await asyncio.shield(call)
+        except ResponseError as exc:
+            kind, _, version = str(exc).partition(" ")
+            if kind == "FORMAT":
+                raise LimiterUnreadable(version) from exc
+            raise LimiterUnavailable(f"the rate limits' Redis cannot answer: {exc!r}") from exc
         except UNAVAILABLE as exc:
             raise LimiterUnavailable(f"the rate limits' Redis cannot answer: {exc!r}") from exc
 

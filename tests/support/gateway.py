@@ -30,26 +30,43 @@ from tests.support.processes import stop_group
 
 class GatewayProcess:
     def __init__(
-        self, config: dict[str, Any], workdir: Path, *, log_level: str = "warning"
+        self,
+        config: dict[str, Any],
+        workdir: Path,
+        *,
+        log_level: str = "warning",
+        python: str | None = None,
+        release: Path | None = None,
     ) -> None:
+        """`python`: the interpreter (gateway_python()'s by default); `release`: a folder
+        another release of the gateway is installed in (`pip install --target`), which it
+        then runs instead of the checkout's: first on its path, from its own directory."""
         self.config_path = workdir / "router.yaml"
         self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         self._config = config
         self.log_path = workdir / "gateway.log"
         self._log_level = log_level
+        self._python = python or gateway_python()
+        self._release = release
+        self._workdir = workdir
         self._proc: subprocess.Popen[str] | None = None
         self.base_url = ""
         self.url = ""
 
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
         argv = ["serve", "--config", str(self.config_path), "--port", "0"]
+        env, cwd = None, None
+        if self._release is not None:  # `python -m` looks in the current directory first
+            env, cwd = {**os.environ, "PYTHONPATH": str(self._release)}, self._workdir
         with self.log_path.open("w") as log:  # the process keeps its own copy
             self._proc = subprocess.Popen(
-                [gateway_python(), "-m", "router.cli", *argv, "--log-level", self._log_level],
+                [self._python, "-m", "router.cli", *argv, "--log-level", self._log_level],
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
                 start_new_session=True,
+                env=env,
+                cwd=cwd,
             )
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=_pump, args=(self._proc.stdout, lines), daemon=True).start()

@@ -5,6 +5,7 @@ usage, what a store out of reach does, and bounded tracking."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
@@ -17,7 +18,13 @@ from router.gate import UNSHARED, Share
 from router.telemetry.access import AccessRecord
 from router.telemetry.metrics import Metrics
 from router.tenants.admission import Tenants, duration, used_tokens
-from router.tenants.limiter import LimiterUnavailable, MemoryLimiter, Rate, Verdict
+from router.tenants.limiter import (
+    LimiterUnavailable,
+    LimiterUnreadable,
+    MemoryLimiter,
+    Rate,
+    Verdict,
+)
 
 
 class Clock:
@@ -120,6 +127,36 @@ async def test_a_store_out_of_reach_lets_through_or_refuses_as_configured() -> N
     with pytest.raises(Unavailable) as refused:
         await refusing.admit("acme", 1)
     assert refused.value.code == "rate_limits_unavailable"
+
+
+class Unreadable(Down):
+    async def take_all(self, takes: object) -> list[Verdict]:
+        raise LimiterUnreadable("2")
+
+    async def settle(self, key: str, rate: Rate, delta: int) -> None:
+        raise LimiterUnreadable("2")
+
+
+async def test_a_bucket_of_a_version_this_release_does_not_read_is_an_error_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Let through or refused as a store out of reach is, and logged as an error and
+    counted with the gate's unreadable records, for the take and the settle alike."""
+    metrics, background = Metrics(), Background()
+    config = TenantsConfig(every={"requests_per_minute": 1, "tokens_per_minute": 100})
+    limited = Tenants(config, Unreadable(), metrics, background)
+    with caplog.at_level(logging.ERROR, logger="pd_gateway.tenants"):
+        admitted = await limited.admit("acme", 1)
+        admitted.tokens_rate, admitted.tokens_taken = Rate(100), 1
+        limited.settle(admitted, 5)
+        await background.settled()
+    assert admitted.headers == {}
+    counted = metrics.registry.get_sample_value(
+        "pd_gateway_gate_shared_records_unreadable_total", {"reason": "bucket_version"}
+    )
+    assert counted == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2 and all("format version '2'" in e for e in errors), errors
 
 
 async def test_tenants_beyond_the_bound_are_forgotten_least_recently_seen_first() -> None:

@@ -1,7 +1,7 @@
 """The tenants' rate limiter (GCRA): in memory, on a clock the tests move, the exact
 figures; on a real Redis (one server and a Cluster), the same behaviour on Redis's own
-clock, with margins, shared by every replica, and refused with LimiterUnavailable when
-Redis cannot answer."""
+clock, with margins, shared by every replica, refused with LimiterUnavailable when Redis
+cannot answer, and with LimiterUnreadable when a bucket is of a version it does not read."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from router.gate.redis.client import RedisClient, connect
 from router.tenants.limiter import (
     Limiter,
     LimiterUnavailable,
+    LimiterUnreadable,
     MemoryLimiter,
     Rate,
     RedisLimiter,
@@ -340,6 +341,33 @@ async def test_redis_names_of_any_text_are_distinct_buckets(
         assert (await limiter.take(name, PER_SECOND, 30)).remaining == 30
     for name in names:
         assert 29 <= (await limiter.take(name, PER_SECOND, 0)).remaining <= 30
+
+
+@pytest.mark.parametrize(
+    ("stored", "version"),
+    [("2:1700000000000", "2"), ("1:5", "?"), ("full", "?")],
+)
+async def test_redis_a_bucket_of_a_version_this_release_does_not_read_is_refused_untouched(
+    redis_url: str, limiters: Limiters, stored: str, version: str
+) -> None:
+    """Version 1 is the TAT alone; a later version (`2:...`) or a value of none refuses
+    the whole call before it writes anything, rather than take the bucket for full."""
+    limiter = limiters(redis_url)
+    fine, unread = limiter.redis_key("{t}:requests"), limiter.redis_key("{t}:tokens")
+    redis = connect(RedisGateConfig(url=redis_url), None, max_connections=1)
+    try:
+        await redis.run(lambda client: client.set(unread, stored))
+        both = [Take("{t}:requests", PER_SECOND, 1), Take("{t}:tokens", PER_SECOND, 1)]
+        with pytest.raises(LimiterUnreadable) as refused:
+            await limiter.take_all(both)
+        assert refused.value.version == version
+        assert f"format version {version!r}; this release reads [1]" in str(refused.value)
+        with pytest.raises(LimiterUnreadable):
+            await limiter.settle("{t}:tokens", PER_SECOND, 5)
+        assert await redis.run(lambda client: client.exists(fine)) == 0
+        assert await redis.run(lambda client: client.get(unread)) == stored
+    finally:
+        await redis.aclose()
 
 
 @pytest.mark.e2e

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class PoolKeys:
-    """One pool's keys, in the order every script declares them (KEYS[1..9])."""
+    """One pool's keys, in the order every script declares them (KEYS[1..10])."""
 
     queue: str  # zset: waiters, score -priority * 2^40 + when due (ms since 2024-01-01)
     wait: str  # hash: waiter -> "<expires ms>|<holder>"
@@ -28,6 +28,7 @@ class PoolKeys:
     alive: str  # zset: the deployment's replicas, scored by when their heartbeat expires
     shares: str  # hash: tenant -> its virtual node time (s), and "|clock" (fair_share.py)
     shared: str  # hash: waiter -> "<tenant>|<weight>|<max_nodes>", unless the default share
+    format: str  # string: the newest version of this layout written (state_format.py)
 
     def declared(self) -> list[str]:
         return [
@@ -40,6 +41,7 @@ class PoolKeys:
             self.alive,
             self.shares,
             self.shared,
+            self.format,
         ]
 
 
@@ -49,6 +51,7 @@ class KeyLayout:
         self.channel = f"{self.base}:wake"  # pub/sub: waiters that must look again
         self.nodes = f"{self.base}:nodes"  # hash: node id -> its shared record (records.py)
         self.alive = f"{self.base}:alive"
+        self.format = f"{self.base}:format"
 
     def replica_channel(self, replica: str) -> str:
         """The channel that names a replica's own waiters to it (the scripts build the same
@@ -70,6 +73,7 @@ class KeyLayout:
             alive=self.alive,
             shares=f"{queue}:shares",
             shared=f"{queue}:shared",
+            format=self.format,
         )
 
     def node(self, node_id: str) -> list[str]:

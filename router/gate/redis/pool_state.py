@@ -95,4 +95,5 @@ class PoolState:
             out=self.health.out(),
             waiting=self.waiting,
             retry_after_s=self.retry_after_s(),
+            hold_s=self.hold_times.mean_s,
         )

@@ -1,6 +1,7 @@
-"""What replicas share besides the scripts' own state: each node's settings, so that a
-replica can use a node another replica found. A format of its own, not the configuration's
-model, so that a renamed setting never breaks a rolling update.
+"""What replicas share besides the scripts' own state (versioned as a whole by
+state_format.py): each node's settings, so that a replica can use a node another replica
+found. A format of its own, not the configuration's model, so that a renamed setting never
+breaks a rolling update.
 
 A record is a JSON object with a version field `v`. The rule between versions:
 

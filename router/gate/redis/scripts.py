@@ -7,7 +7,11 @@ which a call must give exactly. A call declares the keys of the pool and of ever
 touches: the pool's nodes, plus `touching` (a released node, renewed leases, nodes leaving
 the pool).
 
-A script fails before writing anything in two cases, and the call runs it again:
+A script that meets the deployment's state in a format this release does not read
+(state_format.py) answers `FORMAT <version>` before touching anything: the call raises
+`StateUnreadable`, logged and counted, and is not run again.
+
+A script fails before writing anything in two more cases, and the call runs it again:
 
 * `EPOCH <epoch>`: the caller did not know the pool's current state epoch. Either this is
   its first call, or Redis lost the pool's state (restarted without persistence, a
@@ -21,6 +25,7 @@ A script fails before writing anything in two cases, and the call runs it again:
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 import time
@@ -38,6 +43,9 @@ from router.gate.fair_share import MAX_TENANTS
 from router.gate.hold_times import HoldTimeEstimator
 from router.gate.redis.client import GateRedis
 from router.gate.redis.keys import KeyLayout, PoolKeys
+from router.gate.redis.state_format import StateUnreadable, lua_constants
+
+log = logging.getLogger("pd_gateway.gate")
 
 NAMES = ("acquire", "claim", "collect", "abandon", "release", "renew", "admin", "state", "close")
 _EPOCH_RETRIES = 3
@@ -70,6 +78,7 @@ def _constants() -> str:
         f"local HOLD_INITIAL_S = {HoldTimeEstimator.INITIAL_S!r}\n"
         f"local HOLD_MIN_SAMPLES = {HoldTimeEstimator.MIN_SAMPLES}\n"
         f"local MAX_TENANTS = {MAX_TENANTS}\n"
+        f"{lua_constants()}"
     )
 
 
@@ -199,6 +208,8 @@ class Scripts:
                     return await self._redis.run(partial(call, keys, args))
             except ResponseError as exc:
                 kind, _, value = str(exc).partition(" ")
+                if kind == "FORMAT":
+                    raise self._unreadable(value) from None
                 if kind == "UNDECLARED" and value not in others:
                     others.append(value)  # the script did nothing: run it again
                     continue
@@ -210,6 +221,12 @@ class Scripts:
                 self._epoch = value  # the script did nothing else: run it again
             finally:
                 self._metrics.round_trip(script, time.perf_counter() - sent_at)
+
+    def _unreadable(self, version: str) -> StateUnreadable:
+        self._metrics.unreadable_record("state_version")
+        unreadable = StateUnreadable(version)
+        log.error("%s: refused", unreadable)
+        return unreadable
 
     def _keys(self, others: list[str]) -> list[str]:
         keys = list(self._pool_keys)

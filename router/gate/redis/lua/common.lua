@@ -1,16 +1,19 @@
 -- Prepended to every script: the call's declared keys and arguments, the server's clock,
--- the helpers the scripts share, and the check that the pool's state was not lost.
+-- the helpers the scripts share, the check that this release reads the state's format, and
+-- the check that the pool's state was not lost.
 --
 -- KEYS: the pool's queue, wait, held, epoch, grants and gone keys, the deployment's alive
--- key, the pool's shares and shared keys, then three keys (state, lease, probe) for each
--- node named in ARGV[6] and ARGV[7], in that order. No other key is touched.
+-- key, the pool's shares and shared keys, the deployment's format key, then three keys
+-- (state, lease, probe) for each node named in ARGV[6] and ARGV[7], in that order. No
+-- other key is touched.
 -- ARGV: the wake-up channel, the lease TTL (ms), the failure threshold, the caller's
 -- replica, the pool's epoch as the caller knows it ("" at first), the pool's node ids in
 -- grant order and the other node ids this call touches (one a line), the time (ms) a queued
 -- waiter has to claim a node granted to it, then the script's own arguments as name, value
 -- pairs (its header's `ARGV:` line names them).
 
-local QUEUE, WAIT, HELD, EPOCH_KEY, GRANTS, GONE, ALIVE, SHARES, SHARED = unpack(KEYS, 1, 9)
+local QUEUE, WAIT, HELD, EPOCH_KEY, GRANTS, GONE, ALIVE, SHARES, SHARED, FORMAT_KEY =
+  unpack(KEYS, 1, 10)
 local CHANNEL, TTL, THRESHOLD = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local REPLICA, KNOWN_EPOCH = ARGV[4], ARGV[5]
 
@@ -27,7 +30,7 @@ for i = 9, #ARGV, 2 do ARG[ARGV[i]] = ARGV[i + 1] end
 
 local DECLARED = {}
 do
-  local k = 9
+  local k = 10
   for _, ids in ipairs({NODES, OTHERS}) do
     for _, id in ipairs(ids) do
       DECLARED[id] = {KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]}
@@ -441,6 +444,17 @@ local function release_owned_by(owner)
   for _, id in ipairs(NODES) do
     if redis.call("HGET", lease_key(id), "owner") == owner then unlease(id) end
   end
+end
+
+-- The newest version of this state any release's script has written (none: version 1, or
+-- nothing yet; see state_format.py): a release that does not read it touches nothing, and
+-- one that writes a newer one marks it before it writes.
+local WRITTEN = redis.call("GET", FORMAT_KEY)
+if WRITTEN and not STATE_READS[WRITTEN] then
+  return redis.error_reply("FORMAT " .. WRITTEN)
+end
+if not WRITTEN or tonumber(WRITTEN) < STATE_WRITES then
+  redis.call("SET", FORMAT_KEY, STATE_WRITES)
 end
 
 local EPOCH = redis.call("GET", EPOCH_KEY)
