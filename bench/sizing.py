@@ -7,8 +7,10 @@ shortage hides the load), native streams in `pull` mode on one prefill and one d
 server. Every second the bench reads the gateway's `/admin/sizing`. What each phase needed
 is worked out without the gateway's figures:
 
-* TileRT nodes: Erlang C (the same queue target) on the phase's arrival rate as generated,
-  times the mean answer time its clients saw (the node's hold plus the relay's own);
+* TileRT nodes: Erlang C (the same queue target) on the load the nodes carried, from
+  their own records: each request from the node's acceptance of its KV transfer to the
+  end of its decode, summed over the phase, per second (Little's law: with more nodes than
+  the load keeps busy, the load offered), at those requests' mean time;
 * prefill servers: the prefill server's own records (each prefill's time, received to
   first token) summed over the phase, per second, over the utilization target;
 * decode servers: the requests the decode server ran on average (its records, by Little's
@@ -45,9 +47,9 @@ POOLS = ("tilert", "prefill", "decode")
 
 @dataclass(frozen=True, slots=True)
 class SizingOptions:
-    latency_rates: tuple[float, ...] = (2.0, 8.0, 16.0, 8.0, 2.0)
+    latency_rates: tuple[float, ...] = (2.0, 6.0, 12.0, 6.0, 2.0)
     """Latency requests a second, one phase each."""
-    native_rates: tuple[float, ...] = (2.0, 6.0, 12.0, 6.0, 2.0)
+    native_rates: tuple[float, ...] = (1.0, 3.0, 6.0, 3.0, 1.0)
     phase_s: float = 30.0
     window_s: float = 10.0
     nodes: int = 12
@@ -82,11 +84,10 @@ class Phase:
     native_rate: float
     start: float = 0.0
     end: float = 0.0
-    latency_s: list[float] = field(default_factory=list)  # each latency answer's time
     failed: int = 0
     needed: dict[str, int] = field(default_factory=dict)
     offered: float = 0.0
-    """The TileRT pool's offered load (Erlangs): the arrival rate times the mean answer."""
+    """The TileRT pool's offered load (Erlangs), from the nodes' own records."""
     seen: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     """(when, recommended per pool), every reading of /admin/sizing in the phase."""
     offered_seen: float | None = None
@@ -150,19 +151,17 @@ def gateway_config(stack: SimStack, options: SizingOptions) -> dict[str, Any]:
     }
 
 
-async def answer(http: httpx.AsyncClient, text: str, headers: dict[str, str]) -> float:
+async def answer(http: httpx.AsyncClient, text: str, headers: dict[str, str]) -> None:
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": f"[[sim-output]]{text}[[/sim-output]]"}],
         "stream": True,
     }
-    sent = time.perf_counter()
     async with http.stream("POST", "/chat/completions", json=body, headers=headers) as response:
         if response.status_code != 200:
             raise RuntimeError(f"answered {response.status_code}")
         async for _ in response.aiter_bytes():
             pass
-    return time.perf_counter() - sent
 
 
 async def arrivals(
@@ -181,12 +180,9 @@ async def arrivals(
 
     async def one() -> None:
         try:
-            seconds = await answer(http, text, headers)
+            await answer(http, text, headers)
         except (RuntimeError, httpx.HTTPError):
             phase.failed += 1
-            return
-        if not headers:
-            phase.latency_s.append(seconds)
 
     while True:
         await asyncio.sleep(rng.expovariate(rate))
@@ -237,14 +233,33 @@ async def run_phases(gateway: BenchGateway, stack: SimStack, options: SizingOpti
         await watching
         prefill = (await http.get(stack.prefills[0].url + "/sim/requests")).json()["requests"]
         decode = (await http.get(stack.decodes[0].url + "/sim/requests")).json()["requests"]
+        holds = [
+            hold
+            for node in stack.nodes
+            for hold in node_holds((await http.get(node.url + "/sim/records")).json())
+        ]
     for phase in phases:
-        phase.needed = needed(phase, options, prefill, decode)
+        phase.needed = needed(phase, options, holds, prefill, decode)
     return phases
+
+
+def node_holds(records: dict[str, Any]) -> list[tuple[float, float]]:
+    """(from, to) of each request a node served: from its acceptance of the KV transfer
+    (the control plane) to the end of its decode."""
+    accepted = {
+        r["rid"]: r["time"] for r in records["control"] if r["outcome"] == "accepted" and r["rid"]
+    }
+    return [
+        (accepted[d["rid"]], d["end"])
+        for d in records["decodes"]
+        if d["rid"] in accepted and d["end"] is not None
+    ]
 
 
 def needed(
     phase: Phase,
     options: SizingOptions,
+    holds: list[tuple[float, float]],
     prefill: list[dict[str, Any]],
     decode: list[dict[str, Any]],
 ) -> dict[str, int]:
@@ -258,13 +273,14 @@ def needed(
                 total += end - r["received"]
         return total
 
-    hold_s = statistics.mean(phase.latency_s) if phase.latency_s else 0.0
-    phase.offered = phase.latency_rate * hold_s
+    held = [end - start for start, end in holds if phase.start <= start < phase.end]
+    hold_s = statistics.mean(held) if held else 0.0
+    phase.offered = sum(held) / seconds
     prefill_busy = busy_s(prefill, first_token=True) / seconds
     running = busy_s(decode, first_token=False) / seconds
     return {
         "tilert": servers_needed(
-            phase.latency_rate * hold_s,
+            phase.offered,
             hold_s=hold_s or 1.0,
             wait_s=options.tilert_wait_ms / 1e3,
             share=options.tilert_wait_share,
