@@ -8,6 +8,8 @@ others side by side (most of them wait on downloads, the checks on one CPU):
 * `checks`: lint, formatting and types (`ruff check .`, `ruff format --check .`, `mypy`),
   once `project` is done;
 * `vllm`: real vLLM in `.venv-vllm/` (`python -m tests.real_vllm.install`);
+* `tilert`: TileRT's own decode node, releases 0.1.5 and 0.1.6 from PyPI, in `.venv-tilert/`
+  (`python -m tests.real_tilert.install`);
 * `promtool`: Prometheus's rule checker in `.promtool/` (`python -m tests.deploy.promtool`);
 * `python3.13`: the container image's Python and the project in `.venv-3.13/`, which the
   tests run the gateway's processes on (`python -m tests.newer_python.install`; it installs
@@ -65,6 +67,7 @@ STEPS = {
         after=("project",),
     ),
     "vllm": Step([[PYTHON, "-m", "tests.real_vllm.install"]]),
+    "tilert": Step([[PYTHON, "-m", "tests.real_tilert.install"]]),
     "promtool": Step([[PYTHON, "-m", "tests.deploy.promtool"]]),
     "python3.13": Step([[PYTHON, "-m", "tests.newer_python.install"]]),
     "bytecode": Step(

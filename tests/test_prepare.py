@@ -1,7 +1,8 @@
 """`python -m tests.prepare`: its steps run side by side, each once the steps it comes after
 have succeeded, each line of theirs prefixed with the step's name, and a failure names its
 step and the steps it kept from running. The vLLM step installs a fixed list of packages,
-which holds the releases it names and none of the packages it leaves out."""
+which holds the releases it names and none of the packages it leaves out; so does the TileRT
+step, beside TileRT's own wheels."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.prepare import STEPS, Step, run_steps
+from tests.real_tilert import install as tilert_install
 from tests.real_vllm.install import (
     REQUIREMENTS,
     SIMULATOR_NEEDS,
@@ -93,7 +95,7 @@ def test_a_step_after_a_step_that_does_not_exist_is_refused() -> None:
 def test_the_checks_wait_for_the_project_and_the_installs_start_at_once() -> None:
     assert STEPS["checks"].after == ("project",)
     # The newer Python brings its own patchelf: the longest install starts with the others.
-    assert {"vllm", "promtool", "python3.13"} <= {
+    assert {"vllm", "tilert", "promtool", "python3.13"} <= {
         name for name, step in STEPS.items() if not step.after
     }
 
@@ -106,3 +108,13 @@ def test_the_vllm_requirements_pin_every_package_and_hold_the_named_releases() -
     assert pins["torch"].split("+")[0] == TORCH_RELEASE
     assert set(SIMULATOR_NEEDS) <= set(pins)
     assert not set(UNWANTED) & {name.lower() for name in pins}
+
+
+def test_the_tilert_requirements_pin_every_package_and_torch_as_vllm_does() -> None:
+    text = tilert_install.REQUIREMENTS.read_text()
+    lines = [line for line in text.splitlines() if line[:1] not in "#"]
+    pins = dict(line.split("==") for line in lines)
+    assert len(pins) == len(lines)  # one exact release a line, nothing else
+    assert {"torch", "fastapi", "uvicorn", "pydantic"} <= set(pins)
+    assert pins["torch"] == TORCH_RELEASE  # the CPU build on the machine's disk
+    assert set(tilert_install.RELEASES) == {"0.1.5", "0.1.6"}

@@ -166,6 +166,9 @@ class DecodeSession:
         if faults.slow_start_s and await self._pause(faults.slow_start_s):
             return self._finish("cancelled")
         if job.max_tokens <= 0:
+            # No budget: the first token (the prefill's) is the whole output, counted though
+            # never streamed, as TileRT's engines of both releases answer (tests/real_tilert).
+            self.token_ids.append(job.first_token_id)
             return self._finish("length")
         if job.first_token_id in job.eos_ids:
             # The engine streams the first token before it checks the stop set.

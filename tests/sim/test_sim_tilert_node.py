@@ -117,6 +117,21 @@ async def test_max_tokens_one(client: httpx.AsyncClient, node: NodeInfo) -> None
     assert result.lines == [{"t": [5]}, {**result.final, "n": 1, "finish_reason": "length"}]
 
 
+async def test_max_tokens_zero_is_the_first_token_alone(
+    client: httpx.AsyncClient, node: NodeInfo
+) -> None:
+    """No budget: no token line, and the first token counted (docs/protocols.md §1.5)."""
+    rid = new_rid()
+    await transfer(node, rid, plan=[5, 6, EOS])
+    result = await decode_stream(client, node, rid, 5, max_tokens=0)
+    assert result.lines == [{**result.final, "n": 1, "finish_reason": "length"}]
+    rid = new_rid()
+    await transfer(node, rid, plan=[5, 6, EOS])
+    body = {"rid": rid, "first_token_id": 5, "max_tokens": 0}
+    whole = (await client.post(f"{node.url}/pd/decode", json=body)).json()
+    assert (whole["token_ids"], whole["timing_ms"]["finish_reason"]) == ([5], "length")
+
+
 async def test_decode_continues_from_the_given_first_token(
     client: httpx.AsyncClient, node: NodeInfo
 ) -> None:
