@@ -7,10 +7,11 @@ shortage hides the load), native streams in `pull` mode on one prefill and one d
 server. Every second the bench reads the gateway's `/admin/sizing`. What each phase needed
 is worked out without the gateway's figures:
 
-* TileRT nodes: Erlang C (the same queue target) on the load the nodes carried, from
-  their own records: each request from the node's acceptance of its KV transfer to the
-  end of its decode, summed over the phase, per second (Little's law: with more nodes than
-  the load keeps busy, the load offered), at those requests' mean time;
+* TileRT nodes: Erlang C (the same queue target) on the load the nodes carried, from the
+  servers' own records: each request from its prefill's arrival at the prefill server
+  (the node is held from before it) to the end of its decode on the node, summed over the
+  phase, per second (Little's law: with more nodes than the load keeps busy, the load
+  offered), at those requests' mean time;
 * prefill servers: the prefill server's own records (each prefill's time, received to
   first token) summed over the phase, per second, over the utilization target;
 * decode servers: the requests the decode server ran on average (its records, by Little's
@@ -233,24 +234,26 @@ async def run_phases(gateway: BenchGateway, stack: SimStack, options: SizingOpti
         await watching
         prefill = (await http.get(stack.prefills[0].url + "/sim/requests")).json()["requests"]
         decode = (await http.get(stack.decodes[0].url + "/sim/requests")).json()["requests"]
+        sent = {r["rid"]: r["received"] for r in prefill if r.get("rid")}
         holds = [
             hold
             for node in stack.nodes
-            for hold in node_holds((await http.get(node.url + "/sim/records")).json())
+            for hold in node_holds((await http.get(node.url + "/sim/records")).json(), sent)
         ]
     for phase in phases:
         phase.needed = needed(phase, options, holds, prefill, decode)
     return phases
 
 
-def node_holds(records: dict[str, Any]) -> list[tuple[float, float]]:
-    """(from, to) of each request a node served: from its acceptance of the KV transfer
-    (the control plane) to the end of its decode."""
+def node_holds(records: dict[str, Any], prefilled: dict[str, float]) -> list[tuple[float, float]]:
+    """(from, to) of each request a node served: from the arrival of its prefill at the
+    prefill server (`prefilled`, by rid: the node is held from before it), else from the
+    node's acceptance of its KV transfer, to the end of its decode."""
     accepted = {
         r["rid"]: r["time"] for r in records["control"] if r["outcome"] == "accepted" and r["rid"]
     }
     return [
-        (accepted[d["rid"]], d["end"])
+        (prefilled.get(d["rid"], accepted[d["rid"]]), d["end"])
         for d in records["decodes"]
         if d["rid"] in accepted and d["end"] is not None
     ]
