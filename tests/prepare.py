@@ -7,7 +7,8 @@ others side by side (most of them wait on downloads, the checks on one CPU):
   (`pip install -e '.[test]'`);
 * `checks`: lint, formatting and types (`ruff check .`, `ruff format --check .`, `mypy`),
   once `project` is done;
-* `vllm`: real vLLM in `.venv-vllm/` (`python -m tests.real_vllm.install`);
+* `vllm`: real vLLM in `.venv-vllm/` (`python -m tests.real_vllm.install`), then NIXL beside
+  it for the NIXL connectors (`python -m tests.real_vllm.nixl_install`);
 * `tilert`: TileRT's own decode node, releases 0.1.5 and 0.1.6 from PyPI, in `.venv-tilert/`
   (`python -m tests.real_tilert.install`);
 * `promtool`: Prometheus's rule checker in `.promtool/` (`python -m tests.deploy.promtool`);
@@ -66,7 +67,9 @@ STEPS = {
         ],
         after=("project",),
     ),
-    "vllm": Step([[PYTHON, "-m", "tests.real_vllm.install"]]),
+    "vllm": Step(
+        [[PYTHON, "-m", "tests.real_vllm.install"], [PYTHON, "-m", "tests.real_vllm.nixl_install"]]
+    ),
     "tilert": Step([[PYTHON, "-m", "tests.real_tilert.install"]]),
     "promtool": Step([[PYTHON, "-m", "tests.deploy.promtool"]]),
     "python3.13": Step([[PYTHON, "-m", "tests.newer_python.install"]]),

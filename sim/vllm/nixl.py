@@ -66,19 +66,34 @@ class KvStore:
 
 
 def producer_params(
-    engine_id: str, host: str, side_channel_port: int, key: str, prompt_len: int
+    engine_id: str,
+    host: str,
+    side_channel_port: int,
+    key: str,
+    prompt_len: int,
+    cached_tokens: int = 0,
 ) -> dict[str, Any]:
-    """The ``kv_transfer_params`` a prefill response carries for the decode leg."""
+    """The ``kv_transfer_params`` a prefill response carries for the decode leg: vLLM 0.32's
+    NixlConnector's keys in its order (checked against it by the real-vLLM tier,
+    tests/real_vllm/test_native_nixl.py), the block ids one list per KV cache group (one
+    here). vLLM's ``remote_request_id`` is its internal id (``chatcmpl-<X-Request-Id>-<8
+    hex>``); this one is the key the side channel keeps the state under."""
     blocks = -(-prompt_len // BLOCK_SIZE)
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,
+        "remote_block_ids": [list(range(1, blocks + 1))],
         "remote_engine_id": engine_id,
-        "remote_block_ids": list(range(1, blocks + 1)),
+        "remote_request_id": key,
         "remote_host": host,
         "remote_port": side_channel_port,
-        "remote_request_id": key,
         "tp_size": 1,
+        "dcp_size": 1,
+        "pp_size": 1,
+        "remote_num_tokens": prompt_len,
+        "remote_blocks_expiry_time": None,
+        "transfer_mode": "pull",
+        "remote_prefill_cached_tokens": cached_tokens,
     }
 
 

@@ -254,6 +254,7 @@ class VllmServer:
                 self.side_channel_port,
                 base,
                 len(plan.prompt_ids),
+                source.cached_tokens,
             )
         after_response = None
         if self.produces and kv.get("tilert_host"):

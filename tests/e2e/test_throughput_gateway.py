@@ -212,14 +212,13 @@ async def test_pull_legs_carry_the_protocols_parameters_and_one_request_id(
         {k: v for k, v in body.items() if k != "stream_options"}
     )
     # The decode leg carries exactly what the prefill answered: the simulated producer's
-    # parameters for this prompt (one block per 16 tokens), naming the request id; a stream
+    # parameters for this prompt (vLLM 0.32's keys), naming the request id; a stream
     # asks for its chunks' ids, to go on elsewhere if its server breaks.
     assert decode["kv_mode"] == "nixl_consumer_pull"
-    blocks = -(-decode_prompt_tokens(content) // 16)
     assert decode["body"] == {
         **body,
         "min_tokens": 2,
-        "kv_transfer_params": pull_decode_params(server, rid, blocks),
+        "kv_transfer_params": pull_decode_params(server, rid, decode_prompt_tokens(content)),
         "return_token_ids": True,
     }
 

@@ -60,17 +60,25 @@ async def test_pull(client: httpx.AsyncClient, stack: SimStack) -> None:
     request_id = new_rid()
     first = (await _prefill(client, prefill, request_id)).json()
     params = first["kv_transfer_params"]
-    assert params == {
-        "do_remote_prefill": True,
-        "do_remote_decode": False,
-        "remote_engine_id": "prefill-0",
-        "remote_block_ids": params["remote_block_ids"],
-        "remote_host": prefill.side_channel_host,
-        "remote_port": prefill.side_channel_port,
-        "remote_request_id": request_id,
-        "tp_size": 1,
-    }
-    assert params["remote_block_ids"]
+    prompt = first["usage"]["prompt_tokens"]
+    # vLLM 0.32's NixlConnector's keys in its order (tests/real_vllm/test_native_nixl.py),
+    # a list of block ids per KV cache group.
+    assert list(params.items()) == [
+        ("do_remote_prefill", True),
+        ("do_remote_decode", False),
+        ("remote_block_ids", [list(range(1, -(-prompt // 16) + 1))]),
+        ("remote_engine_id", "prefill-0"),
+        ("remote_request_id", request_id),
+        ("remote_host", prefill.side_channel_host),
+        ("remote_port", prefill.side_channel_port),
+        ("tp_size", 1),
+        ("dcp_size", 1),
+        ("pp_size", 1),
+        ("remote_num_tokens", prompt),
+        ("remote_blocks_expiry_time", None),
+        ("transfer_mode", "pull"),
+        ("remote_prefill_cached_tokens", 0),
+    ]
     assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     second = (await _decode(client, decode, request_id, params)).json()
     assert second["id"] == f"chatcmpl-{request_id}"

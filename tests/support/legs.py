@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.stack import NodeInfo, ServerInfo
+from sim.vllm.nixl import producer_params
 
 # A NIXL producer's prefill (pull and push alike): keep the KV state for a remote decode.
 NIXL_PREFILL_PARAMS = {
@@ -45,19 +46,16 @@ def tilert_prefill_body(body: dict[str, Any], node: NodeInfo) -> dict[str, Any]:
     }
 
 
-def pull_decode_params(prefill: ServerInfo, request_id: str, blocks: int) -> dict[str, Any]:
+def pull_decode_params(prefill: ServerInfo, request_id: str, prompt_tokens: int) -> dict[str, Any]:
     """A pull decode leg's parameters: the simulated producer's answer for a prompt of
-    `blocks` KV blocks (one per 16 tokens), naming the request id."""
-    return {
-        "do_remote_prefill": True,
-        "do_remote_decode": False,
-        "remote_engine_id": prefill.engine_id,
-        "remote_block_ids": list(range(1, blocks + 1)),
-        "remote_host": prefill.side_channel_host,
-        "remote_port": prefill.side_channel_port,
-        "remote_request_id": request_id,
-        "tp_size": 1,
-    }
+    `prompt_tokens` (none of them cached), naming the request id."""
+    return producer_params(
+        prefill.engine_id,
+        prefill.side_channel_host,
+        prefill.side_channel_port,
+        request_id,
+        prompt_tokens,
+    )
 
 
 def push_decode_params(prefill: ServerInfo, request_id: str) -> dict[str, Any]:

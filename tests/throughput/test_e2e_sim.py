@@ -210,8 +210,8 @@ async def test_pull_legs_as_the_protocol_requires(
     # The decode leg carries exactly what the prefill returned (the simulator's producer
     # parameters for this prompt), and reads the KV state over the side channel.
     server = stack.prefills[0]
-    blocks = -(-usage_of(answer.content)["prompt_tokens"] // 16)
-    assert decode["body"] == {**body, "kv_transfer_params": pull_decode_params(server, rid, blocks)}
+    prompt = usage_of(answer.content)["prompt_tokens"]
+    assert decode["body"] == {**body, "kv_transfer_params": pull_decode_params(server, rid, prompt)}
     assert decode["kv_mode"] == "nixl_consumer_pull"
     sides = (await http.get(f"{server.url}/sim/requests")).json()["side_channel"]
     assert [(s["remote_request_id"], s["outcome"]) for s in sides] == [(rid, "read")]
