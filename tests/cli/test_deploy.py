@@ -48,9 +48,11 @@ def test_the_kustomizations_are_the_expected_ones() -> None:
     assert names == [
         "backends-example",
         "base",
+        "components/autoscaling",
         "components/ingress",
         "components/monitoring",
         "components/tokenizers",
+        "overlays/autoscaled",
         "overlays/example",
     ]
 
@@ -199,14 +201,21 @@ def test_disruption_budget_and_autoscaler_keep_three_replicas(kustomization: Pat
     assert budget["apiVersion"] == "policy/v1"
     assert budget["spec"]["selector"]["matchLabels"] == labels
     assert budget["spec"]["maxUnavailable"] == 1
-    hpa = find(docs, "HorizontalPodAutoscaler", "pd-gateway")
-    assert hpa["apiVersion"] == "autoscaling/v2"
-    target = hpa["spec"]["scaleTargetRef"]
-    assert (target["kind"], target["name"]) == ("Deployment", "pd-gateway")
-    assert hpa["spec"]["minReplicas"] == deployment["spec"]["replicas"] == 3
-    assert hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
+    if any(d["kind"] == "ScaledObject" for d in docs):  # KEDA's, in place of the HPA
+        scaled = find(docs, "ScaledObject", "pd-gateway")
+        assert scaled["spec"]["scaleTargetRef"] == {"name": "pd-gateway"}  # a Deployment
+        assert scaled["spec"]["minReplicaCount"] == deployment["spec"]["replicas"] == 3
+        assert scaled["spec"]["maxReplicaCount"] > scaled["spec"]["minReplicaCount"]
+        assert "cpu" in [t["type"] for t in scaled["spec"]["triggers"]]
+    else:
+        hpa = find(docs, "HorizontalPodAutoscaler", "pd-gateway")
+        assert hpa["apiVersion"] == "autoscaling/v2"
+        target = hpa["spec"]["scaleTargetRef"]
+        assert (target["kind"], target["name"]) == ("Deployment", "pd-gateway")
+        assert hpa["spec"]["minReplicas"] == deployment["spec"]["replicas"] == 3
+        assert hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
+        (metric,) = hpa["spec"]["metrics"]
+        assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
     # CPU utilisation is relative to the request: the container must make one.
     assert container(deployment)["resources"]["requests"]["cpu"]
 

@@ -16,7 +16,14 @@ import pytest
 
 from sim.stack import SimStack
 from tests.gate.redis_server import RedisServer, running_redis
-from tests.support.classify_fixtures import ROUTE, observed, proxy_throughput, say, words
+from tests.support.classify_fixtures import (
+    ROUTE,
+    observed,
+    proxy_throughput,
+    say,
+    wait_until,
+    words,
+)
 from tests.support.deployment import gateway_config, latency_model
 from tests.support.gateway import GatewayProcess, running_gateways, start_gateway
 from tests.support.stacks import StackPool
@@ -211,10 +218,12 @@ async def test_three_replicas_on_one_redis_keep_one_tenants_cap(
             )
             assert refused.status_code == 429, refused.text
             assert refused.json()["error"]["code"] == "tenant_max_nodes"
-            metrics = (await sims.http.get(second.url + "/metrics")).text
-            assert 'pd_gateway_tenant_requests_total{outcome="max_nodes",tenant="capped"} 1.0' in (
-                metrics
-            )
+            counted = 'pd_gateway_tenant_requests_total{outcome="max_nodes",tenant="capped"} 1.0'
+
+            async def refusal_counted() -> bool:  # as the answer ends, after its last byte
+                return counted in (await sims.http.get(second.url + "/metrics")).text
+
+            await wait_until(refusal_counted, what="the capped tenant's refusal counted")
             other = await sims.http.post(third.base_url + "/chat/completions", json=body("other"))
             assert other.status_code == 200, other.text
             assert other.headers[ROUTE] == "latency"

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
-import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
 from sim.stack import NodeInfo
 from tests.real_tilert.install import PYTHON, release_dir
-from tests.support.processes import stop_group
+from tests.support.processes import ready_line, stop_group
 from tests.support.tethered import tether
 
 LAUNCHER = Path(__file__).with_name("tilert_node.py")
@@ -67,18 +65,9 @@ class RealNode:
                 start_new_session=True,
                 preexec_fn=tether(),
             )
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=_pump, args=(self._proc.stdout, lines), daemon=True).start()
         deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and not self.ready:
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                if self._proc.poll() is not None:
-                    break
-                continue
-            if line.startswith(READY_PREFIX):
-                self.ready = json.loads(line.removeprefix(READY_PREFIX))
+        ready = ready_line(self._proc, READY_PREFIX, deadline)
+        self.ready = json.loads(ready) if ready is not None else {}
         if not self.ready:
             self.stop()
             raise RuntimeError(f"TileRT {self.release} did not start:\n{self.log_text()}")
@@ -112,9 +101,3 @@ class RealNode:
         proc, self._proc = self._proc, None
         if proc is not None:
             stop_group(proc, grace_s=STOP_GRACE_S)
-
-
-def _pump(stream: IO[str], out: queue.Queue[str]) -> None:
-    with stream:
-        for line in stream:
-            out.put(line)

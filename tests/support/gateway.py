@@ -7,10 +7,8 @@ directory (its router.yaml and gateway.log) and is stopped when the block ends.
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +23,7 @@ from router.process.server import READY_PREFIX
 from tests.support.deployment import gateway_config
 from tests.support.gateway_python import gateway_python
 from tests.support.http import plain
-from tests.support.processes import stop_group
+from tests.support.processes import ready_line, stop_group
 
 
 class GatewayProcess:
@@ -68,20 +66,11 @@ class GatewayProcess:
                 env=env,
                 cwd=cwd,
             )
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=_pump, args=(self._proc.stdout, lines), daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                if self._proc.poll() is not None:
-                    break
-                continue
-            if line.startswith(READY_PREFIX):
-                self.base_url = line[len(READY_PREFIX) :].strip()
-                self.url = self.base_url.removesuffix("/v1")
-                return self
+        ready = ready_line(self._proc, READY_PREFIX, time.monotonic() + timeout_s)
+        if ready is not None:
+            self.base_url = ready
+            self.url = self.base_url.removesuffix("/v1")
+            return self
         self.stop()
         raise RuntimeError(f"the gateway did not start:\n{self.log_path.read_text()}")
 
@@ -153,12 +142,6 @@ class GatewayProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _pump(stream: Any, out: queue.Queue[str]) -> None:
-    with stream:  # closed at the end of the output, once the process has gone
-        for line in stream:
-            out.put(line)
 
 
 @contextmanager

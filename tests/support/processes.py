@@ -10,13 +10,15 @@ A process group is what one `os.killpg` reaches: a child that starts a session o
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 STOP_GRACE_S = 15.0  # a gateway drains in-flight requests on SIGTERM
 GONE_WITHIN_S = 10.0  # SIGKILLed processes are gone once the kernel has torn them down
@@ -103,3 +105,28 @@ def run_in_group(
             popen.communicate()  # what it wrote, and its pipes closed
             raise
     return subprocess.CompletedProcess(popen.args, popen.returncode, out, err)
+
+
+def ready_line(proc: subprocess.Popen[str], prefix: str, deadline: float) -> str | None:
+    """What follows `prefix` in the first line of `proc`'s standard output that starts with
+    it (read on a thread of its own, to the end of the output); None if the process exits or
+    `deadline` (time.monotonic()) passes first."""
+    assert proc.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            if proc.poll() is not None:
+                return None
+            continue
+        if line.startswith(prefix):
+            return line[len(prefix) :].strip()
+    return None
+
+
+def _pump(stream: IO[str], out: queue.Queue[str]) -> None:
+    with stream:  # closed at the end of the output, once the process has gone
+        for line in stream:
+            out.put(line)
