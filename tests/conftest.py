@@ -5,10 +5,9 @@ test under tests/e2e/ is marked here, other modules mark themselves (`pytestmark
 `pytest -m "not e2e"` is then the fast in-process loop, and a test that starts a process
 without the marker fails at once, so nothing slow slips into that loop unnoticed.
 
-pytest-xdist runs the suite on one worker per CPU and one more, a module at a time per
-worker (the real_vllm tier as one unit, on one worker, from the run's start:
-tests.support.scheduling); tests marked `serial` (they assert timings) run while no other
-test does. Gateway processes run
+pytest-xdist runs the suite on one worker per CPU, a module at a time per worker (the
+real_vllm tier as one unit, on one worker, from the run's start: tests.support.scheduling); tests
+marked `serial` (they assert timings) run while no other test does. Gateway processes run
 on the container image's Python where it is installed (tests.support.gateway_python),
 which the run's header names.
 """
@@ -38,11 +37,6 @@ E2E_DIR = Path(__file__).resolve().parent / "e2e"
 def pytest_report_header() -> str:
     """Which Python the gateway's processes run on (tests.support.gateway_python)."""
     return report_header()
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n logical`: one worker per CPU and one more (tests.support.scheduling)."""
-    return scheduling.workers()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

@@ -21,16 +21,10 @@ vLLM server's start of a minute, its own worker idle meanwhile.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import pytest
 from xdist.scheduler import LoadScopeScheduling
-
-SPARE_WORKERS = 1
-"""Workers beyond one per CPU: most of the suite's time is its tests waiting on processes
-(simulators, gateways, vLLM), and with one worker per CPU the CPUs stood a third idle
-(1381 CPU-seconds over a 977 s run on 2 CPUs)."""
 
 REAL_VLLM_TIER = "tests/real_vllm/"
 TIER_SCOPE = "tests/real_vllm: the real-vLLM tier, on one worker"
@@ -82,9 +76,3 @@ def make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling | Non
     if config.getvalue("dist") != "loadscope":
         return None
     return ModuleScheduling(config, log)
-
-
-def workers() -> int:
-    """How many workers `-n logical` starts: one per CPU this process may run on, and
-    `SPARE_WORKERS` more."""
-    return len(os.sched_getaffinity(0)) + SPARE_WORKERS
