@@ -41,6 +41,9 @@ from router.telemetry.access import AccessRecord
 
 Pool = Literal["tilert", "prefill", "decode"]
 
+UNREADABLE = "gate_unavailable"
+"""Why a pool's snapshot shows every node out when its shared state could not be read."""
+
 READ_INTERVAL_S = 2.0
 """How often the gateway reads each model's load (its pool's state, its servers)."""
 
@@ -100,6 +103,11 @@ class Sizer:
         self._prefills += 1
 
     def read_pool(self, snapshot: GateSnapshot) -> None:
+        """The pool's state now; a snapshot taken while its shared state could not be read
+        (every node out as `gate_unavailable`) is no reading: an outage is not an idle pool,
+        and must not shrink the recommendation."""
+        if snapshot.out and set(snapshot.out.values()) == {UNREADABLE}:
+            return
         at = self._clock()
         busy = sum(1 for holder in snapshot.busy.values() if holder is not None)
         self._busy.read(busy, at)

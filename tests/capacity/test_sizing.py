@@ -133,3 +133,23 @@ def test_a_reload_keeps_the_figures_followed_and_takes_the_new_targets() -> None
     [after] = new.sizes(timings, tilert=True)
     assert after.demand == before.demand == 6.0
     assert after.recommended > before.recommended
+
+
+def test_a_pool_whose_state_cannot_be_read_keeps_its_figures() -> None:
+    """Redis unreachable: the snapshot shows every node out and none held, which is no
+    reading of the load (an outage is not an idle pool)."""
+    clock = Clock()
+    sizer = Sizer(SizingConfig(), clock)
+    sizer.read_pool(snapshot(nodes=4, busy=3, waiting=2, hold_s=2.0))
+    unreadable = GateSnapshot(
+        4,
+        dict.fromkeys(["n0", "n1", "n2", "n3"]),
+        dict.fromkeys(["n0", "n1", "n2", "n3"], "gate_unavailable"),
+        0,
+        retry_after_s=1,
+    )
+    for second in range(1, 600):
+        clock.now = second
+        sizer.read_pool(unreadable)
+    [tilert] = sizer.sizes(Timings(ObjectivesConfig()), tilert=True)
+    assert (tilert.current, tilert.demand) == (4, 5.0)
