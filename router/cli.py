@@ -39,7 +39,8 @@ T = TypeVar("T")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser(argv)
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "takes_any", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -66,7 +67,7 @@ def _reader_gone() -> int:
     return 128 + signal.SIGPIPE
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pd-gateway", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"pd-gateway {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -141,13 +142,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain.set_defaults(run=_classify)
 
-    add_installed(commands)  # demo and bench, where installed
-
     schema = commands.add_parser(
         "schema", help="print the JSON Schema of router.yaml (deploy/kustomize/router.schema.json)"
     )
     schema.set_defaults(run=_schema)
+
+    # demo and bench, where installed. Registering them imports their packages (a third of
+    # a second of CPU): done only when one of them, or the list of commands, is asked for,
+    # not for every `serve` of every replica.
+    if _command_word(argv) not in commands.choices:
+        add_installed(commands)
     return parser
+
+
+def _command_word(argv: list[str]) -> str | None:
+    """The command `argv` names: its first word that is not an option."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def _schema(args: argparse.Namespace) -> int:

@@ -51,6 +51,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     scheduling.in_handout_order(items)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A worker tells the controller how long its tests waited for their turn."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["waited_s"] = dict(serial.WAITED_S)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """(xdist's controller) A worker's waits, added up for the summary."""
+    for kind, seconds in getattr(node, "workeroutput", {}).get("waited_s", {}).items():
+        WAITED_S[kind] = WAITED_S.get(kind, 0.0) + seconds
+
+
+WAITED_S: dict[str, float] = {}  # the controller's sum of the workers' waits
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How long the workers' tests waited for a turn: a `serial` test waits for the tests
+    running beside it to end, and the others for the `serial` one; each a worker idle."""
+    if WAITED_S:
+        terminalreporter.write_line(
+            f"waiting for a turn: serial tests {WAITED_S.get('serial', 0):.0f} s,"
+            f" the others {WAITED_S.get('other', 0):.0f} s (worker-seconds idle)"
+        )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     """Outside `e2e` tests (their fixtures included), starting a process is an error.

@@ -7,7 +7,9 @@ step, beside TileRT's own wheels."""
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from tests.real_vllm.install import (
     UNWANTED,
     VLLM_RELEASE,
 )
+from tests.support import installer
 
 
 def waits_for(mine: Path, theirs: Path) -> list[str]:
@@ -92,12 +95,12 @@ def test_a_step_after_a_step_that_does_not_exist_is_refused() -> None:
         run_steps({"lost": Step([["true"]], after=("nowhere",))}, io.StringIO())
 
 
-def test_the_checks_wait_for_the_project_and_the_installs_start_at_once() -> None:
+def test_the_checks_wait_for_the_project_and_the_installs_for_the_installer_alone() -> None:
     assert STEPS["checks"].after == ("project",)
+    assert STEPS["uv"].after == ()
     # The newer Python brings its own patchelf: the longest install starts with the others.
-    assert {"vllm", "tilert", "promtool", "python3.13"} <= {
-        name for name, step in STEPS.items() if not step.after
-    }
+    for install in ("project", "vllm", "tilert", "python3.13"):
+        assert STEPS[install].after == ("uv",)
 
 
 def test_the_vllm_requirements_pin_every_package_and_hold_the_named_releases() -> None:
@@ -118,3 +121,42 @@ def test_the_tilert_requirements_pin_every_package_and_torch_as_vllm_does() -> N
     assert {"torch", "fastapi", "uvicorn", "pydantic"} <= set(pins)
     assert pins["torch"] == TORCH_RELEASE  # the CPU build on the machine's disk
     assert set(tilert_install.RELEASES) == {"0.1.5", "0.1.6"}
+
+
+def _recording_run(
+    seen: list[list[str]], status: int = 0, stderr: str = ""
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(command: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        seen.append(command)
+        return subprocess.CompletedProcess(command, status, "", stderr)
+
+    return run
+
+
+def test_the_installer_gives_uv_the_settings_the_machine_gives_pip(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[list[str]] = []
+    monkeypatch.setattr(installer, "uv", lambda: "/bin/uv")
+    monkeypatch.setattr(subprocess, "run", _recording_run(seen))
+    monkeypatch.setenv("PIP_FIND_LINKS", "/opt/wheels /more/wheels")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://download.pytorch.org/whl/cpu")
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    installer.install("/venv/bin/python", ["--no-deps", "nixl==1.5.2"], target=Path("/site"))
+    assert seen == [
+        [
+            *("/bin/uv", "pip", "install", "--quiet", "--compile-bytecode"),
+            *("--python", "/venv/bin/python", "--target", "/site"),
+            *("--extra-index-url", "https://download.pytorch.org/whl/cpu"),
+            *("--find-links", "/opt/wheels", "--find-links", "/more/wheels"),
+            *("--no-deps", "nixl==1.5.2"),
+        ]
+    ]
+
+
+def test_a_failed_install_says_what_uv_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    said = "Resolved 1 package\nerror: No solution found when resolving: nixl==9"
+    monkeypatch.setattr(installer, "uv", lambda: "/bin/uv")
+    monkeypatch.setattr(subprocess, "run", _recording_run([], 1, said))
+    with pytest.raises(installer.InstallFailed, match=r"nixl==9: .* No solution found"):
+        installer.install("/venv/bin/python", ["nixl==9"])

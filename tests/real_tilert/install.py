@@ -30,6 +30,8 @@ import venv
 import zipfile
 from pathlib import Path
 
+from tests.support import installer
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-tilert"
 PYTHON = VENV / "bin" / "python"
@@ -80,15 +82,14 @@ def install() -> None:
     try:
         if not environment_ready():
             print(f"making {VENV} (torch {_torch_pin()}, fastapi, uvicorn)")
-            venv.create(VENV, with_pip=True, clear=True)
-            pip = [str(PYTHON), "-m", "pip", "install", "-q", "--no-deps"]
-            subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
+            venv.create(VENV, with_pip=False, clear=True)
+            installer.install(PYTHON, ["--no-deps", "-r", str(REQUIREMENTS)])
             STAMP.write_text(_requirements_digest())
         for release, pinned in RELEASES.items():
             if unpacked_version(release) != pinned:
                 _unpack(release, pinned)
         _smoke_test()
-    except (Unavailable, subprocess.CalledProcessError) as failure:
+    except (Unavailable, installer.InstallFailed, subprocess.CalledProcessError) as failure:
         sys.exit(f"TileRT install failed: {failure}")
     print(f"TileRT {', '.join(RELEASES.values())} ready in {VENV}")
 

@@ -23,6 +23,8 @@ import sys
 import venv
 from pathlib import Path
 
+from tests.support import installer
+
 VLLM_RELEASE = "0.32.0"
 TORCH_RELEASE = "2.13.0"
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,15 +67,14 @@ def simulator_ready(python: Path) -> bool:
 
 def install() -> None:
     python = VENV / "bin" / "python"
-    # Compiled at install (pip's default), although it takes pip 50 s of the install's
-    # 118: where PYTHONDONTWRITEBYTECODE is set (CI), nothing compiled on import is kept,
-    # and every vLLM server would compile its imports again.
-    pip = [str(python), "-m", "pip", "install", "-q"]
-    if installed_release(python) != VLLM_RELEASE:
-        venv.create(VENV, with_pip=True, clear=True)
-        subprocess.run([*pip, "--no-deps", "-r", str(REQUIREMENTS)], check=True)
-    if not simulator_ready(python):
-        subprocess.run([*pip, *SIMULATOR_NEEDS], check=True)
+    try:
+        if installed_release(python) != VLLM_RELEASE:
+            venv.create(VENV, with_pip=False, clear=True)
+            installer.install(python, ["--no-deps", "-r", str(REQUIREMENTS)])
+        if not simulator_ready(python):
+            installer.install(python, SIMULATOR_NEEDS)
+    except installer.InstallFailed as failure:
+        sys.exit(f"vLLM did not install in {VENV}: {failure}")
     release = installed_release(python)
     if release != VLLM_RELEASE or not simulator_ready(python):
         sys.exit(f"vLLM did not install in {VENV} (import gave {release!r})")

@@ -6,7 +6,7 @@ shared memory and TCP, which is all vLLM's NixlConnector asks on the CPU platfor
 
     python -m tests.real_vllm.nixl_install
 
-It goes into a folder of its own, `.venv-vllm/nixl/` (`pip install --target`, `--no-deps`:
+It goes into a folder of its own, `.venv-vllm/nixl/` (`uv pip install --target`, `--no-deps`:
 the meta package names `nixl-cu12` and `nixl-cu13` 1.5.2, which PyPI does not have for
 this Python; 1.5.1 is the binary wheels' last release), put on the PYTHONPATH of the NIXL
 servers alone: vLLM imports NIXL only for a NIXL connector, and the other servers of the
@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from tests.real_vllm.install import VENV, vllm_python
+from tests.support import installer
 
 NIXL_PACKAGES = ("nixl==1.5.2", "nixl-cu13==1.5.1")
 SITE = VENV / "nixl"
@@ -46,8 +47,10 @@ def install() -> None:
     if not python.exists():
         sys.exit(f"no vLLM interpreter at {python}: run `python -m tests.real_vllm.install` first")
     if not nixl_ready(python, site):
-        pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--upgrade"]
-        subprocess.run([*pip, "--target", str(site), *NIXL_PACKAGES], check=True)
+        try:
+            installer.install(python, ["--no-deps", "--upgrade", *NIXL_PACKAGES], target=site)
+        except installer.InstallFailed as failure:
+            sys.exit(f"NIXL did not install in {site}: {failure}")
     if not nixl_ready(python, site):
         sys.exit(f"NIXL did not install in {site}")
     print(f"NIXL is ready in {site}")

@@ -7,13 +7,13 @@ holds itself to the same (tests/sim/test_sim_vllm_answers.py)."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import httpx
 import pytest
 
 from router.throughput.continuation import StreamTrack
+from tests.real_vllm.compare import Seen, masked, rejoined, sse_events
 from tests.real_vllm.conftest import RealVllm
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.e2e]
@@ -101,8 +101,19 @@ def _streamed(real_vllm: RealVllm, path: str, body: dict[str, Any]) -> bytes:
         return b"".join(reply.iter_raw())
 
 
-def _masked(stream: bytes) -> bytes:
-    return re.sub(rb'"(id|created)":("[^"]*"|\d+)', rb'"\1":0', stream)
+def _as_sent(stream: bytes) -> Seen:
+    """A stream's events, each checked to be written as vLLM writes it (one `data: ` line
+    of compact JSON, then a blank line), rejoined where vLLM cut it (`compare.rejoined`: a
+    busy vLLM sends what several steps gave in one chunk, so where one stream's chunks end
+    says nothing of another's)."""
+    *events, end = stream.split(b"\n\n")
+    assert end == b"" and events[-1] == b"data: [DONE]"
+    for event in events[:-1]:
+        data = event.removeprefix(b"data: ")
+        compact = json.dumps(json.loads(data), separators=(",", ":"), ensure_ascii=False)
+        assert compact.encode() == data, "no byte more or less than vLLM's"
+    chunks = [masked(event) for event in sse_events(stream.decode())]
+    return rejoined(Seen(200, "text/event-stream", chunks))
 
 
 @pytest.mark.parametrize(
@@ -113,14 +124,15 @@ def test_a_stream_asked_for_its_ids_is_the_plain_stream_once_they_are_taken_out(
 ) -> None:
     """What the native path's decode leg relies on (`router.throughput.continuation`): asked
     for `return_token_ids`, vLLM streams the same chunks, each naming its ids (the first the
-    prompt's); with the ids taken out the client gets the stream it asked for, byte for
-    byte, and the ids read on the way are the answer's."""
+    prompt's); with the ids taken out the client gets the stream it asked for (each chunk
+    written as vLLM writes it, the same kinds of chunk and the same text), and the ids read
+    on the way are the answer's."""
     plain = {k: v for k, v in body.items() if k != "return_token_ids"}
     whole = post(real_vllm, path, body)
     expected = _streamed(real_vllm, path, plain)
     track = StreamTrack(keep_ids=False)
     shown = track.feed(_streamed(real_vllm, path, body))
-    assert _masked(shown) == _masked(expected)
+    assert _as_sent(shown) == _as_sent(expected)
     prompt = whole.get("prompt_token_ids") or whole["choices"][0]["prompt_token_ids"]
     assert track.prompt_ids == prompt
     assert track.output_ids == whole["choices"][0]["token_ids"]

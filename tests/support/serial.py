@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -39,6 +40,10 @@ def _locked(path: Path, mode: int) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+WAITED_S = {"serial": 0.0, "other": 0.0}
+"""Seconds this worker's tests waited for their turn, `serial` ones and the others."""
+
+
 @contextmanager
 def turn(serial: bool) -> Iterator[None]:
     """Hold the run exclusively (`serial`) or shared with other non-serial tests."""
@@ -47,11 +52,13 @@ def turn(serial: bool) -> Iterator[None]:
         yield
         return
     turnstile, running = directory / "turnstile", directory / "running"
-    if serial:
-        with _locked(turnstile, fcntl.LOCK_EX), _locked(running, fcntl.LOCK_EX):
-            yield
-        return
+    asked = time.monotonic()
     with ExitStack() as held:
-        with _locked(turnstile, fcntl.LOCK_EX):
-            held.enter_context(_locked(running, fcntl.LOCK_SH))
+        if serial:  # the turnstile kept: no other test starts until this one ends
+            held.enter_context(_locked(turnstile, fcntl.LOCK_EX))
+            held.enter_context(_locked(running, fcntl.LOCK_EX))
+        else:
+            with _locked(turnstile, fcntl.LOCK_EX):
+                held.enter_context(_locked(running, fcntl.LOCK_SH))
+        WAITED_S["serial" if serial else "other"] += time.monotonic() - asked
         yield
