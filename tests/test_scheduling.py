@@ -22,7 +22,7 @@ class Collected:
         return object() if marked else None
 
 
-def test_the_tier_goes_first_as_one_unit_then_processes_then_the_largest_units() -> None:
+def test_the_tier_goes_first_as_one_unit_then_processes_then_the_rest_then_serial_ones() -> None:
     items: list[Any] = [
         Collected("tests/a/test_small.py::test_one"),
         Collected("tests/b/test_big.py::test_one"),
@@ -46,15 +46,15 @@ def test_the_tier_goes_first_as_one_unit_then_processes_then_the_largest_units()
         "tests/e2e/test_two.py::test_one",
         "tests/e2e/test_two.py::test_two",
         "tests/e2e/test_one.py::test_one",
-        "tests/e2e/test_timed.py::test_one",
-        "tests/e2e/test_timed.py::test_two",
-        "tests/e2e/test_timed.py::test_three",
         "tests/b/test_big.py::test_one",
         "tests/b/test_big.py::test_two",
         "tests/b/test_big.py::test_three",
         "tests/c/test_mid.py::Case::test_one",
         "tests/c/test_mid.py::Case::test_two",
         "tests/a/test_small.py::test_one",
+        "tests/e2e/test_timed.py::test_one",
+        "tests/e2e/test_timed.py::test_two",
+        "tests/e2e/test_timed.py::test_three",
     ]
 
 

@@ -33,6 +33,13 @@ CPU_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
+    # The engine and the model's worker in the API server's process (with
+    # `--distributed-executor-backend uni`): one interpreter importing vLLM and torch where
+    # three did, a start of ~25 s instead of ~45 on a loaded 2-core machine, and no
+    # processes polling each other (which starved NIXL's threads past vLLM's 5 s handshake
+    # timeout). Its answers are vLLM's own; the API server then tends to send what several
+    # steps gave in one chunk, which the comparisons allow for (`compare.rejoined`).
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
 
 
@@ -86,6 +93,8 @@ class VllmServer:
             # A request asked twice computes alike: a prefix-cache hit on the second
             # changes its numbers by a rounding, and sampled tokens may follow.
             "--no-enable-prefix-caching",
+            "--distributed-executor-backend",
+            "uni",
             "--host",
             "127.0.0.1",
             "--port",

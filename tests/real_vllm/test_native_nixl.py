@@ -95,18 +95,11 @@ def nixl_server(model_dir: Path, log: Path, mode: str, role: str) -> tuple[VllmS
         "--num-gpu-blocks-override",
         str(KV_BLOCKS),
         "--enable-prompt-tokens-details",  # cached_tokens, which the gateway rewrites
-        "--distributed-executor-backend",
-        "uni",
     ]
     env = {
         "PYTHONPATH": str(nixl_site()),
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port),
-        # The model's worker in the engine's process (with `uni` above): a worker process
-        # beside it, the two polling each other, starves NIXL's threads on a busy 2-core
-        # machine, past vLLM's 5 s handshake timeout (`handshake_setup_failed`) in pull
-        # mode, into a decode worker that never answers again in push mode.
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
     return VllmServer(model_dir, log, args, env), engine_id, port
 
