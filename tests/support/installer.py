@@ -56,6 +56,11 @@ def install(python: Path | str, requirements: Sequence[str], *, target: Path | N
     for variable, option in PIP_SETTINGS.items():
         for value in os.environ.get(variable, "").split():
             command += [option, value]
+    if os.environ.get("PIP_EXTRA_INDEX_URL", "").strip():
+        # Each package from whichever index has the release asked for, as pip does (uv's
+        # own way takes the first index that has the package at all: torch's index holds
+        # some of PyPI's packages, at other releases).
+        command += ["--index-strategy", "unsafe-best-match"]
     done = subprocess.run([*command, *requirements], capture_output=True, text=True)
     if done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()

@@ -42,10 +42,12 @@ def _locked(path: Path, mode: int) -> Iterator[None]:
 
 WAITED_S = {"serial": 0.0, "other": 0.0}
 """Seconds this worker's tests waited for their turn, `serial` ones and the others."""
+LONG_WAITS: list[tuple[float, str]] = []
+"""(seconds, test) for each wait of this worker's over a second."""
 
 
 @contextmanager
-def turn(serial: bool) -> Iterator[None]:
+def turn(serial: bool, test: str = "") -> Iterator[None]:
     """Hold the run exclusively (`serial`) or shared with other non-serial tests."""
     directory = lock_dir()
     if directory is None:
@@ -60,5 +62,8 @@ def turn(serial: bool) -> Iterator[None]:
         else:
             with _locked(turnstile, fcntl.LOCK_EX):
                 held.enter_context(_locked(running, fcntl.LOCK_SH))
-        WAITED_S["serial" if serial else "other"] += time.monotonic() - asked
+        waited = time.monotonic() - asked
+        WAITED_S["serial" if serial else "other"] += waited
+        if waited > 1.0:
+            LONG_WAITS.append((waited, test))
         yield
