@@ -17,12 +17,12 @@ from openai import OpenAI
 from router.process.server import READY_PREFIX
 from tests.support.demo import (
     Demo,
-    alive,
     bindable,
     descendants,
     ports_of,
     running_demo,
 )
+from tests.support.processes import running
 
 pytestmark = pytest.mark.e2e
 
@@ -78,7 +78,7 @@ def test_demo_serves_both_paths_and_stops_everything_on_sigint(demo: Demo) -> No
     demo.popen.send_signal(signal.SIGINT)
     assert demo.exit_code(60) == 0
     demo.read_until(re.escape("Stopping the gateway and the simulators."), 5)
-    assert not [pid for pid in children if alive(pid)]
+    assert not [pid for pid in children if running(pid)]
     assert [port for port in ports if not bindable(port)] == []
 
 

@@ -16,7 +16,8 @@ import pytest
 from demo.workdirs import remove_stale_dirs
 from router.process.server import READY_PREFIX
 from tests.cli.test_demo_e2e import CONFIG_PREFIX, START_TIMEOUT_S, USAGE_END
-from tests.support.demo import Demo, alive, bindable, ports_of, running_demo
+from tests.support.demo import Demo, bindable, ports_of, running_demo
+from tests.support.processes import running
 
 
 @pytest.fixture
@@ -44,8 +45,8 @@ def test_sigkill_takes_every_child_and_the_next_demo_removes_the_directory(demo:
 
     demo.popen.kill()
     demo.popen.wait(timeout=10)
-    assert wait_for(lambda: not [pid for pid in children if alive(pid)], 15), [
-        pid for pid in children if alive(pid)
+    assert wait_for(lambda: not [pid for pid in children if running(pid)], 15), [
+        pid for pid in children if running(pid)
     ]
     assert wait_for(lambda: all(bindable(port) for port in ports), 15)
     assert config_file.parent.is_dir()  # nobody was left to remove it ...
@@ -61,7 +62,7 @@ def test_sighup_stops_everything(demo: Demo) -> None:
 
     demo.popen.send_signal(signal.SIGHUP)
     assert demo.popen.wait(timeout=60) == 0
-    assert not [pid for pid in children if alive(pid)]
+    assert not [pid for pid in children if running(pid)]
     assert [port for port in ports if not bindable(port)] == []
     assert not config_file.parent.exists()
 

@@ -16,8 +16,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.support.demo import Demo, alive, descendants, running_demo
+from tests.support.demo import Demo, descendants, running_demo
 from tests.support.deployment import directive
+from tests.support.processes import running
 
 USAGE_END = "Ctrl-C stops the gateway replicas, Redis and every simulator."
 STOPPING = "Stopping the gateway replicas, Redis and the simulators."
@@ -109,4 +110,4 @@ def test_killing_a_replica_breaks_nothing_behind_the_demo_address(demo: Demo) ->
     demo.popen.send_signal(signal.SIGINT)
     assert demo.exit_code(90) == 0
     demo.read_until(re.escape(STOPPING), 5)
-    assert not [pid for pid in children if alive(pid)]
+    assert not [pid for pid in children if running(pid)]

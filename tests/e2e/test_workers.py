@@ -26,6 +26,7 @@ from tests.support.classify_fixtures import proxy_throughput
 from tests.support.deployment import directive, gateway_config, latency_model
 from tests.support.gateway import GatewayProcess
 from tests.support.http import plain
+from tests.support.processes import running
 from tests.support.stacks import StackPool
 
 pytestmark = pytest.mark.usefixtures("fresh_sims")
@@ -82,15 +83,6 @@ def workers(gateway: GatewayProcess) -> list[int]:
     pid = int(gateway.proc_status().split("\nPid:\t", 1)[1].split("\n", 1)[0])
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return sorted(int(c) for c in children)
-
-
-def alive(pid: int) -> bool:
-    """Running: a zombie (dead, not yet reaped by whoever adopted it) is not."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def requests_per_worker(gateway: GatewayProcess, total: int) -> Counter[int]:
@@ -189,13 +181,13 @@ def test_sigterm_stops_every_worker_cleanly(gateway: GatewayProcess) -> None:
     pids = workers(gateway)
     gateway.signal(signal.SIGTERM)
     assert gateway.wait_exit() == 0
-    assert not [pid for pid in pids if alive(pid)]
+    assert not [pid for pid in pids if running(pid)]
 
 
 def test_a_killed_supervisor_takes_its_workers_along(gateway: GatewayProcess) -> None:
     pids = workers(gateway)
     gateway.kill()
     deadline = time.monotonic() + 10
-    while left := [pid for pid in pids if alive(pid)]:
+    while left := [pid for pid in pids if running(pid)]:
         assert time.monotonic() < deadline, f"workers outlived their supervisor: {left}"
         time.sleep(0.05)

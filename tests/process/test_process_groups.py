@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import run_in_group
+from tests.support.processes import run_in_group, running
 
 pytestmark = pytest.mark.e2e
 
@@ -71,15 +71,6 @@ def test_a_test_that_times_out(family):
 def test_a_command_that_outlasts_its_time():
     run_in_group(["sh", "-c", FAMILY], timeout_s=1)
 """
-
-
-def running(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie, reaped by nobody here, is not)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return False
-    return fields[0] != "Z"
 
 
 def test_no_process_of_a_group_outlives_its_test_however_it_ends(tmp_path: Path) -> None:

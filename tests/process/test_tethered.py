@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import running
 from tests.support.tethered import tether, tethered
 from tests.support.waiting import wait_until
 
@@ -22,15 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # engine processes, which outlive the API server they belong to.
 FAMILY = "sleep 600 & echo $$ $!; wait"
 STUBBORN = 'trap "" TERM; ' + FAMILY  # ignores SIGTERM, as does its child
-
-
-def running(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie, reaped by nobody here, is not)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return False
-    return fields[0] != "Z"
 
 
 def family_pids(proc: subprocess.Popen[str]) -> list[int]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from router.config import load_config
 from tests.support.gateway_python import gateway_python
-from tests.support.processes import stop_group
+from tests.support.processes import running, stop_group
 from tests.support.waiting import wait_until
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -98,10 +98,10 @@ def running_demo(stderr: Path, *args: str, ready: str, timeout_s: float) -> Iter
         children = demo.children | descendants(demo.popen.pid)
         stop_group(demo.popen, sig=signal.SIGKILL)
         for pid in children:
-            if alive(pid):
+            if running(pid):
                 os.kill(pid, signal.SIGKILL)
         wait_until(
-            lambda: not [pid for pid in children if alive(pid)],
+            lambda: not [pid for pid in children if running(pid)],
             what="the demo's children to end",
             timeout_s=10,
         )
@@ -132,14 +132,6 @@ def descendants(root: int) -> set[int]:
         found.update(children)
         todo.extend(children)
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def ports_of(config_file: str, base_url: str) -> set[int]:

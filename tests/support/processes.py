@@ -24,6 +24,16 @@ STOP_GRACE_S = 15.0  # a gateway drains in-flight requests on SIGTERM
 GONE_WITHIN_S = 10.0  # SIGKILLed processes are gone once the kernel has torn them down
 
 
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process: a zombie (dead, not yet reaped by whoever adopted
+    it) is not, nor one that ends while its /proc entry is read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # no such entry, or no such process by the time it is read
+        return False
+    return fields[0] != "Z"
+
+
 def group_members(pgid: int) -> list[int]:
     """Every live process (zombies aside) of process group `pgid`, found through /proc."""
     members = []
