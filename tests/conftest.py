@@ -15,7 +15,7 @@ which the run's header names.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -84,11 +84,26 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"  {seconds:5.1f} s before {test}")
 
 
+LET_GO = pytest.StashKey[Callable[[], None]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """A `serial` test's teardown (stopping its processes, a module's at its last test)
+    runs beside the other workers' tests: they no longer wait for it."""
+    let_go = item.stash.get(LET_GO, None)
+    if let_go is not None:
+        let_go()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     """Outside `e2e` tests (their fixtures included), starting a process is an error.
     A `serial` test runs while no other test does (see tests.support.serial)."""
-    with serial.turn(item.get_closest_marker("serial") is not None, item.nodeid):
+    is_serial = item.get_closest_marker("serial") is not None
+    with serial.turn(is_serial, item.nodeid) as let_go:
+        if is_serial:
+            item.stash[LET_GO] = let_go
         if item.get_closest_marker("e2e") is not None:
             return (yield)
         with processes_refused(item.nodeid):

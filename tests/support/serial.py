@@ -15,7 +15,7 @@ import fcntl
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -47,11 +47,13 @@ LONG_WAITS: list[tuple[float, str]] = []
 
 
 @contextmanager
-def turn(serial: bool, test: str = "") -> Iterator[None]:
-    """Hold the run exclusively (`serial`) or shared with other non-serial tests."""
+def turn(serial: bool, test: str = "") -> Iterator[Callable[[], None]]:
+    """Hold the run exclusively (`serial`) or shared with other non-serial tests; what it
+    gives lets go of the hold before the block ends (a `serial` test's teardown, which
+    asserts nothing and need not keep the other workers waiting)."""
     directory = lock_dir()
     if directory is None:
-        yield
+        yield lambda: None
         return
     turnstile, running = directory / "turnstile", directory / "running"
     asked = time.monotonic()
@@ -66,4 +68,4 @@ def turn(serial: bool, test: str = "") -> Iterator[None]:
         WAITED_S["serial" if serial else "other"] += waited
         if waited > 1.0:
             LONG_WAITS.append((waited, test))
-        yield
+        yield held.close
