@@ -13,12 +13,15 @@ started at once and slowed each other and everything else.
 The other units follow longest first, as far as the collection tells: those that start
 processes (simulators, gateways) before those that run in-process; within each group the
 most tests first. Handed out in xdist's own order (the most tests first, whatever they
-do), units of a few end-to-end tests each came last and made a tail of minutes. The units
-holding a `serial` test come last of all: a `serial` test waits for the test beside it to
-end (in the tier, a vLLM server's start of a minute), its own worker idle meanwhile, and
-while it runs the other worker idles; at the end of the run, the tests beside it are short
-ones or none. (Among the process units, last before the in-process ones, they waited 114
-worker-seconds in a run of 877 s.)
+do), units of a few end-to-end tests each came last and made a tail of minutes.
+
+The modules holding a `serial` test are one unit too, handed out after the other process
+units and before the in-process ones: a `serial` test waits for the test beside it to end
+and idles the other worker while it runs. Spread over both workers at the end of a run,
+their serial tests waited for each other's neighbours, 108 worker-seconds in a run of
+832 s; as one unit on one worker, what runs beside them is the in-process units, tests of
+milliseconds. The scheduler sees test ids, not markers, so the modules are named here
+(`SERIAL_MODULES`); a `serial` test in a module not named fails the collection.
 """
 
 from __future__ import annotations
@@ -30,32 +33,61 @@ from xdist.scheduler import LoadScopeScheduling
 
 REAL_VLLM_TIER = "tests/real_vllm/"
 TIER_SCOPE = "tests/real_vllm: the real-vLLM tier, on one worker"
+SERIAL_MODULES = frozenset(
+    {
+        "tests/e2e/test_event_loop.py",
+        "tests/e2e/test_front_door.py",
+        "tests/e2e/test_latency_concurrency.py",
+        "tests/e2e/test_paused_replica.py",
+        "tests/e2e/test_replicas.py",
+        "tests/e2e/test_upstream_failover.py",
+        "tests/sim/test_sim_itl_per_running.py",
+    }
+)
+SERIAL_SCOPE = "the modules holding a serial test, on one worker"
+
+
+class UnnamedSerialModule(pytest.UsageError):
+    """A `serial` test in a module `SERIAL_MODULES` does not name."""
 
 
 def scope_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module (or class), or the real_vllm tier."""
+    """The unit of work a test belongs to: its module (or class), the real_vllm tier, or
+    the modules holding a serial test."""
     if nodeid.startswith(REAL_VLLM_TIER):
         return TIER_SCOPE
+    if nodeid.split("::", 1)[0] in SERIAL_MODULES:
+        return SERIAL_SCOPE
     return nodeid.rsplit("::", 1)[0]
 
 
 def in_handout_order(items: list[pytest.Item]) -> None:
     """Order the collected tests as xdist hands their units out (each unit kept whole):
-    the real_vllm tier first; then the other units that start processes (marked `e2e`);
-    then the in-process units; last the units holding a `serial` test. Within each group,
+    the real_vllm tier first; then the units that start processes (marked `e2e`); then
+    the modules holding a `serial` test; last the in-process units. Within each group,
     the most tests first."""
+    unnamed = {
+        module
+        for item in items
+        if item.get_closest_marker("serial")
+        and (module := item.nodeid.split("::", 1)[0]) not in SERIAL_MODULES
+    }
+    if unnamed:
+        raise UnnamedSerialModule(
+            f"serial tests in {sorted(unnamed)}: name the module in"
+            " tests/support/scheduling.py's SERIAL_MODULES"
+        )
     sizes = Counter(scope_of(item.nodeid) for item in items)
     processes = {scope_of(i.nodeid) for i in items if i.get_closest_marker("e2e")}
-    with_serial = {scope_of(i.nodeid) for i in items if i.get_closest_marker("serial")}
 
     def rank(item: pytest.Item) -> tuple[int, int]:
         scope = scope_of(item.nodeid)
         if scope == TIER_SCOPE:
             group = 0
-        elif scope in with_serial:
-            group = 3
+        elif scope == SERIAL_SCOPE:
+            group = 2
         else:
-            group = 1 if scope in processes else 2
+            group = 1 if scope in processes else 3
         return group, -sizes[scope]
 
     items.sort(key=rank)  # stable: each unit's tests stay together and in order
