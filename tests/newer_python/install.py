@@ -25,6 +25,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.newer_python.debian_index import (
@@ -98,10 +99,10 @@ def _interpreter() -> None:
     print(f"fetching {len(packages)} packages: {', '.join(p.name for p in packages)}")
     partial = PYTHON_HOME.with_name(PYTHON_HOME.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    with tempfile.TemporaryDirectory() as download:
-        for package in packages:
+    with tempfile.TemporaryDirectory() as download, ThreadPoolExecutor(8) as fetching:
+        for package, content in zip(packages, fetching.map(_package, packages), strict=True):
             deb = Path(download) / Path(package.filename).name
-            deb.write_bytes(_package(package))
+            deb.write_bytes(content)
             subprocess.run(["dpkg-deb", "-x", str(deb), str(partial)], check=True)
     print(f"relinking {INTERPRETER.name} to {SUITE}'s loader and libraries")
     _relink(partial / INTERPRETER.relative_to(PYTHON_HOME), partial)
