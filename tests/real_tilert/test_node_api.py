@@ -242,12 +242,13 @@ def test_capabilities(pair: Pair) -> None:
 
 
 def stream_shape(lines: list[Any]) -> dict[str, Any]:
-    """What a client of the stream relies on: the first line, every id in order, the final
-    line's keys and values (times masked)."""
+    """What a client of the stream relies on: the first line's fields, every id in order,
+    the final line's keys and values (times masked). Not how many ids a line holds: a node
+    that falls behind its engine (a loaded machine) sends the ids it has in one line."""
     tokens = [line for line in lines if "t" in line]
     final = lines[-1]
     return {
-        "first": tokens[0] if tokens else None,
+        "first": sorted(tokens[0]) if tokens else None,
         "ids": [i for line in tokens for i in line["t"]],
         "final": {k: v for k, v in final.items() if k != "timing_ms"},
         "timing": sorted(final.get("timing_ms", {})),
@@ -277,7 +278,7 @@ def test_a_decode(pair: Pair, stream: bool) -> None:
     assert real == sim
     ids = vocab().encode(TEXT)
     if stream:
-        assert real[1]["first"] == {"t": ids[:1]} and real[1]["ids"] == ids
+        assert real[1]["first"] == ["t"] and real[1]["ids"] == ids
         assert real[1]["final"]["finish_reason"] == "stop" and real[1]["final"]["n"] == len(ids)
 
 
