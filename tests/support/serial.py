@@ -3,7 +3,8 @@
 They assert timings (gaps between chunks, an order decided within a node's hold) that
 CPU taken by a test on another worker would spoil. Every other test holds a shared lock
 for the whole of its run (fixture set-up and teardown included); a `serial` test holds
-it exclusively. A turnstile taken before either keeps a waiting `serial` test from
+it exclusively through its set-up and call, and lets go when its teardown starts (which
+asserts nothing). A turnstile taken before either keeps a waiting `serial` test from
 being overtaken by the shared holders forever. Locks are files under the run's own
 directory, so two runs on one machine do not wait for each other; without xdist there
 is nothing to lock.
