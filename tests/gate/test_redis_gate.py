@@ -389,16 +389,21 @@ async def test_a_claim_crossing_the_collection_leaves_no_place_in_the_queue(
             args["on_reply"] = late
         return start(script, **args)
 
+    claims = 0
+
     async def then_the_collection(script: str, **args: Any) -> Any:
+        nonlocal claims
         reply = await run(script, **args)
-        if script == "claim" and collected:
-            collected.pop()()
+        if script == "claim":
+            claims += 1
+            if collected:
+                collected.pop()()
         return reply
 
     b.scripts.start = collection_answered_late  # type: ignore[method-assign]
     b.scripts.run = then_the_collection  # type: ignore[method-assign]
     waiter = asyncio.create_task(b.acquire(priority=0, wait_s=10, holder="waiter"))
-    await waiting(a, 1)
+    await eventually(lambda: claims == 1)  # queued, and its first claim found nothing yet
     await held.pop(added).release()
     lease = await asyncio.wait_for(waiter, 5)
     assert lease.node == added
