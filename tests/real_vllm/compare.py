@@ -206,7 +206,21 @@ def _continues(last: Any, event: Any) -> bool:
         return False
     if last["choices"][0].get("finish_reason") is not None:
         return False
-    return _unended(_logprobs_shown(textless(last))) == _unended(_logprobs_shown(textless(event)))
+    return _kind(last) == _kind(event)
+
+
+def _kind(chunk: dict[str, Any]) -> dict[str, Any]:
+    """What a chunk is, whatever text it carries and whether it ends its choice: vLLM
+    sends some empty fields in some chunks only (a chat stream's `stop_reason` with the
+    finish, a completion stream's `prompt_token_ids` with the first text), so fields
+    without a value are left out."""
+    chunk = _unended(_logprobs_shown(textless(chunk)))
+    choices = [_valued(c) for c in chunk["choices"]]
+    return {**_valued(chunk), "choices": choices}
+
+
+def _valued(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _logprobs_shown(chunk: dict[str, Any]) -> dict[str, Any]:
@@ -230,8 +244,9 @@ def _unended(chunk: dict[str, Any]) -> dict[str, Any]:
 
 def _with_more_text(last: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
     def joined(before: Any, after: Any, key: str = "") -> Any:
-        if isinstance(before, dict) and isinstance(after, dict):
-            return {k: joined(v, after[k], k) for k, v in before.items()}
+        if isinstance(before, dict) and isinstance(after, dict):  # each field either sent
+            both = {k: joined(v, after[k], k) if k in after else v for k, v in before.items()}
+            return both | {k: v for k, v in after.items() if k not in before}
         if key == "content" and isinstance(before, list) and isinstance(after, list):
             return before + after  # a choice's logprobs: an entry a token
         if isinstance(before, list) and isinstance(after, list):
