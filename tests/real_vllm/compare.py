@@ -187,7 +187,8 @@ def rejoined(seen: Seen) -> Seen:
     """A stream with each chunk that only carries more text of the chunk before it (same
     choice, same fields, no finish yet) merged into that chunk, the chunk that ends the
     choice too (a busy vLLM sends the last tokens with the finish, or the finish alone);
-    their logprobs, one entry a token, follow one another."""
+    their logprobs, one entry a token, follow one another, and the usage each carries
+    under `continuous_usage_stats` is the later one's."""
     events: list[Any] = []
     for event in seen.body:
         last = events[-1] if events else None
@@ -216,7 +217,8 @@ def _kind(chunk: dict[str, Any]) -> dict[str, Any]:
     without a value are left out."""
     chunk = _unended(_logprobs_shown(textless(chunk)))
     choices = [_valued(c) for c in chunk["choices"]]
-    return {**_valued(chunk), "choices": choices}
+    usage = {"usage": True} if chunk.get("usage") else {}  # with continuous usage, a count
+    return {**_valued(chunk), "choices": choices, **usage}
 
 
 def _valued(fields: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +246,8 @@ def _unended(chunk: dict[str, Any]) -> dict[str, Any]:
 
 def _with_more_text(last: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
     def joined(before: Any, after: Any, key: str = "") -> Any:
+        if key in ENDING_KEYS or key == "usage":
+            return after  # how the later chunk ended the choice; the count so far
         if isinstance(before, dict) and isinstance(after, dict):  # each field either sent
             both = {k: joined(v, after[k], k) if k in after else v for k, v in before.items()}
             return both | {k: v for k, v in after.items() if k not in before}
@@ -253,8 +257,6 @@ def _with_more_text(last: dict[str, Any], event: dict[str, Any]) -> dict[str, An
             return [joined(a, b) for a, b in zip(before, after, strict=True)]
         if key in TEXT_KEYS and isinstance(before, str) and isinstance(after, str):
             return before + after
-        if key in ENDING_KEYS:
-            return after  # how the later chunk ended the choice
         return before
 
     merged: dict[str, Any] = joined(last, event)

@@ -112,6 +112,34 @@ def test_fields_vllm_sends_empty_in_some_chunks_only_do_not_keep_them_apart() ->
     assert rejoined(cut) != rejoined(stream(completion_chunk(" /a /", "length")))
 
 
+def with_usage(chunk: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
+    usage = {"prompt_tokens": 13, "total_tokens": 13 + completion_tokens}
+    return {**chunk, "usage": {**usage, "completion_tokens": completion_tokens}}
+
+
+def test_a_continuous_usage_is_the_later_chunks_once_rejoined() -> None:
+    role = with_usage(chat_chunk({"role": "assistant", "content": ""}), 0)
+    apart = stream(
+        role,
+        with_usage(chat_chunk({"content": "c"}), 1),
+        with_usage(chat_chunk({"content": "Z"}), 2),
+        with_usage(chat_chunk({"content": ""}, "length"), 2),
+    )
+    together = stream(
+        role,
+        with_usage(chat_chunk({"content": "cZ"}), 2),
+        with_usage(chat_chunk({"content": ""}, "length"), 2),
+    )
+    assert rejoined(apart) == rejoined(together)
+    assert rejoined(apart).body[1]["usage"]["completion_tokens"] == 2
+    miscounted = stream(
+        role,
+        with_usage(chat_chunk({"content": "cZ"}), 2),
+        with_usage(chat_chunk({"content": ""}, "length"), 3),
+    )
+    assert rejoined(miscounted) != rejoined(apart)
+
+
 def logprob(token: str, value: float) -> dict[str, Any]:
     return {"token": token, "logprob": value, "bytes": list(token.encode()), "top_logprobs": []}
 
