@@ -187,8 +187,8 @@ def rejoined(seen: Seen) -> Seen:
     """A stream with each chunk that only carries more text of the chunk before it (same
     choice, same fields, no finish yet) merged into that chunk, the chunk that ends the
     choice too (a busy vLLM sends the last tokens with the finish, or the finish alone);
-    their logprobs, one entry a token, follow one another, and the usage each carries
-    under `continuous_usage_stats` is the later one's."""
+    their logprobs, one entry a token, follow one another, and what a chunk says of the
+    stream so far or of its end (`LATER_KEYS`) is the later chunk's."""
     events: list[Any] = []
     for event in seen.body:
         last = events[-1] if events else None
@@ -198,6 +198,12 @@ def rejoined(seen: Seen) -> Seen:
         else:
             events.append(event)
     return Seen(seen.status, seen.content_type, events)
+
+
+LATER_KEYS = frozenset({"finish_reason", "stop_reason", "usage", "system_fingerprint"})
+"""A choice's finish, and the usage (a running count under `continuous_usage_stats`) and
+fingerprint vLLM sends with some chunks only (a completion stream's fingerprint with the
+finish)."""
 
 
 def _continues(last: Any, event: Any) -> bool:
@@ -211,18 +217,15 @@ def _continues(last: Any, event: Any) -> bool:
 
 
 def _kind(chunk: dict[str, Any]) -> dict[str, Any]:
-    """What a chunk is, whatever text it carries and whether it ends its choice: vLLM
-    sends some empty fields in some chunks only (a chat stream's `stop_reason` with the
-    finish, a completion stream's `prompt_token_ids` with the first text), so fields
-    without a value are left out."""
-    chunk = _unended(_logprobs_shown(textless(chunk)))
-    choices = [_valued(c) for c in chunk["choices"]]
-    usage = {"usage": True} if chunk.get("usage") else {}  # with continuous usage, a count
-    return {**_valued(chunk), "choices": choices, **usage}
+    """What a chunk is, whatever text it carries and wherever in its choice it is: vLLM
+    sends some empty fields in some chunks only (a completion stream's `prompt_token_ids`
+    with the first text), so fields without a value are left out, and `LATER_KEYS`."""
+    chunk = _logprobs_shown(textless(chunk))
+    return {**_kept(chunk), "choices": [_kept(c) for c in chunk["choices"]]}
 
 
-def _valued(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in fields.items() if v is not None}
+def _kept(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None and k not in LATER_KEYS}
 
 
 def _logprobs_shown(chunk: dict[str, Any]) -> dict[str, Any]:
@@ -235,19 +238,10 @@ def _logprobs_shown(chunk: dict[str, Any]) -> dict[str, Any]:
     return {**chunk, "choices": choices}
 
 
-ENDING_KEYS = frozenset({"finish_reason", "stop_reason"})
-
-
-def _unended(chunk: dict[str, Any]) -> dict[str, Any]:
-    """A chunk as if its choice had not ended."""
-    choices = [{**c, **dict.fromkeys(ENDING_KEYS & c.keys())} for c in chunk["choices"]]
-    return {**chunk, "choices": choices}
-
-
 def _with_more_text(last: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
     def joined(before: Any, after: Any, key: str = "") -> Any:
-        if key in ENDING_KEYS or key == "usage":
-            return after  # how the later chunk ended the choice; the count so far
+        if key in LATER_KEYS:
+            return after
         if isinstance(before, dict) and isinstance(after, dict):  # each field either sent
             both = {k: joined(v, after[k], k) if k in after else v for k, v in before.items()}
             return both | {k: v for k, v in after.items() if k not in before}

@@ -96,7 +96,8 @@ def test_the_last_tokens_sent_with_the_finish_or_before_it_are_the_same_once_rej
 
 def test_fields_vllm_sends_empty_in_some_chunks_only_do_not_keep_them_apart() -> None:
     """A chat stream's `stop_reason` comes with the finish only, a completion stream's
-    `prompt_token_ids` with the first text only: either way cut, the same stream."""
+    `prompt_token_ids` with the first text only and its fingerprint with the finish:
+    either way cut, the same stream."""
     ending = chat_chunk({"content": "ldZ"}, "length")
     ending["choices"][0]["stop_reason"] = None
     whole = chat_chunk({"content": "cZldZldZ"}, "length")
@@ -107,7 +108,9 @@ def test_fields_vllm_sends_empty_in_some_chunks_only_do_not_keep_them_apart() ->
     first["choices"][0]["prompt_token_ids"] = None
     joined = completion_chunk(" /a /", "length")
     joined["choices"][0]["prompt_token_ids"] = None
-    cut = stream(first, completion_chunk(" /", "length"))
+    ending = {**completion_chunk(" /", "length"), "system_fingerprint": "vllm-0.32.0"}
+    cut = stream(first, ending)
+    joined = {**joined, "system_fingerprint": "vllm-0.32.0"}
     assert rejoined(cut) == rejoined(stream(joined))
     assert rejoined(cut) != rejoined(stream(completion_chunk(" /a /", "length")))
 
