@@ -26,25 +26,26 @@ def describe(exc: ValidationError, source: str, data: Any = None) -> str:
         shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
         hint = ""
         if err["type"] == "extra_forbidden" and err["loc"]:
-            close = difflib.get_close_matches(str(err["loc"][-1]), _field_names(), n=1)
+            *section, name = err["loc"]
+            close = difflib.get_close_matches(str(name), _section_fields(section), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
         problems.append(f"{where}: {err['msg']}{shown}{hint}")
     return f"{source}: " + "; ".join(problems)
 
 
-def _field_names() -> set[str]:
-    """Every field name of every section, for suggestions."""
+def _section_fields(loc: list[int | str]) -> set[str]:
+    """The field names of the section at `loc` (of each section it may be, where a step
+    is a list's index or a union's branch), for suggestions."""
     models: list[type[BaseModel]] = [GatewayConfig]
-    names: set[str] = set()
-    while models:
-        model = models.pop()
-        for name, info in model.model_fields.items():
-            if name not in ("base_dir", "source"):
-                names.add(name)
-            for arg in _nested(info.annotation):
-                if arg not in models:
-                    models.append(arg)
-    return names
+    for step in loc:
+        inner = [
+            nested
+            for model in models
+            if isinstance(step, str) and step in model.model_fields
+            for nested in _nested(model.model_fields[step].annotation)
+        ]
+        models = inner or models  # an index or a branch: the same sections
+    return {name for model in models for name in model.model_fields} - {"base_dir", "source"}
 
 
 def _nested(annotation: Any) -> list[type[BaseModel]]:

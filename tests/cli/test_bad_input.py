@@ -292,6 +292,25 @@ def test_errors_name_the_file_given_and_suggest_the_closest_field(
     )
 
 
+@pytest.mark.parametrize(
+    ("node", "hint"),
+    [
+        ("{host: h, ctrl_port: 9, http_prot: 9}", " (did you mean 'http_port'?)"),
+        ("{host: h, ctrl_port: 9, timeouts: 9}", ""),  # a field of another section only
+    ],
+)
+def test_a_suggestion_is_a_field_of_the_section_the_misspelt_name_is_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], node: str, hint: str
+) -> None:
+    nodes = "nodes: [{host: 127.0.0.1, ctrl_port: 9, http_port: 9}]"
+    config = write(tmp_path, "prod.yaml", GOOD_CONFIG.replace(nodes, f"nodes: [{node}]"))
+    assert main(["check", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    wrong = node.split(", ")[-1].split(":")[0]
+    assert f"models[0] (m).latency.nodes[0].{wrong}: Extra inputs are not permitted (got 9)" in err
+    assert err.endswith(f"(got 9){hint}\n") or f"(got 9){hint};" in err
+
+
 def test_a_yaml_syntax_error_is_one_line_naming_the_file_and_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
