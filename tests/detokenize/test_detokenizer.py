@@ -183,6 +183,41 @@ def word_level(words: list[str], decoder: decoders.Decoder) -> tokenizers.Tokeni
     return tokenizer
 
 
+def test_each_tokens_bytes_are_its_characters_in_the_byte_level_alphabet(
+    tok: tokenizers.Tokenizer, vocab: ByteLevelVocab
+) -> None:
+    """The table, checked against the alphabet itself: each character of a token is one
+    byte; a token with a character outside the alphabet (a no-break space, a character
+    past the alphabet's last, U+0143) is its own UTF-8."""
+    byte_of = {c: b for b, c in enumerate(byte_level_chars())}
+    expected = {}
+    for i in range(tok.get_vocab_size(with_added_tokens=True)):
+        token = tok.id_to_token(i)
+        if token is not None and i not in vocab.added:
+            in_alphabet = all(c in byte_of for c in token)
+            expected[i] = bytes(byte_of[c] for c in token) if in_alphabet else token.encode()
+    assert {i: b for i, b in vocab.token_bytes.items() if b is not None} == expected
+    odd = word_level(["Ġhi", "a\xa0b", "é", "Ā", "\u0143", "\u0144"], decoders.ByteLevel())
+    odd_vocab = ByteLevelVocab.from_tokenizer(odd)
+    assert odd_vocab is not None
+    assert odd_vocab.token_bytes == {
+        0: b" hi",
+        1: b"a\xc2\xa0b",  # a no-break space is not in the alphabet (its byte is ł)
+        2: b"\xe9",  # é is in it, as byte 0xE9
+        3: b"\x00",  # Ā is byte 0
+        4: b"\xad",  # the alphabet's last character
+        5: "\u0144".encode(),  # past it
+    }
+
+
+def byte_level_chars() -> list[str]:
+    """GPT-2's byte-to-character map, byte by byte: printable bytes as themselves, the
+    others as the characters from U+0100 in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shifted = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
+
+
 def test_vocab_only_for_byte_level_decoders() -> None:
     assert ByteLevelVocab.from_tokenizer(word_level(["▁a"], decoders.Metaspace())) is None
 
