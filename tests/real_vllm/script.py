@@ -298,6 +298,7 @@ CASES: list[Case] = [
     responses(
         "responses_echoed_settings",
         max_output_tokens=1,
+        temperature=0,  # a sampled token may be one that says nothing: no output text
         top_p=0.5,
         metadata={"a": "b"},
         user="u",
@@ -310,6 +311,7 @@ CASES: list[Case] = [
         body={
             "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
             "max_output_tokens": 1,
+            "temperature": 0,
         },
     ),
     responses("responses_unknown_model", model="nope"),
