@@ -84,7 +84,7 @@ class ObjectivesOptions:
 
     @classmethod
     def quick(cls) -> ObjectivesOptions:
-        return cls(levels=(1,), seconds=3.0, agent_first_words=300, agent_turn_words=60)
+        return cls(levels=(1,), seconds=2.0, agent_first_words=300, agent_turn_words=60)
 
 
 POLICIES = ("static", "all_latency", "all_native", "conditional", "objectives")
