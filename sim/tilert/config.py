@@ -17,6 +17,7 @@ FAULTS: dict[str, type[FaultValue]] = {
     "error_after": int,
     "decode_500": bool,
     "slow_start_ms": float,
+    "hold_start": bool,
     "poses_as_015": bool,
 }
 
@@ -124,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--error-after", type=int, help='send {"error": "decode stalled"} after N')
     faults.add_argument("--decode-500", action="store_true", help="answer /pd/decode with 500")
     faults.add_argument("--slow-start-ms", type=float, help="delay before the first token")
+    faults.add_argument(
+        "--hold-start", action="store_true", help="hold before the first token until released"
+    )
     faults.add_argument(
         "--poses-as-015",
         action="store_true",

@@ -46,6 +46,8 @@ class DecodeFaults:
     die_after: int | None = None
     error_after: int | None = None
     slow_start_s: float = 0.0
+    hold: asyncio.Event | None = None
+    """Set when the decode may start (`POST /sim/release`)."""
 
     @property
     def trigger(self) -> int | None:
@@ -148,6 +150,17 @@ class DecodeSession:
             return False
         return True
 
+    async def _held(self, hold: asyncio.Event) -> bool:
+        """Wait until `hold` is set, or the decode is cancelled; True if cancelled."""
+        released = asyncio.ensure_future(hold.wait())
+        cancelled = asyncio.ensure_future(self.cancelled.wait())
+        try:
+            await asyncio.wait([released, cancelled], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            released.cancel()
+            cancelled.cancel()
+        return self.cancelled.is_set()
+
     def _emit(self, message: dict[str, Any] | list[int]) -> None:
         self.lines.put_nowait(message)
 
@@ -164,6 +177,8 @@ class DecodeSession:
         self, job: DecodeJob, step_s: float, tokens_per_step: float, faults: DecodeFaults
     ) -> None:
         if faults.slow_start_s and await self._pause(faults.slow_start_s):
+            return self._finish("cancelled")
+        if faults.hold is not None and await self._held(faults.hold):
             return self._finish("cancelled")
         if job.max_tokens <= 0:
             # No budget: the first token (the prefill's) is the whole output, counted though

@@ -259,6 +259,9 @@ def build_app(node: Node) -> Starlette:
                 return _json(400, {"error": str(exc)})
         return _json(200, {"faults": node.faults.snapshot()})
 
+    async def release(request: Request) -> Response:
+        return _json(200, {"released": node.release_held()})
+
     async def reset(request: Request) -> Response:
         node.reset()
         return _json(200, {"reset": True})
@@ -273,6 +276,7 @@ def build_app(node: Node) -> Starlette:
             Route("/sim/records", records, methods=["GET"]),
             Route("/sim/capabilities", set_capabilities, methods=["POST"]),
             Route("/sim/faults", faults, methods=["GET", "POST", "DELETE"]),
+            Route("/sim/release", release, methods=["POST"]),
             Route("/sim/reset", reset, methods=["POST"]),
         ]
     )

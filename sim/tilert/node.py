@@ -65,6 +65,7 @@ class Node:
         self.faults.arm(config.faults)
         self.capabilities = dict(config.capabilities)
         self.current: DecodeSession | None = None
+        self._holds: list[asyncio.Event] = []  # decodes held at their start (`hold_start`)
         self.data_address: tuple[str, int] | None = None
 
     @property
@@ -231,9 +232,20 @@ class Node:
             prompt_seq_len=transfer.seq_len,
         )
 
+    def release_held(self) -> int:
+        """Let every decode held at its start (`hold_start`) go on; how many there were."""
+        holds, self._holds = self._holds, []
+        for hold in holds:
+            hold.set()
+        return len(holds)
+
     def _faults(self) -> DecodeFaults:
         slow = self.faults.take("slow_start_ms", float)
+        hold = asyncio.Event() if self.faults.take("hold_start", bool) else None
+        if hold is not None:
+            self._holds.append(hold)
         return DecodeFaults(
+            hold=hold,
             stall_after=self.faults.take("stall_after", int),
             die_after=self.faults.take("die_after", int),
             error_after=self.faults.take("error_after", int),

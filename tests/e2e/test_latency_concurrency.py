@@ -62,7 +62,7 @@ def pool_gateway(
         tmp,
         [latency_model(stack, "ds", nodes=nodes, tilert=tilert)],
         gate={"max_queue_wait_ms": 60_000, **gate},
-        timeouts={"decode_stall_s": 15},  # the blockers below start slowly on purpose
+        timeouts={"decode_stall_s": 15},  # the blockers below are held at their start
         classification={"rules": RULES},
     )
 
@@ -135,12 +135,11 @@ async def test_forty_clients_four_nodes_no_double_booking(
     pool4.wait_all_free()
 
 
-@pytest.mark.serial  # the waiters must all queue within the blocker's hold
 def test_waiters_are_served_by_priority_then_arrival(
     stack: SimStack, pool1: GatewayProcess
 ) -> None:
     node = stack.nodes[4]
-    sim_post(node.url, "/sim/faults", {"slow_start_ms": 4000, "count": 1})
+    sim_post(node.url, "/sim/faults", {"hold_start": True, "count": 1})
     replies: list[httpx.Response] = []
 
     def send(tier: str, text: str) -> threading.Thread:
@@ -154,6 +153,7 @@ def test_waiters_are_served_by_priority_then_arrival(
     for i, tier in enumerate(order):
         threads.append(send(tier, f"{tier}-{i}"))
         wait_until(lambda n=i + 1: waiting(pool1) == n)
+    assert sim_post(node.url, "/sim/release", {})["released"] == 1  # all queued: go
     for thread in threads:
         thread.join()
     assert [r.status_code for r in replies] == [200] * (len(order) + 1)
@@ -166,12 +166,11 @@ def test_waiters_are_served_by_priority_then_arrival(
     pool1.wait_all_free()
 
 
-@pytest.mark.serial  # the queue must fill within the blocker's hold
 def test_full_queue_and_spent_budget_answer_429_with_retry_after(
     stack: SimStack, pool1: GatewayProcess
 ) -> None:
     node = stack.nodes[4]
-    sim_post(node.url, "/sim/faults", {"slow_start_ms": 5000, "count": 1})
+    sim_post(node.url, "/sim/faults", {"hold_start": True, "count": 1})
     blocker = threading.Thread(target=chat, args=(pool1, "low", "blocker"))
     blocker.start()
     wait_until(lambda: sim_get(node.url, "/decode_status")["status"] == "busy")
@@ -192,6 +191,7 @@ def test_full_queue_and_spent_budget_answer_429_with_retry_after(
     assert body["code"] == "queue_full" and body["type"] == "rate_limit_error"
     assert "queue is full" in body["message"]
     assert int(full.headers["retry-after"]) >= 1
+    assert sim_post(node.url, "/sim/release", {})["released"] == 1
     for thread in [blocker, *queued]:
         thread.join()
     pool1.wait_all_free()

@@ -98,7 +98,7 @@ def replica_config(stack: SimStack, redis: RedisServer, prefix: str) -> dict[str
             "max_queue": 400,
             "max_queue_wait_ms": 60_000,
         },
-        timeouts={"decode_stall_s": 15},  # the blockers below start slowly on purpose
+        timeouts={"decode_stall_s": 15},  # the blockers below are held at their start
         classification={"rules": RULES},
     )
 
@@ -264,12 +264,11 @@ def received_order(stack: SimStack) -> list[str]:
     ]
 
 
-@pytest.mark.serial  # the waiters must all queue within the blocker's hold
 def test_shared_queue_serves_priority_then_arrival_across_replicas(
     stack: SimStack, replicas: list[GatewayProcess]
 ) -> None:
     node = stack.nodes[3]
-    sim_post(node.url, "/sim/faults", {"slow_start_ms": 5000, "count": 1})
+    sim_post(node.url, "/sim/faults", {"hold_start": True, "count": 1})
     replies: list[httpx.Response] = []
     threads: list[threading.Thread] = []
 
@@ -284,6 +283,7 @@ def test_shared_queue_serves_priority_then_arrival_across_replicas(
     for i, tier in enumerate(order):
         send(replicas[i % 3], tier, f"{tier}-{i}")
         wait_until(lambda n=i + 1: waiting(replicas[0], "one") == n, what=f"{i + 1} waiters")
+    assert sim_post(node.url, "/sim/release", {})["released"] == 1  # all queued: go
     for thread in threads:
         thread.join()
 

@@ -331,6 +331,26 @@ async def test_fault_slow_start_emits_nothing_before_the_delay(
     assert [(line["n"], line["finish_reason"]) for line in lines] == [(0, "cancelled")]
 
 
+async def test_fault_hold_start_holds_the_decode_until_released(
+    client: httpx.AsyncClient, node: NodeInfo
+) -> None:
+    await client.post(f"{node.url}/sim/faults", json={"hold_start": True, "count": 1})
+    rid = new_rid()
+    await transfer(node, rid, plan=[11, 12, EOS])
+    payload = {"rid": rid, "first_token_id": 11, "stream": True}
+    async with client.stream("POST", f"{node.url}/pd/decode", json=payload) as response:
+        lines = response.aiter_lines()
+        first = asyncio.ensure_future(anext(lines))
+        status = (await client.get(f"{node.url}/decode_status")).json()
+        assert status["status"] == "busy" and not first.done()  # held: nothing sent yet
+        assert (await client.post(f"{node.url}/sim/release")).json() == {"released": 1}
+        rest = [json.loads(await first)] + [json.loads(line) async for line in lines]
+    assert [line["t"] for line in rest if "t" in line] == [[11], [12]]
+    assert rest[-1]["finish_reason"] == "stop"
+    assert (await client.post(f"{node.url}/sim/release")).json() == {"released": 0}
+    await _idle(client, node)
+
+
 async def test_faults_endpoint_validates_and_clears(
     client: httpx.AsyncClient, node: NodeInfo
 ) -> None:

@@ -37,7 +37,6 @@ SERIAL_MODULES = frozenset(
     {
         "tests/e2e/test_event_loop.py",
         "tests/e2e/test_front_door.py",
-        "tests/e2e/test_latency_concurrency.py",
         "tests/e2e/test_paused_replica.py",
         "tests/e2e/test_replicas.py",
         "tests/e2e/test_upstream_failover.py",
