@@ -119,6 +119,7 @@ class Node:
         """Cancel whatever is in flight and forget transfers and records."""
         if self.current is not None:
             self.current.cancel()
+        self._holds.clear()
         self.slot.reset()
         self.records.reset()
 
