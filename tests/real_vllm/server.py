@@ -33,12 +33,13 @@ CPU_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
-    # The engine and the model's worker in the API server's process (with
-    # `--distributed-executor-backend uni`): one interpreter importing vLLM and torch where
-    # three did (ready in ~20 s instead of ~45 on a 2-core machine), and no
-    # processes polling each other (which starved NIXL's threads past vLLM's 5 s handshake
-    # timeout). Its answers are vLLM's own; the API server then tends to send what several
-    # steps gave in one chunk, which the comparisons allow for (`compare.rejoined`).
+    # The model's worker in the engine's process (with `--distributed-executor-backend
+    # uni`; the API server keeps its engine in a process of its own): two interpreters
+    # importing vLLM and torch where three did (ready in ~20 s instead of ~45 on a 2-core
+    # machine), and no worker process polling its engine (which starved NIXL's threads past
+    # vLLM's 5 s handshake timeout). Its answers are vLLM's own; the API server then tends
+    # to send what several steps gave in one chunk, which the comparisons allow for
+    # (`compare.rejoined`).
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
 
