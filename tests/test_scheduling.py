@@ -1,7 +1,7 @@
 """The order xdist hands the suite's units out in: the real_vllm tier first, as one unit,
-then the units that start processes (those holding a `serial` test last among them), then
-the in-process units, the most tests first within each group, each unit whole and in its
-own order."""
+then the units that start processes (the benchmark scenarios first, those holding a
+`serial` test last among them), then the in-process units, the most tests first within
+each group, each unit whole and in its own order."""
 
 from __future__ import annotations
 
@@ -46,11 +46,14 @@ def test_the_tier_goes_first_then_processes_then_the_serial_modules_then_the_res
         Collected("tests/real_vllm/test_y.py::test_one"),
         Collected("tests/e2e/test_two.py::test_one", e2e=True),
         Collected("tests/e2e/test_two.py::test_two", e2e=True),
+        Collected("tests/bench/test_scenario.py::test_one", e2e=True),
+        Collected("tests/bench/test_report.py::test_one"),
     ]
     in_handout_order(items)
     assert [item.nodeid for item in items] == [
         "tests/real_vllm/test_x.py::test_one",
         "tests/real_vllm/test_y.py::test_one",
+        "tests/bench/test_scenario.py::test_one",
         "tests/e2e/test_two.py::test_one",
         "tests/e2e/test_two.py::test_two",
         "tests/e2e/test_one.py::test_one",
@@ -63,6 +66,7 @@ def test_the_tier_goes_first_then_processes_then_the_serial_modules_then_the_res
         "tests/c/test_mid.py::Case::test_one",
         "tests/c/test_mid.py::Case::test_two",
         "tests/a/test_small.py::test_one",
+        "tests/bench/test_report.py::test_one",
     ]
 
 

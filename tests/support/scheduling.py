@@ -12,8 +12,12 @@ started at once and slowed each other and everything else.
 
 The other units follow longest first, as far as the collection tells: those that start
 processes (simulators, gateways) before those that run in-process; within each group the
-most tests first. Handed out in xdist's own order (the most tests first, whatever they
-do), units of a few end-to-end tests each came last and made a tail of minutes.
+most tests first, except the benchmark scenarios' modules (`tests/bench/`), first among
+the process units: each of their few tests runs a whole scenario, 30-45 s. Handed out in
+xdist's own order (the most tests first, whatever they do), units of a few end-to-end
+tests each came last and made a tail of minutes; handed out by their count of tests, the
+scenarios came last among the process units, and the first `serial` test waited up to
+25 s for the one running beside it.
 
 The modules holding a `serial` test are one unit too, handed out after the other process
 units and before the in-process ones: a `serial` test waits for the test beside it to end
@@ -32,6 +36,7 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 REAL_VLLM_TIER = "tests/real_vllm/"
+SCENARIOS = "tests/bench/"
 TIER_SCOPE = "tests/real_vllm: the real-vLLM tier, on one worker"
 SERIAL_MODULES = frozenset(
     {
@@ -64,7 +69,7 @@ def in_handout_order(items: list[pytest.Item]) -> None:
     """Order the collected tests as xdist hands their units out (each unit kept whole):
     the real_vllm tier first; then the units that start processes (marked `e2e`); then
     the modules holding a `serial` test; last the in-process units. Within each group,
-    the most tests first."""
+    the most tests first (the benchmark scenarios first among the process units)."""
     unnamed = {
         module
         for item in items
@@ -79,7 +84,7 @@ def in_handout_order(items: list[pytest.Item]) -> None:
     sizes = Counter(scope_of(item.nodeid) for item in items)
     processes = {scope_of(i.nodeid) for i in items if i.get_closest_marker("e2e")}
 
-    def rank(item: pytest.Item) -> tuple[int, int]:
+    def rank(item: pytest.Item) -> tuple[int, bool, int]:
         scope = scope_of(item.nodeid)
         if scope == TIER_SCOPE:
             group = 0
@@ -87,7 +92,8 @@ def in_handout_order(items: list[pytest.Item]) -> None:
             group = 2
         else:
             group = 1 if scope in processes else 3
-        return group, -sizes[scope]
+        scenario = group == 1 and scope.startswith(SCENARIOS)
+        return group, not scenario, -sizes[scope]
 
     items.sort(key=rank)  # stable: each unit's tests stay together and in order
 
