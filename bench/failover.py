@@ -26,6 +26,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from typing import Any
 import httpx
 import orjson
 import uvloop
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.experiments.harness import BenchGateway, latency_model
 from bench.stats import percentile
@@ -77,6 +79,7 @@ class Round:
     gaps_s: list[float] = field(default_factory=list)  # every wait between two text pieces
     ttft_s: list[float] = field(default_factory=list)  # the uninterrupted answers'
     prefill_s: list[float] = field(default_factory=list)  # the continuations' prefills
+    reasons: Counter[str] = field(default_factory=Counter)  # the continuations' `reason`s
 
     @property
     def seams_s(self) -> list[float]:
@@ -185,7 +188,8 @@ async def one_round(
             await breaking
             for url in decoding:
                 await http.post(url + "/sim/faults", json={FAULTS[result.fault]: None})
-        result.continued = round(await continued(http, metrics_url) - before)
+        result.reasons = await continued(http, metrics_url) - before
+        result.continued = result.reasons.total()
         for url in prefilling:
             requests = (await http.get(url + "/sim/requests")).json()["requests"]
             result.prefill_s += [prefill_s(r) for r in requests if continuing(r)]
@@ -215,14 +219,17 @@ async def every_node_in_service(http: httpx.AsyncClient, base_url: str) -> None:
         await asyncio.sleep(0.1)
 
 
-async def continued(http: httpx.AsyncClient, metrics_url: str) -> float:
-    text = (await http.get(metrics_url)).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("pd_gateway_continuations_total{")
-        and ('outcome="continued"' in line or 'outcome="continued_native"' in line)
-    )
+async def continued(http: httpx.AsyncClient, metrics_url: str) -> Counter[str]:
+    """The gateway's count of answers continued elsewhere, by why their decode broke."""
+    counts: Counter[str] = Counter()
+    for family in text_string_to_metric_families((await http.get(metrics_url)).text):
+        for sample in family.samples:
+            if sample.name == "pd_gateway_continuations_total" and sample.labels.get("outcome") in (
+                "continued",
+                "continued_native",
+            ):
+                counts[sample.labels["reason"]] += round(sample.value)
+    return counts
 
 
 @contextmanager

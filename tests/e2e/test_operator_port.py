@@ -5,7 +5,6 @@ the other; the probes are answered on both."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import httpx
@@ -14,6 +13,7 @@ import pytest
 from router.config import ConfigError, parse_config
 from tests.gate.redis_server import running_redis
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.ports import unclaimed_port
 
 pytestmark = pytest.mark.e2e
 
@@ -25,15 +25,9 @@ MODEL = {
 ADMIN_KEY = "operator-port-admin-key"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def operator_port() -> int:
-    return free_port()
+    return unclaimed_port()
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +87,7 @@ def test_one_port_for_both_is_refused() -> None:
 
 
 def test_workers_share_both_ports(tmp_path_factory: pytest.TempPathFactory) -> None:
-    port = free_port()
+    port = unclaimed_port()
     server = {"operator_port": port, "workers": 2}
     with (
         running_redis() as redis,

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.real_vllm.install import VLLM_RELEASE, installed_release, simulator_ready, vllm_python
-from tests.real_vllm.server import MODEL, START_TIMEOUT_S, VllmServer, free_port
+from tests.real_vllm.server import MODEL, START_TIMEOUT_S, VllmServer
+from tests.support.ports import unclaimed_port
 from tests.support.tiny_model import write_model
 
 REAL_VLLM_DIR = Path(__file__).resolve().parent
@@ -109,7 +110,7 @@ def connector_vllm(
     requests naming a node), caching prefixes in `BLOCK`-token blocks and publishing its KV
     events: one server where two would take a minute of CPU to start."""
     require_vllm()
-    port = free_port()
+    port = unclaimed_port()
     events = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from tests.real_vllm.install import vllm_python
+from tests.support.ports import unclaimed_port
 from tests.support.tethered import tether, tethered
 from tests.support.tiny_model import MAX_MODEL_LEN
 
@@ -44,12 +44,6 @@ CPU_ENV = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class VllmServer:
     """One vLLM server: `start()` returns once `/health` answers 200 (`launch()` then
     `ready()`, to start several side by side)."""
@@ -64,7 +58,7 @@ class VllmServer:
         self.model_dir = model_dir
         self.model = MODEL
         self.log_path = log_path
-        self.port = free_port()
+        self.port = unclaimed_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._extra_args = list(extra_args)
         self._env = env or {}

@@ -33,8 +33,9 @@ from tests.real_vllm.compare import Seen, exchange, rejoined
 from tests.real_vllm.conftest import BLOCK, require_vllm
 from tests.real_vllm.install import vllm_python
 from tests.real_vllm.nixl_install import nixl_ready, nixl_site
-from tests.real_vllm.server import VllmServer, free_port
+from tests.real_vllm.server import VllmServer
 from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.ports import unclaimed_port
 
 CONNECTORS = {"pull": "NixlConnector", "push": "NixlPushConnector"}
 # NIXL registers every block of the KV cache with UCX and each server hands the other the
@@ -79,7 +80,7 @@ class NixlPair:
 
 def nixl_server(model_dir: Path, log: Path, mode: str, role: str) -> tuple[VllmServer, str, int]:
     """A server with `mode`'s NIXL connector as `role`; its engine id and side channel port."""
-    engine_id, port = f"{mode}-{role}-{uuid.uuid4().hex[:8]}", free_port()
+    engine_id, port = f"{mode}-{role}-{uuid.uuid4().hex[:8]}", unclaimed_port()
     config = {
         "kv_connector": CONNECTORS[mode],
         "kv_role": role,
