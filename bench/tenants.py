@@ -381,7 +381,8 @@ async def limiter_cost(store: str, redis_url: str | None, calls: int) -> Limiter
     from router.gate.redis.client import connect
     from router.telemetry.metrics import Metrics
     from router.tenants.admission import Tenants
-    from router.tenants.limiter import Limiter, MemoryLimiter, RedisLimiter
+    from router.tenants.limiter import Limiter, MemoryLimiter
+    from router.tenants.redis_limiter import RedisLimiter
 
     config = TenantsConfig(
         identify=["user"],

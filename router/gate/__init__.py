@@ -19,7 +19,6 @@ from router.gate.base import (
 from router.gate.circuit_breaker import NodeFailure, failure_for
 from router.gate.events import UNRECORDED, GateEvents
 from router.gate.memory import MemoryGate
-from router.gate.redis import make_redis_gate
 from router.node import Node
 
 __all__ = [
@@ -59,5 +58,7 @@ def make_gate(
             metrics=metrics,
         )
     if config.backend == "redis":
+        from router.gate.redis import make_redis_gate  # the Redis client, only when used
+
         return make_redis_gate(config, nodes, metrics, pool_id=pool_id)
     raise ValueError(f"unknown gate backend {config.backend!r}")

@@ -7,7 +7,11 @@ named the prefill engine, allocates its blocks and the prefill writes into them.
 
 What the client gets through the gateway is what the pair says when driven by hand, the
 same legs sent straight to the two servers (`by_hand`), and the decode server says, by its
-own counters, that it loaded the prompt from the prefill and computed none of it. NIXL is
+own counters, that it loaded the prompt from the prefill and computed none of it. A request
+the pair cannot split (prompt scoring), or whose rule's objective the decode server meets
+alone, is what the decode server says to it sent directly, the prefill untouched for the
+objective; a decode stream cut short mid-answer goes on on the decode server, sent the
+prompt and the output so far as ids, and the client gets the uninterrupted answer. NIXL is
 installed apart (`python -m tests.real_vllm.nixl_install`); each mode's pair starts once,
 the pull pair stopped before the push pair starts.
 """
@@ -23,17 +27,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from sim.vllm.nixl import producer_params
 from tests.real_vllm.cases import chat, completion
-from tests.real_vllm.compare import Seen, exchange, rejoined
+from tests.real_vllm.compare import Seen, both_ways, exchange, rejoined
 from tests.real_vllm.conftest import BLOCK, require_vllm
 from tests.real_vllm.install import vllm_python
 from tests.real_vllm.nixl_install import nixl_ready, nixl_site
 from tests.real_vllm.server import VllmServer
+from tests.support.cutting_proxy import CuttingProxy
 from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.ports import unclaimed_port
 
@@ -129,6 +135,13 @@ def pair(
 
 @pytest.fixture(scope="module")
 def gateway(pair: NixlPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    model = native_model(pair, pair.decode.url)
+    with start_gateway(tmp_path_factory, [model], classification={"rules": RULES}) as gateway:
+        yield gateway
+
+
+def native_model(pair: NixlPair, decode_url: str) -> dict[str, Any]:
+    """The pair as the model's native path in the pair's mode, decoding at `decode_url`."""
     prefill: Any = [pair.prefill.url]
     if pair.mode == "push":
         prefill = [
@@ -139,14 +152,26 @@ def gateway(pair: NixlPair, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 "side_channel_port": pair.side_channel_port,
             }
         ]
-    model = {
+    return {
         "name": pair.decode.model,
         "tokenizer": str(pair.decode.model_dir),
-        "throughput": {"mode": pair.mode, "prefill": prefill, "decode": [pair.decode.url]},
+        "throughput": {"mode": pair.mode, "prefill": prefill, "decode": [decode_url]},
     }
-    rules = {"default": {"name": "native", "path": "throughput"}}
-    with start_gateway(tmp_path_factory, [model], classification={"rules": rules}) as gateway:
-        yield gateway
+
+
+OBJECTIVE_USER = "by-objective"
+RULES = {
+    "rules": [
+        {
+            "name": "objective",
+            "match": {"user": OBJECTIVE_USER},
+            # Generous: every way meets it, so the cheapest is taken.
+            "objective": {"ttft_ms": 600_000, "itl_ms": 60_000},
+            "ways": ["whole", "split"],
+        }
+    ],
+    "default": {"name": "native", "path": "throughput"},
+}
 
 
 def prefill_leg(body: dict[str, Any]) -> dict[str, Any]:
@@ -286,3 +311,89 @@ def test_the_producer_answers_the_parameters_the_simulator_does(pair: NixlPair) 
     assert len(set(blocks)) == len(blocks) == -(-prompt // BLOCK)
     assert all(isinstance(block, int) for block in blocks)
     assert params["remote_num_tokens"] == prompt
+
+
+def finished(server: VllmServer) -> float:
+    """The requests `server` has finished, as its own /metrics counts them."""
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M)
+    )
+
+
+def test_prompt_scoring_is_the_decode_servers_answer(
+    pair: NixlPair, gateway: GatewayProcess
+) -> None:
+    path, body = completion(prompt=STORY, echo=True, logprobs=1, max_tokens=0)
+    with httpx.Client(timeout=120) as client:
+        direct, relayed = both_ways(client, pair.decode.url, gateway.url, path, body)
+    assert direct.status == 200, direct.body
+    assert relayed == direct
+
+
+def test_an_objective_the_decode_server_meets_alone_is_served_whole_there(
+    pair: NixlPair, gateway: GatewayProcess
+) -> None:
+    path, body = CASES["chat stream with usage"]
+    body = {**body, "user": OBJECTIVE_USER}
+    before = finished(pair.prefill)
+    with httpx.Client(timeout=120) as client:
+        direct, whole = both_ways(client, pair.decode.url, gateway.url, path, body)
+        headers = client.post(gateway.url + path, json=body).headers
+    assert direct.status == 200, direct.body
+    assert whole == direct
+    assert headers["x-pd-way"].startswith("whole; ") and headers["x-pd-way"].endswith(
+        "reason=meets"
+    )
+    assert headers["x-pd-native"] == "whole; reason=objective"
+    assert finished(pair.prefill) == before  # no prefill leg
+
+
+@pytest.fixture(scope="module")
+def cutter(pair: NixlPair) -> Iterator[CuttingProxy]:
+    """The decode server behind a proxy that cuts the first chat answer after 2 kB."""
+    where = urlsplit(pair.decode.url)
+    assert where.hostname is not None and where.port is not None
+    prefix = b"POST /v1/chat/completions"
+    with CuttingProxy(where.hostname, where.port, prefix=prefix, after=2048) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def cut_gateway(
+    pair: NixlPair, cutter: CuttingProxy, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    model = native_model(pair, cutter.url)
+    with start_gateway(tmp_path_factory, [model], classification={"rules": RULES}) as gateway:
+        yield gateway
+
+
+def streamed(seen: Seen) -> tuple[str, list[str], dict[str, Any]]:
+    """A chat stream's text, finish reasons and usage: of the prompt's details, the cached
+    tokens (a continued answer reports no more: the README's Conformance with vLLM)."""
+    chunks = [c for c in seen.body if isinstance(c, dict)]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    [usage] = [c["usage"] for c in chunks if not c["choices"]]
+    cached = {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
+    return text, [f for f in finishes if f], {**usage, "prompt_tokens_details": cached}
+
+
+def test_a_decode_stream_cut_mid_answer_goes_on_unseen(
+    gateway: GatewayProcess, cut_gateway: GatewayProcess, cutter: CuttingProxy
+) -> None:
+    path, body = chat(
+        messages=MESSAGES,
+        stream=True,
+        stream_options={"include_usage": True},
+        max_tokens=64,
+        ignore_eos=True,
+    )
+    with httpx.Client(timeout=120) as client:
+        whole = exchange(client, gateway.url, path, body)
+        cut = exchange(client, cut_gateway.url, path, body)
+    assert cutter.cuts == 1
+    assert (whole.status, cut.status) == (200, 200)
+    assert streamed(cut) == streamed(whole)
+    assert len(streamed(whole)[0]) > 20

@@ -21,10 +21,10 @@ from router.tenants.limiter import (
     LimiterUnreadable,
     MemoryLimiter,
     Rate,
-    RedisLimiter,
     Take,
     Verdict,
 )
+from router.tenants.redis_limiter import RedisLimiter
 from tests.gate.partition import PartitionableLink
 from tests.gate.redis_deployments import LocalCluster, running_cluster
 from tests.gate.redis_server import RedisServer, running_redis
