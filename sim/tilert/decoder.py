@@ -38,6 +38,15 @@ def burst_sizes(tokens_per_step: float) -> Iterator[int]:
         yield size
 
 
+class Hold:
+    """A decode held before its first step (`hold_start`) until `POST /sim/release`."""
+
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+        self.waiting = False
+        """True while the decode waits at the hold: it has sent nothing and cannot."""
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeFaults:
     """Faults fixed for one decode when it starts."""
@@ -46,8 +55,7 @@ class DecodeFaults:
     die_after: int | None = None
     error_after: int | None = None
     slow_start_s: float = 0.0
-    hold: asyncio.Event | None = None
-    """Set when the decode may start (`POST /sim/release`)."""
+    hold: Hold | None = None
 
     @property
     def trigger(self) -> int | None:
@@ -150,13 +158,15 @@ class DecodeSession:
             return False
         return True
 
-    async def _held(self, hold: asyncio.Event) -> bool:
-        """Wait until `hold` is set, or the decode is cancelled; True if cancelled."""
-        released = asyncio.ensure_future(hold.wait())
+    async def _held(self, hold: Hold) -> bool:
+        """Wait until `hold` is released, or the decode is cancelled; True if cancelled."""
+        released = asyncio.ensure_future(hold.released.wait())
         cancelled = asyncio.ensure_future(self.cancelled.wait())
+        hold.waiting = True
         try:
             await asyncio.wait([released, cancelled], return_when=asyncio.FIRST_COMPLETED)
         finally:
+            hold.waiting = False
             released.cancel()
             cancelled.cancel()
         return self.cancelled.is_set()

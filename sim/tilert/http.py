@@ -262,6 +262,9 @@ def build_app(node: Node) -> Starlette:
     async def release(request: Request) -> Response:
         return _json(200, {"released": node.release_held()})
 
+    async def held(request: Request) -> Response:
+        return _json(200, {"held": node.held()})
+
     async def reset(request: Request) -> Response:
         node.reset()
         return _json(200, {"reset": True})
@@ -277,6 +280,7 @@ def build_app(node: Node) -> Starlette:
             Route("/sim/capabilities", set_capabilities, methods=["POST"]),
             Route("/sim/faults", faults, methods=["GET", "POST", "DELETE"]),
             Route("/sim/release", release, methods=["POST"]),
+            Route("/sim/held", held, methods=["GET"]),
             Route("/sim/reset", reset, methods=["POST"]),
         ]
     )

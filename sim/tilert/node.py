@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from sim.faults import FaultBoard
 from sim.script import filler_ids
 from sim.tilert.config import FAULTS, NodeConfig
-from sim.tilert.decoder import DecodeFaults, DecodeJob, DecodeSession
+from sim.tilert.decoder import DecodeFaults, DecodeJob, DecodeSession, Hold
 from sim.tilert.records import DecodeRecord, NodeRecords
 from sim.tilert.slot import Cancelled, ReceiveSlot, Transfer
 from sim.tilert.validation import Refused, check_grammar, check_sampling, effective_sampling
@@ -65,7 +65,7 @@ class Node:
         self.faults.arm(config.faults)
         self.capabilities = dict(config.capabilities)
         self.current: DecodeSession | None = None
-        self._holds: list[asyncio.Event] = []  # decodes held at their start (`hold_start`)
+        self._holds: list[Hold] = []  # decodes held at their start (`hold_start`)
         self.data_address: tuple[str, int] | None = None
 
     @property
@@ -237,12 +237,16 @@ class Node:
         """Let every decode held at its start (`hold_start`) go on; how many there were."""
         holds, self._holds = self._holds, []
         for hold in holds:
-            hold.set()
+            hold.released.set()
         return len(holds)
+
+    def held(self) -> int:
+        """Decodes waiting at their hold now (`GET /sim/held`)."""
+        return sum(hold.waiting for hold in self._holds)
 
     def _faults(self) -> DecodeFaults:
         slow = self.faults.take("slow_start_ms", float)
-        hold = asyncio.Event() if self.faults.take("hold_start", bool) else None
+        hold = Hold() if self.faults.take("hold_start", bool) else None
         if hold is not None:
             self._holds.append(hold)
         return DecodeFaults(

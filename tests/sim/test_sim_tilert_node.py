@@ -341,13 +341,20 @@ async def test_fault_hold_start_holds_the_decode_until_released(
     async with client.stream("POST", f"{node.url}/pd/decode", json=payload) as response:
         lines = response.aiter_lines()
         first = asyncio.ensure_future(anext(lines))
+
+        async def held_at_its_start() -> bool:
+            return bool((await client.get(f"{node.url}/sim/held")).json()["held"] == 1)
+
+        await wait_until(held_at_its_start)
         status = (await client.get(f"{node.url}/decode_status")).json()
         assert status["status"] == "busy" and not first.done()  # held: nothing sent yet
+        assert (await client.get(f"{node.url}/sim/held")).json() == {"held": 1}
         assert (await client.post(f"{node.url}/sim/release")).json() == {"released": 1}
         rest = [json.loads(await first)] + [json.loads(line) async for line in lines]
     assert [line["t"] for line in rest if "t" in line] == [[11], [12]]
     assert rest[-1]["finish_reason"] == "stop"
     assert (await client.post(f"{node.url}/sim/release")).json() == {"released": 0}
+    assert (await client.get(f"{node.url}/sim/held")).json() == {"held": 0}
     await _idle(client, node)
 
 
