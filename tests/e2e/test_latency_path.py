@@ -559,13 +559,18 @@ def send_raw(gateway: GatewayProcess, body: dict) -> socket.socket:
 def test_client_leaving_a_non_streamed_request_cancels_the_node(
     gateway: GatewayProcess, stack: SimStack
 ) -> None:
-    # A slow start, shorter than the stall timeout: only the client's leaving can cancel it.
-    sim_post(stack.nodes[2].url, "/sim/faults", {"slow_start_ms": 1500, "count": 1})
+    # Held at its start until released: only the client's leaving, or the stall timeout,
+    # can end it, and the cancellation's reason says which.
+    node = stack.nodes[2].url
+    gone = metric(gateway, "pd_gateway_cancellations_total", model="solo", reason="client_gone")
+    sim_post(node, "/sim/faults", {"hold_start": True, "count": 1})
     client = send_raw(gateway, {"model": "solo", "messages": user(directive(SCRIPTED))})
-    _wait(lambda: sim_get(stack.nodes[2].url, "/decode_status")["status"] == "busy")
+    _wait(lambda: sim_get(node, "/sim/held")["held"] == 1)
     client.close()  # the client gives up on its answer
     gateway.wait_all_free()
     assert [d["finish_reason"] for d in node_decodes(stack, 2)] == ["cancelled"]
+    left = metric(gateway, "pd_gateway_cancellations_total", model="solo", reason="client_gone")
+    assert left == gone + 1
     assert_nodes_idle(stack)
 
 
