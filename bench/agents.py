@@ -43,7 +43,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,9 +53,16 @@ import httpx
 import orjson
 import uvloop
 
-from bench.experiments.harness import BenchGateway, latency_model
+from bench.experiments.harness import (
+    BenchGateway,
+    latency_model,
+    node_entries,
+    share_of,
+    started_together,
+)
+from bench.processes import stop_all
 from bench.stats import percentile
-from sim.stack import SimStack
+from sim.stack import NodeInfo, SimStack
 
 MODEL = "agents"
 BLOCK_SIZE = 16
@@ -180,17 +187,19 @@ REMAINING = "prefix_remaining"
 
 
 def gateway_config(
-    prefills: SimStack, nodes: SimStack, policy: Policy, *, servers: int | None = None
+    prefills: SimStack, nodes: list[NodeInfo], policy: Policy, *, servers: int | None = None
 ) -> dict[str, Any]:
-    """A gateway with `policy` on the first `servers` prefill servers (all: None)."""
+    """A gateway with `policy` on the first `servers` prefill servers (all: None), and
+    `nodes`."""
     used = prefills.prefills[:servers]
     selection = {
         "block_size": BLOCK_SIZE,
         "kv_events": {"endpoints": {p.url: p.kv_events_endpoint for p in used}},
         **policy.selection,
     }
-    model = latency_model(prefills, MODEL, nodes, selection=selection)
+    model = latency_model(prefills, MODEL, selection=selection)
     model["latency"]["prefill"] = [p.url for p in used]
+    model["latency"]["nodes"] = node_entries(nodes)
     return {
         "server": {"expose_upstream": True},
         "logging": {"access_log": False},
@@ -203,17 +212,28 @@ def gateway_config(
     }
 
 
+def gateways_of(names: list[str], *, remaining: bool) -> list[str]:
+    """The gateways a run starts: one per policy, and with `remaining`, `REMAINING`."""
+    return [*names, REMAINING] if remaining else list(names)
+
+
 @contextmanager
 def policy_gateways(
     prefills: SimStack, nodes: SimStack, names: list[str], *, remaining: bool
 ) -> Iterator[dict[str, str]]:
     """The base URL of one ready gateway per policy (and with `remaining`, one of `prefix`
-    without the last server, as `REMAINING`); stopped on the way out."""
-    configs = {name: gateway_config(prefills, nodes, POLICIES[name]) for name in names}
+    without the last server, as `REMAINING`); stopped on the way out.
+
+    They start together, each with nodes of its own (an equal share of `nodes`): a gateway
+    flushes every node of its pool as it starts, which takes a node a second, and gateways
+    sharing nodes would wait on each other's flushes."""
+    labels = gateways_of(names, remaining=remaining)
+    own = {label: share_of(nodes.nodes, i, len(labels)) for i, label in enumerate(labels)}
+    configs = {name: gateway_config(prefills, own[name], POLICIES[name]) for name in names}
     if remaining:
         without_last = len(prefills.prefills) - 1
         configs[REMAINING] = gateway_config(
-            prefills, nodes, POLICIES["prefix"], servers=without_last
+            prefills, own[REMAINING], POLICIES["prefix"], servers=without_last
         )
     with tempfile.TemporaryDirectory(prefix="pd-gateway-agents-") as workdir:
         gateways: dict[str, BenchGateway] = {}
@@ -222,8 +242,7 @@ def policy_gateways(
                 gateways[name] = BenchGateway(config, Path(workdir) / name)
             yield {name: gateway.wait_ready() for name, gateway in gateways.items()}
         finally:
-            for gateway in gateways.values():
-                gateway.stop()
+            stop_all(gateways.values())
 
 
 def text(rng: random.Random, words: int) -> str:
@@ -290,7 +309,9 @@ async def conversation(
     options: AgentOptions,
     outcome: Outcome,
     session: bool,
+    answered: Callable[[], None] = lambda: None,
 ) -> None:
+    """One conversation's turns into `outcome`, `answered` called after each."""
     rng = random.Random(seed)
     headers = {SESSION_HEADER: seed} if session else {}
     messages = [{"role": "user", "content": text(rng, options.first_words)}]
@@ -302,6 +323,7 @@ async def conversation(
         result.bound_tokens = previous_prompt // BLOCK_SIZE * BLOCK_SIZE
         previous_prompt = result.prompt_tokens
         outcome.turns.append(result)
+        answered()
         if result.error is not None:
             return  # a conversation whose turn failed ends there, as an agent's would
         messages.append({"role": "assistant", "content": answer})
@@ -330,8 +352,9 @@ async def workload(
     kill_after_s: float | None = None,
     dead: int = 0,
 ) -> float | None:
-    """Every conversation once, the last prefill server killed after `kill_after_s` if
-    given (the last `dead` are already); returns when it was killed (perf_counter)."""
+    """Every conversation once, the last prefill server killed a third of the way in if
+    `kill_after_s` is given (`kill_later`; the last `dead` are already); returns when it
+    was killed (perf_counter)."""
     limits = httpx.Limits(max_connections=options.conversations + 8)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         for server in stack.prefills[: len(stack.prefills) - dead]:  # empty caches
@@ -339,12 +362,20 @@ async def workload(
         sampler = asyncio.create_task(sample_in_flight(client, base_url, outcome))
         killed: list[float] = []
         killer = None
+        a_third_in = asyncio.Event()
+
+        def answered() -> None:
+            if len(outcome.turns) * 3 >= options.conversations * options.turns:
+                a_third_in.set()
+
         if kill_after_s is not None:
-            killer = asyncio.create_task(kill_later(stack, kill_after_s, killed))
+            killer = asyncio.create_task(kill_later(stack, kill_after_s, a_third_in, killed))
         try:
             await asyncio.gather(
                 *(
-                    conversation(client, base_url, f"{seed}/{c}", options, outcome, session)
+                    conversation(
+                        client, base_url, f"{seed}/{c}", options, outcome, session, answered
+                    )
                     for c in range(options.conversations)
                 )
             )
@@ -355,8 +386,17 @@ async def workload(
     return killed[0] if killed else None
 
 
-async def kill_later(stack: SimStack, after_s: float, killed: list[float]) -> None:
-    await asyncio.sleep(after_s)
+async def kill_later(
+    stack: SimStack, after_s: float, a_third_in: asyncio.Event, killed: list[float]
+) -> None:
+    """Kill the last prefill server a third of the way in: after `after_s` (a third of the
+    healthy run's time), or once a third of the run's turns are answered (`a_third_in`),
+    whichever comes first: a run of a few short turns may go faster than the healthy one
+    did, and end before its time is up."""
+    try:
+        await asyncio.wait_for(a_third_in.wait(), after_s)
+    except TimeoutError:
+        pass
     os.kill(stack.prefills[-1].pid, signal.SIGKILL)
     killed.append(time.perf_counter())
 
@@ -388,14 +428,14 @@ def measure(options: AgentOptions) -> Results:
         model=MODEL,
         prefill_args=options.prefill_args,
     )
-    nodes = SimStack(
-        nodes=options.conversations,
+    nodes = SimStack(  # one per conversation for each gateway
+        nodes=options.conversations * len(gateways_of(names, remaining=options.kill)),
         prefills=0,
         model=MODEL,
         node_args=["--step-ms", "2", "--tokens-per-step", "4"],
         one_process=True,
     )
-    with stack, nodes:
+    with started_together([stack, nodes]):
         results = Results(options, [p.url for p in stack.prefills], outcomes)
         with policy_gateways(stack, nodes, names, remaining=options.kill) as base_urls:
             for base_url in base_urls.values():

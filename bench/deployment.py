@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from bench.options import BenchOptions
 from bench.peers import VllmRouterChild, vllm_router_executable
-from bench.processes import GatewayChild, StartFailure
+from bench.processes import GatewayChild, StartFailure, stop_all
 from demo.redis import LocalRedis
 from router.process.lifeline import die_with_parent
 from sim.stack import NodeInfo, SimStack
@@ -163,6 +163,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
         proxy_args=["--itl-ms", itl, "--prefill-ms-per-token", "0"],
         decode_args=["--itl-ms", itl, "--prefill-ms-per-token", "0"],
         preexec_fn=die_with_parent(),
+        one_process=options.one_process,
     )
     work = options.out / "logs"  # each router's configuration and log, kept for a look after
     work.mkdir(parents=True, exist_ok=True)
@@ -205,6 +206,7 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
                     "0",
                 ],
                 preexec_fn=die_with_parent(),
+                one_process=options.one_process,
             )
             cleanup.enter_context(slow)
             assert slow.proxy is not None
@@ -217,19 +219,21 @@ def deployed(options: BenchOptions) -> Iterator[Deployment]:
                 configs[f"capacity-{workers}w"] = capacity_config(
                     native_model(slow), workers, redis
                 )
+        if options.node_cooldown_s is not None:
+            for config in configs.values():
+                gate = config.setdefault("gate", {})
+                gate.update(node_cooldown_s=options.node_cooldown_s, probe_interval_s=0.1)
         children: dict[str, GatewayChild | VllmRouterChild] = {}
+        cleanup.callback(stop_all, children.values())  # whichever have started, together
         for label, config in configs.items():
             children[label] = GatewayChild(config, work / label)
-            cleanup.callback(children[label].stop)
             if options.baseline is not None and label.startswith(BASELINED):
                 other = GatewayChild(config, work / f"{BASELINE_PREFIX}{label}", options.baseline)
                 children[f"{BASELINE_PREFIX}{label}"] = other
-                cleanup.callback(other.stop)
         router = None
         if peer:
             prefill, decode = stack.prefills[0].url, stack.decodes[0].url
             router = VllmRouterChild(peer, prefill, decode, work / "vllm-router.log")
-            cleanup.callback(router.stop)
             children["vllm-router"] = router
         all_ready(list(children.values()))
         gateways = {k: v for k, v in children.items() if isinstance(v, GatewayChild)}
@@ -271,5 +275,10 @@ def batched_stack(options: BenchOptions) -> SimStack:
         str(options.batch_interval_ms),
     ]
     return SimStack(
-        nodes=size, prefills=0, model=MODEL, node_args=node_args, preexec_fn=die_with_parent()
+        nodes=size,
+        prefills=0,
+        model=MODEL,
+        node_args=node_args,
+        preexec_fn=die_with_parent(),
+        one_process=options.one_process,
     )

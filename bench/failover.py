@@ -28,7 +28,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,8 @@ import orjson
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.experiments.harness import BenchGateway, latency_model
+from bench.experiments.harness import BenchGateway, latency_model, started_together
+from bench.processes import stop_all
 from bench.stats import percentile
 from sim.stack import SimStack
 
@@ -62,10 +63,18 @@ class FailoverOptions:
     """A continuation's prefill grows with the answer so far: at 5k tokens a second, its
     cost shows beside the gateway's own."""
     step_ms: float = 4.0
+    reference_streams: int = 1
+    """The uninterrupted answers before each round (the reference, and TTFT) sent this many
+    at a time: one, or up to one per node, so that none waits for a node."""
+    one_process: bool = False
+    """Each pool's simulators served by one process (`SimStack(one_process=True)`): quicker
+    to start, their CPU shared."""
 
     @classmethod
     def quick(cls) -> FailoverOptions:
-        return cls(clients=8, answers_each=2, answer_words=30)
+        return cls(
+            clients=8, answers_each=2, answer_words=30, reference_streams=4, one_process=True
+        )
 
 
 @dataclass(slots=True)
@@ -154,11 +163,16 @@ async def one_round(
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
         if not native:
             await every_node_in_service(http, base_url)
-        for text in texts:  # uninterrupted: the reference, and TTFT
-            got, _, ttft = await stream(http, base_url, text)
+        references = asyncio.Semaphore(options.reference_streams)
+
+        async def reference(text: str) -> None:  # uninterrupted: the reference, and TTFT
+            async with references:
+                got, _, ttft = await stream(http, base_url, text)
             if got != text:
                 raise RuntimeError("an uninterrupted answer is not its script")
             result.ttft_s.append(ttft)
+
+        await asyncio.gather(*(reference(text) for text in texts))
         before = await continued(http, metrics_url)
         prefilling = decoding if native else [stack.prefills[0].url]
         for url in prefilling:
@@ -233,37 +247,50 @@ async def continued(http: httpx.AsyncClient, metrics_url: str) -> Counter[str]:
 
 
 @contextmanager
-def pool_of(pool: str, options: FailoverOptions) -> Iterator[tuple[SimStack, BenchGateway]]:
-    stack = native_stack(options) if pool == NATIVE else node_stack(pool, options)
-    with stack, tempfile.TemporaryDirectory(prefix="pd-gateway-failover-") as workdir:
-        if pool == NATIVE:  # the stack's addresses, once it runs
-            model = native_model(stack)
-        else:
-            model = latency_model(stack, MODEL)
-            model["latency"].update(
-                tilert=release_of(pool), continuations=8, continuation_wait_ms=30_000
-            )
-        config = {
-            "models": [model],
-            # A node that failed is back as soon as a probe finds it idle.
-            "gate": {
-                "max_queue": 256,
-                "max_queue_wait_ms": 60_000,
-                "node_cooldown_s": 0,
-                "probe_interval_s": 0.1,
-            },
-            "timeouts": {"decode_stall_s": STALL_S},
-        }
-        if pool == NATIVE:
-            config["classification"] = {
-                "rules": {"default": {"name": "native", "path": "throughput"}}
-            }
-        gateway = BenchGateway(config, Path(workdir))
-        try:
+def pools_of(options: FailoverOptions) -> Iterator[dict[str, tuple[SimStack, BenchGateway]]]:
+    """Every pool's stack and gateway, ready, by pool: started together, so that their
+    start-ups overlap (each pool then idles while another's rounds run); all stopped on the
+    way out."""
+    stacks = {
+        pool: native_stack(options) if pool == NATIVE else node_stack(pool, options)
+        for pool in POOLS
+    }
+    with ExitStack() as cleanup:
+        cleanup.enter_context(started_together(list(stacks.values())))
+        workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="pd-gw-fo-")))
+        gateways: dict[str, BenchGateway] = {}
+        cleanup.callback(stop_all, gateways.values())
+        for pool, stack in stacks.items():
+            folder = workdir / pool.replace(" ", "-")
+            gateways[pool] = BenchGateway(gateway_config(pool, stack), folder)
+        for gateway in gateways.values():
             gateway.wait_ready()
-            yield stack, gateway
-        finally:
-            gateway.stop()
+        yield {pool: (stacks[pool], gateways[pool]) for pool in POOLS}
+
+
+def gateway_config(pool: str, stack: SimStack) -> dict[str, Any]:
+    """The pool's gateway, on the stack's addresses (once it runs)."""
+    if pool == NATIVE:
+        model = native_model(stack)
+    else:
+        model = latency_model(stack, MODEL)
+        model["latency"].update(
+            tilert=release_of(pool), continuations=8, continuation_wait_ms=30_000
+        )
+    config = {
+        "models": [model],
+        # A node that failed is back as soon as a probe finds it idle.
+        "gate": {
+            "max_queue": 256,
+            "max_queue_wait_ms": 60_000,
+            "node_cooldown_s": 0,
+            "probe_interval_s": 0.1,
+        },
+        "timeouts": {"decode_stall_s": STALL_S},
+    }
+    if pool == NATIVE:
+        config["classification"] = {"rules": {"default": {"name": "native", "path": "throughput"}}}
+    return config
 
 
 def release_of(pool: str) -> str:
@@ -276,6 +303,7 @@ def node_stack(pool: str, options: FailoverOptions) -> SimStack:
         nodes=options.nodes,
         prefills=1,
         model=MODEL,
+        one_process=options.one_process,
         node_args=["--step-ms", str(options.step_ms), "--protocol", release],
         prefill_args=[
             "--itl-ms",
@@ -297,6 +325,7 @@ def native_stack(options: FailoverOptions) -> SimStack:
         prefills=1,
         decodes=options.nodes,
         model=MODEL,
+        one_process=options.one_process,
         prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", prefill_ms],
         decode_args=["--itl-ms", str(options.step_ms), "--prefill-ms-per-token", prefill_ms],
     )
@@ -317,8 +346,8 @@ def native_model(stack: SimStack) -> dict[str, Any]:
 
 def measure(options: FailoverOptions) -> list[Round]:
     rounds = []
-    for pool in POOLS:
-        with pool_of(pool, options) as (stack, gateway):
+    with pools_of(options) as pools:
+        for pool, (stack, gateway) in pools.items():
             metrics_url = gateway.base_url.removesuffix("/v1") + "/metrics"
             for fault in NATIVE_FAULTS if pool == NATIVE else FAULTS:
                 result = Round(pool, fault)

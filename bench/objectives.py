@@ -45,10 +45,10 @@ import httpx
 import orjson
 import uvloop
 
-from bench.experiments.harness import BenchGateway, latency_model
+from bench.experiments.harness import GatewayTurns, latency_model, node_entries, share_of
 from bench.report import met
 from bench.stats import percentile
-from sim.stack import SimStack
+from sim.stack import NodeInfo, SimStack
 
 MODEL = "objectives"
 CLASSES = ("chat", "agents", "batch")
@@ -81,10 +81,21 @@ class ObjectivesOptions:
     prefill_cache_blocks: int = 1024
     """16k tokens: the prefill server, which sees every conversation, holds the latest few;
     each decode server holds the conversations it serves (16 times that)."""
+    one_process: bool = False
+    """The simulators served by one process (`SimStack(one_process=True)`): quicker to
+    start, their CPU shared. Nodes then cost next to nothing: each policy gets `nodes` of
+    its own, and a level's gateways start together (`GatewayTurns`)."""
 
     @classmethod
     def quick(cls) -> ObjectivesOptions:
-        return cls(levels=(1,), seconds=2.0, agent_first_words=300, agent_turn_words=60)
+        return cls(
+            levels=(1,),
+            seconds=1.0,
+            batch_tokens=32,
+            agent_first_words=300,
+            agent_turn_words=60,
+            one_process=True,
+        )
 
 
 POLICIES = ("static", "all_latency", "all_native", "conditional", "objectives")
@@ -112,7 +123,8 @@ def rules(policy: str) -> dict[str, Any]:
     return {"default": {"name": "other", "path": "throughput"}, "rules": by_policy[policy]}
 
 
-def gateway_config(stack: SimStack, policy: str) -> dict[str, Any]:
+def gateway_config(stack: SimStack, policy: str, nodes: list[NodeInfo]) -> dict[str, Any]:
+    """`policy`'s gateway on the stack's servers and `nodes`."""
     throughput: dict[str, Any] = {
         "mode": "pull",
         "prefill": [p.url for p in stack.prefills],
@@ -134,6 +146,7 @@ def gateway_config(stack: SimStack, policy: str) -> dict[str, Any]:
             "handoff_ms": 10,
         },
     )
+    model["latency"]["nodes"] = node_entries(nodes)
     return {
         "server": {"expose_upstream": True},
         "logging": {"access_log": False},
@@ -324,10 +337,11 @@ def deployment(options: ObjectivesOptions) -> Iterator[SimStack]:
     caches = ["--enable-prefix-caching", "--block-size", "16", "--serial-prefill"]
     prefill_cache = ["--num-gpu-blocks", str(options.prefill_cache_blocks)]
     stack = SimStack(
-        nodes=options.nodes,
+        nodes=options.nodes * (len(POLICIES) if options.one_process else 1),
         prefills=1,
         decodes=2,
         model=MODEL,
+        one_process=options.one_process,
         # Each decode step's tokens as they come, not 0.1.6's default 200 ms batches: a
         # node's gap is then its step time, which the objectives are about.
         node_args=["--step-ms", "5", "--stream-interval-ms", "5"],
@@ -351,18 +365,21 @@ def deployment(options: ObjectivesOptions) -> Iterator[SimStack]:
 def measure(options: ObjectivesOptions) -> list[Run]:
     runs = []
     with deployment(options) as stack, tempfile.TemporaryDirectory(prefix="pd-gw-obj-") as workdir:
+        shares = len(stack.nodes) // options.nodes
+        configs = {
+            policy: gateway_config(stack, policy, share_of(stack.nodes, i % shares, shares))
+            for i, policy in enumerate(POLICIES)
+        }
         for level in options.levels:
-            for policy in POLICIES:
-                gateway = BenchGateway(gateway_config(stack, policy), Path(workdir) / policy)
-                try:
-                    base_url = gateway.wait_ready()
-                    for server in [*stack.prefills, *stack.decodes]:
-                        httpx.post(server.url + "/sim/reset", json={}, timeout=30)
-                    run = Run(policy, level)
-                    uvloop.run(one_run(base_url, options, run))
-                    runs.append(run)
-                finally:
-                    gateway.stop()
+            folder = Path(workdir) / f"level-{level}"
+            with GatewayTurns(configs, folder, together=options.one_process) as gateways:
+                for policy in POLICIES:
+                    with gateways.turn(policy) as gateway:
+                        for server in [*stack.prefills, *stack.decodes]:
+                            httpx.post(server.url + "/sim/reset", json={}, timeout=30)
+                        run = Run(policy, level)
+                        uvloop.run(one_run(gateway.base_url, options, run))
+                        runs.append(run)
     return runs
 
 

@@ -49,6 +49,13 @@ class BenchOptions:
     replicas sharing the pool (clients spread over them in turn)."""
     node_step_ms: float = NODE_STEP_MS
     node_tokens_per_step: float = NODE_TOKENS_PER_STEP
+    one_process: bool = False
+    """Each simulated stack served by one process (`SimStack(one_process=True)`): quicker
+    to start, its simulators' CPU shared."""
+    node_cooldown_s: float | None = None
+    """Every gateway's `gate.node_cooldown_s`, with a probe every 0.1 s (None: the gateway's
+    defaults, 5 s and 1 s). Gateways sharing nodes flush them as they start, and one that
+    finds a node another is flushing takes it out until a probe after its cooldown."""
     peers: bool = True
     baseline: Path | None = None  # another checkout of the project, measured alongside
     command: str = "pd-gateway bench"
@@ -131,4 +138,6 @@ def quick(options: BenchOptions) -> BenchOptions:
         ttft_tokens=8,
         handoff_requests=8,
         handoff_tokens=8,
+        one_process=True,
+        node_cooldown_s=0.0,
     )

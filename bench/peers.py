@@ -46,6 +46,7 @@ class VllmRouterChild:
         port = _free_port()
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.log_path = log
+        self._terminated = False
         argv = [executable, "--vllm-pd-disaggregation", "--prefill", prefill_url]
         argv += ["--decode", decode_url, "--host", "127.0.0.1", "--port", str(port)]
         with log.open("w") as output:
@@ -74,14 +75,19 @@ class VllmRouterChild:
             time.sleep(0.2)
         raise StartFailure("vllm-router did not start (--no-peers leaves it out)", self.log_path)
 
-    def stop(self) -> None:
-        if self.popen.poll() is None:
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM to its group, once), without waiting for it."""
+        if not self._terminated and self.popen.poll() is None:
+            self._terminated = True
             os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
+
+    def stop(self) -> None:
+        self.terminate()
+        try:
+            self.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
 
 
 def _free_port() -> int:

@@ -7,8 +7,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import yaml
@@ -112,6 +113,7 @@ class GatewayChild:
         config_path.write_text(yaml.safe_dump(document), encoding="utf-8")
         self.log_path = workdir / "gateway.log"
         self.base_url = ""
+        self._terminated = False
         env = dict(os.environ, PYTHONUNBUFFERED="1", TRANSFORMERS_VERBOSITY="error")
         if root is not None:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
@@ -157,16 +159,39 @@ class GatewayChild:
             time.sleep(0.1)
         raise StartFailure("the gateway's nodes stayed out of service", self.log_path)
 
-    def stop(self) -> None:
-        if self.popen.poll() is None:
+    def terminate(self) -> None:
+        """Ask the gateway to stop (SIGTERM to its group, once), without waiting for it."""
+        if not self._terminated and self.popen.poll() is None:
+            self._terminated = True
             os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
+
+    def stop(self) -> None:
+        self.terminate()
+        try:
+            self.popen.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
         if self.popen.stdout is not None:
             self.popen.stdout.close()
+
+
+class Stoppable(Protocol):
+    """A child that is asked to stop (`terminate`), then waited for (`stop`)."""
+
+    def terminate(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def stop_all(children: Iterable[Stoppable]) -> None:
+    """Stop every child at once: each is asked to, then each is waited for. A gateway takes
+    a fifth of a second to close, which adds up when a dozen are stopped one by one."""
+    children = list(children)
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.stop()
 
 
 def reset_peak_rss(pid: int) -> None:

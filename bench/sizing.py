@@ -64,11 +64,18 @@ class SizingOptions:
     prefill_utilization: float = 0.8
     tilert_wait_ms: float = 100.0
     tilert_wait_share: float = 0.05
+    one_process: bool = False
+    """The simulators served by one process (`SimStack(one_process=True)`): quicker to
+    start, their CPU shared."""
 
     @classmethod
     def quick(cls) -> SizingOptions:
         return cls(
-            latency_rates=(2.0, 10.0, 2.0), native_rates=(1.0, 5.0, 1.0), phase_s=12.0, nodes=8
+            latency_rates=(2.0, 10.0, 2.0),
+            native_rates=(1.0, 5.0, 1.0),
+            phase_s=12.0,
+            nodes=8,
+            one_process=True,
         )
 
     @property
@@ -111,6 +118,7 @@ def stack_of(options: SizingOptions) -> SimStack:
         prefills=1,
         decodes=1,
         model=MODEL,
+        one_process=options.one_process,
         node_args=["--step-ms", str(options.step_ms)],
         prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", per_token],
         decode_args=[

@@ -41,12 +41,19 @@ import httpx
 import orjson
 import uvloop
 
-from bench.experiments.harness import BenchGateway, latency_model
+from bench.experiments.harness import (
+    BenchGateway,
+    GatewayTurns,
+    latency_model,
+    node_entries,
+    share_of,
+)
 from bench.objectives import answer
+from bench.processes import stop_all
 from bench.report import met
 from bench.stats import percentile
 from demo.redis import LocalRedis
-from sim.stack import SimStack
+from sim.stack import NodeInfo, SimStack
 
 MODEL = "tenants"
 GREEDY = "greedy"
@@ -84,12 +91,17 @@ class TenantsOptions:
     limiter_calls: int = 2000
     warm_up: int = 12
     """Requests sent to each neighbour run's gateway before it is measured."""
+    one_process: bool = False
+    """The simulators served by one process (`SimStack(one_process=True)`): quicker to
+    start, their CPU shared. Nodes then cost next to nothing: each run of the neighbour and
+    weights measures gets `nodes` of its own, and their gateways start together
+    (`GatewayTurns`)."""
 
     @classmethod
     def quick(cls) -> TenantsOptions:
         return cls(
-            neighbour_seconds=2.0,
-            seconds=2.0,
+            neighbour_seconds=1.0,
+            seconds=1.0,
             greedy_loops=8,
             greedy_caps=(2,),
             weighted_loops=(4, 4, 4, 4),
@@ -97,6 +109,7 @@ class TenantsOptions:
             rate_seconds=2.0,
             limiter_calls=100,
             warm_up=2,
+            one_process=True,
         )
 
 
@@ -156,16 +169,22 @@ class LimiterCost:
 
 
 def gateway_config(
-    stack: SimStack, tenants: dict[str, Any], gate: dict[str, Any] | None = None
+    stack: SimStack,
+    tenants: dict[str, Any],
+    gate: dict[str, Any] | None = None,
+    nodes: list[NodeInfo] | None = None,
 ) -> dict[str, Any]:
+    """A gateway on the stack's prefill server and `nodes` (default: the stack's)."""
     rule = {"name": "latency", "path": "latency", "max_queue_wait_ms": 120_000}
+    model = latency_model(stack, MODEL)
+    model["latency"]["nodes"] = node_entries(stack.nodes if nodes is None else nodes)
     return {
         "server": {"expose_upstream": True},
         "logging": {"access_log": False},
         "gate": {"max_queue": 4000, "max_queue_wait_ms": 120_000, **(gate or {})},
         "classification": {"rules": {"default": rule}},
         "tenants": {"identify": ["user"], **tenants},
-        "models": [latency_model(stack, MODEL)],
+        "models": [model],
     }
 
 
@@ -239,38 +258,53 @@ def client() -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=300, limits=limits)
 
 
-async def neighbour_run(base_url: str, options: TenantsOptions, run: Run, *, greedy: bool) -> None:
-    """The interactive tenants from this process; the greedy one's loops from a process of
-    their own, so that reading its streams does not hold up this one's clock."""
+async def neighbour_run(
+    base_url: str, options: TenantsOptions, run: Run, greedy: ProcessPoolExecutor | None
+) -> None:
+    """The interactive tenants from this process; with `greedy` (a process of its own, so
+    that reading its streams does not hold up this one's clock), the greedy one's loops."""
     rng = random.Random(run.name)
     async with client() as http:
         for _ in range(options.warm_up):  # as a tenant of its own: connections open, encodings done
             await send(http, base_url, Sample("warm-up"), options.interactive_tokens)
-        with ProcessPoolExecutor(1, mp_context=_own_python()) as pool:
-            neighbour = None
-            if greedy:
-                neighbour = asyncio.get_running_loop().run_in_executor(
-                    pool, greedy_loops, base_url, options
-                )
-                await asyncio.sleep(GREEDY_HEAD_START_S)  # its loops under way first
-            until = time.perf_counter() + options.neighbour_seconds
-            await asyncio.gather(
-                *(
-                    poisson(
-                        http,
-                        base_url,
-                        run,
-                        tenant,
-                        options.interactive_rate,
-                        options.interactive_tokens,
-                        until,
-                        random.Random(f"{tenant}-{rng.random()}"),
-                    )
-                    for tenant in INTERACTIVE
-                )
+        neighbour = None
+        if greedy is not None:
+            neighbour = asyncio.get_running_loop().run_in_executor(
+                greedy, greedy_loops, base_url, options
             )
-            if neighbour is not None:
-                run.samples += await neighbour
+            await asyncio.sleep(GREEDY_HEAD_START_S)  # its loops under way first
+        until = time.perf_counter() + options.neighbour_seconds
+        await asyncio.gather(
+            *(
+                poisson(
+                    http,
+                    base_url,
+                    run,
+                    tenant,
+                    options.interactive_rate,
+                    options.interactive_tokens,
+                    until,
+                    random.Random(f"{tenant}-{rng.random()}"),
+                )
+                for tenant in INTERACTIVE
+            )
+        )
+        if neighbour is not None:
+            run.samples += await neighbour
+
+
+@contextmanager
+def greedy_process() -> Iterator[ProcessPoolExecutor]:
+    """The process the greedy tenant's loops run in, for every run beside it: started now
+    (its interpreter and imports take a second or more), so that its loops start as soon as
+    a run asks, and its head start is its own."""
+    with ProcessPoolExecutor(1, mp_context=_own_python()) as pool:
+        pool.submit(_started)
+        yield pool
+
+
+def _started() -> None:
+    """Nothing: a task that starts the greedy tenant's process and its imports."""
 
 
 def _own_python() -> BaseContext:
@@ -432,12 +466,28 @@ class Results:
     limiter: list[LimiterCost] = field(default_factory=list)
 
 
+def neighbour_runs(options: TenantsOptions) -> list[tuple[str, int | None, bool]]:
+    """Each run of the neighbour measure: its name, the greedy tenant's cap (None: fair
+    sharing off) and whether the greedy tenant runs beside the interactive ones."""
+    return [
+        ("alone", options.nodes, False),
+        ("shared", None, True),
+        *((f"fair, cap {cap}", cap, True) for cap in options.greedy_caps),
+    ]
+
+
+WEIGHTED_RUNS = [("weights off", False), ("weights on", True)]
+"""Each run of the weights measure: its name and whether sharing is fair."""
+
+
 @contextmanager
 def deployment(options: TenantsOptions) -> Iterator[SimStack]:
+    runs = len(neighbour_runs(options)) + len(WEIGHTED_RUNS)
     stack = SimStack(
-        nodes=options.nodes,
+        nodes=options.nodes * (runs if options.one_process else 1),
         prefills=1,
         model=MODEL,
+        one_process=options.one_process,
         node_args=["--step-ms", "5", "--stream-interval-ms", "5"],
         prefill_args=["--itl-ms", "0", "--prefill-ms-per-token", "0.02"],
     )
@@ -450,36 +500,41 @@ def measure(options: TenantsOptions) -> Results:
     with (
         deployment(options) as stack,
         tempfile.TemporaryDirectory(prefix="pd-gw-tenants-") as workdir,
+        greedy_process() as greedy,
     ):
         folder = Path(workdir)
-        neighbour: list[tuple[str, int | None, bool]] = [
-            ("alone", options.nodes, False),
-            ("shared", None, True),
-            *((f"fair, cap {cap}", cap, True) for cap in options.greedy_caps),
-        ]
-        for name, cap, greedy in neighbour:
-            config = gateway_config(stack, neighbour_tenants(cap))
-            config["logging"] = {"access_log": True, "format": "json"}
-            with _gateway(config, folder / name.replace(", ", "-").replace(" ", "-"), "info") as (
-                base_url,
-                log_path,
-            ):
+        neighbour = neighbour_runs(options)
+        labels = [name for name, _, _ in neighbour] + [name for name, _ in WEIGHTED_RUNS]
+        shares = len(stack.nodes) // options.nodes
+        own = {label: share_of(stack.nodes, i % shares, shares) for i, label in enumerate(labels)}
+        configs: dict[str, dict[str, Any]] = {}
+        for name, cap, _ in neighbour:
+            configs[name] = gateway_config(stack, neighbour_tenants(cap), nodes=own[name])
+            configs[name]["logging"] = {"access_log": True, "format": "json"}
+        for name, fair in WEIGHTED_RUNS:
+            configs[name] = gateway_config(stack, weighted_tenants(fair=fair), nodes=own[name])
+        info = {name: "info" for name, _, _ in neighbour}
+        together = options.one_process
+        with GatewayTurns(configs, folder, together=together, log_levels=info) as turns:
+            for name, _, beside in neighbour:
                 run = Run(name)
-                uvloop.run(neighbour_run(base_url, options, run, greedy=greedy))
-                results.neighbour.append(run)
-            read_access_lines(run, log_path)
-        for name, fair in [("weights off", False), ("weights on", True)]:
-            config = gateway_config(stack, weighted_tenants(fair=fair))
-            with _gateway(config, folder / name.replace(" ", "-")) as (base_url, _):
-                run = Run(name)
-                uvloop.run(weighted_run(base_url, options, run))
-                results.weighted.append(run)
+                with turns.turn(name) as gateway:
+                    uvloop.run(
+                        neighbour_run(gateway.base_url, options, run, greedy if beside else None)
+                    )
+                    results.neighbour.append(run)
+                read_access_lines(run, gateway.log_path)
+            for name, _ in WEIGHTED_RUNS:
+                with turns.turn(name) as gateway:
+                    run = Run(name)
+                    uvloop.run(weighted_run(gateway.base_url, options, run))
+                    results.weighted.append(run)
         redis = LocalRedis()
         redis.start()
         try:
             gate = {"backend": "redis", "redis": {"url": redis.url, "key_prefix": "rate"}}
             metered = {"named": {METERED: {"requests_per_minute": options.rate_per_minute}}}
-            config = gateway_config(stack, metered, gate)
+            config = gateway_config(stack, metered, gate, own[labels[0]])
             with _gateways(config, folder / "rate", 3) as base_urls:
                 results.rate = uvloop.run(rate_run(base_urls, options))
             results.limiter = [
@@ -492,25 +547,12 @@ def measure(options: TenantsOptions) -> Results:
 
 
 @contextmanager
-def _gateway(
-    config: dict[str, Any], workdir: Path, log_level: str = "warning"
-) -> Iterator[tuple[str, Path]]:
-    """One gateway: its base URL and its log."""
-    gateway = BenchGateway(config, workdir, log_level=log_level)
-    try:
-        yield gateway.wait_ready(), gateway.log_path
-    finally:
-        gateway.stop()
-
-
-@contextmanager
 def _gateways(config: dict[str, Any], workdir: Path, count: int) -> Iterator[list[str]]:
     gateways = [BenchGateway(config, workdir / f"replica-{i}") for i in range(count)]
     try:
         yield [gateway.wait_ready() for gateway in gateways]
     finally:
-        for gateway in gateways:
-            gateway.stop()
+        stop_all(gateways)
 
 
 # -- the report -----------------------------------------------------------------------------
