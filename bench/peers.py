@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.processes import StartFailure
+from bench.processes import StartFailure, wait_or_kill
 from router.process.lifeline import die_with_parent
 
 VLLM_ROUTER = "vllm-router"
@@ -83,11 +83,7 @@ class VllmRouterChild:
 
     def stop(self) -> None:
         self.terminate()
-        try:
-            self.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
+        wait_or_kill(self.popen, 10)
 
 
 def _free_port() -> int:

@@ -167,13 +167,18 @@ class GatewayChild:
 
     def stop(self) -> None:
         self.terminate()
-        try:
-            self.popen.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
+        wait_or_kill(self.popen, 15)
         if self.popen.stdout is not None:
             self.popen.stdout.close()
+
+
+def wait_or_kill(popen: subprocess.Popen[Any], timeout_s: float) -> None:
+    """Wait `timeout_s` for a child asked to stop, then kill its process group."""
+    try:
+        popen.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait()
 
 
 class Stoppable(Protocol):

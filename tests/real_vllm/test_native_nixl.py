@@ -19,6 +19,7 @@ the pull pair stopped before the push pair starts.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import uuid
@@ -43,6 +44,7 @@ from tests.support.cutting_proxy import CuttingProxy
 from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.ports import unclaimed_port
 
+PROGRESS_SHIM = Path(__file__).with_name("nixl_progress")
 CONNECTORS = {"pull": "NixlConnector", "push": "NixlPushConnector"}
 # NIXL registers every block of the KV cache with UCX and each server hands the other the
 # list at the handshake: a few hundred blocks, not the 65536 the cache's 1 GiB holds.
@@ -104,7 +106,8 @@ def nixl_server(model_dir: Path, log: Path, mode: str, role: str) -> tuple[VllmS
         "--enable-prompt-tokens-details",  # cached_tokens, which the gateway rewrites
     ]
     env = {
-        "PYTHONPATH": str(nixl_site()),
+        # NIXL's progress thread sleeps between idle polls (nixl_progress/sitecustomize.py).
+        "PYTHONPATH": os.pathsep.join([str(PROGRESS_SHIM), str(nixl_site())]),
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port),
     }

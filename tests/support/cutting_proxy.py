@@ -42,11 +42,17 @@ class CuttingProxy:
         """Every connection closed, every task ended: nothing left for the loop's close."""
         assert self._server is not None
         self._server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # A connection accepted as the server closed gets its task a turn later: again
+        # until none is left.
+        while tasks := [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         await self._server.wait_closed()
+        # A transport closed or aborted by a cancelled task (one cancelled as its connection
+        # was made, too) finishes closing on the loop's next turns: before the loop stops.
+        for _ in range(2):
+            await asyncio.sleep(0)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
