@@ -20,6 +20,10 @@ class CuttingProxy:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._server: asyncio.Server | None = None
+        # The connections' tasks: `start_server` keeps no reference to the task it makes of
+        # each, and one waiting on a transport that is neither reading nor writing is
+        # reachable from nothing else; collected mid-test, it left its sockets unclosed.
+        self._serving: set[asyncio.Task[None]] = set()
         self.url = ""
 
     def __enter__(self) -> CuttingProxy:
@@ -70,6 +74,10 @@ class CuttingProxy:
     async def _serve(
         self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
     ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
         try:
             server_in, server_out = await asyncio.open_connection(*self._target)
         except OSError:
