@@ -5,17 +5,17 @@ test under tests/e2e/ is marked here, other modules mark themselves (`pytestmark
 `pytest -m "not e2e"` is then the fast in-process loop, and a test that starts a process
 without the marker fails at once, so nothing slow slips into that loop unnoticed.
 
-pytest-xdist runs the suite on one worker per CPU, a module at a time per worker (the
-real_vllm tier as one unit, on one worker, from the run's start: tests.support.scheduling); tests
-marked `serial` (they assert timings) run while no other test does. Gateway processes run
-on the container image's Python where it is installed (tests.support.gateway_python),
-which the run's header names.
+pytest-xdist runs the suite on one worker per CPU, a module at a time per
+worker (the real_vllm tier as one unit, on one worker, from the run's start:
+tests.support.scheduling); the call of a test marked `serial` (it asserts timings) runs
+while no other test does. Gateway processes run on the container image's Python where it
+is installed (tests.support.gateway_python), which the run's header names.
 """
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -84,30 +84,34 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"  {seconds:5.1f} s before {test}")
 
 
-LET_GO = pytest.StashKey[Callable[[], None]]()
+TURN = pytest.StashKey[serial.Turn]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Outside `e2e` tests (their fixtures included), starting a process is an error.
+    A `serial` test's call runs while no other test does (see tests.support.serial)."""
+    is_serial = item.get_closest_marker("serial") is not None
+    with serial.Turn(item.nodeid, serial=is_serial) as turn:
+        item.stash[TURN] = turn
+        if item.get_closest_marker("e2e") is not None:
+            return (yield)
+        with processes_refused(item.nodeid):
+            return (yield)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """A `serial` test's fixtures are set up beside the other workers' tests; its call
+    waits for the run alone."""
+    item.stash[TURN].call()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """A `serial` test's teardown (stopping its processes, a module's at its last test)
     runs beside the other workers' tests: they no longer wait for it."""
-    let_go = item.stash.get(LET_GO, None)
-    if let_go is not None:
-        let_go()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
-    """Outside `e2e` tests (their fixtures included), starting a process is an error.
-    A `serial` test runs while no other test does (see tests.support.serial)."""
-    is_serial = item.get_closest_marker("serial") is not None
-    with serial.turn(is_serial, item.nodeid) as let_go:
-        if is_serial:
-            item.stash[LET_GO] = let_go
-        if item.get_closest_marker("e2e") is not None:
-            return (yield)
-        with processes_refused(item.nodeid):
-            return (yield)
+    item.stash[TURN].teardown()
 
 
 class UnmarkedProcessError(AssertionError):

@@ -1,5 +1,5 @@
-"""A `serial` test holds the run alone (tests.support.serial) until it lets go, which its
-teardown does; other tests share the run."""
+"""A `serial` test sets up beside the others, holds the run alone for its call
+(tests.support.serial) and lets go as its teardown starts; other tests share the run."""
 
 from __future__ import annotations
 
@@ -34,14 +34,31 @@ def run_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return directory
 
 
-def test_a_serial_test_holds_the_run_until_it_lets_go(run_directory: Path) -> None:
-    with serial.turn(True, "tests/test_x.py::test_timed") as let_go:
+def test_a_serial_test_holds_the_run_alone_from_its_call_to_its_teardown(
+    run_directory: Path,
+) -> None:
+    with serial.Turn("tests/test_x.py::test_timed", serial=True) as turn:
+        assert others_may_run(run_directory)  # its set-up
+        turn.call()
         assert not others_may_run(run_directory)
-        let_go()  # its teardown
+        turn.teardown()
         assert others_may_run(run_directory)
     assert others_may_run(run_directory)
 
 
+def test_a_serial_call_waits_for_the_tests_running_beside_it(run_directory: Path) -> None:
+    with serial.Turn("tests/test_x.py::test_one", serial=False):
+        fd = os.open(run_directory / "running", os.O_RDWR)
+        try:  # what the serial test's call asks for, without waiting
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+
+
 def test_other_tests_share_the_run(run_directory: Path) -> None:
-    with serial.turn(False, "tests/test_x.py::test_one"):
+    with serial.Turn("tests/test_x.py::test_one", serial=False) as turn:
+        turn.call()
+        assert others_may_run(run_directory)
+        turn.teardown()
         assert others_may_run(run_directory)

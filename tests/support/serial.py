@@ -1,13 +1,14 @@
 """Tests marked `serial` run alone while pytest-xdist runs the others side by side.
 
 They assert timings (gaps between chunks, an order decided within a node's hold) that
-CPU taken by a test on another worker would spoil. Every other test holds a shared lock
-for the whole of its run (fixture set-up and teardown included); a `serial` test holds
-it exclusively through its set-up and call, and lets go when its teardown starts (which
-asserts nothing). A turnstile taken before either keeps a waiting `serial` test from
-being overtaken by the shared holders forever. Locks are files under the run's own
-directory, so two runs on one machine do not wait for each other; without xdist there
-is nothing to lock.
+CPU taken by a test on another worker would spoil. Every test holds a shared lock while
+its fixtures are set up; other tests keep it to the end of their teardown. A `serial`
+test trades it for the lock held exclusively before its call and lets go when its
+teardown starts: its set-up (starting simulators, gateways, Redis) asserts nothing, nor
+does its teardown, so neither keeps the other workers waiting. A turnstile taken before
+either lock keeps a waiting `serial` test from being overtaken by the shared holders
+forever. Locks are files under the run's own directory, so two runs on one machine do not
+wait for each other; without xdist there is nothing to lock.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import fcntl
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from types import TracebackType
 
 
 def lock_dir() -> Path | None:
@@ -47,26 +49,52 @@ LONG_WAITS: list[tuple[float, str]] = []
 """(seconds, test) for each wait of this worker's over a second."""
 
 
-@contextmanager
-def turn(serial: bool, test: str = "") -> Iterator[Callable[[], None]]:
-    """Hold the run exclusively (`serial`) or shared with other non-serial tests; what it
-    gives lets go of the hold before the block ends (a `serial` test's teardown, which
-    asserts nothing and need not keep the other workers waiting)."""
-    directory = lock_dir()
-    if directory is None:
-        yield lambda: None
-        return
-    turnstile, running = directory / "turnstile", directory / "running"
-    asked = time.monotonic()
-    with ExitStack() as held:
-        if serial:  # the turnstile kept: no other test starts until this one ends
-            held.enter_context(_locked(turnstile, fcntl.LOCK_EX))
-            held.enter_context(_locked(running, fcntl.LOCK_EX))
+class Turn:
+    """One test's hold on the run, from its set-up (`with`) to its end: shared, and for a
+    `serial` test exclusive from `call()` until `teardown()`."""
+
+    def __init__(self, test: str, *, serial: bool) -> None:
+        self.test = test
+        self.serial = serial
+        self._directory = lock_dir()
+        self._held = ExitStack()
+
+    def __enter__(self) -> Turn:
+        self._take(exclusive=False)
+        return self
+
+    def call(self) -> None:
+        """Before the test's call: a `serial` test gives back its shared hold and waits
+        for the run alone."""
+        if self.serial:
+            self._held.close()
+            self._take(exclusive=True)
+
+    def teardown(self) -> None:
+        """As the test's teardown starts: a `serial` test lets the others run."""
+        if self.serial:
+            self._held.close()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._held.close()
+
+    def _take(self, *, exclusive: bool) -> None:
+        if self._directory is None:
+            return
+        turnstile, running = self._directory / "turnstile", self._directory / "running"
+        asked = time.monotonic()
+        if exclusive:  # the turnstile kept: no other test starts until this one ends
+            self._held.enter_context(_locked(turnstile, fcntl.LOCK_EX))
+            self._held.enter_context(_locked(running, fcntl.LOCK_EX))
         else:
             with _locked(turnstile, fcntl.LOCK_EX):
-                held.enter_context(_locked(running, fcntl.LOCK_SH))
+                self._held.enter_context(_locked(running, fcntl.LOCK_SH))
         waited = time.monotonic() - asked
-        WAITED_S["serial" if serial else "other"] += waited
+        WAITED_S["serial" if exclusive else "other"] += waited
         if waited > 1.0:
-            LONG_WAITS.append((waited, test))
-        yield held.close
+            LONG_WAITS.append((waited, self.test))
