@@ -5,7 +5,7 @@ test under tests/e2e/ is marked here, other modules mark themselves (`pytestmark
 `pytest -m "not e2e"` is then the fast in-process loop, and a test that starts a process
 without the marker fails at once, so nothing slow slips into that loop unnoticed.
 
-pytest-xdist runs the suite on one worker per CPU, a module at a time per
+pytest-xdist runs the suite on half again as many workers as CPUs, a module at a time per
 worker (the real_vllm tier as one unit, on one worker, from the run's start:
 tests.support.scheduling); the call of a test marked `serial` (it asserts timings) runs
 while no other test does. Gateway processes run on the container image's Python where it
@@ -14,6 +14,7 @@ is installed (tests.support.gateway_python), which the run's header names.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import AsyncIterator, Generator, Iterator
 from contextlib import contextmanager
@@ -37,6 +38,14 @@ E2E_DIR = Path(__file__).resolve().parent / "e2e"
 def pytest_report_header() -> str:
     """Which Python the gateway's processes run on (tests.support.gateway_python)."""
     return report_header()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """Half again as many workers as CPUs, unless PYTEST_XDIST_AUTO_NUM_WORKERS says."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own reads it
+    return scheduling.worker_count()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
