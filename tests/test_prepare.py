@@ -143,6 +143,7 @@ def test_the_installer_gives_uv_the_settings_the_machine_gives_pip(
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://download.pytorch.org/whl/cpu")
     monkeypatch.delenv("PIP_INDEX_URL", raising=False)
     installer.install("/venv/bin/python", ["--no-deps", "nixl==1.5.2"], target=Path("/site"))
+    installer.install("/venv/bin/python", ["nixl==1.5.2"], compiled=False)
     assert seen == [
         [
             *("/bin/uv", "pip", "install", "--quiet", "--compile-bytecode"),
@@ -151,7 +152,14 @@ def test_the_installer_gives_uv_the_settings_the_machine_gives_pip(
             *("--find-links", "/opt/wheels", "--find-links", "/more/wheels"),
             *("--index-strategy", "unsafe-best-match"),
             *("--no-deps", "nixl==1.5.2"),
-        ]
+        ],
+        [
+            *("/bin/uv", "pip", "install", "--quiet", "--python", "/venv/bin/python"),
+            *("--extra-index-url", "https://download.pytorch.org/whl/cpu"),
+            *("--find-links", "/opt/wheels", "--find-links", "/more/wheels"),
+            *("--index-strategy", "unsafe-best-match"),
+            "nixl==1.5.2",
+        ],
     ]
 
 

@@ -83,7 +83,7 @@ def install() -> None:
         if not environment_ready():
             print(f"making {VENV} (torch {_torch_pin()}, fastapi, uvicorn)")
             venv.create(VENV, with_pip=False, clear=True)
-            installer.install(PYTHON, ["--no-deps", "-r", str(REQUIREMENTS)])
+            installer.install(PYTHON, ["--no-deps", "-r", str(REQUIREMENTS)], compiled=False)
             STAMP.write_text(_requirements_digest())
         for release, pinned in RELEASES.items():
             if unpacked_version(release) != pinned:
@@ -138,7 +138,7 @@ def _smoke_test() -> None:
             [str(PYTHON), "-c", "import tilert.pd_vllm.decode_server"],
             capture_output=True,
             text=True,
-            env={"PYTHONPATH": str(release_dir(release))},
+            env={**installer.WRITES_BYTECODE, "PYTHONPATH": str(release_dir(release))},
         )
         if probe.returncode != 0:
             raise Unavailable(f"TileRT {release} does not import:\n{probe.stderr[-2000:]}")

@@ -19,6 +19,7 @@ import httpx
 
 from sim.stack import NodeInfo
 from tests.real_tilert.install import PYTHON, release_dir
+from tests.support.installer import WRITES_BYTECODE
 from tests.support.processes import ready_line, stop_group
 from tests.support.tethered import tether
 
@@ -51,6 +52,7 @@ class RealNode:
         environment = {
             **os.environ,
             **self._env,
+            **WRITES_BYTECODE,
             "PYTHONPATH": str(release_dir(self.release)),
             "PYTHONUNBUFFERED": "1",
         }

@@ -57,13 +57,15 @@ def installed_release(python: Path) -> str | None:
         [str(python), "-c", "import vllm; print(vllm.__version__)"],
         capture_output=True,
         text=True,
+        env={**os.environ, **installer.WRITES_BYTECODE},
     )
     return probe.stdout.strip() if probe.returncode == 0 else None
 
 
 def simulator_ready(python: Path) -> bool:
     probe = [str(python), "-c", "import " + ", ".join(SIMULATOR_NEEDS)]
-    return subprocess.run(probe, capture_output=True).returncode == 0
+    env = {**os.environ, **installer.WRITES_BYTECODE}
+    return subprocess.run(probe, capture_output=True, env=env).returncode == 0
 
 
 def install() -> None:
@@ -71,9 +73,9 @@ def install() -> None:
     try:
         if installed_release(python) != VLLM_RELEASE:
             venv.create(VENV, with_pip=False, clear=True)
-            installer.install(python, ["--no-deps", "-r", str(REQUIREMENTS)])
+            installer.install(python, ["--no-deps", "-r", str(REQUIREMENTS)], compiled=False)
         if not simulator_ready(python):
-            installer.install(python, SIMULATOR_NEEDS)
+            installer.install(python, SIMULATOR_NEEDS, compiled=False)
     except installer.InstallFailed as failure:
         sys.exit(f"vLLM did not install in {VENV}: {failure}")
     release = installed_release(python)

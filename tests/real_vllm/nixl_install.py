@@ -38,7 +38,7 @@ def nixl_ready(python: Path, site: Path) -> bool:
     """Whether vLLM's interpreter imports NIXL's agent from `site`."""
     if not (python.exists() and site.is_dir()):
         return False
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    env = {**os.environ, **installer.WRITES_BYTECODE, "PYTHONPATH": str(site)}
     return subprocess.run([str(python), "-c", PROBE], env=env, capture_output=True).returncode == 0
 
 
@@ -48,7 +48,8 @@ def install() -> None:
         sys.exit(f"no vLLM interpreter at {python}: run `python -m tests.real_vllm.install` first")
     if not nixl_ready(python, site):
         try:
-            installer.install(python, ["--no-deps", "--upgrade", *NIXL_PACKAGES], target=site)
+            packages = ["--no-deps", "--upgrade", *NIXL_PACKAGES]
+            installer.install(python, packages, target=site, compiled=False)
         except installer.InstallFailed as failure:
             sys.exit(f"NIXL did not install in {site}: {failure}")
     if not nixl_ready(python, site):

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from tests.real_vllm.install import vllm_python
+from tests.support.installer import WRITES_BYTECODE
 from tests.support.ports import unclaimed_port
 from tests.support.tethered import tether, tethered
 from tests.support.tiny_model import MAX_MODEL_LEN
@@ -26,6 +27,7 @@ MODEL = "tiny"
 START_TIMEOUT_S = 300.0  # about 25 s on a quiet 2-core machine, over 100 s on a busy one
 STOP_GRACE_S = 30.0
 CPU_ENV = {
+    **WRITES_BYTECODE,  # .venv-vllm is installed as source: each module compiled once
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
