@@ -26,6 +26,11 @@ others side by side (most of them wait on downloads, the checks on one CPU):
 * `assertions`: the test modules as pytest runs them, their asserts rewritten, once
   `project` is done (each worker would rewrite them again, 5 s of CPU).
 
+The steps compete for the CPUs (uv unpacks and compiles, mypy and pytest's collection
+compute), and what decides when the checkout is ready is `project` then `checks` (mypy is
+the longest step, about 35 s of one CPU alone): every other step runs in the `background`,
+at a lower priority, on what CPU those two leave.
+
 Run it with the environment's own Python (`.venv`'s, activated): it needs nothing but the
 standard library. Each line a step prints comes prefixed with its name, and each step's
 time at its end; the exit status is 1 if any step failed or could not run, with the name of
@@ -56,13 +61,16 @@ SOURCES = ("router", "sim", "bench", "tests")  # the project's own modules
 
 @dataclass(frozen=True)
 class Step:
-    """Commands run one after the other, once every step named in `after` has succeeded."""
+    """Commands run one after the other, once every step named in `after` has succeeded;
+    at a lower CPU priority (`nice` 10) when `background`."""
 
     commands: Sequence[Sequence[str]]
     after: tuple[str, ...] = ()
+    background: bool = False
 
 
 INSTALLER = "tests.support.installer"
+NICE = ("nice", "-n", "10")  # coreutils: the command and all it starts, at a lower priority
 
 # pytest compiles each test module with its asserts rewritten, and keeps the result only
 # where bytecode may be written: without it, each xdist worker of every run rewrites the
@@ -91,18 +99,22 @@ STEPS = {
     "vllm": Step(
         [[PYTHON, "-m", "tests.real_vllm.install"], [PYTHON, "-m", "tests.real_vllm.nixl_install"]],
         after=("uv",),
+        background=True,
     ),
-    "tilert": Step([[PYTHON, "-m", "tests.real_tilert.install"]], after=("uv",)),
-    "promtool": Step([[PYTHON, "-m", "tests.deploy.promtool"]]),
-    "python3.13": Step([[PYTHON, "-m", "tests.newer_python.install"]], after=("uv",)),
+    "tilert": Step([[PYTHON, "-m", "tests.real_tilert.install"]], after=("uv",), background=True),
+    "promtool": Step([[PYTHON, "-m", "tests.deploy.promtool"]], background=True),
+    "python3.13": Step(
+        [[PYTHON, "-m", "tests.newer_python.install"]], after=("uv",), background=True
+    ),
     "bytecode": Step(
         [
             [python, "-m", "compileall", "-q", "-j", "0", *SOURCES]
             for python in (PYTHON, str(NEWER_PYTHON))
         ],
         after=("python3.13",),
+        background=True,
     ),
-    "assertions": Step([[PYTHON, "-c", ASSERTIONS_REWRITTEN]], after=("project",)),
+    "assertions": Step([[PYTHON, "-c", ASSERTIONS_REWRITTEN]], after=("project",), background=True),
 }
 
 
@@ -140,6 +152,8 @@ def run_steps(steps: dict[str, Step], out: IO[str] = sys.stdout) -> list[str]:
                 say(run, f"not run: {', '.join(missing)} failed\n")
                 return
             for command in run.step.commands:
+                if run.step.background:
+                    command = [*NICE, *command]
                 code = _run(command, functools.partial(say, run))
                 if code != 0:
                     say(run, f"failed (exit status {code}) after {_since(started)}\n")

@@ -7,6 +7,7 @@ step, beside TileRT's own wheels."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -51,6 +52,18 @@ def test_the_steps_run_at_once_each_named_in_its_output(tmp_path: Path) -> None:
     assert "[one] saw it" in lines and "[two] saw it" in lines
     ends = sorted(line.split(" after ")[0] for line in lines if " after " in line)
     assert ends == ["[one] done", "[two] done"]
+
+
+@pytest.mark.e2e
+def test_a_background_step_runs_at_a_lower_priority() -> None:
+    out = io.StringIO()
+    niceness = [sys.executable, "-c", "import os; print('nice', os.nice(0))"]
+    steps = {"first": Step([niceness]), "later": Step([niceness], background=True)}
+    assert run_steps(steps, out) == []
+    mine = os.nice(0)
+    lines = out.getvalue().splitlines()
+    assert f"[first] nice {mine}" in lines
+    assert f"[later] nice {min(mine + 10, 19)}" in lines
 
 
 @pytest.mark.e2e
