@@ -4,8 +4,8 @@ except the real_vllm tier, whose modules go to one worker as one unit, handed ou
 
 Half again as many workers as CPUs: a third of a worker's time goes to waiting, not
 computing (for processes to start, for the stalls and timeouts the tests provoke, for a
-`serial` test's turn). On 2 CPUs, with a worker per CPU the CPUs were 69-73 % busy and the
-tests took 726-818 s; with three workers, 86 % and 757 s, on the same code.
+`serial` test's turn). On 2 CPUs, with a worker per CPU the CPUs were 73 % busy and the
+tests took 818 s; with three workers, 86 % and 757 s, on the same code.
 
 A vLLM server takes 25-100 s to start and 3 GB to run. On one worker, the tier's servers
 start one after another (its shared server once per run, each other configuration once),
