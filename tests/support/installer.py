@@ -12,10 +12,10 @@ pip's, so the ones a machine gives pip in its environment (`PIP_INDEX_URL`,
 `PIP_EXTRA_INDEX_URL`, `PIP_FIND_LINKS`: e.g. where the CPU build of torch is) are passed
 on. What is installed is compiled to bytecode, as pip does: where PYTHONDONTWRITEBYTECODE
 is set (CI), nothing compiled on import is kept, and every process would compile again.
-Except where few processes run and they import a small part of what is installed (vLLM's
-and TileRT's environments: torch, vLLM, transformers, some 20,000 modules, 52 and 22 s of
-CPU to compile, of which a vLLM server imports 5,000): `compiled=False` leaves them as
-source, and those processes run with `WRITES_BYTECODE` in their environment, so that each
+Except where few processes run and they import a small part of what is installed: vLLM's
+and TileRT's environments (torch, vLLM, transformers) hold some 20,000 modules, 52 and 22 s
+of CPU to compile, and a vLLM server imports 5,000 of them. `compiled=False` leaves those
+as source, and those processes run with `WRITES_BYTECODE` in their environment, so that each
 module they import is compiled once, by the first of them, and kept (16 s of CPU on the
 first vLLM server's start).
 """
